@@ -1,0 +1,1 @@
+"""JAX (Flax, Optax) implementation: model, data, train, distribute. Imports no TensorFlow."""

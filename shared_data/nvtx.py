@@ -1,0 +1,97 @@
+"""NVTX ranges for Nsight Systems, and the capture window, shared by both frameworks.
+
+``nvtx_range("step")`` marks a region on the timeline when the ``nvtx`` Python package is installed
+(``pip install nvtx``; DALI's staging brings it to the GPU machine) and does nothing otherwise.
+:class:`CaptureWindow` calls ``cudaProfilerStart`` / ``cudaProfilerStop`` around configured steps so
+``nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop`` records exactly that window.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import logging
+from typing import Callable, Iterator, Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=None)
+def _nvtx_module():
+    try:
+        import nvtx  # type: ignore
+    except ImportError:
+        log.info("nvtx package not installed: NVTX ranges are off")
+        return None
+    return nvtx
+
+
+@contextlib.contextmanager
+def nvtx_range(name: str, color: str = "blue") -> Iterator[None]:
+    """Push an NVTX range named ``name`` for the body of the ``with``; a no-op without ``nvtx``."""
+    mod = _nvtx_module()
+    if mod is None:
+        yield
+        return
+    with mod.annotate(name, color=color):
+        yield
+
+
+@functools.lru_cache(maxsize=None)
+def _cudart() -> Optional[ctypes.CDLL]:
+    names = ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]
+    found = ctypes.util.find_library("cudart")
+    if found:
+        names.insert(0, found)
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def cuda_profiler_call(which: str) -> bool:
+    """Call ``cudaProfilerStart`` or ``cudaProfilerStop``; False (and a log line) if no CUDA runtime."""
+    lib = _cudart()
+    if lib is None:
+        log.warning("CUDA runtime not found: %s skipped", which)
+        return False
+    return getattr(lib, which)() == 0
+
+
+class CaptureWindow:
+    """Start profiling before step ``start`` and stop after step ``stop - 1`` (``[start, stop)``).
+
+    Call :meth:`before_step` with each global step index before running it, and :meth:`close` at the
+    end. ``on_start`` / ``on_stop`` default to the CUDA profiler API; frameworks pass their own trace
+    hooks too (``jax.profiler.start_trace``, ``tf.profiler.experimental.start``).
+    """
+
+    def __init__(self, steps: Optional[Sequence[int]], on_start: Sequence[Callable[[], object]] = (),
+                 on_stop: Sequence[Callable[[], object]] = (), use_cuda: bool = True):
+        self.start, self.stop = (steps[0], steps[1]) if steps else (None, None)
+        self._on_start = list(on_start) + ([functools.partial(cuda_profiler_call, "cudaProfilerStart")] if use_cuda else [])
+        self._on_stop = list(on_stop) + ([functools.partial(cuda_profiler_call, "cudaProfilerStop")] if use_cuda else [])
+        self.active = False
+
+    def before_step(self, step: int) -> None:
+        """Open the window at ``start``, close it at ``stop``."""
+        if self.start is None:
+            return
+        if step == self.start and not self.active:
+            log.info("profiling window opens at step %d", step)
+            for fn in self._on_start:
+                fn()
+            self.active = True
+        elif step == self.stop and self.active:
+            self.close()
+
+    def close(self) -> None:
+        """Close the window if it is open."""
+        if self.active:
+            for fn in self._on_stop:
+                fn()
+            self.active = False
+            log.info("profiling window closed")

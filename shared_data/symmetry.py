@@ -1,0 +1,176 @@
+"""The 48 symmetries of the cube: one table, used by every reader (NumPy, tf.data, DALI).
+
+A symmetry ``g`` is a signed permutation matrix ``M`` (3 x 3, entries 0/+1/-1) acting on positions
+about the volume's centre c: ``x' = M (x - c) + c``. Row ``i`` of ``M`` has one non-zero entry,
+``M[i, perm[i]] = sign[i]``. On an array in spatial-axis order (x, y, z) = axes (0, 1, 2) this is
+
+    out = a.transpose(perm), then flip every axis i with sign[i] == -1.
+
+A scalar field only moves: ``B(x') = A(x)``. A vector field also turns with the grid:
+``B_vec(x') = M A_vec(x)``, i.e. output component ``i`` is ``sign[i]`` times input component
+``perm[i]``. (The NERSC tutorial rotates grids but leaves velocity components untouched; here
+they transform correctly.) The 24 proper rotations have ``det M = +1``; the other 24 add a
+reflection (``det M = -1``) and are the central inversion ``-I`` followed by a rotation.
+
+For DALI, :func:`dali_rotation` gives the same element as (flip all axes if improper) followed by
+``fn.rotate`` with an axis and angle, and :func:`channel_matrix` gives the matrix that
+``fn.coord_transform`` applies to the channel vector of every voxel.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Sequence
+
+import numpy as np
+
+from shared_data.errors import ConfigError
+
+GROUPS = {"cube48": 48, "rotations24": 24, "none": 1}
+
+
+@functools.lru_cache(maxsize=None)
+def _table() -> tuple[np.ndarray, np.ndarray]:
+    perms, signs = [], []
+    for perm in itertools.permutations(range(3)):
+        for sign in itertools.product((1, -1), repeat=3):
+            perms.append(perm)
+            signs.append(sign)
+    perms_a, signs_a = np.array(perms, np.int64), np.array(signs, np.int64)
+    dets = np.array([round(np.linalg.det(_matrix(p, s))) for p, s in zip(perms_a, signs_a)])
+    # identity first, then the other proper rotations, then the improper ones: a group of size 24
+    # is then the prefix [:24], and "none" is the prefix [:1].
+    is_identity = np.array([tuple(p) == (0, 1, 2) and tuple(s) == (1, 1, 1) for p, s in zip(perms_a, signs_a)])
+    order = np.lexsort((~is_identity, -dets))
+    perms_a, signs_a = perms_a[order], signs_a[order]
+    perms_a.setflags(write=False)
+    signs_a.setflags(write=False)
+    return perms_a, signs_a
+
+
+def _matrix(perm: Sequence[int], sign: Sequence[int]) -> np.ndarray:
+    m = np.zeros((3, 3), np.int64)
+    m[np.arange(3), list(perm)] = sign
+    return m
+
+
+def num_symmetries(group: str) -> int:
+    """Number of elements of ``group`` (``"cube48"``: 48, ``"rotations24"``: 24, ``"none"``: 1).
+
+    Raises:
+        ConfigError: unknown group name.
+    """
+    if group not in GROUPS:
+        raise ConfigError(f"symmetry_group {group!r}: expected one of {', '.join(GROUPS)}")
+    return GROUPS[group]
+
+
+def perm_and_sign(index: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(perm, sign)`` of symmetry ``index`` in 0..47; both int64 arrays of shape (3,)."""
+    perms, signs = _table()
+    return perms[index], signs[index]
+
+
+def matrix(index: int) -> np.ndarray:
+    """The 3 x 3 signed permutation matrix ``M`` of symmetry ``index`` (int64)."""
+    return _matrix(*perm_and_sign(index))
+
+
+def index_of(m: np.ndarray) -> int:
+    """Index in the table of the signed permutation matrix ``m``; ``ValueError`` if not one."""
+    for i in range(48):
+        if np.array_equal(matrix(i), m):
+            return i
+    raise ValueError(f"not a cube symmetry: {m.tolist()}")
+
+
+def apply_spatial(a: np.ndarray, index: int, spatial_axes: Sequence[int] = (0, 1, 2)) -> np.ndarray:
+    """Move the voxels of ``a`` by symmetry ``index``; ``spatial_axes`` name the x, y, z axes of ``a``.
+
+    Returns a view where possible (transpose + flips), shape permuted accordingly.
+    """
+    perm, sign = perm_and_sign(index)
+    axes = list(range(a.ndim))
+    new_axes = list(axes)
+    for i, ax in enumerate(spatial_axes):
+        new_axes[ax] = spatial_axes[perm[i]]
+    out = a.transpose(new_axes)
+    flip_axes = tuple(spatial_axes[i] for i in range(3) if sign[i] < 0)
+    return np.flip(out, flip_axes) if flip_axes else out
+
+
+def channel_matrix(index: int, num_channels: int, vector_triplets: Sequence[Sequence[int]]) -> np.ndarray:
+    """Matrix ``C`` (num_channels x num_channels, float32) with ``out_channels = C @ in_channels``.
+
+    Scalar channels map to themselves; each vector triplet ``(cx, cy, cz)`` maps by ``M``.
+    """
+    c = np.eye(num_channels, dtype=np.float32)
+    m = matrix(index).astype(np.float32)
+    for triplet in vector_triplets:
+        t = list(triplet)
+        c[np.ix_(t, t)] = m
+    return c
+
+
+def apply(sample: np.ndarray, index: int, vector_triplets: Sequence[Sequence[int]], channel_axis: int = -1) -> np.ndarray:
+    """Apply symmetry ``index`` to one sample: voxels move, vector channels turn with the grid.
+
+    Args:
+        sample: float array with three spatial axes (x, y, z order) and one channel axis, e.g.
+            DHWC (channel_axis=-1) or CDHW (channel_axis=0).
+        index: symmetry index in 0..47.
+        vector_triplets: channel indices of each vector field's (x, y, z) components.
+
+    Returns:
+        A new contiguous array of the same dtype and shape.
+    """
+    ch = channel_axis % sample.ndim
+    spatial = [ax for ax in range(sample.ndim) if ax != ch]
+    moved = apply_spatial(sample, index, spatial)
+    out = np.array(moved, copy=True, order="C")
+    perm, sign = perm_and_sign(index)
+    for triplet in vector_triplets:
+        src = np.take(moved, [triplet[p] for p in perm], axis=ch)
+        shape = [1] * sample.ndim
+        shape[ch] = 3
+        vals = src * sign.reshape(shape).astype(sample.dtype)
+        idx = [slice(None)] * sample.ndim
+        idx[ch] = list(triplet)
+        out[tuple(idx)] = vals
+    return out
+
+
+def compose(i: int, j: int) -> int:
+    """Index of ``g_i o g_j`` (apply ``j`` first, then ``i``): matrix ``M_i @ M_j``."""
+    return index_of(matrix(i) @ matrix(j))
+
+
+def dali_rotation(index: int) -> tuple[bool, np.ndarray, float]:
+    """DALI form of symmetry ``index`` on a DHWC volume: ``(invert, axis, angle_degrees)``.
+
+    Apply ``fn.flip(depthwise=invert, vertical=invert, horizontal=invert)`` then
+    ``fn.rotate(axis=axis, angle=angle, interp_type=INTERP_NN, keep_size=True)``. ``axis`` is in
+    DALI's (x=W, y=H, z=D) order, i.e. our spatial axes (2, 1, 0). Derived from :func:`matrix` by
+    the axis-angle form of the proper rotation ``R = det(M) M``; the sign of the angle was fixed
+    against DALI 2.4 (a positive angle about DALI's x turns our axis 1 toward axis 0, and
+    cyclically), and ``tests/test_dali.py`` checks every element against :func:`apply`.
+    """
+    m = matrix(index).astype(np.float64)
+    det = round(np.linalg.det(m))
+    r = det * m
+    angle = np.degrees(np.arccos(np.clip((np.trace(r) - 1.0) / 2.0, -1.0, 1.0)))
+    angle = float(np.round(angle))
+    if angle == 0.0:
+        axis_xyz = np.array([0.0, 0.0, 1.0])
+    elif angle == 180.0:
+        # R = 2 n n^T - I: n from the largest diagonal entry of (R + I) / 2
+        b = (r + np.eye(3)) / 2.0
+        k = int(np.argmax(np.diag(b)))
+        axis_xyz = b[:, k] / np.sqrt(b[k, k])
+    else:
+        axis_xyz = np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]])
+        axis_xyz /= np.linalg.norm(axis_xyz)
+    # our (x, y, z) = array axes (0, 1, 2) = DALI (z=D, y=H, x=W): reverse, and DALI's right-handed
+    # frame in (W, H, D) is a reflection of ours, so the angle changes sign.
+    axis_dali = axis_xyz[::-1].copy()
+    return det < 0, axis_dali.astype(np.float32), -angle
