@@ -36,6 +36,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "lr_schedule": ("cosine", "constant"),
     "amp_dtype": ("bfloat16", "float16"),
     "upconv": ("subpixel", "transpose"),
+    "downconv": ("space_to_depth", "strided"),
 }
 
 
@@ -70,6 +71,7 @@ class Config:
     unet_widths: tuple[int, ...]
     full_scale: bool
     upconv: str
+    downconv: str
     # --- training ---------------------------------------------------------------------------
     num_epochs: int
     global_batch_size: int

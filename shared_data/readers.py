@@ -14,6 +14,7 @@ returns channels-last DHWC arrays, the layout of the models.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -41,17 +42,22 @@ class H5LowMemReader:
     def __init__(self, path: str | Path, n_in: int, n_out: int, crop_size: int):
         self.info = dataset.validate(path, n_in, n_out, crop_size)
         self.path, self.size, self.crop_size = Path(path), self.info.size, crop_size
-        self._file, self._pid = None, None
+        self._file, self._pid, self._lock = None, None, threading.Lock()
 
     def _handle(self):
-        if self._file is None or self._pid != os.getpid():
-            self._file, self._pid = dataset.open_h5(self.path), os.getpid()
-        return self._file
+        with self._lock:  # loader threads share one handle per process
+            if self._file is None or self._pid != os.getpid():
+                self._file, self._pid = dataset.open_h5(self.path), os.getpid()
+            return self._file
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_file"], state["_pid"] = None, None
+        state["_file"], state["_pid"], state["_lock"] = None, None, None
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def read(self, start: Sequence[int], out_in: np.ndarray, out_tar: np.ndarray) -> None:
         """Copy the crop at ``start`` (x, y, z) into ``out_in`` / ``out_tar`` (C, s, s, s) float32."""

@@ -1,0 +1,84 @@
+"""What a training run prints and records, identical for TF and JAX: log lines, the run folder,
+the progress bar, and the metrics history (``metrics.jsonl``) the comparison tools read.
+
+The epoch lines are the NERSC tutorial's::
+
+    Time taken for epoch 1 is 12.3 sec, avg 166.4 samples/sec
+      Avg train loss=0.051234
+      Avg val loss=0.049876
+      Total validation time: 0.8 sec
+"""
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from shared_data.config import Config, config_dict
+
+log = logging.getLogger("dlas")
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """One stream handler on stdout with a short format (idempotent)."""
+    root = logging.getLogger()
+    if not any(getattr(h, "_dlas", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        handler._dlas = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.setLevel(level)
+    for noisy in ("absl", "jax._src", "orbax", "tensorflow", "h5py"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def workdir_for(cfg: Config, framework: str, workdir: str | None = None) -> Path:
+    """The run folder: ``workdir`` if given, else ``<exp_dir>/<config name>/<framework>``."""
+    return Path(workdir) if workdir else cfg.resolve_path(cfg.exp_dir) / cfg.name / framework
+
+
+def epoch_lines(epoch: int, seconds: float, samples: int, train_loss: float, val_loss: float, val_seconds: float) -> list[str]:
+    """The tutorial's per-epoch log lines (``epoch`` counted from 1)."""
+    return [f"Time taken for epoch {epoch} is {seconds:.1f} sec, avg {samples / seconds:.1f} samples/sec",
+            f"  Avg train loss={train_loss:.6f}",
+            f"  Avg val loss={val_loss:.6f}",
+            f"  Total validation time: {val_seconds:.1f} sec"]
+
+
+def progress(iterable: Iterable, total: int, desc: str, enabled: bool) -> Iterator:
+    """A tqdm progress bar over ``iterable`` when ``enabled`` and stdout is a terminal-ish stream."""
+    if not enabled:
+        return iter(iterable)
+    from tqdm import tqdm
+    return iter(tqdm(iterable, total=total, desc=desc, leave=False, dynamic_ncols=True, mininterval=1.0))
+
+
+class MetricsLog:
+    """Appends one JSON object per epoch to ``<workdir>/metrics.jsonl`` and writes ``run.json``."""
+
+    def __init__(self, workdir: Path, cfg: Config, framework: str, versions: dict):
+        self.path = workdir / "metrics.jsonl"
+        workdir.mkdir(parents=True, exist_ok=True)
+        info = dict(framework=framework, config=cfg.name, config_values=config_dict(cfg), versions=versions,
+                    host=platform.node(), python=platform.python_version(), started=time.strftime("%Y-%m-%d %H:%M:%S"))
+        (workdir / "run.json").write_text(json.dumps(info, indent=1))
+
+    def append(self, record: dict) -> None:
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def truncate_after(self, epoch: int) -> None:
+        """Drop records of epochs > ``epoch`` (after a resume from that epoch's checkpoint)."""
+        if self.path.exists():
+            keep = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["epoch"] <= epoch]
+            self.path.write_text("".join(line + "\n" for line in keep))
+
+
+def read_metrics(workdir: str | Path) -> list[dict]:
+    """The records of ``metrics.jsonl`` in ``workdir`` (empty if none)."""
+    path = Path(workdir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []

@@ -1,0 +1,180 @@
+"""Framework-neutral facts about the U-Net: layer names and shapes, the canonical weights file, the
+analytic FLOP count, and the float64 NumPy reference of the transposed convolution.
+
+Architecture (DESIGN.md; the NERSC tutorial's ``networks/UNet.py``), channels-last NDHWC:
+``down1..downN``: Conv3D(k=4, s=2, p=1) + LeakyReLU(0.01), widths ``unet_widths`` (64^3 -> 1^3 for 6
+levels); ``up{N-1}..up1``: ConvTranspose3d(k=4, s=2, p=1) + ReLU, widths mirroring the encoder, each
+concatenated with the encoder skip of the same size; ``last``: ConvTranspose3d to N_out channels, tanh.
+``full_scale: false`` drops the last encoder level.
+
+Canonical weights file (``.npz``): for every layer name ``L`` two arrays, ``L/kernel`` float32 of
+shape (4, 4, 4, C_in, C_out) and ``L/bias`` float32 (C_out,). For ``down*`` the kernel is a
+cross-correlation kernel in (kd, kh, kw, in, out) order (TF/Flax ``DHWIO``). For ``up*`` and
+``last`` it is the transposed-convolution kernel in the same order, with the meaning of
+:func:`conv_transpose_reference`: ``out[2 i - 1 + k] += in[i] * W[k]`` per spatial axis
+(PyTorch's ``ConvTranspose3d`` weight (in, out, kd, kh, kw) transposed to (kd, kh, kw, in, out)).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from shared_data.config import Config
+
+KERNEL = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSpec:
+    """One conv layer: ``name``, channels in/out, input side (voxels) and kind (``down`` or ``up``)."""
+
+    name: str
+    c_in: int
+    c_out: int
+    in_size: int
+    kind: str
+
+    @property
+    def kernel_shape(self) -> tuple[int, ...]:
+        return (KERNEL, KERNEL, KERNEL, self.c_in, self.c_out)
+
+    @property
+    def out_size(self) -> int:
+        return self.in_size // 2 if self.kind == "down" else self.in_size * 2
+
+
+def encoder_widths(cfg: Config) -> tuple[int, ...]:
+    """Widths of the encoder levels actually built (``full_scale`` False drops the last)."""
+    return tuple(cfg.unet_widths) if cfg.full_scale else tuple(cfg.unet_widths[:-1])
+
+
+def layer_specs(cfg: Config, crop_size: int | None = None) -> list[LayerSpec]:
+    """All conv layers in forward order, with their channel counts and input sizes."""
+    size = crop_size or cfg.crop_size
+    enc = encoder_widths(cfg)
+    specs, c_in, s = [], cfg.N_in_channels, size
+    for i, w in enumerate(enc):
+        specs.append(LayerSpec(f"down{i + 1}", c_in, w, s, "down"))
+        c_in, s = w, s // 2
+    dec = enc[-2::-1]  # decoder widths mirror the encoder: 512, 512, 256, 128, 64 for the full net
+    n = len(enc)
+    for j, w in enumerate(dec):
+        c = c_in if j == 0 else 2 * c_in  # after the first up-conv every input is [up, skip]
+        specs.append(LayerSpec(f"up{n - 1 - j}", c, w, s, "up"))
+        c_in, s = w, s * 2
+    specs.append(LayerSpec("last", c_in * (2 if n > 1 else 1), cfg.N_out_channels, s, "up"))
+    return specs
+
+
+def num_params(cfg: Config) -> int:
+    """Trainable parameter count (kernels and biases)."""
+    return sum(int(np.prod(s.kernel_shape)) + s.c_out for s in layer_specs(cfg))
+
+
+def forward_flops(cfg: Config, crop_size: int | None = None) -> float:
+    """Multiply-add FLOPs (2 per MAC) of one sample's forward pass through the conv layers.
+
+    A strided conv computes ``out_voxels x k^3 x C_in x C_out`` MACs; a transposed conv
+    ``in_voxels x k^3 x C_in x C_out`` (each input voxel scatters one k^3 kernel). Bias, activation
+    and concatenation are neglected (< 0.1%).
+    """
+    total = 0.0
+    for s in layer_specs(cfg, crop_size):
+        voxels = s.out_size ** 3 if s.kind == "down" else s.in_size ** 3
+        total += 2.0 * voxels * KERNEL ** 3 * s.c_in * s.c_out
+    return total
+
+
+def train_flops_per_sample(cfg: Config, crop_size: int | None = None) -> float:
+    """Model FLOPs of one training step per sample: forward + backward = 3 x forward (the
+    backward pass computes gradients for inputs and weights, 2 x forward; Kaplan et al. 2020 /
+    the usual MFU convention), with the first layer's input gradient counted too."""
+    return 3.0 * forward_flops(cfg, crop_size)
+
+
+def conv_transpose_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """Float64 reference of ConvTranspose3d(kernel 4, stride 2, padding 1) on NDHWC input.
+
+    Definition (PyTorch ``ConvTranspose3d``): for every input voxel i and kernel tap k per axis,
+    ``out[2 i - 1 + k] += x[i] @ w[k]`` wherever ``0 <= 2 i - 1 + k < 2 n``. ``x`` (B, n, n, n, C_in),
+    ``w`` (4, 4, 4, C_in, C_out), ``b`` (C_out,); returns (B, 2n, 2n, 2n, C_out) float64.
+    """
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    bsz, n = x.shape[0], x.shape[1]
+    out = np.zeros((bsz, 2 * n, 2 * n, 2 * n, w.shape[-1]))
+    i = np.arange(n)
+    for k0 in range(KERNEL):
+        for k1 in range(KERNEL):
+            for k2 in range(KERNEL):
+                o = [2 * i - 1 + k for k in (k0, k1, k2)]
+                ok = [(oo >= 0) & (oo < 2 * n) for oo in o]
+                contrib = np.einsum("bxyzc,cd->bxyzd", x[:, ok[0]][:, :, ok[1]][:, :, :, ok[2]], w[k0, k1, k2])
+                out[np.ix_(np.arange(bsz), o[0][ok[0]], o[1][ok[1]], o[2][ok[2]])] += contrib
+    if b is not None:
+        out += np.asarray(b, np.float64)
+    return out
+
+
+def conv_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """Float64 reference of Conv3D(kernel 4, stride 2, padding 1), NDHWC, cross-correlation:
+    ``out[o] = sum_k x[2 o - 1 + k] @ w[k]`` (zero outside the volume)."""
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    bsz, n = x.shape[0], x.shape[1]
+    xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
+    m = n // 2
+    out = np.zeros((bsz, m, m, m, w.shape[-1]))
+    for k0 in range(KERNEL):
+        for k1 in range(KERNEL):
+            for k2 in range(KERNEL):
+                patch = xp[:, k0:k0 + 2 * m:2, k1:k1 + 2 * m:2, k2:k2 + 2 * m:2]
+                out += np.einsum("bxyzc,cd->bxyzd", patch, w[k0, k1, k2])
+    if b is not None:
+        out += np.asarray(b, np.float64)
+    return out
+
+
+def init_weights(cfg: Config, seed: int) -> dict[str, np.ndarray]:
+    """Canonical weights drawn as the contract says: kernels N(0, 0.02), biases 0 (float32)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for s in layer_specs(cfg):
+        out[f"{s.name}/kernel"] = (0.02 * rng.standard_normal(s.kernel_shape)).astype(np.float32)
+        out[f"{s.name}/bias"] = np.zeros(s.c_out, np.float32)
+    return out
+
+
+def save_weights(path: str | Path, weights: Mapping[str, np.ndarray]) -> None:
+    """Write canonical weights to ``path`` (``.npz``) atomically."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **{k: np.asarray(v, np.float32) for k, v in weights.items()})
+    tmp.replace(path)
+
+
+def load_weights(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
+    """Read and check a canonical weights file against ``cfg``'s layers.
+
+    Raises:
+        UserError: missing file, missing or extra array, or a shape that does not match ``cfg``.
+    """
+    from shared_data.errors import UserError
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"weights file {path} not found")
+    with np.load(path) as f:
+        weights = {k: f[k] for k in f.files}
+    expected = {}
+    for s in layer_specs(cfg):
+        expected[f"{s.name}/kernel"], expected[f"{s.name}/bias"] = s.kernel_shape, (s.c_out,)
+    for key, shape in expected.items():
+        if key not in weights:
+            raise UserError(f"weights file {path}: missing array {key!r} of shape {shape}")
+        if weights[key].shape != shape:
+            raise UserError(f"weights file {path}: {key!r} has shape {weights[key].shape}, expected {shape} for config {cfg.name!r}")
+    extra = sorted(set(weights) - set(expected))
+    if extra:
+        raise UserError(f"weights file {path}: unexpected array {extra[0]!r} for config {cfg.name!r}")
+    return weights
