@@ -40,13 +40,10 @@ import numpy as np
 from jax import lax
 
 from shared_data.config import Config
-from shared_data.unet_spec import KERNEL, encoder_widths
+from shared_data.unet_spec import KERNEL, PHASE_TAPS, encoder_widths
 
 DIMS = ("NDHWC", "DHWIO", "NDHWC")
 KERNEL_INIT = nn.initializers.normal(stddev=0.02)
-
-# Tap of the 4-tap kernel used by phase r at window position a (a = 0: lower input, 1: upper).
-PHASE_TAPS = np.array([[3, 1], [2, 0]])
 
 
 def phase_kernel(w: jax.Array) -> jax.Array:

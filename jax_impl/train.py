@@ -72,10 +72,16 @@ def make_optimizer(lr_table: np.ndarray) -> optax.GradientTransformation:
 
 
 def create_train_state(cfg: Config, params: dict, tx: optax.GradientTransformation) -> TrainState:
-    """Fresh state around float32 ``params``; a dynamic loss scale only for float16 compute."""
+    """Fresh state around float32 ``params``; a dynamic loss scale only for float16 compute.
+
+    The scale doubles on the ``loss_scale_period``-th consecutive finite step, as Keras'
+    ``LossScaleOptimizer(dynamic_growth_steps=...)`` does (Flax grows after ``growth_interval``
+    finite steps, on the next one, hence the - 1), and halves on a non-finite one.
+    """
     dyn = None
     if cfg.precision == "float16":
-        dyn = DynamicScale(growth_interval=cfg.loss_scale_period, scale=jnp.float32(cfg.loss_scale_init), fin_steps=jnp.int32(0))
+        dyn = DynamicScale(growth_interval=cfg.loss_scale_period - 1, scale=jnp.float32(cfg.loss_scale_init),
+                           fin_steps=jnp.int32(0))
     return TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params), dynamic_scale=dyn)
 
 

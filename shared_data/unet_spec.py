@@ -26,6 +26,11 @@ from shared_data.config import Config
 
 KERNEL = 4
 
+# Sub-pixel form of ConvTranspose(k=4, s=2, p=1), per axis: output 2m + r sees the inputs at window
+# positions a = 0, 1 of [m - 1, m] (r = 0) or [m, m + 1] (r = 1) through kernel tap PHASE_TAPS[r, a]
+# (jax_impl/model.py derives it).
+PHASE_TAPS = np.array([[3, 1], [2, 0]])
+
 
 @dataclasses.dataclass(frozen=True)
 class LayerSpec:

@@ -77,10 +77,9 @@ def test_fp16_nonfinite_gradient_skips_update_and_halves_scale(tiny_cfg):
     state2, m = step(state1, _batch())
     assert bool(m["finite"]) and int(state2.dynamic_scale.fin_steps) == 1
     assert not np.array_equal(state2.params["last"]["kernel"], state0.params["last"]["kernel"])
-    state3, _ = step(state2, _batch())
-    state4, _ = step(state3, _batch())  # two finite steps done: the third finite step doubles the scale
-    assert float(state3.dynamic_scale.scale) == 512.0 and float(state4.dynamic_scale.scale) == 1024.0
-    assert state4.params["last"]["kernel"].dtype == jnp.float32
+    state3, _ = step(state2, _batch())  # loss_scale_period=2: the 2nd consecutive finite step doubles it
+    assert float(state3.dynamic_scale.scale) == 1024.0 and int(state3.dynamic_scale.fin_steps) == 0
+    assert state3.params["last"]["kernel"].dtype == jnp.float32
 
 
 def test_bf16_keeps_float32_params_and_tracks_fp32(tiny_cfg):
@@ -104,6 +103,16 @@ def test_cli_help_and_user_errors(tiny_cfg, tmp_path):
     assert res.returncode == 2 and "missing.h5 not found" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_importing_jax_impl_does_not_import_tensorflow():
-    code = "import sys, jax_impl.train, jax_impl.data, jax_impl.model, jax_impl.distribute; sys.exit('tensorflow' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT).returncode == 0
+def test_jax_impl_runs_without_tensorflow(tmp_path):
+    """As on the GPU machine: TensorFlow unimportable, jax_impl imports, and TensorBoard scalars are
+    still written (tensorboard's own stub); nothing imports TensorFlow when it is installed either."""
+    code = ("import sys; block = sys.argv[1] == 'block'\n"
+            "if block: sys.modules['tensorflow'] = None\n"
+            "import jax_impl.train, jax_impl.data, jax_impl.model, jax_impl.distribute\n"
+            "from pathlib import Path\n"
+            "jax_impl.train.ScalarWriter(Path(sys.argv[2]), True).scalars(1, {'a': 1.0})\n"
+            "assert block or 'tensorflow' not in sys.modules, 'tensorflow imported'")
+    for mode in ("block", "installed"):
+        res = subprocess.run([sys.executable, "-c", code, mode, str(tmp_path / mode)], cwd=REPO_ROOT, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        assert list((tmp_path / mode).glob("events.out.tfevents.*"))

@@ -1,0 +1,56 @@
+"""Data parallelism in TensorFlow: ``tf.distribute`` strategies.
+
+One host: ``MirroredStrategy`` over its GPUs (or logical CPU devices for tests). Several hosts:
+``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` or the SLURM cluster resolver. A single device
+uses the default strategy, so the same loop runs everywhere. Replica ``r`` of the strategy is data
+shard ``r``, as in :mod:`jax_impl.distribute`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import tensorflow as tf
+
+log = logging.getLogger(__name__)
+
+
+def initialize() -> None:
+    """Nothing to do before the strategy exists in TF (the strategy joins the cluster); kept so both
+    entry points read alike."""
+
+
+def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
+    """The strategy for this process: multi-worker when ``TF_CONFIG`` or a multi-task SLURM job
+    describes a cluster, mirrored over several local devices, else the default strategy."""
+    if os.environ.get("TF_CONFIG"):
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    gpus = tf.config.list_logical_devices("GPU")
+    devices = gpus or tf.config.list_logical_devices("CPU")
+    devices = devices[: num_devices or len(devices)] if (gpus or num_devices) else devices[:1]
+    if len(devices) > 1:
+        return tf.distribute.MirroredStrategy([d.name for d in devices])
+    return tf.distribute.get_strategy()
+
+
+def num_replicas(strategy: tf.distribute.Strategy) -> int:
+    return strategy.num_replicas_in_sync
+
+
+def local_shards(strategy: tf.distribute.Strategy) -> list[int]:
+    """Replica indices (data shards) of this worker's devices."""
+    if strategy.num_replicas_in_sync == 1:
+        return [0]
+    local = len(strategy.extended.worker_devices)
+    worker = strategy.cluster_resolver.task_id if getattr(strategy, "cluster_resolver", None) else 0
+    return [worker * local + i for i in range(local)]
+
+
+def split_cpu(n: int) -> None:
+    """Expose ``n`` logical CPU devices (tests of MirroredStrategy on a machine without GPUs).
+    Must run before TensorFlow initialises its devices."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
