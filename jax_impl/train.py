@@ -176,16 +176,23 @@ class ScalarWriter:
         self._writer = None
         if not enabled:
             return
-        # tensorboard imports TensorFlow for file I/O when it is installed, unless its "notf"
-        # marker module exists; JAX runs keep TensorFlow out of the process (on the GPU machine
-        # there is none, and tensorboard falls back to its own stub the same way).
-        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
         try:
             from tensorboard.summary import Writer
         except ImportError:
             log.warning("tensorboard is not installed: no TensorBoard scalars (pip install tensorboard)")
             return
-        self._writer = Writer(str(logdir))
+        # tensorboard does its file I/O through TensorFlow when TF is installed, unless its "notf"
+        # marker module exists when that choice is first made (it is cached). JAX runs keep TF out
+        # of the process; the marker is removed again so a later tf.summary user is unaffected.
+        marker = "tensorboard.compat.notf"
+        added = "tensorflow" not in sys.modules and marker not in sys.modules
+        if added:
+            sys.modules[marker] = types.ModuleType(marker)
+        try:
+            self._writer = Writer(str(logdir))
+        finally:
+            if added:
+                del sys.modules[marker]
 
     def scalars(self, step: int, values: dict) -> None:
         if self._writer is not None:
