@@ -10,11 +10,12 @@ import collections
 from typing import Iterator
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from jax_impl import distribute
 from shared_data import loader, readers
-from shared_data.config import Config
+from shared_data.config import Config, batch_sizes
 from shared_data.nvtx import nvtx_range
 from shared_data.sampler import TRAIN, VAL
 
@@ -51,9 +52,19 @@ def prefetch_to_mesh(batches: Iterator[dict], mesh: Mesh, depth: int = 2) -> Ite
         yield queue.popleft()
 
 
-def make_input(cfg: Config, split: str, mesh: Mesh) -> Input:
-    """The input pipeline of ``cfg.data_loader_config`` for ``split`` (``"train"`` / ``"val"``)."""
+def make_input(cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0):
+    """The input pipeline of ``cfg.data_loader_config`` for ``split`` (``"train"`` / ``"val"``);
+    ``first_epoch`` is where a resumed run starts (DALI pipelines count epochs from there)."""
     if cfg.data_loader_config.startswith("dali"):
         from jax_impl.dali import DaliInput
-        return DaliInput(cfg, split, mesh)
+        return DaliInput(cfg, split, mesh, first_epoch)
     return Input(cfg, split, mesh)
+
+
+def batch_spec(cfg: Config, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes, dtypes and shardings of a global batch (what the steps are compiled for)."""
+    global_bs, _ = batch_sizes(cfg, distribute.num_replicas(mesh))
+    s, sharding = cfg.crop_size, distribute.batch_sharding(mesh)
+    shapes = {"inputs": (global_bs, s, s, s, cfg.N_in_channels), "targets": (global_bs, s, s, s, cfg.N_out_channels),
+              "mask": (global_bs,)}
+    return {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding) for k, v in shapes.items()}

@@ -131,15 +131,15 @@ def eval_step(params: dict, batch: dict, *, model, cfg: Config) -> dict:
     return {"loss_sum": loss_fn(pred, batch, cfg) * n, "count": n}
 
 
-def compile_steps(cfg: Config, model, tx, state: TrainState, train_batch: dict, val_batch: dict):
-    """Jit ``train_step`` (state donated) and ``eval_step``, compile both ahead of time; return
-    ``(train_fn, eval_fn, seconds)``."""
+def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict):
+    """Jit ``train_step`` (state donated) and ``eval_step`` and compile both ahead of time for the
+    abstract ``batch`` (``data.batch_spec``); return ``(train_fn, eval_fn, seconds)``."""
     t0 = time.perf_counter()
     train_fn = jax.jit(functools.partial(train_step, model=model, tx=tx, cfg=cfg), donate_argnums=0)
     eval_fn = jax.jit(functools.partial(eval_step, model=model, cfg=cfg))
     spec = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)  # noqa: E731
-    train_c = train_fn.lower(spec(state), spec(train_batch)).compile()
-    eval_c = eval_fn.lower(spec(state.params), spec(val_batch)).compile()
+    train_c = train_fn.lower(spec(state), batch).compile()
+    eval_c = eval_fn.lower(spec(state.params), batch).compile()
     return train_c, eval_c, time.perf_counter() - t0
 
 
@@ -230,7 +230,12 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
              ", dynamic loss scaling" if cfg.precision == "float16" else "")
     log.info("data parallel: %d replicas, global batch %d, local batch %d", replicas, global_bs, local_bs)
 
-    train_in = data_mod.make_input(cfg, "train", mesh)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if overwrite and (workdir / "checkpoints").exists():
+        shutil.rmtree(workdir / "checkpoints")
+    ckpt = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints)
+    start_epoch = _start_epoch(ckpt.latest_epoch(), resume, workdir)
+    train_in = data_mod.make_input(cfg, "train", mesh, start_epoch)
     val_in = data_mod.make_input(cfg, "val", mesh)
     steps = train_in.steps
     lr_tab = schedule.lr_table(cfg, global_bs, steps * cfg.num_epochs)
@@ -240,11 +245,6 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
     log.info("model: %.2f M parameters, %.2f GFLOP per sample per training step", unet_spec.num_params(cfg) / 1e6,
              unet_spec.train_flops_per_sample(cfg) / 1e9)
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    if overwrite and (workdir / "checkpoints").exists():
-        shutil.rmtree(workdir / "checkpoints")
-    ckpt = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints)
-    start_epoch = _start_epoch(ckpt.latest_epoch(), resume, workdir)
     if start_epoch:
         state = ckpt.restore(start_epoch, state)
         log.info("resumed from %s at epoch %d (step %d)", ckpt.directory, start_epoch, int(state.step))
@@ -252,9 +252,7 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
     metrics_log.truncate_after(start_epoch)
     writer = ScalarWriter(workdir / "tb", cfg.tensorboard)
 
-    first_train = next(iter(train_in.epoch(start_epoch)))
-    first_val = next(iter(val_in.epoch(0)))
-    train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, first_train, first_val)
+    train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, data_mod.batch_spec(cfg, mesh))
     log.info("compiled train and eval steps in %.1f s", compile_s)
 
     window = CaptureWindow(cfg.profile_steps, on_start=[lambda: jax.profiler.start_trace(str(workdir / "profile"))],

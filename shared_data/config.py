@@ -37,6 +37,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "amp_dtype": ("bfloat16", "float16"),
     "upconv": ("subpixel", "transpose"),
     "downconv": ("space_to_depth", "strided"),
+    "dali_h5_mode": ("parallel", "prefetch", "simple"),
 }
 
 
@@ -65,6 +66,7 @@ class Config:
     synthetic_volume_size: int
     dali_threads: int
     dali_prefetch_queue_depth: int
+    dali_h5_mode: str
     # --- model ------------------------------------------------------------------------------
     N_in_channels: int
     N_out_channels: int

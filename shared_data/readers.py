@@ -61,15 +61,16 @@ class H5LowMemReader:
 
     def read(self, start: Sequence[int], out_in: np.ndarray, out_tar: np.ndarray) -> None:
         """Copy the crop at ``start`` (x, y, z) into ``out_in`` / ``out_tar`` (C, s, s, s) float32."""
-        f = self._handle()
+        self.read_one("Nbody", start, out_in)
+        self.read_one("Hydro", start, out_tar)
+
+    def read_one(self, key: str, start: Sequence[int], out: np.ndarray) -> None:
+        """Copy the crop of dataset ``key`` at ``start`` into ``out`` (C, s, s, s) float32 and check it."""
         x, y, z = (int(v) for v in start)
         s = self.crop_size
-        sel = np.s_[:, x:x + s, y:y + s, z:z + s]
-        f["Nbody"].read_direct(out_in, source_sel=sel)
-        f["Hydro"].read_direct(out_tar, source_sel=sel)
-        if not (np.isfinite(out_in).all() and np.isfinite(out_tar).all()):
-            bad = "Nbody" if not np.isfinite(out_in).all() else "Hydro"
-            dataset.check_finite(out_in if bad == "Nbody" else out_tar, f"{self.path} {bad} crop at {(x, y, z)}")
+        self._handle()[key].read_direct(out, source_sel=np.s_[:, x:x + s, y:y + s, z:z + s])
+        if not np.isfinite(out).all():
+            dataset.check_finite(out, f"{self.path} {key} crop at {(x, y, z)}")
 
 
 class InMemReader:

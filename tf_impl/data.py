@@ -11,7 +11,7 @@ from typing import Iterator
 import tensorflow as tf
 
 from shared_data import loader, readers
-from shared_data.config import Config
+from shared_data.config import Config, batch_sizes
 from shared_data.sampler import TRAIN, VAL
 from tf_impl import distribute
 
@@ -50,23 +50,44 @@ class Input:
                     num_parallel_calls=cfg.num_data_workers, deterministic=True)
         return ds.map(to_dict).prefetch(tf.data.AUTOTUNE)
 
+    @staticmethod
+    def element(item) -> dict:
+        """A dataset element as the steps' batch dict."""
+        return item
+
     def epoch(self, epoch: int) -> Iterator:
         """Batches of ``epoch``: plain dicts with one replica, per-replica values with several
         (replica ``r`` gets shard ``r``'s batch, as in JAX)."""
         if len(self.shards) == 1 and self.replicas == 1:
-            yield from self.dataset(epoch, self.shards[0])
+            for item in self.dataset(epoch, self.shards[0]):
+                yield self.element(item)
             return
         iters = [iter(self.dataset(epoch, r)) for r in self.shards]
         first = self.shards[0]
         for _ in range(self.steps):
-            parts = [next(it) for it in iters]
+            parts = [self.element(next(it)) for it in iters]
             yield self.strategy.experimental_distribute_values_from_function(
                 lambda ctx: parts[ctx.replica_id_in_sync_group - first])
 
 
-def make_input(cfg: Config, split: str, strategy: tf.distribute.Strategy) -> Input:
-    """The input pipeline of ``cfg.data_loader_config`` for ``split`` (``"train"`` / ``"val"``)."""
+def make_input(cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0):
+    """The input pipeline of ``cfg.data_loader_config`` for ``split`` (``"train"`` / ``"val"``);
+    ``first_epoch`` is accepted for symmetry with JAX (TF datasets are built per epoch)."""
+    del first_epoch
     if cfg.data_loader_config.startswith("dali"):
         from tf_impl.dali import DaliInput
         return DaliInput(cfg, split, strategy)
     return Input(cfg, split, strategy)
+
+
+def batch_spec(cfg: Config, strategy: tf.distribute.Strategy):
+    """A batch of zeros of the right shapes (per replica), on which the steps are compiled."""
+    _, local_bs = batch_sizes(cfg, distribute.num_replicas(strategy))
+    s = cfg.crop_size
+
+    def make(_ctx=None):
+        return {"inputs": tf.zeros((local_bs, s, s, s, cfg.N_in_channels)),
+                "targets": tf.zeros((local_bs, s, s, s, cfg.N_out_channels)), "mask": tf.ones((local_bs,))}
+    if distribute.num_replicas(strategy) == 1:
+        return make()
+    return strategy.experimental_distribute_values_from_function(make)

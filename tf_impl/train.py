@@ -104,10 +104,10 @@ def eval_step(model: keras.Model, batch: dict, cfg: Config) -> dict:
     return {"loss_sum": loss_fn(model(batch["inputs"], training=False), batch, cfg) * n, "count": n}
 
 
-def compile_steps(cfg: Config, strategy, model, optimizer, train_batch, val_batch):
+def compile_steps(cfg: Config, strategy, model, optimizer, batch):
     """Build the distributed, XLA-compiled step functions and compile them by running each once on
-    the first batches, then restore every variable, so training starts from the same state as JAX's
-    ahead-of-time path; return ``(train_fn, eval_fn, seconds)``."""
+    ``batch`` (``data.batch_spec``: zeros), then restore every variable, so training starts from the
+    same state as with JAX's ahead-of-time compilation; return ``(train_fn, eval_fn, seconds)``."""
     replicas = distribute.num_replicas(strategy)
     replica_train = tf.function(lambda b: train_step(model, optimizer, b, cfg, replicas), jit_compile=cfg.enable_jit)
     replica_eval = tf.function(lambda b: eval_step(model, b, cfg), jit_compile=cfg.enable_jit)
@@ -127,8 +127,8 @@ def compile_steps(cfg: Config, strategy, model, optimizer, train_batch, val_batc
     variables = list(model.variables) + list(optimizer.variables)
     saved = [v.numpy() for v in variables]
     t0 = time.perf_counter()
-    train_fn(train_batch)
-    eval_fn(val_batch)
+    train_fn(batch)
+    eval_fn(batch)
     seconds = time.perf_counter() - t0
     for v, value in zip(variables, saved):
         v.assign(value)
@@ -219,9 +219,7 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
     workdir.mkdir(parents=True, exist_ok=True)
     if overwrite and (workdir / "checkpoints").exists():
         shutil.rmtree(workdir / "checkpoints")
-    first_train = next(iter(train_in.epoch(0)))
-    first_val = next(iter(val_in.epoch(0)))
-    train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, model, optimizer, first_train, first_val)
+    train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, model, optimizer, data_mod.batch_spec(cfg, strategy))
     log.info("compiled train and eval steps in %.1f s", compile_s)
     ckpt = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, model, optimizer)
     start_epoch = _start_epoch(ckpt.latest_epoch(), resume, workdir)

@@ -1,0 +1,273 @@
+"""DALI pipelines shared unchanged by TF and JAX: ``dali-npy`` (alias ``dali-lowmem``) and ``dali-h5``.
+
+Both produce, per step, ``inputs`` (B, s, s, s, N_in), ``targets`` (B, s, s, s, N_out) float32 NDHWC
+and ``mask`` (B,), exactly the samples of the NumPy reader (:func:`shared_data.readers.make_batch`)
+for the same plan: crops start where :mod:`shared_data.sampler` says and the symmetry comes from the
+one table in :mod:`shared_data.symmetry`, applied by DALI operators on the pipeline's device
+(GPU when there is one):
+
+    fn.flip (all three axes, for the 24 improper elements)  ->  fn.rotate (axis, angle; nearest,
+    exact for multiples of 90 degrees)  ->  fn.coord_transform (the per-voxel channel matrix that
+    turns vector channels with the grid).
+
+Per-step symmetry parameters and crop starts enter through named external sources (``PARAMS``). The
+JAX side attaches a Python callback (:class:`PlanSource`); the TF side feeds the same names from
+``tf.data`` datasets (``DALIDatasetWithInputs``), because the TF plugin runs callbacks only as
+non-parallel generators.
+
+* ``dali-npy``: ``fn.readers.numpy`` reads just the ROI of the DHWC ``.npy`` files
+  (``python -m shared_data.convert``).
+* ``dali-h5``: ``fn.external_source`` reads crops straight from the HDF5 file, channel-first, and
+  ``fn.transpose`` makes them DHWC. ``dali_h5_mode`` chooses how:
+  ``parallel`` (per-sample callback in ``py_num_workers`` spawned worker processes, each opening the
+  file once; DALI passes the shared-memory buffers without a copy), ``prefetch`` (batch callback in
+  this process, a ``concurrent.futures`` thread reading the next batch while DALI works on this one,
+  returned with ``no_copy=True`` from a ring of buffers deeper than DALI's prefetch queue) or
+  ``simple`` (batch callback, copied, no prefetch: the baseline the other two are measured against).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import logging
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from shared_data import dataset, loader, symmetry
+from shared_data.config import Config
+from shared_data.errors import DatasetError, MissingDependencyError
+from shared_data.readers import H5LowMemReader
+
+log = logging.getLogger(__name__)
+
+PARAMS = ("roi_start", "invert", "axis", "angle", "m_in", "m_out", "mask")
+OUTPUTS = ("inputs", "targets", "mask")
+H5_MODES = ("parallel", "prefetch", "simple")
+
+
+def param_names(kind: str) -> tuple[str, ...]:
+    """The :data:`PARAMS` a pipeline of ``kind`` reads (``dali-h5`` crops outside DALI: no ``roi_start``)."""
+    return PARAMS[1:] if kind == "dali-h5" else PARAMS
+
+
+def require_dali():
+    """Import DALI or raise :class:`MissingDependencyError` naming the extra to install."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError(
+            "the DALI loaders need NVIDIA DALI: pip install -e '.[dali]' (CUDA 13; '.[dali-cuda12]' for CUDA 12)") from None
+    return nvidia.dali
+
+
+@functools.lru_cache(maxsize=None)
+def _symmetry_tables(n_in: int, n_out: int, vec_in: tuple, vec_out: tuple):
+    rot = [symmetry.dali_rotation(i) for i in range(48)]
+    invert = np.array([r[0] for r in rot], np.int32)
+    axis = np.stack([r[1] for r in rot]).astype(np.float32)
+    angle = np.array([r[2] for r in rot], np.float32)
+    m_in = np.stack([symmetry.channel_matrix(i, n_in, vec_in) for i in range(48)])
+    m_out = np.stack([symmetry.channel_matrix(i, n_out, vec_out) for i in range(48)])
+    return invert, axis, angle, m_in, m_out
+
+
+def step_params(draws, mask: np.ndarray, cfg: Config) -> dict[str, np.ndarray]:
+    """Per-sample pipeline inputs of one step: ``roi_start`` int32 (B, 3); ``invert`` int32 (B,);
+    ``axis`` float32 (B, 3); ``angle`` float32 (B,) degrees; ``m_in`` (B, N_in, N_in) and ``m_out``
+    (B, N_out, N_out) float32 channel matrices; ``mask`` float32 (B,)."""
+    invert, axis, angle, m_in, m_out = _symmetry_tables(cfg.N_in_channels, cfg.N_out_channels,
+                                                        cfg.nbody_vector_channels, cfg.hydro_vector_channels)
+    g = draws.symmetries
+    return {"roi_start": draws.starts.astype(np.int32), "invert": invert[g], "axis": axis[g], "angle": angle[g],
+            "m_in": m_in[g], "m_out": m_out[g], "mask": np.asarray(mask, np.float32)}
+
+
+def plan_params(plan: loader.EpochPlan, cfg: Config) -> dict[str, np.ndarray]:
+    """``step_params`` of every step stacked on a leading step axis (the TF input datasets), for
+    the parameters ``cfg.data_loader_config``'s pipeline reads."""
+    per_step = [step_params(d, m, cfg) for d, m in zip(plan.draws, plan.masks)]
+    return {k: np.stack([p[k] for p in per_step]) for k in param_names(cfg.data_loader_config)}
+
+
+class EpochPlans:
+    """Plans of one split for one set of shards, by epoch (cached); picklable for DALI workers."""
+
+    def __init__(self, cfg: Config, split: int, shards: Sequence[int], replicas: int, volume_size: int, epoch_offset: int = 0):
+        self.cfg, self.split, self.shards, self.replicas, self.size = cfg, split, list(shards), replicas, volume_size
+        self.epoch_offset = epoch_offset
+        self._cache: dict[int, loader.EpochPlan] = {}
+
+    def __call__(self, epoch_idx: int) -> loader.EpochPlan:
+        epoch = 0 if self.split == loader.VAL else self.epoch_offset + epoch_idx
+        if epoch not in self._cache:
+            self._cache = {epoch: loader.make_plan(self.cfg, self.split, epoch, self.shards, self.replicas, self.size)}
+        return self._cache[epoch]
+
+
+class PlanSource:
+    """Batch callback giving the parameters ``names`` of each step (``batch_info=True``); StopIteration ends an epoch."""
+
+    def __init__(self, plans: EpochPlans, names: Sequence[str]):
+        self.plans, self.names = plans, tuple(names)
+
+    def __call__(self, info):
+        plan = self.plans(info.epoch_idx)
+        if info.iteration >= len(plan):
+            raise StopIteration
+        p = step_params(plan.draws[info.iteration], plan.masks[info.iteration], self.plans.cfg)
+        return tuple(p[k] for k in self.names)
+
+
+class H5CropSource:
+    """Reads the crops of one HDF5 dataset (``key`` = ``Nbody`` or ``Hydro``) for DALI, channel-first
+    (C, s, s, s) float32.
+
+    ``mode="parallel"``: per-sample callback (``SampleInfo``), run in DALI's worker processes; the
+    file opens lazily once per worker. ``"prefetch"``: batch callback (``BatchInfo``) whose next
+    batch is read by a background thread, returned from a ring of ``ring`` preallocated buffers
+    (pass ``no_copy=True``). ``"simple"``: batch callback, fresh arrays, no prefetch.
+    """
+
+    def __init__(self, plans: EpochPlans, path: str | Path, key: str, channels: int, mode: str, ring: int):
+        if mode not in H5_MODES:
+            raise ValueError(f"dali_h5_mode {mode!r}: expected one of {H5_MODES}")
+        self.plans, self.key, self.channels, self.mode, self.ring = plans, key, channels, mode, ring
+        cfg = plans.cfg
+        self.reader = H5LowMemReader(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
+        self.batch = len(plans(0).masks[0])
+        self._pool: Optional[cf.ThreadPoolExecutor] = None
+        self._pending: dict = {}
+        self._buffers: Optional[np.ndarray] = None
+        self._next_slot = 0
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_pool"], state["_pending"], state["_buffers"] = None, {}, None
+        return state
+
+    def _shape(self) -> tuple:
+        s = self.plans.cfg.crop_size
+        return (self.channels, s, s, s)
+
+    def _read_batch(self, plan, step: int, out: np.ndarray) -> np.ndarray:
+        for i, start in enumerate(plan.draws[step].starts):
+            self.reader.read_one(self.key, start, out[i])
+        return out
+
+    def __call__(self, info):
+        if self.mode == "parallel":  # SampleInfo
+            plan = self.plans(info.epoch_idx)
+            step, i = divmod(info.idx_in_epoch, self.batch)
+            if step >= len(plan):
+                raise StopIteration
+            out = np.empty(self._shape(), np.float32)
+            self.reader.read_one(self.key, plan.draws[step].starts[i], out)
+            return out
+        plan = self.plans(info.epoch_idx)
+        if info.iteration >= len(plan):
+            raise StopIteration
+        if self.mode == "simple":
+            return self._read_batch(plan, info.iteration, np.empty((self.batch, *self._shape()), np.float32))
+        return self._prefetched(plan, info)
+
+    def _prefetched(self, plan, info) -> np.ndarray:
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix=f"h5-{self.key}")
+            self._buffers = np.empty((self.ring, self.batch, *self._shape()), np.float32)
+        key = (info.epoch_idx, info.iteration)
+        future = self._pending.pop(key, None) or self._submit(plan, info.iteration)
+        out = future.result()
+        if info.iteration + 1 < len(plan):
+            self._pending[(info.epoch_idx, info.iteration + 1)] = self._submit(plan, info.iteration + 1)
+        return out
+
+    def _submit(self, plan, step: int) -> cf.Future:
+        buf = self._buffers[self._next_slot]
+        self._next_slot = (self._next_slot + 1) % self.ring
+        return self._pool.submit(self._read_batch, plan, step, buf)
+
+
+def _param_nodes(fn, kind: str, plans: Optional[EpochPlans]) -> dict:
+    """External sources for the parameters of ``kind``: a :class:`PlanSource` callback when
+    ``plans`` is given (JAX), else bare named inputs fed by the framework (TF's ``input_datasets``)."""
+    names = param_names(kind)
+    if plans is None:
+        return {name: fn.external_source(name=name) for name in names}
+    outs = fn.external_source(source=PlanSource(plans, names), num_outputs=len(names), batch=True, batch_info=True)
+    return dict(zip(names, outs))
+
+
+def _augment(fn, types, x, params: dict, matrix: str):
+    inv = params["invert"]
+    x = fn.flip(x, depthwise=inv, vertical=inv, horizontal=inv)
+    x = fn.rotate(x, axis=params["axis"], angle=params["angle"], interp_type=types.INTERP_NN, keep_size=True)
+    return fn.coord_transform(x, M=params[matrix])
+
+
+def build_pipeline(cfg: Config, kind: str, split_path: str | Path, batch_size: int, device_id: Optional[int],
+                   plans: Optional[EpochPlans] = None, crop_sources: Optional[dict] = None):
+    """A DALI pipeline for ``kind`` (``dali-npy`` / ``dali-lowmem`` / ``dali-h5``) over the volume at
+    ``split_path`` (HDF5; the ``.npy`` files sit beside it). ``device_id=None`` runs it CPU-only.
+
+    ``plans`` given: parameters come from a callback; else from named inputs (TF). For ``dali-h5``
+    ``crop_sources`` maps ``Nbody``/``Hydro`` to :class:`H5CropSource` callbacks, or is None for named
+    inputs ``Nbody``/``Hydro`` (TF). Outputs: ``inputs``, ``targets`` (DHWC), ``mask``.
+
+    Raises:
+        MissingDependencyError: DALI is not installed.
+        DatasetError: a ``.npy`` file is missing (the message names the converter).
+    """
+    dali = require_dali()
+    from nvidia.dali import fn, types
+
+    s, device = cfg.crop_size, "gpu" if device_id is not None else "cpu"
+    parallel = kind == "dali-h5" and cfg.dali_h5_mode == "parallel" and crop_sources is not None
+    kwargs = dict(batch_size=batch_size, num_threads=cfg.dali_threads, device_id=device_id,
+                  prefetch_queue_depth=cfg.dali_prefetch_queue_depth, exec_dynamic=True)
+    if parallel:
+        kwargs.update(py_num_workers=cfg.num_data_workers, py_start_method="spawn")
+    npy = dataset.npy_paths(split_path) if kind in ("dali-npy", "dali-lowmem") else None
+    if npy:
+        missing = [p for p in npy if not p.is_file()]
+        if missing:
+            raise DatasetError(f"{missing[0]} not found: the {kind} loader reads the DHWC .npy form; "
+                               f"create it with: python -m shared_data.convert {split_path}")
+
+    @dali.pipeline_def(**kwargs)
+    def pipeline():
+        params = _param_nodes(fn, kind, plans)
+        if npy:
+            roi = dict(roi_start=params["roi_start"], roi_shape=[s, s, s], roi_axes=[0, 1, 2])
+            nb = fn.readers.numpy(files=[str(npy[0])], name="nbody_reader", **roi)
+            hy = fn.readers.numpy(files=[str(npy[1])], name="hydro_reader", **roi)
+        else:
+            nb, hy = (_crop_node(fn, crop_sources, key, parallel, cfg) for key in dataset.KEYS)
+        if device == "gpu":
+            nb, hy = nb.gpu(), hy.gpu()
+        if npy:
+            nb, hy = fn.reshape(nb, layout="DHWC"), fn.reshape(hy, layout="DHWC")
+        else:  # channel-first crops from HDF5 -> DHWC
+            nb = fn.transpose(nb, perm=[1, 2, 3, 0], output_layout="DHWC")
+            hy = fn.transpose(hy, perm=[1, 2, 3, 0], output_layout="DHWC")
+        return _augment(fn, types, nb, params, "m_in"), _augment(fn, types, hy, params, "m_out"), params["mask"]
+
+    return pipeline()
+
+
+def _crop_node(fn, crop_sources: Optional[dict], key: str, parallel: bool, cfg: Config):
+    if crop_sources is None:
+        return fn.external_source(name=key)
+    src = crop_sources[key]
+    if parallel:
+        return fn.external_source(source=src, batch=False, parallel=True)
+    return fn.external_source(source=src, batch=True, batch_info=True, no_copy=src.mode == "prefetch")
+
+
+def crop_sources(plans: EpochPlans, path: str | Path, cfg: Config) -> dict:
+    """:class:`H5CropSource` callbacks for ``Nbody`` and ``Hydro`` in ``cfg.dali_h5_mode``; the
+    ring is two deeper than DALI's prefetch queue, so a buffer is rewritten only after DALI let go."""
+    ring = cfg.dali_prefetch_queue_depth + 2
+    return {key: H5CropSource(plans, path, key, n, cfg.dali_h5_mode, ring)
+            for key, n in zip(dataset.KEYS, (cfg.N_in_channels, cfg.N_out_channels))}

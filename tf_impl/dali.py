@@ -1,0 +1,87 @@
+"""DALI input for TensorFlow: the shared pipelines (:mod:`shared_data.dali_pipelines`) through
+``nvidia.dali.plugin.tf.experimental.DALIDatasetWithInputs``, one dataset per replica.
+
+The per-step crop starts and symmetry parameters enter as ``tf.data`` input datasets made from the
+epoch's plan (the TF plugin runs Python callbacks only as non-parallel generators); for ``dali-h5``
+the channel-first crops come from a ``tf.data`` map over the shared HDF5 reader. With a GPU the
+dataset is placed on the replica's GPU (``device_id``), without one it runs CPU-only
+(``device_id=None``).
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import tensorflow as tf
+
+from shared_data import dali_pipelines as dp
+from shared_data import dataset
+from shared_data.config import Config, batch_sizes
+from shared_data.readers import H5LowMemReader
+from tf_impl import data as data_mod
+from tf_impl import distribute
+
+log = logging.getLogger(__name__)
+
+
+class DaliInput(data_mod.Input):
+    """Batches of one split from DALI, one ``DALIDatasetWithInputs`` per replica and epoch."""
+
+    def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy):
+        dp.require_dali()
+        import nvidia.dali.plugin.tf as dali_tf
+
+        self.dali_tf = dali_tf
+        self.cfg, self.split, self.strategy = cfg, data_mod.SPLITS[split], strategy
+        self.path = cfg.resolve_path(cfg.train_path if split == "train" else cfg.val_path)
+        self.reader = H5LowMemReader(self.path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
+        self.shards = distribute.local_shards(strategy)
+        self.replicas = distribute.num_replicas(strategy)
+        _, self.local_bs = batch_sizes(cfg, self.replicas)
+        self.gpus = tf.config.list_logical_devices("GPU")
+        if not self.gpus:
+            log.info("DALI %s/%s: no GPU, CPU-only pipelines (device_id=None)", cfg.data_loader_config, split)
+        self.steps = len(self.plan(0))
+
+    def dataset(self, epoch: int, shard: int) -> tf.data.Dataset:
+        """One replica's batches of ``epoch`` (tuples, see :meth:`element`), from a DALI pipeline fed by its plan."""
+        cfg, s = self.cfg, self.cfg.crop_size
+        plan = self.plan(epoch, [shard])
+        params = dp.plan_params(plan, cfg)
+        inputs = {k: self.dali_tf.experimental.Input(tf.data.Dataset.from_tensor_slices(v), batch=True)
+                  for k, v in params.items()}
+        if cfg.data_loader_config == "dali-h5":
+            inputs.update(self._crop_inputs(plan))
+        local = shard - self.shards[0]
+        device_id = local if self.gpus else None
+        pipe = dp.build_pipeline(cfg, cfg.data_loader_config, self.path, self.local_bs, device_id)
+        shapes = ((self.local_bs, s, s, s, cfg.N_in_channels), (self.local_bs, s, s, s, cfg.N_out_channels), (self.local_bs,))
+        with tf.device(self.gpus[local].name if self.gpus else "/cpu:0"):
+            ds = self.dali_tf.experimental.DALIDatasetWithInputs(
+                pipeline=pipe, input_datasets=inputs, batch_size=self.local_bs, output_dtypes=(tf.float32,) * 3,
+                output_shapes=shapes, device_id=device_id, num_threads=cfg.dali_threads,
+                prefetch_queue_depth=cfg.dali_prefetch_queue_depth)
+        return ds  # (inputs, targets, mask) tuples; no tf.data map after a GPU-placed DALIDataset
+
+    @staticmethod
+    def element(item) -> dict:
+        x, y, m = item
+        return {"inputs": x, "targets": y, "mask": m}
+
+    def _crop_inputs(self, plan) -> dict:
+        """``Nbody``/``Hydro`` input datasets: each step's channel-first crops read by the shared
+        reader in a parallel ``tf.data`` map (the ``dali-h5`` source on the TF side)."""
+        cfg, s = self.cfg, self.cfg.crop_size
+        out = {}
+        for key, n in zip(dataset.KEYS, (cfg.N_in_channels, cfg.N_out_channels)):
+            def read(step, key=key, n=n):
+                draws = plan.draws[int(step)]
+                buf = np.empty((len(draws), n, s, s, s), np.float32)
+                for i, start in enumerate(draws.starts):
+                    self.reader.read_one(key, start, buf[i])
+                return buf
+            ds = tf.data.Dataset.range(len(plan)).map(
+                lambda i, read=read: tf.numpy_function(read, [i], tf.float32, stateful=False),
+                num_parallel_calls=cfg.num_data_workers, deterministic=True)
+            out[key] = self.dali_tf.experimental.Input(ds.prefetch(2), batch=True)
+        return out
