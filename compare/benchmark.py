@@ -1,0 +1,147 @@
+"""The benchmark command: IO / SYNTHETIC / FULL for one framework and loader (the tutorial's "benchy").
+
+    python -m compare.benchmark --framework jax --mode synthetic --config short_opt
+    python -m compare.benchmark --framework torch --mode full --config short_opt --data_loader_config dali-npy
+
+Warm-up steps first (compilation, autotuning, pipeline start), then ``--windows`` timed windows of
+``--steps`` steps, each ended by a device sync. Reports samples/s (median over windows), step time
+(p50 / p90 over windows), MFU (analytic model FLOPs x samples/s / peak), compile seconds, peak
+device memory, device, versions and the command line, as JSON (``--out``) and a table printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from shared_data import config as config_mod
+from shared_data import unet_spec
+from shared_data.config import Config
+from shared_data.errors import UserError, run_cli
+
+MODES = ("io", "synthetic", "full")
+FRAMEWORKS = ("jax", "tf", "torch")
+# Peak bf16 dense rate used as the MFU denominator, by device name. H200: the bf16 matrix-product
+# rate measured on this workplace's H200 (788 TFLOP/s, an 8192^3 product, 2026-10-28, KINDS.md);
+# the datasheet's 989 would give 20% lower MFU.
+PEAK_TFLOPS = {"H200": 788.0, "H100": 989.0}
+
+
+def make_bench(framework: str, cfg: Config, mode: str, num_devices: Optional[int] = None, **kwargs):
+    """The framework's ``Bench`` (``jax_impl.bench``, ``tf_impl.bench`` or ``compare.torch_ref``)."""
+    if framework == "jax":
+        from jax_impl.bench import Bench
+    elif framework == "tf":
+        from tf_impl.bench import Bench
+    elif framework == "torch":
+        from compare.torch_ref import Bench
+    else:
+        raise UserError(f"--framework {framework!r}: expected one of {', '.join(FRAMEWORKS)}")
+    return Bench(cfg, mode, num_devices, **kwargs)
+
+
+def peak_tflops(device: str) -> Optional[float]:
+    for key, value in PEAK_TFLOPS.items():
+        if key in device:
+            return value
+    return None
+
+
+def measure(bench, warmup: int, steps: int, windows: int) -> dict:
+    """Run the warm-up and the timed windows; return timing statistics (seconds, samples/s)."""
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        bench.step()
+    bench.sync()
+    warm_sec = time.perf_counter() - t0
+    per_step = []
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            bench.step()
+        bench.sync()
+        per_step.append((time.perf_counter() - t0) / steps)
+    per_step = np.array(per_step)
+    rates = bench.global_batch / per_step
+    return {"samples_per_sec": float(np.median(rates)), "samples_per_sec_min": float(rates.min()),
+            "samples_per_sec_max": float(rates.max()), "step_ms_p50": float(np.percentile(per_step, 50) * 1e3),
+            "step_ms_p90": float(np.percentile(per_step, 90) * 1e3), "warmup_sec": warm_sec,
+            "windows": windows, "steps_per_window": steps}
+
+
+def run(framework: str, cfg: Config, mode: str, warmup: int, steps: int, windows: int,
+        num_devices: Optional[int] = None, label: Optional[str] = None, **kwargs) -> dict:
+    """Benchmark one (framework, config, mode); return the result record."""
+    bench = make_bench(framework, cfg, mode, num_devices, **kwargs)
+    stats = measure(bench, warmup, steps, windows)
+    device = bench.device_name()
+    flops = unet_spec.train_flops_per_sample(cfg)
+    peak = peak_tflops(device)
+    replicas = getattr(bench, "replicas", 1)
+    record = {
+        "label": label or f"{framework} {mode}", "framework": framework, "mode": mode, "config": cfg.name,
+        "loader": cfg.data_loader_config if mode != "synthetic" else "cached device batch",
+        "precision": cfg.precision, "global_batch": bench.global_batch, "crop_size": cfg.crop_size,
+        **stats, "compile_sec": bench.compile_sec,
+        "train_gflop_per_sample": flops / 1e9,
+        "mfu": (flops * stats["samples_per_sec"] / (peak * 1e12 * replicas)) if (peak and mode != "io") else None,
+        "peak_memory_gib": (bench.peak_memory_bytes() or 0) / 2 ** 30 or None,
+        "device": device, "versions": bench.versions(), "host": platform.node(),
+        "command": " ".join(shlex.quote(a) for a in sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "config_values": config_mod.config_dict(cfg),
+    }
+    return record
+
+
+def table(records: list[dict]) -> str:
+    """One line per record: label, mode, loader, precision, batch, samples/s, step ms, MFU, compile, memory."""
+    head = f"{'run':<34}{'mode':<10}{'loader':<14}{'prec':<9}{'batch':>6}{'samples/s':>11}{'step ms p50/p90':>17}{'MFU':>7}{'compile s':>10}{'mem GiB':>9}"
+    lines = [head, "-" * len(head)]
+    for r in records:
+        mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
+        mem = f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") else "-"
+        loader = r["loader"] if r["mode"] != "synthetic" else "-"
+        lines.append(f"{r['label'][:33]:<34}{r['mode']:<10}{loader[:13]:<14}{r['precision'][:8]:<9}{r['global_batch']:>6}"
+                     f"{r['samples_per_sec']:>11.1f}{r['step_ms_p50']:>9.1f}/{r['step_ms_p90']:<7.1f}{mfu:>7}"
+                     f"{r['compile_sec']:>10.1f}{mem:>9}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m compare.benchmark", description=__doc__.split("\n\n")[0])
+    config_mod.add_config_args(p)
+    p.add_argument("--framework", choices=FRAMEWORKS, default="jax")
+    p.add_argument("--mode", choices=MODES, nargs="+", default=["synthetic"])
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    p.add_argument("--steps", type=int, default=10, help="steps per timed window")
+    p.add_argument("--windows", type=int, default=5, help="timed windows")
+    p.add_argument("--num_devices", type=int)
+    p.add_argument("--label", help="name of this run in the table")
+    p.add_argument("--out", help="append the JSON records to this file (JSON lines)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = config_mod.config_from_args(args)
+    records = [run(args.framework, cfg, mode, args.warmup, args.steps, args.windows, args.num_devices, args.label)
+               for mode in args.mode]
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "a") as fh:
+            for r in records:
+                fh.write(json.dumps(r) + "\n")
+    print(table(records))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

@@ -1,0 +1,75 @@
+"""JAX side of the benchmark modes (the tutorial's "benchy"), driven by :mod:`compare.benchmark`.
+
+IO: the input pipeline alone, each batch ready on the devices. SYNTHETIC: train steps on one cached
+device batch. FULL: train steps on the real input pipeline.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_impl import data as data_mod
+from jax_impl import distribute
+from jax_impl import model as model_mod
+from jax_impl import train as train_mod
+from shared_data import schedule, unet_spec
+from shared_data.config import Config, batch_sizes
+
+
+def _forever(inp):
+    for epoch in itertools.count():
+        yield from inp.epoch(epoch)
+
+
+class Bench:
+    """``step()`` dispatches one unit of work, ``sync()`` waits for it; ``global_batch`` samples per step."""
+
+    framework = "jax"
+
+    def __init__(self, cfg: Config, mode: str, num_devices: Optional[int] = None):
+        train_mod.configure_xla(cfg)
+        self.cfg, self.mode = cfg, mode
+        self.mesh = distribute.make_mesh(num_devices)
+        self.replicas = distribute.num_replicas(self.mesh)
+        self.global_batch, _ = batch_sizes(cfg, self.replicas)
+        self.compile_sec = 0.0
+        self._out = None
+        if mode in ("io", "full"):
+            self.batches = _forever(data_mod.make_input(cfg, "train", self.mesh))
+        if mode in ("synthetic", "full"):
+            tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10 ** 6))
+            params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))
+            self.state = jax.device_put(train_mod.create_train_state(cfg, params, tx), distribute.replicated(self.mesh))
+            spec = data_mod.batch_spec(cfg, self.mesh)
+            self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, model_mod.build_model(cfg), tx, self.state, spec)
+        if mode == "synthetic":
+            rng = np.random.default_rng(0)
+            host = {k: (rng.standard_normal(v.shape) * 0.1).astype(np.float32) for k, v in spec.items()}
+            host["mask"] = np.ones(spec["mask"].shape, np.float32)
+            self.batch = {k: jax.device_put(v, spec[k].sharding) for k, v in host.items()}
+
+    def step(self) -> None:
+        if self.mode == "io":
+            self._out = next(self.batches)
+            return
+        batch = self.batch if self.mode == "synthetic" else next(self.batches)
+        self.state, self._out = self.train_fn(self.state, batch)
+
+    def sync(self) -> None:
+        jax.block_until_ready(self._out)
+
+    def peak_memory_bytes(self) -> Optional[int]:
+        return train_mod.peak_memory_bytes()
+
+    def versions(self) -> dict:
+        return train_mod.versions()
+
+    def device_name(self) -> str:
+        d = jax.devices()[0]
+        return f"{self.replicas} x {getattr(d, 'device_kind', d.platform)}"

@@ -1,0 +1,69 @@
+"""TensorFlow side of the benchmark modes (the tutorial's "benchy"), driven by :mod:`compare.benchmark`.
+
+IO: the input pipeline alone, each batch ready on the devices. SYNTHETIC: train steps on one cached
+device batch. FULL: train steps on the real input pipeline.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from shared_data import schedule, unet_spec
+from shared_data.config import Config, batch_sizes
+from tf_impl import data as data_mod
+from tf_impl import distribute
+from tf_impl import model as model_mod
+from tf_impl import train as train_mod
+
+
+def _forever(inp):
+    for epoch in itertools.count():
+        yield from inp.epoch(epoch)
+
+
+class Bench:
+    """``step()`` dispatches one unit of work, ``sync()`` waits for it; ``global_batch`` samples per step."""
+
+    framework = "tf"
+
+    def __init__(self, cfg: Config, mode: str, num_devices: Optional[int] = None):
+        train_mod.configure_xla(cfg)
+        self.cfg, self.mode = cfg, mode
+        self.strategy = distribute.make_strategy(num_devices)
+        self.replicas = distribute.num_replicas(self.strategy)
+        self.global_batch, _ = batch_sizes(cfg, self.replicas)
+        self.compile_sec = 0.0
+        self._out = None
+        if mode in ("io", "full"):
+            self.batches = _forever(data_mod.make_input(cfg, "train", self.strategy))
+        if mode in ("synthetic", "full"):
+            with self.strategy.scope():
+                model = model_mod.build_model(cfg)
+                optimizer = train_mod.make_optimizer(cfg, schedule.lr_table(cfg, self.global_batch, 10 ** 6))
+                model_mod.set_canonical(model, unet_spec.init_weights(cfg, cfg.seed))
+            self.batch = data_mod.batch_spec(cfg, self.strategy)
+            self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, self.strategy, model, optimizer, self.batch)
+
+    def step(self) -> None:
+        if self.mode == "io":
+            self._out = next(self.batches)
+            return
+        batch = self.batch if self.mode == "synthetic" else next(self.batches)
+        self._out = self.train_fn(batch)
+
+    def sync(self) -> None:
+        for t in tf.nest.flatten(self._out):
+            np.asarray(getattr(t, "values", [t])[0])  # forces the value, i.e. waits for the step
+
+    def peak_memory_bytes(self) -> Optional[int]:
+        return train_mod.peak_memory_bytes()
+
+    def versions(self) -> dict:
+        return train_mod.versions()
+
+    def device_name(self) -> str:
+        gpus = tf.config.list_logical_devices("GPU")
+        return f"{self.replicas} x {'GPU' if gpus else 'CPU'}"
