@@ -7,14 +7,16 @@ the devices ahead of the step that consumes it.
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Iterator
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
 
 from jax_impl import distribute
-from shared_data import loader, readers
+from shared_data import loader, readers, symmetry
 from shared_data.config import Config, batch_sizes
 from shared_data.nvtx import nvtx_range
 from shared_data.sampler import TRAIN, VAL
@@ -58,6 +60,8 @@ def make_input(cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0):
     if cfg.data_loader_config.startswith("dali"):
         from jax_impl.dali import DaliInput
         return DaliInput(cfg, split, mesh, first_epoch)
+    if cfg.data_loader_config == "device":
+        return DeviceInput(cfg, split, mesh)
     return Input(cfg, split, mesh)
 
 
@@ -68,3 +72,64 @@ def batch_spec(cfg: Config, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
     shapes = {"inputs": (global_bs, s, s, s, cfg.N_in_channels), "targets": (global_bs, s, s, s, cfg.N_out_channels),
               "mask": (global_bs,)}
     return {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding) for k, v in shapes.items()}
+
+
+def gather_batch(volume: jax.Array, starts: jax.Array, syms: jax.Array, mask: jax.Array, *, size: int,
+                 crop: int, n_in: int, perms: np.ndarray, signs: np.ndarray, mats: np.ndarray) -> dict:
+    """Crop and transform a batch from a device-resident volume, inside one jitted function.
+
+    ``volume`` (L^3, C) float32, channels last, C = N_in + N_out; ``starts`` int32 (B, 3);
+    ``syms`` int32 (B,). Output voxel y of a sample reads the volume at ``start + w`` with
+    ``w[perm[i]] = y_i`` (or ``crop - 1 - y_i`` where ``sign[i] < 0``), the gather form of
+    :func:`shared_data.symmetry.apply_spatial`; the channel matrix then turns vector channels
+    (full-precision product, so values are copied exactly).
+    """
+    perms, signs, mats = jnp.asarray(perms), jnp.asarray(signs), jnp.asarray(mats)
+    y = jnp.arange(crop, dtype=jnp.int32)
+    shapes = [(crop, 1, 1), (1, crop, 1), (1, 1, crop)]
+
+    def one(start, g):
+        p, sg = perms[g], signs[g]
+        yi = [jnp.where(sg[i] > 0, y, crop - 1 - y).reshape(shapes[i]) for i in range(3)]
+        w = [sum(jnp.where(p[i] == j, yi[i], 0) for i in range(3)) for j in range(3)]
+        lin = ((start[0] + w[0]) * size + (start[1] + w[1])) * size + (start[2] + w[2])
+        vals = jnp.take(volume, lin, axis=0)  # (crop, crop, crop, C)
+        return jnp.einsum("xyzc,dc->xyzd", vals, mats[g], precision=jax.lax.Precision.HIGHEST)
+
+    out = jax.vmap(one)(starts, syms)
+    return {"inputs": out[..., :n_in], "targets": out[..., n_in:], "mask": mask}
+
+
+class DeviceInput:
+    """The ``device`` loader: both volumes in device memory (replicated), each batch cropped and
+    transformed there by :func:`gather_batch` from the shared plan's draws, so the host only sends
+    crop starts and symmetry indices (a few hundred bytes per step)."""
+
+    def __init__(self, cfg: Config, split: str, mesh: Mesh):
+        self.cfg, self.split, self.mesh = cfg, SPLITS[split], mesh
+        reader = readers.make_reader(cfg, split)
+        nbody, hydro = reader.volumes()
+        self.size = reader.size
+        host = np.concatenate([np.moveaxis(nbody, 0, -1), np.moveaxis(hydro, 0, -1)], axis=-1).reshape(self.size ** 3, -1)
+        self.volume = jax.device_put(host, distribute.replicated(mesh))
+        self.shards = distribute.local_shards(mesh)
+        self.replicas = distribute.num_replicas(mesh)
+        self.steps = len(self.plan(0))
+        n = cfg.N_in_channels + cfg.N_out_channels
+        vectors = list(cfg.nbody_vector_channels) + [[c + cfg.N_in_channels for c in t] for t in cfg.hydro_vector_channels]
+        perms, signs, mats = symmetry.tables(n, vectors)
+        sharding = distribute.batch_sharding(mesh)
+        fn = functools.partial(gather_batch, size=self.size, crop=cfg.crop_size, n_in=cfg.N_in_channels,
+                               perms=perms, signs=signs, mats=mats)
+        self.gather = jax.jit(fn, out_shardings={"inputs": sharding, "targets": sharding, "mask": sharding})
+
+    def plan(self, epoch: int) -> loader.EpochPlan:
+        return loader.make_plan(self.cfg, self.split, epoch, self.shards, self.replicas, self.size)
+
+    def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
+        plan = self.plan(epoch)
+        for draws, mask in zip(plan.draws, plan.masks):
+            with nvtx_range("gather batch", "green"):
+                host = {"starts": draws.starts.astype(np.int32), "syms": draws.symmetries.astype(np.int32), "mask": mask}
+                dev = distribute.put_batch(host, self.mesh)
+                yield self.gather(self.volume, dev["starts"], dev["syms"], dev["mask"])

@@ -28,7 +28,7 @@ from shared_data.errors import ConfigError
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_YAML = REPO_ROOT / "configs" / "UNet.yaml"
 
-LOADERS = ("synthetic", "inmem", "lowmem", "dali-npy", "dali-lowmem", "dali-h5")
+LOADERS = ("synthetic", "inmem", "lowmem", "device", "dali-npy", "dali-lowmem", "dali-h5")
 CHOICES: dict[str, tuple[str, ...]] = {
     "data_loader_config": LOADERS,
     "symmetry_group": ("cube48", "rotations24", "none"),

@@ -139,13 +139,13 @@ def make_reader(cfg: Config, split: str = "train"):
     """The reader for ``cfg.data_loader_config`` on ``split`` (``"train"`` or ``"val"``).
 
     ``synthetic`` -> :class:`SyntheticReader`; ``lowmem`` and the DALI loaders -> :class:`H5LowMemReader`
-    (DALI's ``dali-h5`` reads through it); ``inmem`` -> :class:`InMemReader`.
+    (DALI's ``dali-h5`` reads through it); ``inmem`` and ``device`` -> :class:`InMemReader`.
     """
     n_in, n_out, s = cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size
     if cfg.data_loader_config == "synthetic":
         return SyntheticReader(cfg.synthetic_volume_size, n_in, n_out, s, cfg.seed + (split == "val"))
     path = cfg.resolve_path(cfg.train_path if split == "train" else cfg.val_path)
-    if cfg.data_loader_config == "inmem":
+    if cfg.data_loader_config in ("inmem", "device"):
         return InMemReader(path, n_in, n_out, s)
     return H5LowMemReader(path, n_in, n_out, s)
 

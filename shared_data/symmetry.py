@@ -140,6 +140,14 @@ def apply(sample: np.ndarray, index: int, vector_triplets: Sequence[Sequence[int
     return out
 
 
+def tables(num_channels: int, vector_triplets: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The whole table as arrays for in-graph use: ``perms`` int32 (48, 3), ``signs`` int32 (48, 3)
+    and the channel matrices float32 (48, C, C) of :func:`channel_matrix`."""
+    perms, signs = _table()
+    mats = np.stack([channel_matrix(i, num_channels, vector_triplets) for i in range(48)])
+    return perms.astype(np.int32), signs.astype(np.int32), mats
+
+
 def compose(i: int, j: int) -> int:
     """Index of ``g_i o g_j`` (apply ``j`` first, then ``i``): matrix ``M_i @ M_j``."""
     return index_of(matrix(i) @ matrix(j))
