@@ -18,7 +18,7 @@ from typing import Sequence
 from compare.benchmark import table
 from shared_data.errors import UserError, run_cli
 
-# (label, framework, modes, config, extra arguments)
+# (label, framework, modes, config, extra arguments[, extra environment])
 SHORT = "short_opt"
 SUITES: dict[str, list[tuple]] = {
     # CPU: the same rows on this machine, tiny net (TF, JAX side by side)
@@ -36,6 +36,15 @@ SUITES: dict[str, list[tuple]] = {
         ("jax bf16 subpixel+strided", "jax", "synthetic", SHORT, ["--set", "downconv=strided"]),
         ("jax bf16 subpixel+s2d b128", "jax", "synthetic", SHORT, ["--global_batch_size", "128"]),
         ("jax fp32 subpixel+s2d", "jax", "synthetic", SHORT, ["--set", "enable_amp=false"]),
+    ],
+    # H200, final call: the reference and the best JAX settings measured side by side
+    "h200-final": [
+        ("torch bf16 channels_last", "torch", "synthetic", SHORT, []),
+        ("jax bf16 subpixel+s2d", "jax", "synthetic", SHORT, []),
+        ("jax bf16 + cmd buffers incl. cuDNN", "jax", "synthetic", SHORT, [],
+         {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN"}),
+        ("jax device loader", "jax", "io full", SHORT, ["--data_loader_config", "device"]),
+        ("jax dali-npy 16 threads", "jax", "io full", SHORT, ["--data_loader_config", "dali-npy", "--set", "dali_threads=16"]),
     ],
     # H200, call 2: input pipelines (IO) and full training
     "h200-input": [
@@ -56,14 +65,15 @@ def run_suite(name: str, out: Path, extra: Sequence[str] = (), timeout: int = 60
         raise UserError(f"suite {name!r}: expected one of {', '.join(SUITES)}")
     out.parent.mkdir(parents=True, exist_ok=True)
     records = []
-    for label, framework, modes, config, args in SUITES[name]:
+    for label, framework, modes, config, args, *env in SUITES[name]:
         cmd = [sys.executable, "-m", "compare.benchmark", "--framework", framework, "--mode", *modes.split(),
                "--config", config, "--label", label, "--out", str(out), *args, *extra]
-        print(f"[suite] {label}: {' '.join(cmd[1:])}", flush=True)
+        environ = {**os.environ, **(env[0] if env else {})}
+        print(f"[suite] {label}: {' '.join(cmd[1:])} {env[0] if env else ''}", flush=True)
         before = out.read_text().count("\n") if out.exists() else 0
         t0 = time.perf_counter()
         try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ)
             ok = res.returncode == 0
             tail = (res.stdout + res.stderr)[-1500:]
         except subprocess.TimeoutExpired:

@@ -239,7 +239,9 @@ def build_pipeline(cfg: Config, kind: str, split_path: str | Path, batch_size: i
     def pipeline():
         params = _param_nodes(fn, kind, plans)
         if npy:
-            roi = dict(roi_start=params["roi_start"], roi_shape=[s, s, s], roi_axes=[0, 1, 2])
+            # one file read ROI by ROI: cache its header instead of parsing it per sample
+            roi = dict(roi_start=params["roi_start"], roi_shape=[s, s, s], roi_axes=[0, 1, 2],
+                       cache_header_information=True, prefetch_queue_depth=cfg.dali_prefetch_queue_depth)
             nb = fn.readers.numpy(files=[str(npy[0])], name="nbody_reader", **roi)
             hy = fn.readers.numpy(files=[str(npy[1])], name="hydro_reader", **roi)
         else:
@@ -251,7 +253,8 @@ def build_pipeline(cfg: Config, kind: str, split_path: str | Path, batch_size: i
         else:  # channel-first crops from HDF5 -> DHWC
             nb = fn.transpose(nb, perm=[1, 2, 3, 0], output_layout="DHWC")
             hy = fn.transpose(hy, perm=[1, 2, 3, 0], output_layout="DHWC")
-        return _augment(fn, types, nb, params, "m_in"), _augment(fn, types, hy, params, "m_out"), params["mask"]
+        mask = params["mask"].gpu() if device == "gpu" else params["mask"]  # all outputs on one device
+        return _augment(fn, types, nb, params, "m_in"), _augment(fn, types, hy, params, "m_out"), mask
 
     return pipeline()
 

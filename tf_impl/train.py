@@ -107,7 +107,8 @@ def eval_step(model: keras.Model, batch: dict, cfg: Config) -> dict:
 def compile_steps(cfg: Config, strategy, model, optimizer, batch):
     """Build the distributed, XLA-compiled step functions and compile them by running each once on
     ``batch`` (``data.batch_spec``: zeros), then restore every variable, so training starts from the
-    same state as with JAX's ahead-of-time compilation; return ``(train_fn, eval_fn, seconds)``."""
+    same state as with JAX's ahead-of-time compilation; return ``(train_fn, eval_fn, seconds)``,
+    seconds being the train step's trace + compile (+ one run) time."""
     replicas = distribute.num_replicas(strategy)
     replica_train = tf.function(lambda b: train_step(model, optimizer, b, cfg, replicas), jit_compile=cfg.enable_jit)
     replica_eval = tf.function(lambda b: eval_step(model, b, cfg), jit_compile=cfg.enable_jit)
@@ -127,12 +128,13 @@ def compile_steps(cfg: Config, strategy, model, optimizer, batch):
     variables = list(model.variables) + list(optimizer.variables)
     saved = [v.numpy() for v in variables]
     t0 = time.perf_counter()
-    train_fn(batch)
-    eval_fn(batch)
-    seconds = time.perf_counter() - t0
+    np.asarray(train_fn(batch)["loss"])
+    t_train = time.perf_counter() - t0
+    np.asarray(eval_fn(batch)["count"])
+    log.info("compile: train step %.1f s, eval step %.1f s", t_train, time.perf_counter() - t0 - t_train)
     for v, value in zip(variables, saved):
         v.assign(value)
-    return train_fn, eval_fn, seconds
+    return train_fn, eval_fn, t_train
 
 
 class Checkpoints:
@@ -220,7 +222,6 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
     if overwrite and (workdir / "checkpoints").exists():
         shutil.rmtree(workdir / "checkpoints")
     train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, model, optimizer, data_mod.batch_spec(cfg, strategy))
-    log.info("compiled train and eval steps in %.1f s", compile_s)
     ckpt = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, model, optimizer)
     start_epoch = _start_epoch(ckpt.latest_epoch(), resume, workdir)
     if start_epoch:
