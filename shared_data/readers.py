@@ -152,8 +152,8 @@ def make_reader(cfg: Config, split: str = "train"):
 
 def make_sample(crop_in: np.ndarray, crop_tar: np.ndarray, sym: int, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
     """Apply symmetry ``sym`` to a channel-first crop pair; return contiguous DHWC float32 arrays."""
-    x = symmetry.apply(np.moveaxis(crop_in, 0, -1), sym, cfg.nbody_vector_channels)
-    y = symmetry.apply(np.moveaxis(crop_tar, 0, -1), sym, cfg.hydro_vector_channels)
+    x = symmetry.apply(crop_in, sym, cfg.nbody_vector_channels, channel_axis=0, out_channel_axis=-1)
+    y = symmetry.apply(crop_tar, sym, cfg.hydro_vector_channels, channel_axis=0, out_channel_axis=-1)
     return x, y
 
 

@@ -112,7 +112,20 @@ def channel_matrix(index: int, num_channels: int, vector_triplets: Sequence[Sequ
     return c
 
 
-def apply(sample: np.ndarray, index: int, vector_triplets: Sequence[Sequence[int]], channel_axis: int = -1) -> np.ndarray:
+def channel_sources(index: int, num_channels: int, vector_triplets: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per output channel, the input channel it comes from and its sign (the rows of
+    :func:`channel_matrix`): scalars map to themselves, vector component ``i`` of a triplet comes
+    from component ``perm[i]`` times ``sign[i]``."""
+    src, sgn = np.arange(num_channels), np.ones(num_channels, np.int64)
+    perm, sign = perm_and_sign(index)
+    for triplet in vector_triplets:
+        for i in range(3):
+            src[triplet[i]], sgn[triplet[i]] = triplet[perm[i]], sign[i]
+    return src, sgn
+
+
+def apply(sample: np.ndarray, index: int, vector_triplets: Sequence[Sequence[int]], channel_axis: int = -1,
+          out_channel_axis: int | None = None) -> np.ndarray:
     """Apply symmetry ``index`` to one sample: voxels move, vector channels turn with the grid.
 
     Args:
@@ -120,23 +133,26 @@ def apply(sample: np.ndarray, index: int, vector_triplets: Sequence[Sequence[int
             DHWC (channel_axis=-1) or CDHW (channel_axis=0).
         index: symmetry index in 0..47.
         vector_triplets: channel indices of each vector field's (x, y, z) components.
+        out_channel_axis: channel axis of the result (default: ``channel_axis``), so a channel-first
+            crop becomes a channels-last sample in the same single pass.
 
     Returns:
-        A new contiguous array of the same dtype and shape.
+        A new contiguous array of the same dtype (shape permuted like the voxels).
     """
     ch = channel_axis % sample.ndim
-    spatial = [ax for ax in range(sample.ndim) if ax != ch]
-    moved = apply_spatial(sample, index, spatial)
-    out = np.array(moved, copy=True, order="C")
-    perm, sign = perm_and_sign(index)
-    for triplet in vector_triplets:
-        src = np.take(moved, [triplet[p] for p in perm], axis=ch)
-        shape = [1] * sample.ndim
-        shape[ch] = 3
-        vals = src * sign.reshape(shape).astype(sample.dtype)
-        idx = [slice(None)] * sample.ndim
-        idx[ch] = list(triplet)
-        out[tuple(idx)] = vals
+    moved = apply_spatial(np.moveaxis(sample, ch, 0), index, (1, 2, 3))  # a view, channels first
+    n = moved.shape[0]
+    out_ch = ch if out_channel_axis is None else out_channel_axis % sample.ndim
+    shape = list(moved.shape[1:])
+    shape.insert(out_ch, n)
+    out = np.empty(shape, sample.dtype)
+    out_cf = np.moveaxis(out, out_ch, 0)
+    src, sgn = channel_sources(index, n, vector_triplets)
+    for c in range(n):  # one strided copy per channel
+        if sgn[c] > 0:
+            out_cf[c] = moved[src[c]]
+        else:
+            np.negative(moved[src[c]], out=out_cf[c])
     return out
 
 
