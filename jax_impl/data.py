@@ -111,7 +111,7 @@ class DeviceInput:
         nbody, hydro = reader.volumes()
         self.size = reader.size
         host = np.concatenate([np.moveaxis(nbody, 0, -1), np.moveaxis(hydro, 0, -1)], axis=-1).reshape(self.size ** 3, -1)
-        self.volume = jax.device_put(host, distribute.replicated(mesh))
+        self.volume = distribute.put_replicated(host, mesh)
         self.shards = distribute.local_shards(mesh)
         self.replicas = distribute.num_replicas(mesh)
         self.steps = len(self.plan(0))

@@ -26,6 +26,9 @@ def initialize() -> None:
     if jax.distributed.is_initialized():
         return
     addr = os.environ.get("JAX_COORDINATOR_ADDRESS")
+    multi = addr or int(os.environ.get("SLURM_NTASKS", "1")) > 1 or int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
+    if multi and os.environ.get("JAX_PLATFORMS", "") == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes all-reduce over gloo
     if addr:
         jax.distributed.initialize(addr, int(os.environ["JAX_NUM_PROCESSES"]), int(os.environ["JAX_PROCESS_ID"]))
     elif int(os.environ.get("SLURM_NTASKS", "1")) > 1 or int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
@@ -58,6 +61,16 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
+
+
+def is_main_process() -> bool:
+    """True on process 0, which alone writes logs, metrics and weights files."""
+    return jax.process_index() == 0
+
+
+def put_replicated(host: np.ndarray, mesh: Mesh) -> jax.Array:
+    """A copy of ``host`` on every device of the mesh (each process passes the same array)."""
+    return jax.make_array_from_callback(host.shape, replicated(mesh), lambda index: host[index])
 
 
 def put_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:

@@ -251,9 +251,10 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
     if start_epoch:
         state = ckpt.restore(start_epoch, state)
         log.info("resumed from %s at epoch %d (step %d)", ckpt.directory, start_epoch, int(state.step))
-    metrics_log = runlog.MetricsLog(workdir, cfg, FRAMEWORK, versions())
+    main_process = distribute.is_main_process()
+    metrics_log = runlog.MetricsLog(workdir, cfg, FRAMEWORK, versions(), enabled=main_process)
     metrics_log.truncate_after(start_epoch)
-    writer = ScalarWriter(workdir / "tb", cfg.tensorboard)
+    writer = ScalarWriter(workdir / "tb", cfg.tensorboard and main_process)
 
     train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, data_mod.batch_spec(cfg, mesh))
 
@@ -343,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = train_and_evaluate(cfg, runlog.workdir_for(cfg, FRAMEWORK, args.workdir), resume=args.resume,
                                 overwrite=args.overwrite, num_devices=args.num_devices, init_weights=args.init_weights,
                                 stop_after_epoch=args.stop_after_epoch)
-    if args.save_weights:
+    if args.save_weights and distribute.is_main_process():
         unet_spec.save_weights(args.save_weights, model_mod.params_to_canonical(jax.device_get(result["state"].params)))
         log.info("wrote %s", args.save_weights)
     return 0

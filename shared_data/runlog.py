@@ -58,22 +58,27 @@ def progress(iterable: Iterable, total: int, desc: str, enabled: bool) -> Iterat
 
 
 class MetricsLog:
-    """Appends one JSON object per epoch to ``<workdir>/metrics.jsonl`` and writes ``run.json``."""
+    """Appends one JSON object per epoch to ``<workdir>/metrics.jsonl`` and writes ``run.json``;
+    does nothing when ``enabled`` is False (every process but the first in a multi-process run)."""
 
-    def __init__(self, workdir: Path, cfg: Config, framework: str, versions: dict):
-        self.path = workdir / "metrics.jsonl"
+    def __init__(self, workdir: Path, cfg: Config, framework: str, versions: dict, enabled: bool = True):
+        self.path, self.enabled = workdir / "metrics.jsonl", enabled
+        if not enabled:
+            return
         workdir.mkdir(parents=True, exist_ok=True)
         info = dict(framework=framework, config=cfg.name, config_values=config_dict(cfg), versions=versions,
                     host=platform.node(), python=platform.python_version(), started=time.strftime("%Y-%m-%d %H:%M:%S"))
         (workdir / "run.json").write_text(json.dumps(info, indent=1))
 
     def append(self, record: dict) -> None:
+        if not self.enabled:
+            return
         with open(self.path, "a") as fh:
             fh.write(json.dumps(record) + "\n")
 
     def truncate_after(self, epoch: int) -> None:
         """Drop records of epochs > ``epoch`` (after a resume from that epoch's checkpoint)."""
-        if self.path.exists():
+        if self.enabled and self.path.exists():
             keep = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["epoch"] <= epoch]
             self.path.write_text("".join(line + "\n" for line in keep))
 

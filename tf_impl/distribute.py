@@ -49,6 +49,12 @@ def local_shards(strategy: tf.distribute.Strategy) -> list[int]:
     return [worker * local + i for i in range(local)]
 
 
+def is_main_process(strategy: tf.distribute.Strategy) -> bool:
+    """True on worker 0 (the chief), which alone writes logs, metrics and weights files."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return resolver is None or not resolver.task_type or resolver.task_id == 0
+
+
 def split_cpu(n: int) -> None:
     """Expose ``n`` logical CPU devices (tests of MirroredStrategy on a machine without GPUs).
     Must run before TensorFlow initialises its devices."""

@@ -110,8 +110,14 @@ def compile_steps(cfg: Config, strategy, model, optimizer, batch):
     same state as with JAX's ahead-of-time compilation; return ``(train_fn, eval_fn, seconds)``,
     seconds being the train step's trace + compile (+ one run) time."""
     replicas = distribute.num_replicas(strategy)
-    replica_train = tf.function(lambda b: train_step(model, optimizer, b, cfg, replicas), jit_compile=cfg.enable_jit)
-    replica_eval = tf.function(lambda b: eval_step(model, b, cfg), jit_compile=cfg.enable_jit)
+    # XLA compiles each replica's step (the pattern of TF's XLA notes for tf.distribute). With
+    # several logical CPU devices (tests) XLA cannot reach the other replicas' variables
+    # ("tf.Variable on a different device"), so there the replicas run without XLA.
+    jit = cfg.enable_jit and (replicas == 1 or bool(tf.config.list_logical_devices("GPU")))
+    if cfg.enable_jit and not jit:
+        log.info("XLA off: %d replicas on CPU devices", replicas)
+    replica_train = tf.function(lambda b: train_step(model, optimizer, b, cfg, replicas), jit_compile=jit)
+    replica_eval = tf.function(lambda b: eval_step(model, b, cfg), jit_compile=jit)
 
     @tf.function
     def train_fn(batch):
@@ -227,9 +233,10 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
     if start_epoch:
         ckpt.restore(start_epoch)
         log.info("resumed from %s at epoch %d (step %d)", ckpt.directory, start_epoch, int(optimizer.iterations))
-    metrics_log = runlog.MetricsLog(workdir, cfg, FRAMEWORK, versions())
+    main_process = distribute.is_main_process(strategy)
+    metrics_log = runlog.MetricsLog(workdir, cfg, FRAMEWORK, versions(), enabled=main_process)
     metrics_log.truncate_after(start_epoch)
-    writer = ScalarWriter(workdir / "tb", cfg.tensorboard)
+    writer = ScalarWriter(workdir / "tb", cfg.tensorboard and main_process)
 
     window = CaptureWindow(cfg.profile_steps, on_start=[lambda: tf.profiler.experimental.start(str(workdir / "profile"))],
                            on_stop=[tf.profiler.experimental.stop], use_cuda=bool(tf.config.list_logical_devices("GPU")))
@@ -272,7 +279,7 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
     if peak:
         log.info("peak device memory: %.2f GiB", peak / 2 ** 30)
         last["peak_memory_bytes"] = peak
-    last["model"] = model
+    last["model"], last["strategy"] = model, strategy
     return last
 
 
@@ -321,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = train_and_evaluate(cfg, runlog.workdir_for(cfg, FRAMEWORK, args.workdir), resume=args.resume,
                                 overwrite=args.overwrite, num_devices=args.num_devices, init_weights=args.init_weights,
                                 stop_after_epoch=args.stop_after_epoch)
-    if args.save_weights:
+    if args.save_weights and distribute.is_main_process(result["strategy"]):
         unet_spec.save_weights(args.save_weights, model_mod.get_canonical(result["model"]))
         log.info("wrote %s", args.save_weights)
     return 0
