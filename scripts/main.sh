@@ -11,6 +11,7 @@ $PY -m shared_data.generate --out data/train_128.h5 --size 128 --seed 1 --npy --
 $PY -m shared_data.generate --out data/val_64.h5 --size 64 --seed 2 --npy --if-missing
 mode=--resume
 [[ "${1:-}" == "--overwrite" ]] && mode=--overwrite
-$PY -m tf_impl.train --config cpu_default $mode
-$PY -m jax_impl.train --config cpu_default $mode
+$PY -m tf_impl.train --config cpu_default $mode --save_weights runs/cpu_default/tf/weights.npz
+$PY -m jax_impl.train --config cpu_default $mode --save_weights runs/cpu_default/jax/weights.npz
+$PY -m compare.plots --config cpu_default --out runs/cpu_default/figures
 $PY -m compare.summary --config cpu_default

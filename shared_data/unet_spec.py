@@ -79,17 +79,22 @@ def num_params(cfg: Config) -> int:
     return sum(int(np.prod(s.kernel_shape)) + s.c_out for s in layer_specs(cfg))
 
 
-def forward_flops(cfg: Config, crop_size: int | None = None) -> float:
+def forward_flops(cfg: Config, crop_size: int | None = None, count_padding: bool = True) -> float:
     """Multiply-add FLOPs (2 per MAC) of one sample's forward pass through the conv layers.
 
-    A strided conv computes ``out_voxels x k^3 x C_in x C_out`` MACs; a transposed conv
-    ``in_voxels x k^3 x C_in x C_out`` (each input voxel scatters one k^3 kernel). Bias, activation
-    and concatenation are neglected (< 0.1%).
+    Dense count (``count_padding=True``, the usual convention of FLOP counters and of MFU, and what
+    an implicit-GEMM convolution executes): a strided conv computes ``out_voxels x k^3 x C_in x C_out``
+    MACs, a transposed conv ``in_voxels x k^3 x C_in x C_out`` (each input voxel scatters one k^3
+    kernel). With ``count_padding=False`` only taps that meet real voxels count: per axis, of the
+    4 m taps of m positions (outputs of a strided conv, inputs of a transposed conv) 2 fall on the
+    padding, a factor ((4 m - 2) / (4 m))^3; this is what XLA's HLO cost analysis reports. Bias,
+    activation and concatenation are neglected (< 0.1%).
     """
     total = 0.0
     for s in layer_specs(cfg, crop_size):
-        voxels = s.out_size ** 3 if s.kind == "down" else s.in_size ** 3
-        total += 2.0 * voxels * KERNEL ** 3 * s.c_in * s.c_out
+        m = s.out_size if s.kind == "down" else s.in_size
+        valid = 1.0 if count_padding else ((4 * m - 2) / (4 * m)) ** 3
+        total += 2.0 * m ** 3 * KERNEL ** 3 * s.c_in * s.c_out * valid
     return total
 
 
