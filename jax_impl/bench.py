@@ -6,7 +6,6 @@ device batch. FULL: train steps on the real input pipeline.
 from __future__ import annotations
 
 import functools
-import itertools
 import time
 from typing import Optional
 
@@ -18,13 +17,8 @@ from jax_impl import data as data_mod
 from jax_impl import distribute
 from jax_impl import model as model_mod
 from jax_impl import train as train_mod
-from shared_data import schedule, unet_spec
+from shared_data import loader, schedule, unet_spec
 from shared_data.config import Config, batch_sizes
-
-
-def _forever(inp):
-    for epoch in itertools.count():
-        yield from inp.epoch(epoch)
 
 
 class Bench:
@@ -41,7 +35,7 @@ class Bench:
         self.compile_sec = 0.0
         self._out = None
         if mode in ("io", "full"):
-            self.batches = _forever(data_mod.make_input(cfg, "train", self.mesh))
+            self.batches = loader.forever(data_mod.make_input(cfg, "train", self.mesh))
         if mode in ("synthetic", "full"):
             tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10 ** 6))
             params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))

@@ -105,33 +105,33 @@ def conv_space_to_depth(x: jax.Array, w: jax.Array) -> jax.Array:
 DOWNCONV = {"space_to_depth": conv_space_to_depth, "strided": conv_strided}
 
 
-class DownConv(nn.Module):
+class _Conv(nn.Module):
+    """A (4, 4, 4, C_in, features) float32 kernel + bias applied in ``dtype`` by ``FNS[method]``."""
+
+    features: int
+    method: str
+    dtype: Any = jnp.float32
+    FNS = {}
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        w = self.param("kernel", KERNEL_INIT, (KERNEL, KERNEL, KERNEL, x.shape[-1], self.features), jnp.float32)
+        b = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
+        return self.FNS[self.method](x.astype(self.dtype), w.astype(self.dtype)) + b.astype(self.dtype)
+
+
+class DownConv(_Conv):
     """Conv3D(k=4, s=2, p=1) + bias: (B, n, n, n, C_in) -> (B, n/2, n/2, n/2, features)."""
 
-    features: int
     method: str = "space_to_depth"
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        w = self.param("kernel", KERNEL_INIT, (KERNEL, KERNEL, KERNEL, x.shape[-1], self.features), jnp.float32)
-        b = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
-        return DOWNCONV[self.method](x.astype(self.dtype), w.astype(self.dtype)) + b.astype(self.dtype)
+    FNS = DOWNCONV
 
 
-class UpConv(nn.Module):
+class UpConv(_Conv):
     """ConvTranspose3d(k=4, s=2, p=1) + bias: (B, n, n, n, C_in) -> (B, 2n, 2n, 2n, features)."""
 
-    features: int
     method: str = "subpixel"
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        w = self.param("kernel", KERNEL_INIT, (KERNEL, KERNEL, KERNEL, x.shape[-1], self.features), jnp.float32)
-        b = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
-        y = UPCONV[self.method](x.astype(self.dtype), w.astype(self.dtype))
-        return y + b.astype(self.dtype)
+    FNS = UPCONV
 
 
 class UNet(nn.Module):

@@ -60,6 +60,14 @@ def make_plan(cfg: Config, split: int, epoch: int, shards: Sequence[int], num_re
     return EpochPlan(draws, masks)
 
 
+def forever(inp) -> Iterator:
+    """Batches of epoch 0, 1, 2, ... of an input (anything with ``epoch(e)``) without end (benchmarks)."""
+    epoch = 0
+    while True:
+        yield from inp.epoch(epoch)
+        epoch += 1
+
+
 class NumpyLoader:
     """Iterate a plan's batches in order, read by ``num_workers`` threads, ``prefetch`` batches ahead.
 

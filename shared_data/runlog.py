@@ -10,8 +10,10 @@ The epoch lines are the NERSC tutorial's::
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import shutil
 import platform
 import sys
 import time
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from shared_data.config import Config, config_dict
+from shared_data.errors import UserError
 
 log = logging.getLogger("dlas")
 
@@ -39,6 +42,40 @@ def setup_logging(level: int = logging.INFO) -> None:
 def workdir_for(cfg: Config, framework: str, workdir: str | None = None) -> Path:
     """The run folder: ``workdir`` if given, else ``<exp_dir>/<config name>/<framework>``."""
     return Path(workdir) if workdir else cfg.resolve_path(cfg.exp_dir) / cfg.name / framework
+
+
+def add_run_args(parser: argparse.ArgumentParser, framework: str) -> None:
+    """The trainers' run flags (both frameworks take the same): run folder, resume, devices, weights."""
+    run = parser.add_argument_group("run")
+    run.add_argument("--workdir", help=f"run folder (default: <exp_dir>/<config>/{framework})")
+    run.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run folder")
+    run.add_argument("--overwrite", action="store_true", help="delete the run folder's checkpoints and start again")
+    run.add_argument("--num_devices", type=int, help="use the first N devices (default: all)")
+    run.add_argument("--init_weights", help="canonical weights file (.npz) to start from")
+    run.add_argument("--stop_after_epoch", type=int, help="end this invocation after that epoch (like a job time limit); --resume continues")
+    run.add_argument("--save_weights", help="write the final weights to this canonical .npz file")
+
+
+def clear_checkpoints(workdir: Path, overwrite: bool) -> None:
+    """With ``--overwrite``, delete ``<workdir>/checkpoints`` (the only way a run discards work)."""
+    if overwrite and (workdir / "checkpoints").exists():
+        shutil.rmtree(workdir / "checkpoints")
+
+
+def start_epoch(latest: int | None, resume: bool, workdir: Path) -> int:
+    """Epoch to start from: the latest checkpoint's with ``--resume``, else 0 on an empty run folder.
+
+    Raises:
+        UserError: the run folder holds checkpoints and neither ``--resume`` nor ``--overwrite`` was given.
+    """
+    if latest is None:
+        if resume:
+            log.info("no checkpoint in %s: starting from scratch", workdir)
+        return 0
+    if resume:
+        return latest
+    raise UserError(f"{workdir} already holds checkpoints (epoch {latest}); pass --resume to continue, "
+                    f"--overwrite to start again, or --workdir for a new run")
 
 
 def epoch_lines(epoch: int, seconds: float, samples: int, train_loss: float, val_loss: float, val_seconds: float) -> list[str]:

@@ -5,23 +5,17 @@ device batch. FULL: train steps on the real input pipeline.
 """
 from __future__ import annotations
 
-import itertools
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
-from shared_data import schedule, unet_spec
+from shared_data import loader, schedule, unet_spec
 from shared_data.config import Config, batch_sizes
 from tf_impl import data as data_mod
 from tf_impl import distribute
 from tf_impl import model as model_mod
 from tf_impl import train as train_mod
-
-
-def _forever(inp):
-    for epoch in itertools.count():
-        yield from inp.epoch(epoch)
 
 
 class Bench:
@@ -38,7 +32,7 @@ class Bench:
         self.compile_sec = 0.0
         self._out = None
         if mode in ("io", "full"):
-            self.batches = _forever(data_mod.make_input(cfg, "train", self.strategy))
+            self.batches = loader.forever(data_mod.make_input(cfg, "train", self.strategy))
         if mode in ("synthetic", "full"):
             with self.strategy.scope():
                 model = model_mod.build_model(cfg)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -225,11 +224,10 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
              unet_spec.train_flops_per_sample(cfg) / 1e9)
 
     workdir.mkdir(parents=True, exist_ok=True)
-    if overwrite and (workdir / "checkpoints").exists():
-        shutil.rmtree(workdir / "checkpoints")
+    runlog.clear_checkpoints(workdir, overwrite)
     train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, model, optimizer, data_mod.batch_spec(cfg, strategy))
     ckpt = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, model, optimizer)
-    start_epoch = _start_epoch(ckpt.latest_epoch(), resume, workdir)
+    start_epoch = runlog.start_epoch(ckpt.latest_epoch(), resume, workdir)
     if start_epoch:
         ckpt.restore(start_epoch)
         log.info("resumed from %s at epoch %d (step %d)", ckpt.directory, start_epoch, int(optimizer.iterations))
@@ -283,18 +281,6 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
     return last
 
 
-def _start_epoch(latest: Optional[int], resume: bool, workdir: Path) -> int:
-    """Epoch to start from: the latest checkpoint's with ``--resume``, else 0 on an empty run folder."""
-    if latest is None:
-        if resume:
-            log.info("no checkpoint in %s: starting from scratch", workdir)
-        return 0
-    if resume:
-        return latest
-    raise UserError(f"{workdir} already holds checkpoints (epoch {latest}); pass --resume to continue, "
-                    f"--overwrite to start again, or --workdir for a new run")
-
-
 def evaluate(eval_fn, val_in) -> tuple[float, float]:
     """Mean validation loss over ``Nsamples_val`` crops, and the seconds it took."""
     t0 = time.perf_counter()
@@ -309,14 +295,7 @@ def evaluate(eval_fn, val_in) -> tuple[float, float]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tf_impl.train", description="Train the cosmology U-Net with TensorFlow.")
     config_mod.add_config_args(parser)
-    run = parser.add_argument_group("run")
-    run.add_argument("--workdir", help="run folder (default: <exp_dir>/<config>/tf)")
-    run.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run folder")
-    run.add_argument("--overwrite", action="store_true", help="delete the run folder's checkpoints and start again")
-    run.add_argument("--num_devices", type=int, help="use the first N devices (default: all GPUs, else one CPU)")
-    run.add_argument("--init_weights", help="canonical weights file (.npz) to start from")
-    run.add_argument("--stop_after_epoch", type=int, help="end this invocation after that epoch (like a job time limit); --resume continues")
-    run.add_argument("--save_weights", help="write the final weights to this canonical .npz file")
+    runlog.add_run_args(parser, FRAMEWORK)
     return parser
 
 
