@@ -2,7 +2,7 @@
 validation report (predicted vs true slices per channel, and the predicted / true power spectrum of
 gas density and temperature, how cosmologists judge an emulator).
 
-    python -m compare.plots --config cpu_default --results results/cpu/suite.jsonl --out docs/figures
+    python -m compare.plots --config cpu_default --results results/cpu/suite.jsonl   # -> runs/cpu_default/figures
 """
 from __future__ import annotations
 
@@ -134,13 +134,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--config", default="cpu_default")
     p.add_argument("--results", nargs="*", default=[], help="benchmark JSON lines files for the throughput plot")
     p.add_argument("--weights", help="canonical weights for the validation report (default: the config's JAX run)")
-    p.add_argument("--out", default="docs/figures")
+    p.add_argument("--out", help="folder for the PNGs (default: <exp_dir>/<config>/figures)")
     args = p.parse_args(argv)
     cfg = config_mod.load_config(args.config)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     root = cfg.resolve_path(cfg.exp_dir) / cfg.name
-    records = [json.loads(line) for f in args.results for line in Path(f).read_text().splitlines() if line]
+    weights_path = Path(args.weights) if args.weights else root / "jax" / "weights.npz"
+    if args.weights and not weights_path.is_file():
+        raise UserError(f"weights file {weights_path} not found")
+    records = []
+    for f in args.results:
+        try:
+            records += [json.loads(line) for line in Path(f).read_text().splitlines() if line]
+        except (OSError, json.JSONDecodeError) as err:
+            raise UserError(f"--results {f}: expected a JSON lines file of benchmark records ({err})") from None
+    out = Path(args.out) if args.out else root / "figures"
+    out.mkdir(parents=True, exist_ok=True)
     if records:
         throughput_plot(records, out / f"throughput_{cfg.name}.png")
         print(f"wrote {out / f'throughput_{cfg.name}.png'}")
@@ -149,13 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if runs:
         loss_curves_plot(runs, out / f"loss_{cfg.name}.png")
         print(f"wrote {out / f'loss_{cfg.name}.png'}")
-    weights_path = Path(args.weights) if args.weights else root / "jax" / "weights.npz"
     if weights_path.exists():
         summary = validation_report(cfg, unet_spec.load_weights(weights_path, cfg), out / f"validation_{cfg.name}.png")
         (out / f"validation_{cfg.name}.json").write_text(json.dumps(summary, indent=1))
         print(f"wrote {out / f'validation_{cfg.name}.png'} (L1 {summary['l1']:.4f})")
-    elif args.weights:
-        raise UserError(f"weights file {weights_path} not found")
     return 0
 
 

@@ -5,12 +5,9 @@ device batch. FULL: train steps on the real input pipeline.
 """
 from __future__ import annotations
 
-import functools
-import time
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jax_impl import data as data_mod

@@ -13,6 +13,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from shared_data.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
@@ -40,7 +42,13 @@ def initialize() -> None:
 
 
 def make_mesh(num_devices: int | None = None) -> Mesh:
-    """A 1-D mesh named ``data`` over the first ``num_devices`` devices (all by default)."""
+    """A 1-D mesh named ``data`` over the first ``num_devices`` devices (all by default).
+
+    Raises:
+        UserError: more devices asked for than there are.
+    """
+    if num_devices is not None and not 1 <= num_devices <= jax.device_count():
+        raise UserError(f"--num_devices {num_devices}: this process sees {jax.device_count()} {jax.default_backend()} device(s)")
     devices = jax.devices()[: num_devices or jax.device_count()]
     return Mesh(np.array(devices), ("data",))
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import math
 import os
 import sys
 import time
@@ -166,7 +165,9 @@ class Checkpoints:
         try:
             return self.manager.restore(epoch, args=self._ocp.args.StandardRestore(abstract))
         except (ValueError, KeyError) as err:
-            raise UserError(f"checkpoint {self.directory}/{epoch} does not match this config ({err}); "
+            self.manager.close()
+            detail = str(err).split(". ")[0]
+            raise UserError(f"checkpoint {self.directory}/{epoch} does not match this config ({detail}); "
                             f"use another --workdir or --overwrite") from None
 
 
@@ -319,8 +320,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     runlog.setup_logging()
     cfg = config_mod.config_from_args(args)
+    workdir = runlog.workdir_for(cfg, FRAMEWORK, args.workdir)
+    runlog.check_run_args(args, workdir, FRAMEWORK)
     distribute.initialize()
-    result = train_and_evaluate(cfg, runlog.workdir_for(cfg, FRAMEWORK, args.workdir), resume=args.resume,
+    result = train_and_evaluate(cfg, workdir, resume=args.resume,
                                 overwrite=args.overwrite, num_devices=args.num_devices, init_weights=args.init_weights,
                                 stop_after_epoch=args.stop_after_epoch)
     if args.save_weights and distribute.is_main_process():

@@ -13,5 +13,5 @@ mode=--resume
 [[ "${1:-}" == "--overwrite" ]] && mode=--overwrite
 $PY -m tf_impl.train --config cpu_default $mode --save_weights runs/cpu_default/tf/weights.npz
 $PY -m jax_impl.train --config cpu_default $mode --save_weights runs/cpu_default/jax/weights.npz
-$PY -m compare.plots --config cpu_default --out runs/cpu_default/figures
+$PY -m compare.plots --config cpu_default
 $PY -m compare.summary --config cpu_default

@@ -19,7 +19,7 @@ import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import yaml
 
@@ -158,7 +158,7 @@ def _read_yaml(path: Path) -> dict:
         with open(path) as fh:
             doc = yaml.safe_load(fh)
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+        raise ConfigError(f"config file {path} is not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"config file {path}: expected a mapping of config names, got {type(doc).__name__}")
     return doc
@@ -352,17 +352,11 @@ _FLAG_KEYS = ("num_epochs", "global_batch_size", "local_batch_size", "num_data_w
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """Load the config named by parsed ``args`` and apply its flag and ``--set`` overrides."""
+    if getattr(args, "global_batch_size", None) is not None and getattr(args, "local_batch_size", None) is not None:
+        raise ConfigError("--global_batch_size and --local_batch_size conflict: give one (global = local x replicas)")
     overrides = dict(parse_override(s) for s in args.set)
     for key in _FLAG_KEYS:
         value = getattr(args, key, None)
         if value is not None:
             overrides[key] = value
     return load_config(args.config, args.yaml_config, overrides)
-
-
-def parse_args_config(argv: Sequence[str] | None, description: str) -> tuple[argparse.Namespace, Config]:
-    """Parse a command line that has only config arguments; return ``(args, config)``."""
-    parser = argparse.ArgumentParser(description=description)
-    add_config_args(parser)
-    args = parser.parse_args(argv)
-    return args, config_from_args(args)

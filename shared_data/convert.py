@@ -39,6 +39,7 @@ def convert_to_npy(path: str | Path, skip_existing: bool = False) -> tuple[Path,
             mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(*ds.shape[1:], c))
             for x0 in range(0, size, SLAB):
                 slab = ds[:, x0:x0 + SLAB].astype(np.float32)
+                dataset.check_finite(slab, f"{path} {key} (x from {x0})")
                 mm[x0:x0 + SLAB] = np.moveaxis(slab, 0, -1)
             mm.flush()
             del mm

@@ -206,6 +206,22 @@ def _augment(fn, types, x, params: dict, matrix: str):
     return fn.coord_transform(x, M=params[matrix])
 
 
+def check_npy(kind: str, split_path: str | Path) -> Optional[tuple[Path, Path]]:
+    """The ``.npy`` pair a ``dali-npy`` / ``dali-lowmem`` pipeline reads (None for other kinds).
+
+    Raises:
+        DatasetError: a file is missing; the message names the converter.
+    """
+    if kind not in ("dali-npy", "dali-lowmem"):
+        return None
+    npy = dataset.npy_paths(split_path)
+    missing = [p for p in npy if not p.is_file()]
+    if missing:
+        raise DatasetError(f"{missing[0]} not found: the {kind} loader reads the DHWC .npy form; "
+                           f"create it with: python -m shared_data.convert {split_path}")
+    return npy
+
+
 def build_pipeline(cfg: Config, kind: str, split_path: str | Path, batch_size: int, device_id: Optional[int],
                    plans: Optional[EpochPlans] = None, crop_sources: Optional[dict] = None):
     """A DALI pipeline for ``kind`` (``dali-npy`` / ``dali-lowmem`` / ``dali-h5``) over the volume at
@@ -228,12 +244,7 @@ def build_pipeline(cfg: Config, kind: str, split_path: str | Path, batch_size: i
                   prefetch_queue_depth=cfg.dali_prefetch_queue_depth, exec_dynamic=True)
     if parallel:
         kwargs.update(py_num_workers=cfg.num_data_workers, py_start_method="spawn")
-    npy = dataset.npy_paths(split_path) if kind in ("dali-npy", "dali-lowmem") else None
-    if npy:
-        missing = [p for p in npy if not p.is_file()]
-        if missing:
-            raise DatasetError(f"{missing[0]} not found: the {kind} loader reads the DHWC .npy form; "
-                               f"create it with: python -m shared_data.convert {split_path}")
+    npy = check_npy(kind, split_path)
 
     @dali.pipeline_def(**kwargs)
     def pipeline():

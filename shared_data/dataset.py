@@ -46,6 +46,8 @@ def open_h5(path: str | Path):
         DatasetError: the file does not exist or is not an HDF5 file.
     """
     path = Path(path)
+    if path.is_dir():
+        raise DatasetError(f"dataset file {path} is a folder, expected an HDF5 file")
     if not path.is_file():
         raise DatasetError(f"dataset file {path} not found (generate one with: python -m shared_data.generate --help)")
     h5py = _h5py()

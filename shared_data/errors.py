@@ -7,8 +7,9 @@ traceback; anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+import re
 import sys
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 
 class UserError(Exception):
@@ -27,8 +28,27 @@ class MissingDependencyError(UserError):
     """An optional dependency (DALI, TensorFlow, ...) is not installed; the message names the extra."""
 
 
+_WRAPPED = re.compile(r"(?:UserError|ConfigError|DatasetError|MissingDependencyError): (.+)")
+
+
+def user_error_in(err: BaseException) -> Optional[str]:
+    """The message of a :class:`UserError` that ``err`` is or wraps: raised inside a DALI callback
+    (the chain's ``__cause__``) or a ``tf.data`` Python function (only its text survives)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, UserError):
+            return str(err)
+        match = _WRAPPED.search(str(err))
+        if match:
+            return match.group(1).strip()
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:
-    """Run ``main(argv)``; print a :class:`UserError` as ``error: <message>`` on stderr and return 2.
+    """Run ``main(argv)``; print a :class:`UserError` (also one wrapped by TF or DALI) as
+    ``error: <message>`` on stderr and return 2.
 
     Returns ``main``'s return value (``None`` counts as 0). ``KeyboardInterrupt`` returns 130.
     """
@@ -36,6 +56,12 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         code = main(argv)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - re-raised unless it carries a user error
+        message = user_error_in(err)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

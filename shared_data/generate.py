@@ -96,6 +96,12 @@ def generate(args: argparse.Namespace) -> Path:
     out = Path(args.out)
     if args.size < 8:
         raise UserError(f"--size {args.size}: expected at least 8 voxels")
+    for name, value, ok, want in (("--redshift", args.redshift, args.redshift >= 0, ">= 0"), ("--box", args.box, args.box > 0, "> 0"),
+                                  ("--sigma8", args.sigma8, args.sigma8 > 0, "> 0"), ("--k_jeans", args.k_jeans, args.k_jeans > 0, "> 0"),
+                                  ("--t0", args.t0, args.t0 > 0, "> 0"), ("--gamma", args.gamma, 1 <= args.gamma <= 2, "in [1, 2]"),
+                                  ("--chunk", args.chunk, args.chunk >= 0, ">= 0")):
+        if not ok:
+            raise UserError(f"{name} {value}: expected {want}")
     cosmo = cosmology.Cosmology(sigma8=args.sigma8)
     t_start = time.perf_counter()
     fields = cosmology.simulate(args.size, args.box, args.redshift, args.seed, cosmo, args.k_jeans, args.t0, args.gamma)

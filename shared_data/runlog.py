@@ -56,6 +56,28 @@ def add_run_args(parser: argparse.ArgumentParser, framework: str) -> None:
     run.add_argument("--save_weights", help="write the final weights to this canonical .npz file")
 
 
+def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> None:
+    """Reject run flags that cannot work before any training starts.
+
+    Raises:
+        UserError: ``--resume`` with ``--overwrite``; a run folder that is a file or belongs to the
+            other framework; ``--num_devices`` below 1; a ``--save_weights`` folder that does not exist.
+    """
+    if args.resume and args.overwrite:
+        raise UserError("--resume and --overwrite conflict: give one")
+    if workdir.exists() and not workdir.is_dir():
+        raise UserError(f"--workdir {workdir} is a file, expected a folder")
+    info = workdir / "run.json"
+    if info.exists():
+        other = json.loads(info.read_text()).get("framework")
+        if other and other != framework:
+            raise UserError(f"{workdir} holds a {other} run; use another --workdir for {framework}")
+    if args.num_devices is not None and args.num_devices < 1:
+        raise UserError(f"--num_devices {args.num_devices}: expected at least 1")
+    if args.save_weights and not Path(args.save_weights).absolute().parent.is_dir():
+        raise UserError(f"--save_weights {args.save_weights}: folder {Path(args.save_weights).absolute().parent} does not exist")
+
+
 def clear_checkpoints(workdir: Path, overwrite: bool) -> None:
     """With ``--overwrite``, delete ``<workdir>/checkpoints`` (the only way a run discards work)."""
     if overwrite and (workdir / "checkpoints").exists():

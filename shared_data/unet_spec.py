@@ -174,8 +174,11 @@ def load_weights(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"weights file {path} not found")
-    with np.load(path) as f:
-        weights = {k: f[k] for k in f.files}
+    try:
+        with np.load(path) as f:
+            weights = {k: f[k] for k in f.files}
+    except (ValueError, OSError, AttributeError) as err:
+        raise UserError(f"weights file {path} is not a canonical .npz weights file ({str(err).splitlines()[0]})") from None
     expected = {}
     for s in layer_specs(cfg):
         expected[f"{s.name}/kernel"], expected[f"{s.name}/bias"] = s.kernel_shape, (s.c_out,)

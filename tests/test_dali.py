@@ -7,8 +7,8 @@ import pytest
 
 from shared_data import config as C
 from shared_data import dali_pipelines as dp
-from shared_data import loader, readers, symmetry
-from shared_data.sampler import TRAIN, VAL, Draws
+from shared_data import loader, readers
+from shared_data.sampler import TRAIN, Draws
 
 pytest.importorskip("nvidia.dali")
 

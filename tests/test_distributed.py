@@ -13,7 +13,6 @@ import numpy as np
 from jax_impl import distribute as jd
 from jax_impl import model as JM
 from jax_impl import train as JT
-from shared_data import config as C
 from shared_data import loader, readers
 from shared_data.config import REPO_ROOT
 from shared_data.sampler import TRAIN

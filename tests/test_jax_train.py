@@ -86,7 +86,7 @@ def test_bf16_keeps_float32_params_and_tracks_fp32(tiny_cfg):
     s32, f32 = _step_fn(tiny_cfg)
     s16, f16 = _step_fn(C.replace(tiny_cfg, enable_amp=True))
     assert s16.dynamic_scale is None
-    (a, ma), (b, mb) = f32(s32, _batch()), f16(s16, _batch())
+    (_, ma), (b, mb) = f32(s32, _batch()), f16(s16, _batch())
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(b.params))
     assert abs(float(ma["loss"]) - float(mb["loss"])) < 0.02 * float(ma["loss"])
 

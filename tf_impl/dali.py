@@ -34,6 +34,7 @@ class DaliInput(data_mod.Input):
         self.dali_tf = dali_tf
         self.cfg, self.split, self.strategy = cfg, data_mod.SPLITS[split], strategy
         self.path = cfg.resolve_path(cfg.train_path if split == "train" else cfg.val_path)
+        dp.check_npy(cfg.data_loader_config, self.path)
         self.reader = H5LowMemReader(self.path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
         self.shards = distribute.local_shards(strategy)
         self.replicas = distribute.num_replicas(strategy)

@@ -12,6 +12,8 @@ import os
 
 import tensorflow as tf
 
+from shared_data.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
@@ -30,6 +32,8 @@ def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
         return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
     gpus = tf.config.list_logical_devices("GPU")
     devices = gpus or tf.config.list_logical_devices("CPU")
+    if num_devices is not None and not 1 <= num_devices <= len(devices):
+        raise UserError(f"--num_devices {num_devices}: this process sees {len(devices)} {'GPU' if gpus else 'CPU'} device(s)")
     devices = devices[: num_devices or len(devices)] if (gpus or num_devices) else devices[:1]
     if len(devices) > 1:
         return tf.distribute.MirroredStrategy([d.name for d in devices])

@@ -225,9 +225,9 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
 
     workdir.mkdir(parents=True, exist_ok=True)
     runlog.clear_checkpoints(workdir, overwrite)
-    train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, model, optimizer, data_mod.batch_spec(cfg, strategy))
     ckpt = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, model, optimizer)
     start_epoch = runlog.start_epoch(ckpt.latest_epoch(), resume, workdir)
+    train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, model, optimizer, data_mod.batch_spec(cfg, strategy))
     if start_epoch:
         ckpt.restore(start_epoch)
         log.info("resumed from %s at epoch %d (step %d)", ckpt.directory, start_epoch, int(optimizer.iterations))
@@ -303,8 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     runlog.setup_logging()
     cfg = config_mod.config_from_args(args)
+    workdir = runlog.workdir_for(cfg, FRAMEWORK, args.workdir)
+    runlog.check_run_args(args, workdir, FRAMEWORK)
     distribute.initialize()
-    result = train_and_evaluate(cfg, runlog.workdir_for(cfg, FRAMEWORK, args.workdir), resume=args.resume,
+    result = train_and_evaluate(cfg, workdir, resume=args.resume,
                                 overwrite=args.overwrite, num_devices=args.num_devices, init_weights=args.init_weights,
                                 stop_after_epoch=args.stop_after_epoch)
     if args.save_weights and distribute.is_main_process(result["strategy"]):

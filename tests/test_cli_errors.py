@@ -1,0 +1,74 @@
+"""User errors at the command line: one `error:` line, exit code 2, no traceback, before any
+training starts where the flags alone are wrong; also errors raised inside tf.data / DALI callbacks."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from shared_data.config import REPO_ROOT
+from shared_data.errors import DatasetError, user_error_in
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+
+
+def _assert_user_error(res, text):
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    lines = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and text in lines[0], res.stderr[-2000:]
+
+
+def test_user_errors_are_found_inside_framework_wrappers():
+    try:
+        try:
+            raise DatasetError("f.h5 Hydro crop at (0, 0, 0): non-finite value nan")
+        except DatasetError as inner:
+            raise RuntimeError("DALI callback failed") from inner
+    except RuntimeError as outer:
+        assert user_error_in(outer) == "f.h5 Hydro crop at (0, 0, 0): non-finite value nan"
+    tf_like = ValueError("{{function_node __wrapped}} shared_data.errors.DatasetError: f.h5 Nbody crop at (1, 2, 3): bad\n [[{{node PyFunc}}]]")
+    assert user_error_in(tf_like) == "f.h5 Nbody crop at (1, 2, 3): bad"
+    assert user_error_in(ValueError("shape mismatch")) is None
+
+
+@pytest.mark.parametrize("fw", ["jax_impl", "tf_impl"])
+def test_flag_errors_stop_before_training(fw, tiny_cfg, tmp_path):
+    base = [f"{fw}.train", "--config", "cpu_tiny", "--set", f"train_path={tiny_cfg.train_path}",
+            "--set", f"val_path={tiny_cfg.val_path}", "--workdir", str(tmp_path / "w")]
+    _assert_user_error(_run(*base, "--resume", "--overwrite"), "--resume and --overwrite conflict")
+    _assert_user_error(_run(*base, "--global_batch_size", "8", "--local_batch_size", "2"), "conflict: give one")
+    _assert_user_error(_run(*base, "--save_weights", str(tmp_path / "no" / "w.npz")), "does not exist")
+    _assert_user_error(_run(*base, "--num_devices", "64"), "--num_devices 64: this process sees")
+    (tmp_path / "file").write_text("x")
+    _assert_user_error(_run(*base[:-1], str(tmp_path / "file")), "is a file, expected a folder")
+
+
+def test_nan_crop_in_tf_data_is_a_user_error(tmp_path, data_dir):
+    nan = tmp_path / "nan.h5"
+    with h5py.File(data_dir / "train_32.h5") as f, h5py.File(nan, "w") as g:
+        g["Nbody"] = f["Nbody"][...]
+        hydro = f["Hydro"][...]
+        hydro[:, 10:20, 10:20, 10:20] = np.nan  # every 16^3 crop of the 32^3 volume overlaps it
+        g["Hydro"] = hydro
+    res = _run("tf_impl.train", "--config", "cpu_tiny", "--set", f"train_path={nan}", "--set", f"val_path={data_dir / 'val_24.h5'}",
+               "--workdir", str(tmp_path / "w"))
+    _assert_user_error(res, "non-finite value nan")
+
+
+def test_generator_and_converter_reject_bad_values(tmp_path):
+    _assert_user_error(_run("shared_data.generate", "--out", str(tmp_path / "g.h5"), "--size", "16", "--redshift", "-5"),
+                       "--redshift -5.0: expected >= 0")
+    nan = tmp_path / "nan.h5"
+    with h5py.File(nan, "w") as g:
+        g["Nbody"] = np.zeros((4, 8, 8, 8), np.float32)
+        h = np.zeros((5, 8, 8, 8), np.float32)
+        h[0, 1, 2, 3] = np.nan
+        g["Hydro"] = h
+    _assert_user_error(_run("shared_data.convert", str(nan)), "Hydro (x from 0): non-finite value nan")
+    _assert_user_error(_run("shared_data.inspect", str(tmp_path)), "is a folder, expected an HDF5 file")
