@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
+import subprocess
+import sys
 
 import h5py
 import numpy as np
 import pytest
 
 from shared_data import config as C
+from shared_data.config import REPO_ROOT
 from shared_data import readers, symmetry
 from shared_data.errors import DatasetError
 from shared_data.sampler import CropStream, StreamKey
@@ -59,12 +62,11 @@ def test_synthetic_reader_is_deterministic_and_in_range():
 def _read_in_child(reader, q):
     bi, bt = np.empty((4, 16, 16, 16), np.float32), np.empty((5, 16, 16, 16), np.float32)
     reader.read((3, 4, 5), bi, bt)
-    q.put((bi.sum(), bt.sum(), reader._file is not None))
+    q.put((float(bi.sum()), float(bt.sum()), reader._file is not None))
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_lowmem_reader_is_safe_in_fork_and_spawn_workers(tiny_cfg, method):
-    path = tiny_cfg.resolve_path(tiny_cfg.train_path)
+def _check_worker(path, method):
+    """Open the file in this process, then read the same crop in a ``method`` child process."""
     r = readers.H5LowMemReader(path, 4, 5, 16)
     bi, bt = np.empty((4, 16, 16, 16), np.float32), np.empty((5, 16, 16, 16), np.float32)
     r.read((3, 4, 5), bi, bt)  # the parent holds an open handle now
@@ -76,7 +78,17 @@ def test_lowmem_reader_is_safe_in_fork_and_spawn_workers(tiny_cfg, method):
     s_in, s_tar, opened = q.get(timeout=60)
     p.join(timeout=60)
     assert p.exitcode == 0 and opened
-    assert s_in == pytest.approx(bi.sum()) and s_tar == pytest.approx(bt.sum())
+    assert s_in == pytest.approx(float(bi.sum())) and s_tar == pytest.approx(float(bt.sum()))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_lowmem_reader_is_safe_in_fork_and_spawn_workers(tiny_cfg, method):
+    """Run in a fresh interpreter that has imported neither JAX nor TF: forking a process that holds
+    their threads can deadlock regardless of our reader."""
+    code = "import sys; sys.path.insert(0, 'tests'); import test_readers as t; t._check_worker(sys.argv[1], sys.argv[2])"
+    res = subprocess.run([sys.executable, "-c", code, str(tiny_cfg.resolve_path(tiny_cfg.train_path)), method],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
 
 
 # --- bad input ----------------------------------------------------------------------------------
