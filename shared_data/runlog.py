@@ -74,8 +74,10 @@ def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> N
             raise UserError(f"{workdir} holds a {other} run; use another --workdir for {framework}")
     if args.num_devices is not None and args.num_devices < 1:
         raise UserError(f"--num_devices {args.num_devices}: expected at least 1")
-    if args.save_weights and not Path(args.save_weights).absolute().parent.is_dir():
-        raise UserError(f"--save_weights {args.save_weights}: folder {Path(args.save_weights).absolute().parent} does not exist")
+    if args.save_weights:
+        folder = Path(args.save_weights).absolute().parent
+        if not folder.is_dir() and folder != workdir.absolute():  # the run folder itself is made by the run
+            raise UserError(f"--save_weights {args.save_weights}: folder {folder} does not exist")
 
 
 def clear_checkpoints(workdir: Path, overwrite: bool) -> None:

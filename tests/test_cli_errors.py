@@ -44,6 +44,7 @@ def test_flag_errors_stop_before_training(fw, tiny_cfg, tmp_path):
     _assert_user_error(_run(*base, "--resume", "--overwrite"), "--resume and --overwrite conflict")
     _assert_user_error(_run(*base, "--global_batch_size", "8", "--local_batch_size", "2"), "conflict: give one")
     _assert_user_error(_run(*base, "--save_weights", str(tmp_path / "no" / "w.npz")), "does not exist")
+    assert _run(*base, "--save_weights", str(tmp_path / "w" / "weights.npz"), "--num_epochs", "0").returncode == 0
     _assert_user_error(_run(*base, "--num_devices", "64"), "--num_devices 64: this process sees")
     (tmp_path / "file").write_text("x")
     _assert_user_error(_run(*base[:-1], str(tmp_path / "file")), "is a file, expected a folder")
