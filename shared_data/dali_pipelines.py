@@ -68,9 +68,7 @@ def _symmetry_tables(n_in: int, n_out: int, vec_in: tuple, vec_out: tuple):
     invert = np.array([r[0] for r in rot], np.int32)
     axis = np.stack([r[1] for r in rot]).astype(np.float32)
     angle = np.array([r[2] for r in rot], np.float32)
-    m_in = np.stack([symmetry.channel_matrix(i, n_in, vec_in) for i in range(48)])
-    m_out = np.stack([symmetry.channel_matrix(i, n_out, vec_out) for i in range(48)])
-    return invert, axis, angle, m_in, m_out
+    return invert, axis, angle, symmetry.tables(n_in, vec_in)[2], symmetry.tables(n_out, vec_out)[2]
 
 
 def step_params(draws, mask: np.ndarray, cfg: Config) -> dict[str, np.ndarray]:

@@ -102,13 +102,12 @@ def apply_spatial(a: np.ndarray, index: int, spatial_axes: Sequence[int] = (0, 1
 def channel_matrix(index: int, num_channels: int, vector_triplets: Sequence[Sequence[int]]) -> np.ndarray:
     """Matrix ``C`` (num_channels x num_channels, float32) with ``out_channels = C @ in_channels``.
 
-    Scalar channels map to themselves; each vector triplet ``(cx, cy, cz)`` maps by ``M``.
+    Scalar channels map to themselves; each vector triplet ``(cx, cy, cz)`` maps by ``M`` (the
+    rows are :func:`channel_sources`).
     """
-    c = np.eye(num_channels, dtype=np.float32)
-    m = matrix(index).astype(np.float32)
-    for triplet in vector_triplets:
-        t = list(triplet)
-        c[np.ix_(t, t)] = m
+    src, sgn = channel_sources(index, num_channels, vector_triplets)
+    c = np.zeros((num_channels, num_channels), np.float32)
+    c[np.arange(num_channels), src] = sgn
     return c
 
 

@@ -78,6 +78,24 @@ def _cfg(tiny_cfg, kind):
     return C.replace(tiny_cfg, data_loader_config=kind, Nsamples=12, Nsamples_val=6, dali_h5_mode="prefetch")
 
 
+def _dali_matches_native(make_input, cfg, context, to_numpy):
+    """Both splits, two epochs: the DALI input yields the lowmem loader's batches; returns the
+    first training batch of the last epoch compared."""
+    first = None
+    for split in ("train", "val"):
+        dali, native = make_input(cfg, split, context), make_input(C.replace(cfg, data_loader_config="lowmem"), split, context)
+        assert dali.steps == native.steps == (3 if split == "train" else 2)
+        for epoch in (0, 1):
+            got, want = list(dali.epoch(epoch)), list(native.epoch(epoch))
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                for k in ("inputs", "targets", "mask"):
+                    np.testing.assert_array_equal(to_numpy(g[k]), to_numpy(w[k]), err_msg=f"{split} {epoch} {k}")
+            first = got[0] if split == "train" else first
+    assert to_numpy(w["mask"]).tolist() == [1, 1, 0, 0]  # the padded last validation batch
+    return first
+
+
 @pytest.mark.parametrize("kind", ["dali-npy", "dali-h5"])
 def test_jax_dali_iterator_matches_native_loader_and_feeds_a_step(tiny_cfg, kind):
     import functools
@@ -88,21 +106,11 @@ def test_jax_dali_iterator_matches_native_loader_and_feeds_a_step(tiny_cfg, kind
     from jax_impl import model as M
     from jax_impl import train as T
     cfg = _cfg(tiny_cfg, kind)
-    mesh = distribute.make_mesh(1)
-    for split in ("train", "val"):
-        dali, native = D.make_input(cfg, split, mesh), D.make_input(C.replace(cfg, data_loader_config="lowmem"), split, mesh)
-        assert dali.steps == native.steps == (3 if split == "train" else 2)
-        for epoch in (0, 1):
-            got, want = list(dali.epoch(epoch)), list(native.epoch(epoch))
-            assert len(got) == len(want)
-            for g, w in zip(got, want):
-                for k in ("inputs", "targets", "mask"):
-                    np.testing.assert_array_equal(np.asarray(g[k]), np.asarray(w[k]), err_msg=f"{split} {epoch} {k}")
-    assert np.asarray(w["mask"]).tolist() == [1, 1, 0, 0]  # the padded last validation batch
+    batch = _dali_matches_native(D.make_input, cfg, distribute.make_mesh(1), np.asarray)
     tx = T.make_optimizer(np.full(4, 1e-3, np.float32))
     state = T.create_train_state(cfg, M.init_params(cfg, 0), tx)
     step = jax.jit(functools.partial(T.train_step, model=M.build_model(cfg), tx=tx, cfg=cfg))
-    _, m = step(state, got[0])
+    _, m = step(state, batch)
     assert np.isfinite(float(m["loss"]))
 
 
@@ -114,17 +122,7 @@ def test_tf_dali_dataset_matches_native_loader_and_feeds_a_step(tiny_cfg, kind):
     from tf_impl import model as M
     from tf_impl import train as T
     cfg = _cfg(tiny_cfg, kind)
-    strategy = distribute.make_strategy()
-    for split in ("train", "val"):
-        dali, native = D.make_input(cfg, split, strategy), D.make_input(C.replace(cfg, data_loader_config="lowmem"), split, strategy)
-        assert dali.steps == native.steps == (3 if split == "train" else 2)
-        for epoch in (0, 1):
-            got, want = list(dali.epoch(epoch)), list(native.epoch(epoch))
-            assert len(got) == len(want)
-            for g, w in zip(got, want):
-                for k in ("inputs", "targets", "mask"):
-                    np.testing.assert_array_equal(g[k].numpy(), w[k].numpy(), err_msg=f"{split} {epoch} {k}")
-    assert w["mask"].numpy().tolist() == [1, 1, 0, 0]
+    batch = _dali_matches_native(D.make_input, cfg, distribute.make_strategy(), lambda t: t.numpy())
     model, opt = M.build_model(cfg), T.make_optimizer(cfg, np.full(4, 1e-3, np.float32))
-    m = tf.function(lambda b: T.train_step(model, opt, b, cfg, 1))(got[0])
+    m = tf.function(lambda b: T.train_step(model, opt, b, cfg, 1))(batch)
     assert np.isfinite(float(m["loss"]))
