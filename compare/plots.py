@@ -25,14 +25,22 @@ HYDRO_NAMES = ("gas density", "gas temperature", "gas vx", "gas vy", "gas vz")
 
 
 def throughput_plot(records: list[dict], path: Path) -> None:
-    """Grouped bars: samples/s per mode, one bar per run label."""
+    """Grouped bars: samples/s per mode, one bar per run label and loader (SYNTHETIC rows, which use
+    no loader, join their label's first loader); the value is printed on each bar."""
     modes = [m for m in ("io", "synthetic", "full") if any(r["mode"] == m for r in records)]
+    first_loader = {}
+    for r in records:
+        if r["mode"] != "synthetic":
+            first_loader.setdefault(r["label"], r["loader"])
+    records = [{**r, "label": f"{r['label']} ({first_loader.get(r['label'], '-') if r['mode'] == 'synthetic' else r['loader']})"}
+               for r in records]
     labels = list(dict.fromkeys(r["label"] for r in records))
     fig, ax = plt.subplots(figsize=(1.8 + 2.2 * len(modes), 4))
     width = 0.8 / max(len(labels), 1)
     for i, label in enumerate(labels):
         vals = [next((r["samples_per_sec"] for r in records if r["label"] == label and r["mode"] == m), 0) for m in modes]
-        ax.bar(np.arange(len(modes)) + i * width, vals, width, label=label)
+        bars = ax.bar(np.arange(len(modes)) + i * width, vals, width, label=label)
+        ax.bar_label(bars, [f"{v:.0f}" if v else "" for v in vals], fontsize=6)
     ax.set_xticks(np.arange(len(modes)) + width * (len(labels) - 1) / 2, [m.upper() for m in modes])
     ax.set_ylabel("samples/s")
     ax.set_yscale("log")
@@ -135,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--results", nargs="*", default=[], help="benchmark JSON lines files for the throughput plot")
     p.add_argument("--weights", help="canonical weights for the validation report (default: the config's JAX run)")
     p.add_argument("--out", help="folder for the PNGs (default: <exp_dir>/<config>/figures)")
+    p.add_argument("--runs", nargs="*", default=[], metavar="LABEL=METRICS",
+                   help="loss curves of these runs' metrics.jsonl files instead of the config's TF and JAX runs")
     args = p.parse_args(argv)
     cfg = config_mod.load_config(args.config)
     root = cfg.resolve_path(cfg.exp_dir) / cfg.name
@@ -152,7 +162,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if records:
         throughput_plot(records, out / f"throughput_{cfg.name}.png")
         print(f"wrote {out / f'throughput_{cfg.name}.png'}")
-    runs = {fw: runlog.read_metrics(root / fw) for fw in ("tf", "jax")}
+    if args.runs:
+        runs = {}
+        for item in args.runs:
+            label, sep, path = item.partition("=")
+            if not sep or not Path(path).is_file():
+                raise UserError(f"--runs {item}: expected LABEL=PATH of an existing metrics.jsonl file")
+            runs[label] = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+    else:
+        runs = {fw: runlog.read_metrics(root / fw) for fw in ("tf", "jax")}
     runs = {k: v for k, v in runs.items() if v}
     if runs:
         loss_curves_plot(runs, out / f"loss_{cfg.name}.png")

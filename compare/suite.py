@@ -37,6 +37,25 @@ SUITES: dict[str, list[tuple]] = {
         ("jax bf16 subpixel+s2d b128", "jax", "synthetic", SHORT, ["--global_batch_size", "128"]),
         ("jax fp32 subpixel+s2d", "jax", "synthetic", SHORT, ["--set", "enable_amp=false"]),
     ],
+    # H200: the formulation per level (compare.layer_bench: plain strided / transposed convs are faster
+    # at the small levels) and the GPU-resident DALI input, in one call
+    "h200-levels": [
+        ("torch bf16 channels_last", "torch", "synthetic", SHORT, []),
+        ("jax bf16 levels: strided<32, transpose<4", "jax", "synthetic", SHORT, []),
+        ("jax bf16 s2d + subpixel everywhere", "jax", "synthetic", SHORT,
+         ["--set", "downconv_strided_below=0", "--set", "upconv_transpose_below=0"]),
+        ("jax bf16 levels: strided<32", "jax", "synthetic", SHORT, ["--set", "upconv_transpose_below=0"]),
+        ("jax bf16 levels: transpose<4", "jax", "synthetic", SHORT, ["--set", "downconv_strided_below=0"]),
+        ("jax dali-device", "jax", "io full", SHORT, ["--data_loader_config", "dali-device"]),
+    ],
+    # H200: IO of the other loaders (the comparison call runs dali-device and the device loader)
+    "h200-loaders": [
+        ("jax dali-npy 16 threads", "jax", "io", SHORT, ["--data_loader_config", "dali-npy", "--set", "dali_threads=16"]),
+        ("jax dali-h5 simple", "jax", "io", SHORT, ["--data_loader_config", "dali-h5", "--set", "dali_h5_mode=simple"]),
+        ("jax lowmem 8 workers", "jax", "io", SHORT, ["--data_loader_config", "lowmem", "--num_data_workers", "8"]),
+        ("jax inmem 8 workers", "jax", "io", SHORT, ["--data_loader_config", "inmem", "--num_data_workers", "8"]),
+        ("jax synthetic 8 workers", "jax", "io", SHORT, ["--data_loader_config", "synthetic", "--num_data_workers", "8"]),
+    ],
     # H200, final call: the reference and the best JAX settings measured side by side
     "h200-final": [
         ("torch bf16 channels_last", "torch", "synthetic", SHORT, []),

@@ -12,6 +12,7 @@ from typing import Optional
 import numpy as np
 
 from shared_data.config import Config
+from shared_data.errors import UserError
 from shared_data.unet_spec import encoder_widths, layer_specs
 
 
@@ -108,6 +109,9 @@ class Bench:
 
         if not torch.cuda.is_available():
             raise RuntimeError("the PyTorch reference is measured on a GPU only")
+        if cfg.data_loader_config == "dali-device" and mode != "synthetic":
+            raise UserError("the PyTorch reference has no dali-device input (its crop callback is JAX's and "
+                            "TF's); use dali-npy, dali-h5 or a native loader")
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

@@ -8,10 +8,13 @@ the mesh like the native loaders' batches.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Iterator
 
 import jax
+import jax.numpy as jnp
+from jax import lax
 from jax.sharding import Mesh
 
 from jax_impl import distribute
@@ -24,13 +27,44 @@ log = logging.getLogger(__name__)
 SPLITS = {"train": TRAIN, "val": VAL}
 
 
+def crop_fns(volumes: dict, device_id, size: int) -> dict:
+    """``dali-device`` crop functions by key: ``starts`` int32 (B, 3) -> (B, C, s, s, s) float32
+    crops. On GPU ``device_id`` the volume is put in that device's memory once and cropped by a
+    jitted ``lax.dynamic_slice`` per sample (result ready when returned); without a GPU, NumPy slicing."""
+    if device_id is None:
+        return {k: functools.partial(dp.numpy_crops, v, size=size) for k, v in volumes.items()}
+    dev = jax.local_devices()[device_id]
+
+    @jax.jit
+    def crop(volume, starts):
+        c = volume.shape[0]
+        zero = jnp.zeros((), starts.dtype)
+        return jax.vmap(lambda st: lax.dynamic_slice(volume, (zero, st[0], st[1], st[2]), (c, size, size, size)))(starts)
+
+    def make(volume):
+        on_dev = jax.device_put(volume, dev)
+        return lambda starts: jax.block_until_ready(crop(on_dev, jax.device_put(starts, dev)))
+
+    return {k: make(v) for k, v in volumes.items()}
+
+
+def make_iterator(pipes: list, samples_per_pipe: int, sharding=None):
+    """DALI's JAX iterator over ``pipes`` (one per local GPU, each yielding ``samples_per_pipe`` samples
+    per epoch), assembling global arrays with ``sharding`` when given. One pipeline ends its epoch by
+    its sources' ``StopIteration``; several need the epoch's total ``size`` (DALI: "negative size is
+    supported only for a single pipeline"), the sum over the pipelines."""
+    from nvidia.dali.plugin.jax import DALIGenericIterator
+    kwargs = dict(sharding=sharding) if sharding is not None else {}
+    if len(pipes) > 1:
+        kwargs["size"] = samples_per_pipe * len(pipes)
+    return DALIGenericIterator(pipes, list(dp.OUTPUTS), auto_reset=True, **kwargs)
+
+
 class DaliInput:
     """Batches of one split from DALI: ``steps`` per epoch, ``epoch(e)`` an iterator of global arrays."""
 
     def __init__(self, cfg: Config, split: str, mesh: Mesh, epoch_offset: int = 0):
         dp.require_dali()
-        from nvidia.dali.plugin.jax import DALIGenericIterator
-
         self.cfg, self.mesh = cfg, mesh
         path = cfg.resolve_path(cfg.train_path if split == "train" else cfg.val_path)
         size = dataset.validate(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size).size
@@ -42,14 +76,20 @@ class DaliInput:
         else:
             log.info("DALI %s/%s: no GPU, one CPU-only pipeline (device_id=None)", cfg.data_loader_config, split)
             groups = [(shards, None)]
+        kind = cfg.data_loader_config
+        host_volumes = dp.load_volumes(path, cfg) if kind == "dali-device" else None
         pipes = []
         for group, device_id in groups:
             plans = dp.EpochPlans(cfg, SPLITS[split], group, replicas, size, epoch_offset)
-            sources = dp.crop_sources(plans, path, cfg) if cfg.data_loader_config == "dali-h5" else None
-            pipes.append(dp.build_pipeline(cfg, cfg.data_loader_config, path, local_bs * len(group), device_id, plans, sources))
+            sources = None
+            if kind == "dali-h5":
+                sources = dp.crop_sources(plans, path, cfg)
+            elif kind == "dali-device":
+                sources = dp.device_crop_sources(plans, crop_fns(host_volumes, device_id, cfg.crop_size), cfg)
+            pipes.append(dp.build_pipeline(cfg, kind, path, local_bs * len(group), device_id, plans, sources))
         self.steps = len(plans(0))
-        kwargs = dict(sharding=distribute.batch_sharding(mesh)) if self.on_gpu else {}
-        self.iterator = DALIGenericIterator(pipes, list(dp.OUTPUTS), auto_reset=True, **kwargs)
+        sharding = distribute.batch_sharding(mesh) if self.on_gpu else None
+        self.iterator = make_iterator(pipes, self.steps * local_bs * len(groups[0][0]), sharding)
         self._next_epoch = 0
 
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:

@@ -28,6 +28,12 @@ Up-convolution (``upconv``):
   interleave builds the 2n^3 output. FLOPs are ``((n+1)/n)^3`` of the transposed convolution's.
   The parameter stays the canonical (4, 4, 4, C_in, C_out) kernel; the 2x2x2 phase kernel is
   gathered from it inside the step, so both modes share weights files and checkpoints.
+* ``phases``: the same 8 phase convolutions run one by one, phase ``r`` on the window
+  ``[r, r + n + 1)`` of the padded input with ``C_out`` channels, giving exactly the ``n^3`` outputs it
+  needs: the transposed convolution's FLOPs with no ``((n+1)/n)^3`` excess (2x at n = 4), at the price
+  of 8 narrower convolutions (slower than ``subpixel`` at every level on the H200).
+
+``downconv_strided_below`` / ``upconv_transpose_below`` switch the small levels to the plain forms.
 """
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ import numpy as np
 from jax import lax
 
 from shared_data.config import Config
-from shared_data.unet_spec import KERNEL, PHASE_TAPS, encoder_widths
+from shared_data.unet_spec import KERNEL, PHASE_TAPS, conv_method, encoder_widths
 
 DIMS = ("NDHWC", "DHWIO", "NDHWC")
 KERNEL_INIT = nn.initializers.normal(stddev=0.02)
@@ -76,6 +82,19 @@ def conv_transpose_subpixel(x: jax.Array, w: jax.Array) -> jax.Array:
     return depth_to_space(y, n, c_out)
 
 
+def conv_transpose_phases(x: jax.Array, w: jax.Array) -> jax.Array:
+    """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` as 8 separate phase convolutions (no excess
+    FLOPs), interleaved into (B, 2n, 2n, 2n, C_out)."""
+    b, n, c_out = x.shape[0], x.shape[1], w.shape[-1]
+    xp = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
+    wk = phase_kernel(w).reshape(2, 2, 2, x.shape[-1], 2, 2, 2, c_out)
+    phases = [[[lax.conv_general_dilated(xp[:, r0:r0 + n + 1, r1:r1 + n + 1, r2:r2 + n + 1], wk[..., r0, r1, r2, :],
+                                         (1, 1, 1), "VALID", dimension_numbers=DIMS)
+                for r2 in (0, 1)] for r1 in (0, 1)] for r0 in (0, 1)]
+    z = jnp.stack([jnp.stack([jnp.stack(p2, axis=-2) for p2 in p1], axis=-3) for p1 in phases], axis=-4)
+    return z.transpose(0, 1, 4, 2, 5, 3, 6, 7).reshape(b, 2 * n, 2 * n, 2 * n, c_out)
+
+
 def conv_transpose_dilated(x: jax.Array, w: jax.Array) -> jax.Array:
     """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` as an input-dilated convolution with the
     spatially flipped kernel, padding k - 1 - p = 2 per side."""
@@ -83,7 +102,7 @@ def conv_transpose_dilated(x: jax.Array, w: jax.Array) -> jax.Array:
                                     dimension_numbers=DIMS)
 
 
-UPCONV = {"subpixel": conv_transpose_subpixel, "transpose": conv_transpose_dilated}
+UPCONV = {"subpixel": conv_transpose_subpixel, "phases": conv_transpose_phases, "transpose": conv_transpose_dilated}
 
 
 def conv_strided(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -140,8 +159,11 @@ class UNet(nn.Module):
     Args:
         widths: encoder widths (``unet_widths``, already cut for ``full_scale``).
         out_channels: N_out.
-        upconv: ``"subpixel"`` or ``"transpose"``.
+        upconv: ``"subpixel"``, ``"phases"`` or ``"transpose"``.
         downconv: ``"space_to_depth"`` or ``"strided"``.
+        upconv_transpose_below: up-convs whose input is smaller than this (voxels per side) are
+            ``"transpose"`` (0: none).
+        downconv_strided_below: down-convs whose input is smaller than this are ``"strided"``.
         dtype: compute dtype.
     """
 
@@ -150,6 +172,8 @@ class UNet(nn.Module):
     upconv: str = "subpixel"
     downconv: str = "space_to_depth"
     dtype: Any = jnp.float32
+    upconv_transpose_below: int = 0
+    downconv_strided_below: int = 0
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -157,17 +181,20 @@ class UNet(nn.Module):
         skips = []
         for i, w in enumerate(self.widths):
             with jax.named_scope(f"down{i + 1}"):
-                x = DownConv(w, self.downconv, self.dtype, name=f"down{i + 1}")(x)
+                method = conv_method("down", x.shape[1], self.downconv, self.downconv_strided_below)
+                x = DownConv(w, method, self.dtype, name=f"down{i + 1}")(x)
                 x = nn.leaky_relu(x, negative_slope=0.01)
                 skips.append(x)
         n = len(self.widths)
         for j, w in enumerate(self.widths[-2::-1]):
             name = f"up{n - 1 - j}"
             with jax.named_scope(name):
-                x = nn.relu(UpConv(w, self.upconv, self.dtype, name=name)(x))
+                method = conv_method("up", x.shape[1], self.upconv, self.upconv_transpose_below)
+                x = nn.relu(UpConv(w, method, self.dtype, name=name)(x))
                 x = jnp.concatenate([x, skips[n - 2 - j]], axis=-1)
         with jax.named_scope("last"):
-            x = UpConv(self.out_channels, self.upconv, self.dtype, name="last")(x)
+            method = conv_method("up", x.shape[1], self.upconv, self.upconv_transpose_below)
+            x = UpConv(self.out_channels, method, self.dtype, name="last")(x)
             return jnp.tanh(x.astype(jnp.float32))
 
 
@@ -176,7 +203,8 @@ COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": j
 
 def build_model(cfg: Config) -> UNet:
     """The U-Net of ``cfg`` with compute dtype from its precision policy (``cfg.precision``)."""
-    return UNet(encoder_widths(cfg), cfg.N_out_channels, cfg.upconv, cfg.downconv, COMPUTE_DTYPES[cfg.precision])
+    return UNet(encoder_widths(cfg), cfg.N_out_channels, cfg.upconv, cfg.downconv, COMPUTE_DTYPES[cfg.precision],
+                cfg.upconv_transpose_below, cfg.downconv_strided_below)
 
 
 def init_params(cfg: Config, seed: int) -> dict:

@@ -28,14 +28,14 @@ from shared_data.errors import ConfigError
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_YAML = REPO_ROOT / "configs" / "UNet.yaml"
 
-LOADERS = ("synthetic", "inmem", "lowmem", "device", "dali-npy", "dali-lowmem", "dali-h5")
+LOADERS = ("synthetic", "inmem", "lowmem", "device", "dali-npy", "dali-lowmem", "dali-h5", "dali-device")
 CHOICES: dict[str, tuple[str, ...]] = {
     "data_loader_config": LOADERS,
     "symmetry_group": ("cube48", "rotations24", "none"),
     "lr_scaling": ("none", "sqrt", "linear"),
     "lr_schedule": ("cosine", "constant"),
     "amp_dtype": ("bfloat16", "float16"),
-    "upconv": ("subpixel", "transpose"),
+    "upconv": ("subpixel", "phases", "transpose"),
     "downconv": ("space_to_depth", "strided"),
     "dali_h5_mode": ("parallel", "prefetch", "simple"),
 }
@@ -74,6 +74,8 @@ class Config:
     full_scale: bool
     upconv: str
     downconv: str
+    upconv_transpose_below: int
+    downconv_strided_below: int
     # --- training ---------------------------------------------------------------------------
     num_epochs: int
     global_batch_size: int

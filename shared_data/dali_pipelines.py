@@ -1,4 +1,5 @@
-"""DALI pipelines shared unchanged by TF and JAX: ``dali-npy`` (alias ``dali-lowmem``) and ``dali-h5``.
+"""DALI pipelines shared unchanged by TF and JAX: ``dali-npy`` (alias ``dali-lowmem``), ``dali-h5`` and
+``dali-device``.
 
 Both produce, per step, ``inputs`` (B, s, s, s, N_in), ``targets`` (B, s, s, s, N_out) float32 NDHWC
 and ``mask`` (B,), exactly the samples of the NumPy reader (:func:`shared_data.readers.make_batch`)
@@ -24,6 +25,14 @@ non-parallel generators.
   this process, a ``concurrent.futures`` thread reading the next batch while DALI works on this one,
   returned with ``no_copy=True`` from a ring of buffers deeper than DALI's prefetch queue) or
   ``simple`` (batch callback, copied, no prefetch: the baseline the other two are measured against).
+* ``dali-device``: the two volumes are read once into the memory of the pipeline's device (GPU
+  memory on a GPU, host memory otherwise; channel-first as in the HDF5 file) and the framework cuts
+  each step's crops there (a jitted gather in JAX, tensor slicing in PyTorch and TF), handing DALI one
+  (B, C, s, s, s) array per volume and step through ``fn.external_source(device=..., no_copy=True)``;
+  DALI then transposes and augments as for ``dali-h5``. The host does no per-voxel work. Memory: the
+  whole volume per device (38.6 GB for the tutorial's 1024^3 x 9 channels, which fits an H200).
+  (Feeding DALI the whole volume once per sample and cutting with ``fn.slice`` does not work on a
+  GPU: DALI packs GPU input batches contiguously, B copies of the volume: measured, docs/perf_notes.md.)
 """
 from __future__ import annotations
 
@@ -47,9 +56,12 @@ OUTPUTS = ("inputs", "targets", "mask")
 H5_MODES = ("parallel", "prefetch", "simple")
 
 
+CROP_SOURCE_KINDS = ("dali-h5", "dali-device")  # crops made outside DALI, channel-first
+
+
 def param_names(kind: str) -> tuple[str, ...]:
-    """The :data:`PARAMS` a pipeline of ``kind`` reads (``dali-h5`` crops outside DALI: no ``roi_start``)."""
-    return PARAMS[1:] if kind == "dali-h5" else PARAMS
+    """The :data:`PARAMS` a pipeline of ``kind`` reads (crops made outside DALI: no ``roi_start``)."""
+    return PARAMS[1:] if kind in CROP_SOURCE_KINDS else PARAMS
 
 
 def require_dali():
@@ -222,12 +234,15 @@ def check_npy(kind: str, split_path: str | Path) -> Optional[tuple[Path, Path]]:
 
 def build_pipeline(cfg: Config, kind: str, split_path: str | Path, batch_size: int, device_id: Optional[int],
                    plans: Optional[EpochPlans] = None, crop_sources: Optional[dict] = None):
-    """A DALI pipeline for ``kind`` (``dali-npy`` / ``dali-lowmem`` / ``dali-h5``) over the volume at
-    ``split_path`` (HDF5; the ``.npy`` files sit beside it). ``device_id=None`` runs it CPU-only.
+    """A DALI pipeline for ``kind`` (``dali-npy`` / ``dali-lowmem`` / ``dali-h5`` / ``dali-device``)
+    over the volume at ``split_path`` (HDF5; the ``.npy`` files sit beside it). ``device_id=None``
+    runs it CPU-only.
 
-    ``plans`` given: parameters come from a callback; else from named inputs (TF). For ``dali-h5``
-    ``crop_sources`` maps ``Nbody``/``Hydro`` to :class:`H5CropSource` callbacks, or is None for named
-    inputs ``Nbody``/``Hydro`` (TF). Outputs: ``inputs``, ``targets`` (DHWC), ``mask``.
+    ``plans`` given: parameters come from a callback; else from named inputs (TF). For ``dali-h5`` and
+    ``dali-device`` ``crop_sources`` maps ``Nbody``/``Hydro`` to batch callbacks giving each step's
+    channel-first crops (:class:`H5CropSource`, :class:`DeviceCropSource`; for ``dali-device`` arrays
+    on the pipeline's device), or is None for named inputs ``Nbody``/``Hydro`` (TF).
+    Outputs: ``inputs``, ``targets`` (DHWC), ``mask``.
 
     Raises:
         MissingDependencyError: DALI is not installed.
@@ -253,19 +268,63 @@ def build_pipeline(cfg: Config, kind: str, split_path: str | Path, batch_size: i
                        cache_header_information=True, prefetch_queue_depth=cfg.dali_prefetch_queue_depth)
             nb = fn.readers.numpy(files=[str(npy[0])], name="nbody_reader", **roi)
             hy = fn.readers.numpy(files=[str(npy[1])], name="hydro_reader", **roi)
+        elif kind == "dali-device":
+            nb, hy = (fn.external_source(name=key) if crop_sources is None else
+                      fn.external_source(source=crop_sources[key], batch=True, batch_info=True, no_copy=True, device=device)
+                      for key in dataset.KEYS)
         else:
             nb, hy = (_crop_node(fn, crop_sources, key, parallel, cfg) for key in dataset.KEYS)
-        if device == "gpu":
+        if device == "gpu" and kind != "dali-device":
             nb, hy = nb.gpu(), hy.gpu()
         if npy:
             nb, hy = fn.reshape(nb, layout="DHWC"), fn.reshape(hy, layout="DHWC")
-        else:  # channel-first crops from HDF5 -> DHWC
+        else:  # channel-first crops (HDF5 or device volumes) -> DHWC
             nb = fn.transpose(nb, perm=[1, 2, 3, 0], output_layout="DHWC")
             hy = fn.transpose(hy, perm=[1, 2, 3, 0], output_layout="DHWC")
         mask = params["mask"].gpu() if device == "gpu" else params["mask"]  # all outputs on one device
         return _augment(fn, types, nb, params, "m_in"), _augment(fn, types, hy, params, "m_out"), mask
 
     return pipeline()
+
+
+def load_volumes(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
+    """The ``dali-device`` volumes in host memory: ``{"Nbody": (N_in, L, L, L), "Hydro": (N_out, L, L, L)}``
+    float32, checked by :class:`shared_data.readers.InMemReader` (raises its ``DatasetError``)."""
+    from shared_data.readers import InMemReader
+    reader = InMemReader(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
+    return dict(zip(dataset.KEYS, reader.volumes()))
+
+
+def numpy_crops(volume: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
+    """(B, C, s, s, s) crops of a channel-first (C, L, L, L) ``volume`` at ``starts`` (B, 3): the
+    host form of a ``dali-device`` crop function."""
+    return np.stack([volume[:, x:x + size, y:y + size, z:z + size] for x, y, z in np.asarray(starts)])
+
+
+class DeviceCropSource:
+    """``dali-device`` batch callback (``batch_info=True``): ``crop_fn(starts)`` gives the step's
+    (B, C, s, s, s) crops of one volume, an array on the pipeline's device that is complete when
+    returned. The last ``ring`` results stay referenced here, deeper than DALI's prefetch queue,
+    so a ``no_copy`` buffer is never freed while DALI may still read it."""
+
+    def __init__(self, plans: EpochPlans, crop_fn, ring: int):
+        self.plans, self.crop_fn = plans, crop_fn
+        self._ring: list = [None] * ring
+        self._slot = 0
+
+    def __call__(self, info):
+        plan = self.plans(info.epoch_idx)
+        if info.iteration >= len(plan):
+            raise StopIteration
+        out = self.crop_fn(plan.draws[info.iteration].starts.astype(np.int32))
+        self._ring[self._slot] = out
+        self._slot = (self._slot + 1) % len(self._ring)
+        return out
+
+
+def device_crop_sources(plans: EpochPlans, crop_fns: dict, cfg: Config) -> dict:
+    """:class:`DeviceCropSource` callbacks for ``Nbody`` and ``Hydro`` from ``crop_fns`` (by key)."""
+    return {key: DeviceCropSource(plans, crop_fns[key], cfg.dali_prefetch_queue_depth + 2) for key in dataset.KEYS}
 
 
 def _crop_node(fn, crop_sources: Optional[dict], key: str, parallel: bool, cfg: Config):

@@ -79,6 +79,17 @@ def num_params(cfg: Config) -> int:
     return sum(int(np.prod(s.kernel_shape)) + s.c_out for s in layer_specs(cfg))
 
 
+def conv_method(kind: str, n: int, method: str, plain_below: int) -> str:
+    """The formulation of a ``kind`` (``"down"`` / ``"up"``) layer whose input has ``n`` voxels per
+    side: the plain form (``"strided"`` / ``"transpose"``) when ``n < plain_below``, else ``method``
+    (config keys ``downconv``, ``downconv_strided_below``, ``upconv``, ``upconv_transpose_below``). The
+    per-layer times on the H200 (``compare.layer_bench``, docs/perf_notes.md) favour the plain forms
+    at the small levels."""
+    if n < plain_below:
+        return "strided" if kind == "down" else "transpose"
+    return method
+
+
 def forward_flops(cfg: Config, crop_size: int | None = None, count_padding: bool = True) -> float:
     """Multiply-add FLOPs (2 per MAC) of one sample's forward pass through the conv layers.
 

@@ -65,3 +65,20 @@ def test_capture_window_starts_and_stops_at_configured_steps(monkeypatch):
     for step in range(5):
         off.before_step(step)
     assert calls == ["cudaProfilerStart", "cudaProfilerStop"]
+
+
+def test_layer_bench_times_each_formulation_and_counts_layer_flops(tmp_path):
+    """compare.layer_bench on two layers of the tiny net: one row per JAX formulation, positive times,
+    and per-layer model FLOPs that add up to the whole net's analytic training FLOPs."""
+    from compare import layer_bench
+    cfg = C.load_config("cpu_tiny")
+    out = tmp_path / "layers.jsonl"
+    assert layer_bench.main(["--config", "cpu_tiny", "--local_batch_size", "1", "--layers", "down1,last", "--no-torch",
+                             "--warmup", "1", "--steps", "1", "--windows", "1", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["layer"], r["variant"]) for r in rows] == [
+        ("down1", "jax space_to_depth"), ("down1", "jax strided"),
+        ("last", "jax subpixel"), ("last", "jax phases"), ("last", "jax transpose")]
+    assert all(r["ms"] > 0 and math.isfinite(r["tflops"]) and r["batch"] == 1 for r in rows)
+    total = sum(layer_bench.layer_model_flops(s, 1) for s in unet_spec.layer_specs(cfg))
+    assert total == pytest.approx(unet_spec.train_flops_per_sample(cfg), rel=1e-12)

@@ -2,6 +2,8 @@
 dali-npy and every dali-h5 mode; both frameworks' DALI iterators feed a training step."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -44,12 +46,16 @@ def test_every_symmetry_through_dali_ops_matches_numpy(tiny_cfg):
 
 
 @pytest.mark.parametrize("kind, mode", [("dali-npy", None), ("dali-lowmem", None), ("dali-h5", "simple"),
-                                        ("dali-h5", "prefetch"), ("dali-h5", "parallel")])
+                                        ("dali-h5", "prefetch"), ("dali-h5", "parallel"), ("dali-device", None)])
 def test_dali_yields_the_numpy_readers_samples(tiny_cfg, kind, mode):
     cfg = C.replace(tiny_cfg, data_loader_config=kind, dali_h5_mode=mode or "parallel", Nsamples=16, num_data_workers=2)
     plans = dp.EpochPlans(cfg, TRAIN, [0], 1, 32)
-    sources = dp.crop_sources(plans, cfg.resolve_path(cfg.train_path), cfg) if kind == "dali-h5" else None
-    pipe = dp.build_pipeline(cfg, kind, cfg.resolve_path(cfg.train_path), 4, None, plans, sources)
+    path = cfg.resolve_path(cfg.train_path)
+    sources = dp.crop_sources(plans, path, cfg) if kind == "dali-h5" else None
+    if kind == "dali-device":
+        fns = {k: functools.partial(dp.numpy_crops, v, size=cfg.crop_size) for k, v in dp.load_volumes(path, cfg).items()}
+        sources = dp.device_crop_sources(plans, fns, cfg)
+    pipe = dp.build_pipeline(cfg, kind, path, 4, None, plans, sources)
     got = _run(pipe, len(plans(0)))
     for (x, y, m), (rx, ry) in zip(got, _reference(cfg, plans(0))):
         np.testing.assert_array_equal(x, rx)
@@ -96,7 +102,7 @@ def _dali_matches_native(make_input, cfg, context, to_numpy):
     return first
 
 
-@pytest.mark.parametrize("kind", ["dali-npy", "dali-h5"])
+@pytest.mark.parametrize("kind", ["dali-npy", "dali-h5", "dali-device"])
 def test_jax_dali_iterator_matches_native_loader_and_feeds_a_step(tiny_cfg, kind):
     import functools
 
@@ -114,7 +120,7 @@ def test_jax_dali_iterator_matches_native_loader_and_feeds_a_step(tiny_cfg, kind
     assert np.isfinite(float(m["loss"]))
 
 
-@pytest.mark.parametrize("kind", ["dali-npy", "dali-h5"])
+@pytest.mark.parametrize("kind", ["dali-npy", "dali-h5", "dali-device"])
 def test_tf_dali_dataset_matches_native_loader_and_feeds_a_step(tiny_cfg, kind):
     import tensorflow as tf
     from tf_impl import data as D
@@ -126,3 +132,43 @@ def test_tf_dali_dataset_matches_native_loader_and_feeds_a_step(tiny_cfg, kind):
     model, opt = M.build_model(cfg), T.make_optimizer(cfg, np.full(4, 1e-3, np.float32))
     m = tf.function(lambda b: T.train_step(model, opt, b, cfg, 1))(batch)
     assert np.isfinite(float(m["loss"]))
+
+
+def test_jax_device_crop_fn_equals_numpy_crops():
+    """The jitted gather behind JAX's dali-device on a GPU (run here on a CPU device) cuts exactly
+    the NumPy crops, the edges of the volume included."""
+    import jax
+    from jax_impl.dali import crop_fns
+    rng = np.random.default_rng(5)
+    vol = {"Nbody": rng.standard_normal((4, 12, 12, 12)).astype(np.float32)}
+    starts = np.array([[0, 0, 0], [7, 3, 5], [7, 7, 7]], np.int32)
+    got = crop_fns(vol, 0, 5)["Nbody"](starts)
+    assert isinstance(got, jax.Array) and got.shape == (3, 4, 5, 5, 5)
+    np.testing.assert_array_equal(np.asarray(got), dp.numpy_crops(vol["Nbody"], starts, 5))
+    np.testing.assert_array_equal(np.asarray(got)[1], vol["Nbody"][:, 7:12, 3:8, 5:10])
+
+
+def test_jax_iterator_over_two_pipelines_keeps_each_shards_epochs(tiny_cfg):
+    """Two pipelines (what two GPUs get), three epochs: each batch is shard 0's and shard 1's batch of
+    the same step, as the single-pipeline iterators give them (DALI needs the epoch size here)."""
+    import warnings
+
+    from jax_impl.dali import make_iterator
+    cfg = C.replace(tiny_cfg, data_loader_config="dali-npy", Nsamples=12)
+    path = cfg.resolve_path(cfg.train_path)
+
+    def pipes(shards):
+        return [dp.build_pipeline(cfg, "dali-npy", path, 2, None, dp.EpochPlans(cfg, TRAIN, [r], 2, 32)) for r in shards]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DALI recommends reader_name over size; external sources have none
+        both = make_iterator(pipes([0, 1]), 3 * 2)
+        singles = [make_iterator(pipes([r]), 3 * 2) for r in (0, 1)]
+        for epoch in range(3):
+            got, refs = list(both), [list(s) for s in singles]
+            assert len(got) == len(refs[0]) == len(refs[1]) == 3, f"epoch {epoch}"
+            for i, g in enumerate(got):
+                x = np.asarray(g["inputs"])  # (pipelines, batch, ...) without a sharding
+                np.testing.assert_array_equal(x[0], np.asarray(refs[0][i]["inputs"]))
+                np.testing.assert_array_equal(x[1], np.asarray(refs[1][i]["inputs"]))
+                assert not np.array_equal(x[0], x[1])

@@ -17,7 +17,7 @@ def rel_err(a, b):
     return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("method", ["subpixel", "transpose"])
+@pytest.mark.parametrize("method", ["subpixel", "phases", "transpose"])
 @pytest.mark.parametrize("n, c_in, c_out", [(1, 3, 2), (2, 4, 3), (5, 3, 4), (8, 6, 5)])
 def test_upconv_equals_float64_transposed_conv_definition(method, n, c_in, c_out):
     x = RNG.standard_normal((2, n, n, n, c_in)).astype(np.float32)
@@ -80,6 +80,11 @@ def test_tiny_net_runs_and_modes_agree(tiny_cfg):
     b = M.build_model(C.replace(tiny_cfg, upconv="transpose", downconv="strided")).apply({"params": params}, x)
     assert a.shape == (2, 16, 16, 16, 5) and float(jnp.abs(a).max()) < 1
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    mixed = C.replace(tiny_cfg, upconv_transpose_below=4, downconv_strided_below=16)
+    # tiny net: down-conv inputs 16, 8, 4 -> s2d, strided, strided; up-conv inputs 2, 4, 8 -> transpose, subpixel, subpixel
+    assert [unet_spec.conv_method("down", n, "space_to_depth", 16) for n in (16, 8, 4)] == ["space_to_depth", "strided", "strided"]
+    assert [unet_spec.conv_method("up", n, "subpixel", 4) for n in (2, 4, 8)] == ["transpose", "subpixel", "subpixel"]
+    np.testing.assert_allclose(M.build_model(mixed).apply({"params": params}, x), a, rtol=1e-5, atol=1e-6)
     half = M.build_model(C.replace(tiny_cfg, enable_amp=True)).apply({"params": params}, x)
     assert half.dtype == jnp.float32 and rel_err(half, np.asarray(a, np.float64)) < 5e-2
 

@@ -3,7 +3,10 @@
 
 The per-step crop starts and symmetry parameters enter as ``tf.data`` input datasets made from the
 epoch's plan (the TF plugin runs Python callbacks only as non-parallel generators); for ``dali-h5``
-the channel-first crops come from a ``tf.data`` map over the shared HDF5 reader. With a GPU the
+the channel-first crops come from a ``tf.data`` map over the shared HDF5 reader; for ``dali-device``
+they are sliced from the volumes loaded once into memory, fed the same way (so TF's ``dali-device``
+crops on the host: the GPU-resident form needs DLPack hand-over of TF GPU tensors, which no machine
+of this project can run, TF having no GPU build there). With a GPU the
 dataset is placed on the replica's GPU (``device_id``), without one it runs CPU-only
 (``device_id=None``).
 """
@@ -42,6 +45,7 @@ class DaliInput(data_mod.Input):
         self.gpus = tf.config.list_logical_devices("GPU")
         if not self.gpus:
             log.info("DALI %s/%s: no GPU, CPU-only pipelines (device_id=None)", cfg.data_loader_config, split)
+        self.volumes = dp.load_volumes(self.path, cfg) if cfg.data_loader_config == "dali-device" else None
         self.steps = len(self.plan(0))
 
     def dataset(self, epoch: int, shard: int) -> tf.data.Dataset:
@@ -51,7 +55,7 @@ class DaliInput(data_mod.Input):
         params = dp.plan_params(plan, cfg)
         inputs = {k: self.dali_tf.experimental.Input(tf.data.Dataset.from_tensor_slices(v), batch=True)
                   for k, v in params.items()}
-        if cfg.data_loader_config == "dali-h5":
+        if cfg.data_loader_config in dp.CROP_SOURCE_KINDS:
             inputs.update(self._crop_inputs(plan))
         local = shard - self.shards[0]
         device_id = local if self.gpus else None
@@ -71,12 +75,15 @@ class DaliInput(data_mod.Input):
 
     def _crop_inputs(self, plan) -> dict:
         """``Nbody``/``Hydro`` input datasets: each step's channel-first crops read by the shared
-        reader in a parallel ``tf.data`` map (the ``dali-h5`` source on the TF side)."""
+        reader (``dali-h5``) or sliced from the loaded volumes (``dali-device``) in a parallel
+        ``tf.data`` map."""
         cfg, s = self.cfg, self.cfg.crop_size
         out = {}
         for key, n in zip(dataset.KEYS, (cfg.N_in_channels, cfg.N_out_channels)):
             def read(step, key=key, n=n):
                 draws = plan.draws[int(step)]
+                if self.volumes is not None:
+                    return dp.numpy_crops(self.volumes[key], draws.starts, s)
                 buf = np.empty((len(draws), n, s, s, s), np.float32)
                 for i, start in enumerate(draws.starts):
                     self.reader.read_one(key, start, buf[i])

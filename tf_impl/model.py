@@ -2,7 +2,7 @@
 
 Mirrors :mod:`jax_impl.model` function by function: the same layer names (``down1`` ... ``last``),
 the same canonical (4, 4, 4, C_in, C_out) kernels, the same ``downconv`` (``space_to_depth`` /
-``strided``) and ``upconv`` (``subpixel`` / ``transpose``) formulations; the docstring of
+``strided``) and ``upconv`` (``subpixel`` / ``phases`` / ``transpose``) formulations and small-level overrides; the docstring of
 :mod:`jax_impl.model` derives them.
 
 Precision follows Keras' mixed-precision policy: ``float32``, ``mixed_bfloat16`` or
@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared_data.config import Config
-from shared_data.unet_spec import KERNEL, PHASE_TAPS, encoder_widths
+from shared_data.unet_spec import KERNEL, PHASE_TAPS, conv_method, encoder_widths
 
 POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 KERNEL_INIT = keras.initializers.RandomNormal(stddev=0.02)
@@ -51,6 +51,20 @@ def conv_transpose_subpixel(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     return depth_to_space(y, n, c_out)
 
 
+def conv_transpose_phases(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+    """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` as 8 separate phase convolutions (no excess
+    FLOPs), interleaved into (B, 2n, 2n, 2n, C_out)."""
+    n, c_out = x.shape[1], w.shape[-1]
+    xp = tf.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
+    wk = tf.reshape(phase_kernel(w), (2, 2, 2, x.shape[-1], 2, 2, 2, c_out))
+    phases = [[[tf.nn.conv3d(xp[:, r0:r0 + n + 1, r1:r1 + n + 1, r2:r2 + n + 1], wk[..., r0, r1, r2, :],
+                             (1, 1, 1, 1, 1), "VALID")
+                for r2 in (0, 1)] for r1 in (0, 1)] for r0 in (0, 1)]
+    z = tf.stack([tf.stack([tf.stack(p2, axis=-2) for p2 in p1], axis=-3) for p1 in phases], axis=-4)
+    z = tf.transpose(z, (0, 1, 4, 2, 5, 3, 6, 7))
+    return tf.reshape(z, (-1, 2 * n, 2 * n, 2 * n, c_out))
+
+
 def conv_transpose_dilated(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` with ``tf.nn.conv3d_transpose`` (its kernel
     layout is (k, k, k, C_out, C_in), hence the transpose)."""
@@ -76,7 +90,7 @@ def conv_space_to_depth(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     return tf.nn.conv3d(s, wk, (1, 1, 1, 1, 1), "VALID")
 
 
-UPCONV = {"subpixel": conv_transpose_subpixel, "transpose": conv_transpose_dilated}
+UPCONV = {"subpixel": conv_transpose_subpixel, "phases": conv_transpose_phases, "transpose": conv_transpose_dilated}
 DOWNCONV = {"space_to_depth": conv_space_to_depth, "strided": conv_strided}
 
 
@@ -125,16 +139,19 @@ def build_model(cfg: Config, batch_size: int | None = None) -> keras.Model:
     widths = encoder_widths(cfg)
     x, skips = inputs, []
     for i, w in enumerate(widths):
-        x = DownConv(w, cfg.downconv, dtype=policy, name=f"down{i + 1}")(x)
+        method = conv_method("down", x.shape[1], cfg.downconv, cfg.downconv_strided_below)
+        x = DownConv(w, method, dtype=policy, name=f"down{i + 1}")(x)
         x = keras.layers.LeakyReLU(negative_slope=0.01, dtype=policy, name=f"down{i + 1}_act")(x)
         skips.append(x)
     n = len(widths)
     for j, w in enumerate(widths[-2::-1]):
         name = f"up{n - 1 - j}"
-        x = UpConv(w, cfg.upconv, dtype=policy, name=name)(x)
+        method = conv_method("up", x.shape[1], cfg.upconv, cfg.upconv_transpose_below)
+        x = UpConv(w, method, dtype=policy, name=name)(x)
         x = keras.layers.ReLU(dtype=policy, name=f"{name}_act")(x)
         x = keras.layers.Concatenate(axis=-1, dtype=policy, name=f"{name}_concat")([x, skips[n - 2 - j]])
-    x = UpConv(cfg.N_out_channels, cfg.upconv, dtype=policy, name="last")(x)
+    method = conv_method("up", x.shape[1], cfg.upconv, cfg.upconv_transpose_below)
+    x = UpConv(cfg.N_out_channels, method, dtype=policy, name="last")(x)
     out = keras.layers.Activation("tanh", dtype="float32", name="tanh")(x)
     return keras.Model(inputs, out, name="unet")
 
