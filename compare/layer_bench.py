@@ -26,7 +26,7 @@ import time
 from typing import Callable, Sequence
 
 from shared_data.config import add_config_args, config_from_args
-from shared_data.errors import run_cli
+from shared_data.errors import UserError, run_cli
 from shared_data.unet_spec import KERNEL, LayerSpec, layer_specs
 
 JAX_METHODS = {"down": ("space_to_depth", "strided"), "up": ("subpixel", "phases", "transpose")}
@@ -106,12 +106,24 @@ def torch_on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m compare.layer_bench", description=__doc__.split("\n\n")[0])
     add_config_args(p)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--windows", type=int, default=3)
+    p.add_argument("--warmup", type=_count(0), default=3, help="untimed calls per variant (>= 0)")
+    p.add_argument("--steps", type=_count(1), default=10, help="calls per timed window (>= 1)")
+    p.add_argument("--windows", type=_count(1), default=3, help="timed windows, median taken (>= 1)")
     p.add_argument("--layers", default=None, help="comma-separated layer names (default: all)")
     p.add_argument("--no-torch", dest="torch", action="store_false", help="skip the PyTorch column")
     p.add_argument("--out", default=None, help="append one JSON line per layer and formulation")
@@ -127,10 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         wanted = set(args.layers.split(","))
         unknown = wanted - {s.name for s in specs}
         if unknown:
-            raise SystemExit(f"error: --layers: unknown layer(s) {sorted(unknown)}; "
-                             f"the net has {[s.name for s in specs]}")
+            raise UserError(f"--layers: unknown layer(s) {sorted(unknown)}; the net has {[s.name for s in specs]}")
         specs = [s for s in specs if s.name in wanted]
     with_torch = args.torch and torch_on_gpu()
+    if args.torch and not with_torch:
+        print("no PyTorch column: torch or a CUDA device is missing", flush=True)
     rows = []
     for s in specs:
         variants = [("jax " + m, lambda m=m: jax_layer_fn(s, m, batch, cfg.precision)) for m in JAX_METHODS[s.kind]]
@@ -146,20 +159,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "batch": batch, "precision": cfg.precision, "variant": label, "ms": ms, "first_call_s": first_s,
                    "tflops": layer_model_flops(s, batch) / (ms * 1e-3) / 1e12, "config": cfg.name}
             rows.append(row)
-            print(f"{s.name:6s} {label:22s} {ms:8.3f} ms  {row['tflops']:7.1f} TFLOP/s", flush=True)
+            print(f"{s.name:6s} {label:22s} {ms:8.3f} ms  {row['tflops']:9.4f} TFLOP/s", flush=True)
             if args.out:
                 with open(args.out, "a") as f:
                     f.write(json.dumps(row) + "\n")
+    print(f"ms per forward + backward (input and kernel gradients), batch {batch}, {cfg.precision}:")
     print(table(rows))
     return 0
 
 
 def table(rows: list[dict]) -> str:
-    """Layers as rows, formulations as columns (ms), the fastest JAX one and its ratio to torch."""
+    """Layers as rows, formulations as columns (ms); last columns: the fastest JAX formulation and
+    its time over PyTorch's. The ``sum`` row adds the layers each column has (down or up only)."""
     labels = list(dict.fromkeys(r["variant"] for r in rows))
     layers = list(dict.fromkeys(r["layer"] for r in rows))
     ms = {(r["layer"], r["variant"]): r["ms"] for r in rows}
-    lines = [f"{'layer':6s} " + " ".join(f"{lab:>18s}" for lab in labels) + "   best jax / torch"]
+    lines = [f"{'layer':6s} " + " ".join(f"{lab:>18s}" for lab in labels) + f"   {'fastest jax':>14s} {'/torch':>5s}"]
     totals = dict.fromkeys(labels, 0.0)
     best_total = 0.0
     for name in layers:

@@ -166,9 +166,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = {}
         for item in args.runs:
             label, sep, path = item.partition("=")
-            if not sep or not Path(path).is_file():
-                raise UserError(f"--runs {item}: expected LABEL=PATH of an existing metrics.jsonl file")
-            runs[label] = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+            if not sep:
+                raise UserError(f"--runs {item}: expected LABEL=PATH of a metrics.jsonl file")
+            if not Path(path).is_file():
+                raise UserError(f"--runs {item}: {path} not found")
+            try:
+                hist = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+            except (OSError, json.JSONDecodeError) as err:
+                raise UserError(f"--runs {item}: expected a metrics.jsonl file of a training run ({err})") from None
+            if not hist or not all(isinstance(h, dict) and {"epoch", "train_loss", "val_loss"} <= set(h) for h in hist):
+                raise UserError(f"--runs {item}: expected lines with epoch, train_loss and val_loss "
+                                f"(a run's metrics.jsonl), got {len(hist)} lines without them")
+            runs[label] = hist
     else:
         runs = {fw: runlog.read_metrics(root / fw) for fw in ("tf", "jax")}
     runs = {k: v for k, v in runs.items() if v}

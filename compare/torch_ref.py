@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 
 from shared_data.config import Config
-from shared_data.errors import UserError
+from shared_data.errors import MissingDependencyError, UserError
 from shared_data.unet_spec import encoder_widths, layer_specs
 
 
@@ -86,6 +86,15 @@ def make_train_step(cfg: Config, model, lr: float = 2e-4, compile_model: bool = 
     return step
 
 
+def require_torch():
+    """Import torch or raise :class:`MissingDependencyError` naming the extra to install."""
+    try:
+        import torch
+    except ImportError:
+        raise MissingDependencyError("the PyTorch reference needs torch: pip install -e '.[torch]'") from None
+    return torch
+
+
 def versions() -> Optional[dict]:
     try:
         import torch
@@ -104,14 +113,14 @@ class Bench:
     def __init__(self, cfg: Config, mode: str, num_devices: Optional[int] = None, compile_model: bool = False):
         import time
 
-        import torch
-        from shared_data.unet_spec import init_weights
-
-        if not torch.cuda.is_available():
-            raise RuntimeError("the PyTorch reference is measured on a GPU only")
         if cfg.data_loader_config == "dali-device" and mode != "synthetic":
             raise UserError("the PyTorch reference has no dali-device input (its crop callback is JAX's and "
                             "TF's); use dali-npy, dali-h5 or a native loader")
+        torch = require_torch()
+        from shared_data.unet_spec import init_weights
+
+        if not torch.cuda.is_available():
+            raise UserError("the PyTorch reference is measured on a GPU only, and torch sees none")
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

@@ -74,7 +74,7 @@ class DaliInput:
         if self.on_gpu:  # one pipeline per local device = per shard
             groups = [([r], i) for i, r in enumerate(shards)]
         else:
-            log.info("DALI %s/%s: no GPU, one CPU-only pipeline (device_id=None)", cfg.data_loader_config, split)
+            log.info("DALI %s/%s: no GPU, CPU-only pipelines (device_id=None)", cfg.data_loader_config, split)
             groups = [(shards, None)]
         kind = cfg.data_loader_config
         host_volumes = dp.load_volumes(path, cfg) if kind == "dali-device" else None

@@ -233,6 +233,7 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
              ", dynamic loss scaling" if cfg.precision == "float16" else "")
     log.info("data parallel: %d replicas, global batch %d, local batch %d", replicas, global_bs, local_bs)
 
+    runlog.check_data(cfg)  # bad data must fail before --overwrite clears anything
     workdir.mkdir(parents=True, exist_ok=True)
     runlog.clear_checkpoints(workdir, overwrite)
     ckpt = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints)

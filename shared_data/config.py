@@ -200,8 +200,9 @@ def _check_ranges(cfg: Config, where: str) -> None:
     for key in positive:
         if getattr(cfg, key) < 1:
             raise ConfigError(f"{where} key {key!r}: expected a positive integer, got {getattr(cfg, key)}")
-    if cfg.num_epochs < 0:
-        raise ConfigError(f"{where} key 'num_epochs': expected >= 0, got {cfg.num_epochs}")
+    for key in ("num_epochs", "upconv_transpose_below", "downconv_strided_below"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"{where} key {key!r}: expected an integer >= 0, got {getattr(cfg, key)}")
     if cfg.local_batch_size is not None and cfg.local_batch_size < 1:
         raise ConfigError(f"{where} key 'local_batch_size': expected a positive integer or null")
     levels = len(cfg.unet_widths) - (0 if cfg.full_scale else 1)

@@ -80,6 +80,20 @@ def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> N
             raise UserError(f"--save_weights {args.save_weights}: folder {folder} does not exist")
 
 
+def check_data(cfg: Config) -> None:
+    """Check, before anything in a run folder is touched, that the data of ``cfg`` exist and follow the
+    contract: both split files (unless ``synthetic``) and, for ``dali-npy`` / ``dali-lowmem``, their
+    ``.npy`` forms. Raises the :class:`shared_data.errors.DatasetError` naming the file and the fix."""
+    from shared_data import dataset
+    from shared_data.dali_pipelines import check_npy
+    if cfg.data_loader_config == "synthetic":
+        return
+    for key in ("train_path", "val_path"):
+        path = cfg.resolve_path(getattr(cfg, key))
+        dataset.validate(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
+        check_npy(cfg.data_loader_config, path)
+
+
 def clear_checkpoints(workdir: Path, overwrite: bool) -> None:
     """With ``--overwrite``, delete ``<workdir>/checkpoints`` (the only way a run discards work)."""
     if overwrite and (workdir / "checkpoints").exists():

@@ -50,6 +50,33 @@ def test_flag_errors_stop_before_training(fw, tiny_cfg, tmp_path):
     _assert_user_error(_run(*base[:-1], str(tmp_path / "file")), "is a file, expected a folder")
 
 
+@pytest.mark.parametrize("fw", ["jax_impl", "tf_impl"])
+def test_bad_data_fails_before_overwrite_deletes_checkpoints(fw, tiny_cfg, tmp_path):
+    ckpt = tmp_path / "w" / "checkpoints"
+    ckpt.mkdir(parents=True)
+    (ckpt / "epoch_1").write_text("work to keep")
+    res = _run(f"{fw}.train", "--config", "cpu_tiny", "--set", f"train_path={tmp_path / 'nope.h5'}",
+               "--set", f"val_path={tiny_cfg.val_path}", "--workdir", str(tmp_path / "w"), "--overwrite")
+    _assert_user_error(res, "nope.h5 not found")
+    assert (ckpt / "epoch_1").read_text() == "work to keep"
+
+
+def test_tool_inputs_are_checked(tmp_path):
+    _assert_user_error(_run("compare.layer_bench", "--config", "cpu_tiny", "--layers", "nope", "--no-torch"),
+                       "unknown layer(s) ['nope']")
+    res = _run("compare.layer_bench", "--config", "cpu_tiny", "--steps", "0")
+    assert res.returncode == 2 and "--steps: expected an integer >= 1, got 0" in res.stderr
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    (tmp_path / "other.jsonl").write_text('{"samples_per_sec": 1}\n')
+    plots = ("compare.plots", "--config", "cpu_tiny", "--out", str(tmp_path / "fig"), "--runs")
+    _assert_user_error(_run(*plots, "nolabel"), "expected LABEL=PATH")
+    _assert_user_error(_run(*plots, f"x={tmp_path / 'none.jsonl'}"), "none.jsonl not found")
+    _assert_user_error(_run(*plots, f"x={tmp_path / 'bad.jsonl'}"), "expected a metrics.jsonl file of a training run")
+    _assert_user_error(_run(*plots, f"x={tmp_path / 'other.jsonl'}"), "expected lines with epoch, train_loss and val_loss")
+    _assert_user_error(_run("compare.benchmark", "--framework", "torch", "--mode", "io", "--config", "cpu_tiny",
+                            "--data_loader_config", "dali-device"), "no dali-device input")
+
+
 def test_nan_crop_in_tf_data_is_a_user_error(tmp_path, data_dir):
     nan = tmp_path / "nan.h5"
     with h5py.File(data_dir / "train_32.h5") as f, h5py.File(nan, "w") as g:

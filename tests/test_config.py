@@ -78,6 +78,12 @@ def test_crop_must_divide_by_levels():
     assert C.load_config("base", overrides={"crop_size": 32, "full_scale": False}).crop_size == 32
 
 
+@pytest.mark.parametrize("key", ["num_epochs", "upconv_transpose_below", "downconv_strided_below"])
+def test_counts_must_not_be_negative(key):
+    with pytest.raises(ConfigError, match=rf"key '{key}': expected an integer >= 0, got -1"):
+        C.replace(C.load_config("cpu_tiny"), **{key: -1})
+
+
 def test_cli_flags_and_set_overrides():
     parser = argparse.ArgumentParser()
     C.add_config_args(parser)

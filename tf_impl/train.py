@@ -223,6 +223,7 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
     log.info("model: %.2f M parameters, %.2f GFLOP per sample per training step", unet_spec.num_params(cfg) / 1e6,
              unet_spec.train_flops_per_sample(cfg) / 1e9)
 
+    runlog.check_data(cfg)  # bad data must fail before --overwrite clears anything
     workdir.mkdir(parents=True, exist_ok=True)
     runlog.clear_checkpoints(workdir, overwrite)
     ckpt = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, model, optimizer)
