@@ -55,20 +55,28 @@ def peak_tflops(device: str) -> Optional[float]:
     return None
 
 
-def measure(bench, warmup: int, steps: int, windows: int) -> dict:
-    """Run the warm-up and the timed windows; return timing statistics (seconds, samples/s)."""
+def timed_windows(call, sync, warmup: int, steps: int, windows: int) -> tuple[float, list[float]]:
+    """``warmup`` untimed calls of ``call()``, then ``windows`` windows of ``steps`` calls, each ended
+    by ``sync(last result)``; returns the warm-up seconds and the seconds per call of each window."""
     t0 = time.perf_counter()
+    out = None
     for _ in range(warmup):
-        bench.step()
-    bench.sync()
+        out = call()
+    sync(out)
     warm_sec = time.perf_counter() - t0
-    per_step = []
+    per_call = []
     for _ in range(windows):
         t0 = time.perf_counter()
         for _ in range(steps):
-            bench.step()
-        bench.sync()
-        per_step.append((time.perf_counter() - t0) / steps)
+            out = call()
+        sync(out)
+        per_call.append((time.perf_counter() - t0) / steps)
+    return warm_sec, per_call
+
+
+def measure(bench, warmup: int, steps: int, windows: int) -> dict:
+    """Run the warm-up and the timed windows; return timing statistics (seconds, samples/s)."""
+    warm_sec, per_step = timed_windows(bench.step, lambda _: bench.sync(), warmup, steps, windows)
     per_step = np.array(per_step)
     rates = bench.global_batch / per_step
     return {"samples_per_sec": float(np.median(rates)), "samples_per_sec_min": float(rates.min()),
@@ -115,14 +123,27 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def int_at_least(minimum: int):
+    """An argparse ``type`` accepting integers >= ``minimum`` (counts of steps, windows, ...)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m compare.benchmark", description=__doc__.split("\n\n")[0])
     config_mod.add_config_args(p)
     p.add_argument("--framework", choices=FRAMEWORKS, default="jax")
     p.add_argument("--mode", choices=MODES, nargs="+", default=["synthetic"])
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    p.add_argument("--steps", type=int, default=10, help="steps per timed window")
-    p.add_argument("--windows", type=int, default=5, help="timed windows")
+    p.add_argument("--warmup", type=int_at_least(0), default=5, help="untimed steps first")
+    p.add_argument("--steps", type=int_at_least(1), default=10, help="steps per timed window")
+    p.add_argument("--windows", type=int_at_least(1), default=5, help="timed windows")
     p.add_argument("--num_devices", type=int)
     p.add_argument("--label", help="name of this run in the table")
     p.add_argument("--out", help="append the JSON records to this file (JSON lines)")

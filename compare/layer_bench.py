@@ -23,8 +23,9 @@ import argparse
 import json
 import statistics
 import time
-from typing import Callable, Sequence
+from typing import Sequence
 
+from compare.benchmark import int_at_least, timed_windows
 from shared_data.config import add_config_args, config_from_args
 from shared_data.errors import UserError, run_cli
 from shared_data.unet_spec import KERNEL, LayerSpec, layer_specs
@@ -36,22 +37,6 @@ def layer_model_flops(s: LayerSpec, batch: int) -> float:
     """Training FLOPs of layer ``s`` for ``batch`` samples: 3 x dense forward MACs x 2."""
     m = s.out_size if s.kind == "down" else s.in_size
     return 3 * 2.0 * batch * m ** 3 * KERNEL ** 3 * s.c_in * s.c_out
-
-
-def time_fn(fn: Callable[[], object], sync: Callable[[object], None], warmup: int, steps: int, windows: int) -> float:
-    """Median milliseconds per call of ``fn`` over ``windows`` windows of ``steps`` calls."""
-    out = None
-    for _ in range(warmup):
-        out = fn()
-    sync(out)
-    per_call = []
-    for _ in range(windows):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            out = fn()
-        sync(out)
-        per_call.append((time.perf_counter() - t0) * 1e3 / steps)
-    return statistics.median(per_call)
 
 
 def jax_layer_fn(s: LayerSpec, method: str, batch: int, dtype_name: str):
@@ -106,24 +91,12 @@ def torch_on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def _count(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
-        return value
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m compare.layer_bench", description=__doc__.split("\n\n")[0])
     add_config_args(p)
-    p.add_argument("--warmup", type=_count(0), default=3, help="untimed calls per variant (>= 0)")
-    p.add_argument("--steps", type=_count(1), default=10, help="calls per timed window (>= 1)")
-    p.add_argument("--windows", type=_count(1), default=3, help="timed windows, median taken (>= 1)")
+    p.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed calls per variant (>= 0)")
+    p.add_argument("--steps", type=int_at_least(1), default=10, help="calls per timed window (>= 1)")
+    p.add_argument("--windows", type=int_at_least(1), default=3, help="timed windows, median taken (>= 1)")
     p.add_argument("--layers", default=None, help="comma-separated layer names (default: all)")
     p.add_argument("--no-torch", dest="torch", action="store_false", help="skip the PyTorch column")
     p.add_argument("--out", default=None, help="append one JSON line per layer and formulation")
@@ -154,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.perf_counter()
             sync(call())
             first_s = time.perf_counter() - t0
-            ms = time_fn(call, sync, args.warmup, args.steps, args.windows)
+            ms = 1e3 * statistics.median(timed_windows(call, sync, args.warmup, args.steps, args.windows)[1])
             row = {"layer": s.name, "kind": s.kind, "c_in": s.c_in, "c_out": s.c_out, "in_size": s.in_size,
                    "batch": batch, "precision": cfg.precision, "variant": label, "ms": ms, "first_call_s": first_s,
                    "tflops": layer_model_flops(s, batch) / (ms * 1e-3) / 1e12, "config": cfg.name}

@@ -224,14 +224,9 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
     and the final ``state``. ``stop_after_epoch`` ends this invocation early, as a job's time limit
     would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues the run."""
     log.info("JAX %s on %s; config %r from %s", jax.__version__, jax.default_backend(), cfg.name, cfg.source)
-    for key, value in configure_xla(cfg).items():
-        log.info("  %s = %s", key, value or "(unset)")
+    settings = configure_xla(cfg)
     mesh = distribute.make_mesh(num_devices)
-    replicas = distribute.num_replicas(mesh)
-    global_bs, local_bs = config_mod.batch_sizes(cfg, replicas)
-    log.info("precision: %s compute, float32 parameters%s", cfg.precision,
-             ", dynamic loss scaling" if cfg.precision == "float16" else "")
-    log.info("data parallel: %d replicas, global batch %d, local batch %d", replicas, global_bs, local_bs)
+    global_bs, local_bs = runlog.log_setup(cfg, settings, distribute.num_replicas(mesh))
 
     runlog.check_data(cfg)  # bad data must fail before --overwrite clears anything
     workdir.mkdir(parents=True, exist_ok=True)

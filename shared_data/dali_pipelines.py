@@ -27,10 +27,11 @@ non-parallel generators.
   ``simple`` (batch callback, copied, no prefetch: the baseline the other two are measured against).
 * ``dali-device``: the two volumes are read once into the memory of the pipeline's device (GPU
   memory on a GPU, host memory otherwise; channel-first as in the HDF5 file) and the framework cuts
-  each step's crops there (a jitted gather in JAX, tensor slicing in PyTorch and TF), handing DALI one
-  (B, C, s, s, s) array per volume and step through ``fn.external_source(device=..., no_copy=True)``;
-  DALI then transposes and augments as for ``dali-h5``. The host does no per-voxel work. Memory: the
-  whole volume per device (38.6 GB for the tutorial's 1024^3 x 9 channels, which fits an H200).
+  each step's crops there (a jitted gather in JAX; NumPy slicing for CPU pipelines and in TF, whose
+  crops then move to the GPU like ``dali-h5``'s), handing DALI one (B, C, s, s, s) array per volume
+  and step through ``fn.external_source(device=..., no_copy=True)``; DALI then transposes and
+  augments as for ``dali-h5``. With JAX on a GPU the host does no per-voxel work. Memory: the whole
+  volume per device (38.6 GB for the tutorial's 1024^3 x 9 channels, which fits an H200).
   (Feeding DALI the whole volume once per sample and cutting with ``fn.slice`` does not work on a
   GPU: DALI packs GPU input batches contiguously, B copies of the volume: measured, docs/perf_notes.md.)
 """
@@ -152,6 +153,11 @@ class H5CropSource:
         self._buffers: Optional[np.ndarray] = None
         self._next_slot = 0
 
+    @property
+    def no_copy(self) -> bool:
+        """Whether DALI may take the returned batches without copying (the ``prefetch`` ring)."""
+        return self.mode == "prefetch"
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_pool"], state["_pending"], state["_buffers"] = None, {}, None
@@ -258,6 +264,7 @@ def build_pipeline(cfg: Config, kind: str, split_path: str | Path, batch_size: i
     if parallel:
         kwargs.update(py_num_workers=cfg.num_data_workers, py_start_method="spawn")
     npy = check_npy(kind, split_path)
+    source_device = device if kind == "dali-device" and crop_sources is not None else "cpu"  # of the crops
 
     @dali.pipeline_def(**kwargs)
     def pipeline():
@@ -268,13 +275,9 @@ def build_pipeline(cfg: Config, kind: str, split_path: str | Path, batch_size: i
                        cache_header_information=True, prefetch_queue_depth=cfg.dali_prefetch_queue_depth)
             nb = fn.readers.numpy(files=[str(npy[0])], name="nbody_reader", **roi)
             hy = fn.readers.numpy(files=[str(npy[1])], name="hydro_reader", **roi)
-        elif kind == "dali-device":
-            nb, hy = (fn.external_source(name=key) if crop_sources is None else
-                      fn.external_source(source=crop_sources[key], batch=True, batch_info=True, no_copy=True, device=device)
-                      for key in dataset.KEYS)
-        else:
-            nb, hy = (_crop_node(fn, crop_sources, key, parallel, cfg) for key in dataset.KEYS)
-        if device == "gpu" and kind != "dali-device":
+        else:  # crops made outside DALI: on the host, or on the pipeline's device by dali-device callbacks
+            nb, hy = (_crop_node(fn, crop_sources, key, parallel, source_device) for key in dataset.KEYS)
+        if device == "gpu" and source_device == "cpu":
             nb, hy = nb.gpu(), hy.gpu()
         if npy:
             nb, hy = fn.reshape(nb, layout="DHWC"), fn.reshape(hy, layout="DHWC")
@@ -307,6 +310,8 @@ class DeviceCropSource:
     returned. The last ``ring`` results stay referenced here, deeper than DALI's prefetch queue,
     so a ``no_copy`` buffer is never freed while DALI may still read it."""
 
+    no_copy = True  # the ring keeps each result alive
+
     def __init__(self, plans: EpochPlans, crop_fn, ring: int):
         self.plans, self.crop_fn = plans, crop_fn
         self._ring: list = [None] * ring
@@ -327,13 +332,15 @@ def device_crop_sources(plans: EpochPlans, crop_fns: dict, cfg: Config) -> dict:
     return {key: DeviceCropSource(plans, crop_fns[key], cfg.dali_prefetch_queue_depth + 2) for key in dataset.KEYS}
 
 
-def _crop_node(fn, crop_sources: Optional[dict], key: str, parallel: bool, cfg: Config):
+def _crop_node(fn, crop_sources: Optional[dict], key: str, parallel: bool, device: str):
+    """The external source of ``key``'s crops: a named input (``crop_sources`` None, TF), per-sample
+    parallel workers, or a batch callback on ``device``, without a copy where the source says so."""
     if crop_sources is None:
         return fn.external_source(name=key)
     src = crop_sources[key]
     if parallel:
         return fn.external_source(source=src, batch=False, parallel=True)
-    return fn.external_source(source=src, batch=True, batch_info=True, no_copy=src.mode == "prefetch")
+    return fn.external_source(source=src, batch=True, batch_info=True, no_copy=src.no_copy, device=device)
 
 
 def crop_sources(plans: EpochPlans, path: str | Path, cfg: Config) -> dict:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from shared_data.config import Config, config_dict
+from shared_data.config import Config, batch_sizes, config_dict
 from shared_data.errors import UserError
 
 log = logging.getLogger("dlas")
@@ -78,6 +78,19 @@ def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> N
         folder = Path(args.save_weights).absolute().parent
         if not folder.is_dir() and folder != workdir.absolute():  # the run folder itself is made by the run
             raise UserError(f"--save_weights {args.save_weights}: folder {folder} does not exist")
+
+
+def log_setup(cfg: Config, settings: dict, replicas: int) -> tuple[int, int]:
+    """Log a run's framework settings (``configure_xla``'s), precision policy and data-parallel
+    layout, the same lines in TF and JAX; return ``(global, local)`` batch sizes (raises the
+    :func:`shared_data.config.batch_sizes` error when the batch does not divide over ``replicas``)."""
+    for key, value in settings.items():
+        log.info("  %s = %s", key, "(unset)" if value == "" else value)
+    global_bs, local_bs = batch_sizes(cfg, replicas)
+    log.info("precision: %s compute, float32 parameters%s", cfg.precision,
+             ", dynamic loss scaling" if cfg.precision == "float16" else "")
+    log.info("data parallel: %d replicas, global batch %d, local batch %d", replicas, global_bs, local_bs)
+    return global_bs, local_bs
 
 
 def check_data(cfg: Config) -> None:

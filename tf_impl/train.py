@@ -203,14 +203,9 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
     and the ``model``. ``stop_after_epoch`` ends this invocation early, as a job's time limit
     would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues the run."""
     log.info("TensorFlow %s (Keras %s); config %r from %s", tf.__version__, keras.__version__, cfg.name, cfg.source)
-    for key, value in configure_xla(cfg).items():
-        log.info("  %s = %s", key, value if value != "" else "(unset)")
+    settings = configure_xla(cfg)
     strategy = distribute.make_strategy(num_devices)
-    replicas = distribute.num_replicas(strategy)
-    global_bs, local_bs = config_mod.batch_sizes(cfg, replicas)
-    log.info("precision: %s compute, float32 parameters%s", cfg.precision,
-             ", dynamic loss scaling" if cfg.precision == "float16" else "")
-    log.info("data parallel: %d replicas, global batch %d, local batch %d", replicas, global_bs, local_bs)
+    global_bs, local_bs = runlog.log_setup(cfg, settings, distribute.num_replicas(strategy))
 
     train_in = data_mod.make_input(cfg, "train", strategy)
     val_in = data_mod.make_input(cfg, "val", strategy)
