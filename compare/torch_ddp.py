@@ -48,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_canonical(model, unet_spec.init_weights(cfg, cfg.seed))
     model = model.to(memory_format=torch.channels_last_3d)
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+    if cfg.grad_allreduce_dtype == "bfloat16":  # gradients summed in bfloat16, as JAX's and TF's key
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(dist.group.WORLD, default_hooks.bf16_compress_hook)
     step = make_train_step(cfg, ddp, channels_last=False)
     s = cfg.crop_size
     gen = torch.Generator(device="cuda").manual_seed(rank)

@@ -81,10 +81,21 @@ def gather_batch(volume: jax.Array, starts: jax.Array, syms: jax.Array, mask: ja
     ``volume`` (L^3, C) float32, channels last, C = N_in + N_out; ``starts`` int32 (B, 3);
     ``syms`` int32 (B,). Output voxel y of a sample reads the volume at ``start + w`` with
     ``w[perm[i]] = y_i`` (or ``crop - 1 - y_i`` where ``sign[i] < 0``), the gather form of
-    :func:`shared_data.symmetry.apply_spatial`; the channel matrix then turns vector channels
-    (full-precision product, so values are copied exactly).
+    :func:`shared_data.symmetry.apply_spatial`. The channel matrices ``mats`` (48, C, C) are signed
+    permutations, so output channel d is ``M[d, src_d] * volume[..., src_d]``: the channel turn is
+    folded into the same gather (one element per output value, values copied exactly), and inputs
+    and targets are gathered separately, so each is written once.
+
+    Raises:
+        ValueError: a channel matrix is not a signed permutation.
     """
-    perms, signs, mats = jnp.asarray(perms), jnp.asarray(signs), jnp.asarray(mats)
+    mats = np.asarray(mats)
+    src = np.argmax(np.abs(mats), axis=-1).astype(np.int32)  # (48, C)
+    sgn = np.take_along_axis(mats, src[..., None], axis=-1)[..., 0]
+    if not (np.all(np.abs(sgn) == 1) and np.count_nonzero(mats) == mats.shape[0] * mats.shape[1]):
+        raise ValueError("gather_batch: channel matrices must be signed permutations")
+    perms, signs = jnp.asarray(perms), jnp.asarray(signs)
+    src, sgn = jnp.asarray(src), jnp.asarray(sgn, jnp.float32)
     y = jnp.arange(crop, dtype=jnp.int32)
     shapes = [(crop, 1, 1), (1, crop, 1), (1, 1, crop)]
 
@@ -92,12 +103,12 @@ def gather_batch(volume: jax.Array, starts: jax.Array, syms: jax.Array, mask: ja
         p, sg = perms[g], signs[g]
         yi = [jnp.where(sg[i] > 0, y, crop - 1 - y).reshape(shapes[i]) for i in range(3)]
         w = [sum(jnp.where(p[i] == j, yi[i], 0) for i in range(3)) for j in range(3)]
-        lin = ((start[0] + w[0]) * size + (start[1] + w[1])) * size + (start[2] + w[2])
-        vals = jnp.take(volume, lin, axis=0)  # (crop, crop, crop, C)
-        return jnp.einsum("xyzc,dc->xyzd", vals, mats[g], precision=jax.lax.Precision.HIGHEST)
+        row = (((start[0] + w[0]) * size + (start[1] + w[1])) * size + (start[2] + w[2]))[..., None]
+        part = lambda lo, hi: volume[row, src[g, lo:hi]] * sgn[g, lo:hi]  # noqa: E731  (crop^3, hi - lo)
+        return part(0, n_in), part(n_in, src.shape[1])
 
-    out = jax.vmap(one)(starts, syms)
-    return {"inputs": out[..., :n_in], "targets": out[..., n_in:], "mask": mask}
+    inputs, targets = jax.vmap(one)(starts, syms)
+    return {"inputs": inputs, "targets": targets, "mask": mask}
 
 
 class DeviceInput:

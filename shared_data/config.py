@@ -38,6 +38,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "upconv": ("subpixel", "phases", "transpose"),
     "downconv": ("space_to_depth", "strided"),
     "dali_h5_mode": ("parallel", "prefetch", "simple"),
+    "grad_allreduce_dtype": ("float32", "bfloat16"),
 }
 
 
@@ -90,6 +91,7 @@ class Config:
     enable_amp: bool
     amp_dtype: str
     enable_jit: bool
+    grad_allreduce_dtype: str
     loss_scale_init: float
     loss_scale_period: int
     # --- run --------------------------------------------------------------------------------
@@ -222,6 +224,11 @@ def _check_ranges(cfg: Config, where: str) -> None:
             raise ConfigError(f"{where} key {key!r}: expected a finite number >= 0, got {value}")
     if cfg.profile_steps is not None and (len(cfg.profile_steps) != 2 or not 0 <= cfg.profile_steps[0] < cfg.profile_steps[1]):
         raise ConfigError(f"{where} key 'profile_steps': expected [start, stop) with 0 <= start < stop, got {list(cfg.profile_steps)}")
+    if cfg.grad_allreduce_dtype == "bfloat16" and cfg.precision != "bfloat16":
+        # JAX sums the gradients its bf16 convolutions produce; with float32 or float16 compute it
+        # would have to round the weights themselves, so the frameworks agree on this rule
+        raise ConfigError(f"{where} key 'grad_allreduce_dtype': bfloat16 needs bfloat16 compute "
+                          f"(enable_amp: true, amp_dtype: bfloat16), got precision {cfg.precision}")
 
 
 def parse_override(text: str) -> tuple[str, Any]:

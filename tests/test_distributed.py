@@ -9,15 +9,22 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from jax_impl import distribute as jd
 from jax_impl import model as JM
 from jax_impl import train as JT
+from shared_data import config as C
 from shared_data import loader, readers
 from shared_data.config import REPO_ROOT
 from shared_data.sampler import TRAIN
 
 RTOL, ATOL = 1e-4, 1e-6  # fp32, different reduction orders; updates are ~lr = 1e-3
+# bfloat16 compute, 1 vs 2 devices: batch-split bf16 reductions round differently and Adam turns a
+# changed near-zero gradient into a step of up to ~lr, so elements differ by up to 7e-4. Compared
+# instead: |update_2 - update_1| / |update_1| over all parameters (L2), seen 0.055 on CPU; a
+# replica that missed the gradient sum (training on its half batch alone) gives 0.50
+BF16_REL_UPDATE = 0.15
 
 
 def _global_batches(cfg, steps=3):
@@ -27,22 +34,34 @@ def _global_batches(cfg, steps=3):
     return [src.load(i) for i in range(steps)]
 
 
-def test_jax_two_devices_match_one(tiny_cfg):
+@pytest.mark.parametrize("reduce_dtype", ["float32", "bfloat16"])
+def test_jax_two_devices_match_one(tiny_cfg, reduce_dtype):
+    """2 devices == 1 device with the same global batches: float32 compute; and bfloat16 compute
+    with the gradients summed in bfloat16 against one device's bfloat16-compute step."""
     assert jax.device_count() >= 2  # conftest: --xla_force_host_platform_device_count=2
     batches = _global_batches(tiny_cfg)
     tx = JT.make_optimizer(np.full(8, 1e-3, np.float32))
-    model = JM.build_model(tiny_cfg)
     result = {}
-    for n in (1, 2):
+    amp = reduce_dtype == "bfloat16"
+    for n, dtype in ((1, "float32"), (2, reduce_dtype)):
+        cfg = C.replace(tiny_cfg, enable_amp=amp, amp_dtype="bfloat16", grad_allreduce_dtype=dtype)
+        model = JM.build_model(cfg)
         mesh = jd.make_mesh(n)
-        state = jax.device_put(JT.create_train_state(tiny_cfg, JM.init_params(tiny_cfg, 0), tx), jd.replicated(mesh))
-        step = jax.jit(lambda s, b: JT.train_step(s, b, model=model, tx=tx, cfg=tiny_cfg))
+        state = jax.device_put(JT.create_train_state(cfg, JM.init_params(cfg, 0), tx), jd.replicated(mesh))
+        step = jax.jit(lambda s, b: JT.train_step(s, b, model=model, tx=tx, cfg=cfg))
         for b in batches:
             state, _ = step(state, jd.put_batch(b, mesh))
         assert len(state.params["down1"]["kernel"].sharding.device_set) == n
+        assert all(v.dtype == np.float32 for v in jax.tree.leaves(state.opt_state) if v.ndim)
         result[n] = JM.params_to_canonical(jax.device_get(state.params))
-    for k in result[1]:
-        np.testing.assert_allclose(result[2][k], result[1][k], rtol=RTOL, atol=ATOL, err_msg=k)
+    if reduce_dtype == "float32":
+        for k in result[1]:
+            np.testing.assert_allclose(result[2][k], result[1][k], rtol=RTOL, atol=ATOL, err_msg=k)
+    else:
+        start = JM.params_to_canonical(JM.init_params(tiny_cfg, 0))
+        diff = np.sqrt(sum(np.sum((result[2][k] - result[1][k]) ** 2) for k in start))
+        update = np.sqrt(sum(np.sum((result[1][k] - start[k]) ** 2) for k in start))
+        assert update > 0 and diff / update < BF16_REL_UPDATE, diff / update
 
 
 TF_SCRIPT = r"""
@@ -52,11 +71,12 @@ distribute.split_cpu(2)
 import numpy as np, tensorflow as tf
 from shared_data import config as C, loader, readers
 from tf_impl import data as D, model as M, train as T
-cfg = C.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1], val_path=sys.argv[2]))
+base = C.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1], val_path=sys.argv[2]))
+cfg = base
 r = readers.make_reader(cfg)
 plan = loader.make_plan(cfg, 0, 0, [0, 1], 2, r.size)
 batches = [loader.NumpyLoader(r, plan, cfg).load(i) for i in range(3)]
-def run(strategy):
+def run(strategy, cfg):
     n = strategy.num_replicas_in_sync
     with strategy.scope():
         model, opt = M.build_model(cfg), T.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
@@ -71,18 +91,29 @@ def run(strategy):
                 lambda ctx: {k: tf.constant(v[ctx.replica_id_in_sync_group * per:(ctx.replica_id_in_sync_group + 1) * per]) for k, v in b.items()})
         train_fn(batch)
     return M.get_canonical(model)
-one = run(tf.distribute.get_strategy())
-two = run(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+one = run(tf.distribute.get_strategy(), base)
+two = run(mirrored, base)
 for k in one:
     np.testing.assert_allclose(two[k], one[k], rtol=%g, atol=%g, err_msg=k)
 print("MirroredStrategy over 2 CPUs == 1 device")
-""" % (RTOL, ATOL)
+# bfloat16 compute; 2 replicas sum their gradients in bfloat16 (see BF16_REL_UPDATE)
+amp = C.replace(base, enable_amp=True, amp_dtype="bfloat16")
+one = run(tf.distribute.get_strategy(), amp)
+two = run(mirrored, C.replace(amp, grad_allreduce_dtype="bfloat16"))
+start = __import__("shared_data.unet_spec", fromlist=["x"]).init_weights(base, 0)
+diff = np.sqrt(sum(np.sum((two[k] - one[k]) ** 2) for k in start))
+update = np.sqrt(sum(np.sum((one[k] - start[k]) ** 2) for k in start))
+print("bf16 gradient sum: relative update difference %%.3f" %% (diff / update))
+assert update > 0 and diff / update < %g, diff / update
+""" % (RTOL, ATOL, BF16_REL_UPDATE)
 
 
 def test_tf_mirrored_strategy_matches_one_device(tiny_cfg):
     res = subprocess.run([sys.executable, "-c", TF_SCRIPT, tiny_cfg.train_path, tiny_cfg.val_path], cwd=REPO_ROOT,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    print(res.stdout[-300:])
 
 
 def _free_port():

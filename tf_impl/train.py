@@ -85,11 +85,15 @@ def loss_fn(pred: tf.Tensor, batch: dict, cfg: Config) -> tf.Tensor:
 
 def train_step(model: keras.Model, optimizer, batch: dict, cfg: Config, replicas: int) -> dict:
     """One replica's part of an optimizer step: its loss / replicas, so the summed gradients are
-    those of the global-batch mean; with fp16 a non-finite gradient skips the update."""
+    those of the global-batch mean; with fp16 a non-finite gradient skips the update. With
+    ``grad_allreduce_dtype: bfloat16`` the gradients are summed over replicas in bfloat16
+    (PyTorch DDP's ``bf16_compress_hook``); Keras' Adam casts them back to float32."""
     with tf.GradientTape() as tape:
         loss = loss_fn(model(batch["inputs"], training=True), batch, cfg)
         scaled = optimizer.scale_loss(loss / replicas)
     grads = tape.gradient(scaled, model.trainable_variables)
+    if cfg.grad_allreduce_dtype == "bfloat16":  # Keras sums the replicas' gradients in this dtype; Adam casts back
+        grads = [tf.cast(g, tf.bfloat16) for g in grads]
     optimizer.apply(grads, model.trainable_variables)
     metrics = {"loss": loss}
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):

@@ -1,29 +1,29 @@
 #!/usr/bin/env bash
-# On nvidia-h200-x2 (DALI staged in /tmp/site, see ../shared/device/README.md): weak scaling (local
-# batch 64, 1 -> 2 GPUs) and strong scaling (global batch 128) for JAX (one process, batch sharded
-# over a 2-device mesh; with and without XLA's latency-hiding scheduler) and the PyTorch reference
-# (DDP, NCCL), SYNTHETIC, bf16; then the GPU-resident DALI input (dali-device) on 1 and 2 GPUs.
-# Results: $OUT/scaling.jsonl, $OUT/scaling.log
+# On nvidia-h200-x2 (DALI staged in /tmp/site, see ../shared/device/README.md), call 1 of 2: weak
+# scaling (local batch 64, 1 -> 2 GPUs) and strong scaling (global batch 128) for JAX (one process,
+# batch sharded over a 2-device mesh) and the PyTorch reference (DDP, NCCL), SYNTHETIC, bf16; then
+# both with the gradients summed in bfloat16 (grad_allreduce_dtype; DDP's bf16_compress_hook).
+# Results: $OUT/scaling.jsonl, $OUT/scaling.log. Call 2: h200x2_more.sh.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/device.txt
 nvidia-smi topo -m >> $OUT/device.txt 2>&1
 mkdir -p data
-python3 -m shared_data.generate --out data/train_256.h5 --size 256 --seed 1 --if-missing > $OUT/generate.log 2>&1
+python3 -m shared_data.generate --out data/train_256.h5 --size 256 --seed 1 --npy --if-missing > $OUT/generate.log 2>&1
+python3 -m shared_data.generate --out data/val_128.h5 --size 128 --seed 2 --npy --if-missing >> $OUT/generate.log 2>&1
 R=$OUT/scaling.jsonl
 T="python3 -m torch.distributed.run --standalone --nproc_per_node"
-J="python3 -m compare.benchmark --framework jax --config short_opt --out $R"
-LHS="--xla_gpu_enable_latency_hiding_scheduler=true"
+J="python3 -m compare.benchmark --framework jax --config short_opt --out $R --mode synthetic"
+BF16="--set grad_allreduce_dtype=bfloat16"
 {
 $T 1 -m compare.torch_ddp --config short_opt --local_batch_size 64 --label "torch 1 GPU b64" --out $R
 $T 2 -m compare.torch_ddp --config short_opt --local_batch_size 64 --label "torch DDP 2 GPUs local 64" --out $R
 $T 1 -m compare.torch_ddp --config short_opt --local_batch_size 128 --label "torch 1 GPU b128" --out $R
-$J --mode synthetic --num_devices 1 --local_batch_size 64 --label "jax 1 GPU b64"
-$J --mode synthetic --num_devices 2 --local_batch_size 64 --label "jax 2 GPUs local 64"
-XLA_FLAGS=$LHS $J --mode synthetic --num_devices 2 --local_batch_size 64 --label "jax 2 GPUs local 64 LHS"
-$J --mode synthetic --num_devices 1 --local_batch_size 128 --label "jax 1 GPU b128"
-$J --mode io full --num_devices 1 --local_batch_size 64 --data_loader_config dali-device --label "jax 1 GPU dali-device"
-$J --mode full --num_devices 2 --local_batch_size 64 --data_loader_config dali-device --label "jax 2 GPUs dali-device"
+$J --num_devices 1 --local_batch_size 64 --label "jax 1 GPU b64"
+$J --num_devices 2 --local_batch_size 64 --label "jax 2 GPUs local 64"
+$J --num_devices 1 --local_batch_size 128 --label "jax 1 GPU b128"
+$T 2 -m compare.torch_ddp --config short_opt --local_batch_size 64 $BF16 --label "torch DDP 2 GPUs local 64, bf16 all-reduce" --out $R
+$J --num_devices 2 --local_batch_size 64 $BF16 --label "jax 2 GPUs local 64, bf16 all-reduce"
 } 2>&1 | grep -v "^\s*$" | tee $OUT/scaling.log
 python3 -c "
 import json; from compare.benchmark import table

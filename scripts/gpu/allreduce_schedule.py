@@ -1,0 +1,46 @@
+"""Where the gradient all-reduces of the data-parallel JAX train step sit in XLA's schedule (run on
+a machine with 2+ GPUs): for each all-reduce, its dtype and bytes, and how many convolutions XLA
+scheduled between its start and its done (work it can hide behind; 0 = exposed).
+
+    PYTHONPATH=. python3 scripts/gpu/allreduce_schedule.py --config short_opt --num_devices 2 [--set KEY=VALUE]
+"""
+import argparse
+import re
+
+import numpy as np
+
+from shared_data import config as config_mod
+
+BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    config_mod.add_config_args(p)
+    p.add_argument("--num_devices", type=int, default=2)
+    args = p.parse_args()
+    cfg = config_mod.config_from_args(args)
+    from jax_impl.bench import Bench
+    text = Bench(cfg, "synthetic", args.num_devices).train_fn.as_text()
+    entry = text[text.index("ENTRY"):]
+    lines = entry.splitlines()
+    conv = [i for i, l in enumerate(lines) if "__cudnn$conv" in l or "convolution(" in l]
+    print(f"grad_allreduce_dtype={cfg.grad_allreduce_dtype}: {len(lines)} scheduled ops, {len(conv)} convolutions")
+    total = 0
+    for i, line in enumerate(lines):
+        m = re.match(r"\s*%(\S+) = (.*?) all-reduce(-start)?\(", line)
+        if not m:
+            continue
+        shapes = re.findall(r"(f32|bf16|f16|s32)\[([\d,]*)\]", m.group(2))
+        nbytes = sum(BYTES[t] * int(np.prod([int(d) for d in dims.split(",") if d] or [1])) for t, dims in shapes)
+        total += nbytes
+        done = next((j for j in range(i + 1, len(lines)) if f"all-reduce-done(%{m.group(1)})" in lines[j]), i)
+        hidden = sum(i < c < done for c in conv)
+        dtypes = sorted({t for t, _ in shapes})
+        print(f"  op {i:5d} {m.group(1)}: {len(shapes)} tensors {'/'.join(dtypes)} {nbytes / 2**20:8.1f} MiB, "
+              f"{hidden} convolutions before its done")
+    print(f"total all-reduced: {total / 2**20:.1f} MiB per step")
+
+
+if __name__ == "__main__":
+    main()
