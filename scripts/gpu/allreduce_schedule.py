@@ -32,6 +32,8 @@ def main() -> None:
         if not m:
             continue
         shapes = re.findall(r"(f32|bf16|f16|s32)\[([\d,]*)\]", m.group(2))
+        if m.group(3):  # an async start's shape lists its operands, then its results
+            shapes = shapes[: len(shapes) // 2]
         nbytes = sum(BYTES[t] * int(np.prod([int(d) for d in dims.split(",") if d] or [1])) for t, dims in shapes)
         total += nbytes
         done = next((j for j in range(i + 1, len(lines)) if f"all-reduce-done(%{m.group(1)})" in lines[j]), i)
