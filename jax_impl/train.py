@@ -151,6 +151,12 @@ def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict):
     t_train = time.perf_counter() - t0
     eval_c = eval_fn.lower(spec(state.params), batch).compile()
     log.info("compile: train step %.1f s, eval step %.1f s", t_train, time.perf_counter() - t0 - t_train)
+    if jax.config.jax_enable_pgle:
+        # auto-PGLE (JAX's GPU performance tips; JAX_ENABLE_PGLE=yes): only jit's dispatch path
+        # profiles the first jax_pgle_profiling_runs calls and recompiles with the measured op costs
+        # for XLA's latency-hiding scheduler, so the jitted functions are returned, not the AOT ones
+        log.info("auto-PGLE: recompiling after %d profiled steps", jax.config.jax_pgle_profiling_runs)
+        return train_fn, eval_fn, t_train
     return train_c, eval_c, t_train
 
 
