@@ -107,6 +107,9 @@ def train_step(state: TrainState, batch: dict, *, model, tx, cfg: Config) -> tup
     copy of the parameters, so each gradient is born in bfloat16 and the all-reduce that XLA's SPMD
     partitioner inserts for a batch-sharded step sums bfloat16 (half the bytes; the counterpart
     of PyTorch DDP's ``bf16_compress_hook``); the gradients are then cast back to float32 for Adam.
+    On GPUs XLA already places that all-reduce on the bf16 weight gradients with the default
+    ``float32`` too (same compiled schedule, ``scripts/gpu/allreduce_schedule.py``); the key makes
+    it explicit and independent of XLA's choice. (XLA:CPU widens bf16 all-reduces to float32.)
     """
     def compute_loss(params):
         return loss_fn(model.apply({"params": params}, batch["inputs"]), batch, cfg)

@@ -116,3 +116,27 @@ def test_jax_impl_runs_without_tensorflow(tmp_path):
         res = subprocess.run([sys.executable, "-c", code, mode, str(tmp_path / mode)], cwd=REPO_ROOT, capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
         assert list((tmp_path / mode).glob("events.out.tfevents.*"))
+
+
+def test_auto_pgle_returns_the_jitted_step_with_the_same_result(tiny_cfg):
+    """With ``jax_enable_pgle`` on, ``compile_steps`` hands back jit's dispatch path (the one that
+    profiles and recompiles; on CPU there is nothing to profile), and a step equals the AOT one."""
+    from jax_impl import data as D
+    from jax_impl import distribute
+    mesh = distribute.make_mesh(1)
+    tx = T.make_optimizer(np.full(4, 1e-3, np.float32))
+    model, spec = M.build_model(tiny_cfg), D.batch_spec(tiny_cfg, mesh)
+    rng = np.random.default_rng(0)
+    batch = {k: jnp.asarray(rng.standard_normal(v.shape).astype(np.float32)) for k, v in spec.items()}
+    batch["mask"] = jnp.ones(spec["mask"].shape)
+    out = {}
+    for pgle in (False, True):
+        jax.config.update("jax_enable_pgle", pgle)
+        try:
+            state = T.create_train_state(tiny_cfg, M.init_params(tiny_cfg, 0), tx)
+            train_fn, _, _ = T.compile_steps(tiny_cfg, model, tx, jax.device_put(state, distribute.replicated(mesh)), spec)
+            assert isinstance(train_fn, jax.stages.Compiled) != pgle
+            out[pgle] = train_fn(jax.device_put(state, distribute.replicated(mesh)), batch)[1]["loss"]
+        finally:
+            jax.config.update("jax_enable_pgle", False)
+    assert float(out[True]) == float(out[False]) > 0
