@@ -75,27 +75,18 @@ def batch_spec(cfg: Config, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 def gather_batch(volume: jax.Array, starts: jax.Array, syms: jax.Array, mask: jax.Array, *, size: int,
-                 crop: int, n_in: int, perms: np.ndarray, signs: np.ndarray, mats: np.ndarray) -> dict:
+                 crop: int, n_in: int, perms: np.ndarray, signs: np.ndarray, src: np.ndarray, chan_sign: np.ndarray) -> dict:
     """Crop and transform a batch from a device-resident volume, inside one jitted function.
 
     ``volume`` (L^3, C) float32, channels last, C = N_in + N_out; ``starts`` int32 (B, 3);
     ``syms`` int32 (B,). Output voxel y of a sample reads the volume at ``start + w`` with
     ``w[perm[i]] = y_i`` (or ``crop - 1 - y_i`` where ``sign[i] < 0``), the gather form of
-    :func:`shared_data.symmetry.apply_spatial`. The channel matrices ``mats`` (48, C, C) are signed
-    permutations, so output channel d is ``M[d, src_d] * volume[..., src_d]``: the channel turn is
+    :func:`shared_data.symmetry.apply_spatial`; output channel d is ``chan_sign[g, d] *
+    volume[..., src[g, d]]`` (:func:`shared_data.symmetry.gather_tables`), so the channel turn is
     folded into the same gather (one element per output value, values copied exactly), and inputs
     and targets are gathered separately, so each is written once.
-
-    Raises:
-        ValueError: a channel matrix is not a signed permutation.
     """
-    mats = np.asarray(mats)
-    src = np.argmax(np.abs(mats), axis=-1).astype(np.int32)  # (48, C)
-    sgn = np.take_along_axis(mats, src[..., None], axis=-1)[..., 0]
-    if not (np.all(np.abs(sgn) == 1) and np.count_nonzero(mats) == mats.shape[0] * mats.shape[1]):
-        raise ValueError("gather_batch: channel matrices must be signed permutations")
-    perms, signs = jnp.asarray(perms), jnp.asarray(signs)
-    src, sgn = jnp.asarray(src), jnp.asarray(sgn, jnp.float32)
+    perms, signs, src, sgn = (jnp.asarray(t) for t in (perms, signs, src, chan_sign))
     y = jnp.arange(crop, dtype=jnp.int32)
     shapes = [(crop, 1, 1), (1, crop, 1), (1, 1, crop)]
 
@@ -128,10 +119,10 @@ class DeviceInput:
         self.steps = len(self.plan(0))
         n = cfg.N_in_channels + cfg.N_out_channels
         vectors = list(cfg.nbody_vector_channels) + [[c + cfg.N_in_channels for c in t] for t in cfg.hydro_vector_channels]
-        perms, signs, mats = symmetry.tables(n, vectors)
+        perms, signs, src, chan_sign = symmetry.gather_tables(n, vectors)
         sharding = distribute.batch_sharding(mesh)
         fn = functools.partial(gather_batch, size=self.size, crop=cfg.crop_size, n_in=cfg.N_in_channels,
-                               perms=perms, signs=signs, mats=mats)
+                               perms=perms, signs=signs, src=src, chan_sign=chan_sign)
         self.gather = jax.jit(fn, out_shardings={"inputs": sharding, "targets": sharding, "mask": sharding})
 
     def plan(self, epoch: int) -> loader.EpochPlan:

@@ -163,6 +163,16 @@ def tables(num_channels: int, vector_triplets: Sequence[Sequence[int]]) -> tuple
     return perms.astype(np.int32), signs.astype(np.int32), mats
 
 
+def gather_tables(num_channels: int, vector_triplets: Sequence[Sequence[int]]) -> tuple[np.ndarray, ...]:
+    """The table for in-graph gathers: ``perms``, ``signs`` int32 (48, 3) as in :func:`tables`, and
+    per output channel its source channel ``src`` int32 (48, C) and sign ``chan_sign`` float32
+    (48, C) (:func:`channel_sources`): output channel d of symmetry g is
+    ``chan_sign[g, d] * input[..., src[g, d]]``."""
+    perms, signs = _table()
+    src, sgn = zip(*(channel_sources(i, num_channels, vector_triplets) for i in range(48)))
+    return perms.astype(np.int32), signs.astype(np.int32), np.stack(src).astype(np.int32), np.stack(sgn).astype(np.float32)
+
+
 def compose(i: int, j: int) -> int:
     """Index of ``g_i o g_j`` (apply ``j`` first, then ``i``): matrix ``M_i @ M_j``."""
     return index_of(matrix(i) @ matrix(j))

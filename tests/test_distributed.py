@@ -97,6 +97,16 @@ two = run(mirrored, base)
 for k in one:
     np.testing.assert_allclose(two[k], one[k], rtol=%g, atol=%g, err_msg=k)
 print("MirroredStrategy over 2 CPUs == 1 device")
+# the device loader on 2 replicas: each replica's batch is made on its device and equals the NumPy loader's
+dev = D.make_input(C.replace(base, data_loader_config="device"), "train", mirrored)
+nat = D.make_input(C.replace(base, data_loader_config="lowmem"), "train", mirrored)
+for g, w in zip(dev.epoch(0), nat.epoch(0)):
+    for k in ("inputs", "targets", "mask"):
+        parts = mirrored.experimental_local_results(g[k])
+        assert [p.device for p in parts] == list(mirrored.extended.worker_devices)
+        for a, b in zip(parts, mirrored.experimental_local_results(w[k])):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+print("device loader on 2 replicas == NumPy loader")
 # bfloat16 compute; 2 replicas sum their gradients in bfloat16 (see BF16_REL_UPDATE)
 amp = C.replace(base, enable_amp=True, amp_dtype="bfloat16")
 one = run(tf.distribute.get_strategy(), amp)

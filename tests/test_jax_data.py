@@ -8,7 +8,6 @@ import pytest
 from jax_impl import data as D
 from jax_impl import distribute
 from shared_data import config as C
-from shared_data import symmetry
 
 
 @pytest.mark.parametrize("num_devices", [1, 2])
@@ -29,12 +28,3 @@ def test_device_loader_matches_numpy_loader(tiny_cfg, num_devices):
     assert np.asarray(w["mask"]).tolist() == [1, 1, 0, 0]
     # the training draws used several symmetries, so the axis and channel turns were exercised
     assert len(set(D.make_input(cfg, "train", mesh).plan(0).draws[0].symmetries.tolist())) > 1
-
-
-def test_gather_batch_refuses_a_channel_matrix_that_mixes_channels():
-    perms, signs, mats = symmetry.tables(3, [])
-    mats = mats.copy()
-    mats[5, 0, 1] = 0.5
-    with pytest.raises(ValueError, match="signed permutations"):
-        D.gather_batch(np.zeros((8, 3), np.float32), np.zeros((1, 3), np.int32), np.zeros(1, np.int32), np.ones(1),
-                       size=2, crop=2, n_in=1, perms=perms, signs=signs, mats=mats)

@@ -87,3 +87,16 @@ def test_channel_first_and_last_agree_and_channel_matrix():
         moved = np.ascontiguousarray(S.apply_spatial(np.moveaxis(s, 0, -1), i))
         np.testing.assert_allclose(moved @ c.T, cl, atol=1e-6)
     assert S.num_symmetries("rotations24") == 24 and S.num_symmetries("none") == 1
+
+
+def test_gather_tables_reproduce_the_channel_matrices():
+    """Gathering channel src[g, d] times chan_sign[g, d] equals multiplying by channel_matrix(g)."""
+    vectors = [[1, 2, 3], [5, 6, 7]]
+    perms, signs, src, chan_sign = S.gather_tables(9, vectors)
+    t_perms, t_signs, mats = S.tables(9, vectors)
+    np.testing.assert_array_equal(perms, t_perms)
+    np.testing.assert_array_equal(signs, t_signs)
+    x = np.random.default_rng(0).standard_normal(9)
+    for g in range(48):
+        np.testing.assert_array_equal(chan_sign[g] * x[src[g]], mats[g] @ x)
+    assert set(np.unique(chan_sign)) == {-1.0, 1.0}

@@ -1,4 +1,5 @@
-"""Input pipelines for TensorFlow: ``tf.data`` over the shared NumPy crop reader, and DALI.
+"""Input pipelines for TensorFlow: ``tf.data`` over the shared NumPy crop reader, the
+device-resident ``device`` loader, and DALI.
 
 ``make_input(cfg, split, strategy)`` returns an :class:`Input` whose ``epoch(e)`` iterates that
 epoch's batches, distributed over the strategy's replicas. The crop and symmetry logic is the
@@ -6,11 +7,13 @@ shared one (:func:`shared_data.loader.NumpyLoader.load`), run in parallel by ``t
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterator
 
+import numpy as np
 import tensorflow as tf
 
-from shared_data import loader, readers
+from shared_data import loader, readers, symmetry
 from shared_data.config import Config, batch_sizes
 from shared_data.sampler import TRAIN, VAL
 from tf_impl import distribute
@@ -77,7 +80,85 @@ def make_input(cfg: Config, split: str, strategy: tf.distribute.Strategy, first_
     if cfg.data_loader_config.startswith("dali"):
         from tf_impl.dali import DaliInput
         return DaliInput(cfg, split, strategy)
+    if cfg.data_loader_config == "device":
+        return DeviceInput(cfg, split, strategy)
     return Input(cfg, split, strategy)
+
+
+def gather_batch(volume: tf.Tensor, starts: tf.Tensor, syms: tf.Tensor, mask: tf.Tensor, *, size: int, crop: int,
+                 n_in: int, perms: np.ndarray, signs: np.ndarray, src: np.ndarray, chan_sign: np.ndarray) -> dict:
+    """Crop and transform a batch from a device-resident volume (TF twin of
+    :func:`jax_impl.data.gather_batch`; same arguments, same result bit for bit).
+
+    ``volume`` (L^3, C) float32, channels last; ``starts`` int32 (B, 3); ``syms`` int32 (B,).
+    Output voxel y of a sample reads the volume at ``start + w`` with ``w[perm[i]] = y_i`` (or
+    ``crop - 1 - y_i`` where ``sign[i] < 0``); output channel d is ``chan_sign[g, d] *
+    volume[..., src[g, d]]``, one ``gather_nd`` for the inputs and one for the targets.
+    """
+    p, sg = tf.gather(perms, syms), tf.gather(signs, syms)  # (B, 3)
+    y = tf.range(crop, dtype=tf.int32)[None]
+    shapes = [(-1, crop, 1, 1), (-1, 1, crop, 1), (-1, 1, 1, crop)]
+    yi = [tf.reshape(tf.where(sg[:, i:i + 1] > 0, y, crop - 1 - y), shapes[i]) for i in range(3)]
+    w = [sum(tf.where(tf.reshape(p[:, i], (-1, 1, 1, 1)) == j, yi[i], 0) for i in range(3)) for j in range(3)]
+    st = [tf.reshape(starts[:, i], (-1, 1, 1, 1)) for i in range(3)]
+    row = ((st[0] + w[0]) * size + (st[1] + w[1])) * size + (st[2] + w[2])  # (B, s, s, s)
+    row = tf.broadcast_to(row, tf.stack([tf.shape(starts)[0], crop, crop, crop]))[..., None]
+    ch, ch_sign = tf.gather(src, syms), tf.gather(chan_sign, syms)  # (B, C)
+
+    def part(lo, hi):
+        cols = tf.broadcast_to(ch[:, None, None, None, lo:hi], tf.concat([tf.shape(row)[:4], [hi - lo]], 0))
+        rows = tf.broadcast_to(row, tf.shape(cols))
+        return tf.gather_nd(volume, tf.stack([rows, cols], -1)) * ch_sign[:, None, None, None, lo:hi]
+
+    return {"inputs": part(0, n_in), "targets": part(n_in, src.shape[1]), "mask": mask}
+
+
+class DeviceInput:
+    """The ``device`` loader: both volumes on every replica's device, each replica's batch cropped and
+    transformed there by :func:`gather_batch` (XLA-compiled when ``enable_jit``) from its shard of
+    the shared plan, so the host only sends crop starts and symmetry indices."""
+
+    def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy):
+        self.cfg, self.split, self.strategy = cfg, SPLITS[split], strategy
+        reader = readers.make_reader(cfg, split)
+        nbody, hydro = reader.volumes()
+        self.size = reader.size
+        host = np.concatenate([np.moveaxis(nbody, 0, -1), np.moveaxis(hydro, 0, -1)], axis=-1).reshape(self.size ** 3, -1)
+        self.shards = distribute.local_shards(strategy)
+        self.replicas = distribute.num_replicas(strategy)
+        self.devices = list(strategy.extended.worker_devices) if self.replicas > 1 else [None]  # None: default placement
+        self.volumes = []
+        for d in self.devices:
+            with tf.device(d):
+                self.volumes.append(tf.constant(host))
+        self.steps = len(self.plan(0))
+        vectors = list(cfg.nbody_vector_channels) + [[c + cfg.N_in_channels for c in t] for t in cfg.hydro_vector_channels]
+        perms, signs, src, chan_sign = symmetry.gather_tables(cfg.N_in_channels + cfg.N_out_channels, vectors)
+        fn = functools.partial(gather_batch, size=self.size, crop=cfg.crop_size, n_in=cfg.N_in_channels,
+                               perms=perms, signs=signs, src=src, chan_sign=chan_sign)
+        self.gather = tf.function(fn, jit_compile=cfg.enable_jit)
+
+    def plan(self, epoch: int, shards: list[int] | None = None) -> loader.EpochPlan:
+        return loader.make_plan(self.cfg, self.split, epoch, shards or self.shards, self.replicas, self.size)
+
+    def _batch(self, plan: loader.EpochPlan, step: int, i: int) -> dict:
+        draws = plan.draws[step]
+        with tf.device(self.devices[i]):
+            return self.gather(self.volumes[i], tf.constant(draws.starts, tf.int32),
+                               tf.constant(draws.symmetries, tf.int32), tf.constant(plan.masks[step]))
+
+    def epoch(self, epoch: int) -> Iterator:
+        """Batches of ``epoch``: plain dicts with one replica, per-replica values with several
+        (replica ``r`` gets shard ``r``'s batch, as in JAX)."""
+        plans = [self.plan(epoch, [r]) for r in self.shards]
+        for step in range(self.steps):
+            parts = [self._batch(plan, step, i) for i, plan in enumerate(plans)]
+            if len(parts) == 1 and self.replicas == 1:
+                yield parts[0]
+                continue
+            first = self.shards[0]
+            yield self.strategy.experimental_distribute_values_from_function(
+                lambda ctx, parts=parts: parts[ctx.replica_id_in_sync_group - first])
 
 
 def batch_spec(cfg: Config, strategy: tf.distribute.Strategy):
