@@ -90,6 +90,7 @@ def log_setup(cfg: Config, settings: dict, replicas: int) -> tuple[int, int]:
     log.info("precision: %s compute, float32 parameters%s", cfg.precision,
              ", dynamic loss scaling" if cfg.precision == "float16" else "")
     log.info("data parallel: %d replicas, global batch %d, local batch %d", replicas, global_bs, local_bs)
+    log.info("input: %s loader, %d^3 crops, symmetries %s", cfg.data_loader_config, cfg.crop_size, cfg.symmetry_group)
     return global_bs, local_bs
 
 

@@ -126,6 +126,30 @@ def test_tf_mirrored_strategy_matches_one_device(tiny_cfg):
     print(res.stdout[-300:])
 
 
+TF_TRAIN_SCRIPT = r"""
+import sys
+from tf_impl import distribute
+distribute.split_cpu(2)
+from shared_data import runlog
+from tf_impl import train as T
+args = ["--config", "cpu_tiny", "--set", "train_path=" + sys.argv[1], "--set", "val_path=" + sys.argv[2],
+        "--num_devices", "2", "--num_epochs", "2", "--data_loader_config", "device", "--workdir", sys.argv[3]]
+assert T.main(args + ["--stop_after_epoch", "1"]) == 0 and T.main(args + ["--resume"]) == 0
+hist = runlog.read_metrics(sys.argv[3])
+assert [h["epoch"] for h in hist] == [1, 2] and hist[-1]["step"] == 2 * hist[0]["step"] > 0, hist
+"""
+
+
+def test_tf_trainer_on_two_replicas_stops_and_resumes(tiny_cfg, tmp_path):
+    """The whole TF trainer under MirroredStrategy (2 logical CPUs, the device loader): epoch 1,
+    stop, resume, epoch 2 (a separate process: strategies of one process share collective keys)."""
+    res = subprocess.run([sys.executable, "-c", TF_TRAIN_SCRIPT, tiny_cfg.train_path, tiny_cfg.val_path, str(tmp_path / "run")],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    log = res.stderr + res.stdout
+    assert "data parallel: 2 replicas" in log and "input: device loader, 16^3 crops, symmetries cube48" in log
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -230,7 +230,7 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
     train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, model, optimizer, data_mod.batch_spec(cfg, strategy))
     if start_epoch:
         ckpt.restore(start_epoch)
-        log.info("resumed from %s at epoch %d (step %d)", ckpt.directory, start_epoch, int(optimizer.iterations))
+        log.info("resumed from %s at epoch %d (step %d)", ckpt.directory, start_epoch, int(optimizer.iterations.numpy()))
     main_process = distribute.is_main_process(strategy)
     metrics_log = runlog.MetricsLog(workdir, cfg, FRAMEWORK, versions(), enabled=main_process)
     metrics_log.truncate_after(start_epoch)
@@ -262,7 +262,7 @@ def train_and_evaluate(cfg: Config, workdir: Path, *, resume: bool = False, over
         samples_per_sec = steps * global_bs / seconds
         for line in runlog.epoch_lines(epoch + 1, seconds, steps * global_bs, train_loss, val_loss, val_seconds):
             log.info(line)
-        step = int(optimizer.iterations)
+        step = int(optimizer.iterations.numpy())  # a MirroredVariable under MirroredStrategy: no int()
         lr = float(lr_tab[min(step, len(lr_tab)) - 1])
         last = dict(epoch=epoch + 1, step=step, train_loss=train_loss, val_loss=val_loss, lr=lr,
                     samples_per_sec=samples_per_sec, epoch_sec=seconds, val_sec=val_seconds, compile_sec=compile_s)

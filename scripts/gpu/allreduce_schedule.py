@@ -6,19 +6,23 @@ scheduled between its start and its done (work it can hide behind; 0 = exposed).
 """
 import argparse
 import re
+import sys
+from typing import Sequence
 
 import numpy as np
 
+from compare.benchmark import int_at_least
 from shared_data import config as config_mod
+from shared_data.errors import run_cli
 
 BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/gpu/allreduce_schedule.py")
     config_mod.add_config_args(p)
-    p.add_argument("--num_devices", type=int, default=2)
-    args = p.parse_args()
+    p.add_argument("--num_devices", type=int_at_least(1), default=2)
+    args = p.parse_args(argv)
     cfg = config_mod.config_from_args(args)
     from jax_impl.bench import Bench
     text = Bench(cfg, "synthetic", args.num_devices).train_fn.as_text()
@@ -42,7 +46,8 @@ def main() -> None:
         print(f"  op {i:5d} {m.group(1)}: {len(shapes)} tensors {'/'.join(dtypes)} {nbytes / 2**20:8.1f} MiB, "
               f"{hidden} convolutions before its done")
     print(f"total all-reduced: {total / 2**20:.1f} MiB per step")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))
