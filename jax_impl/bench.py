@@ -23,7 +23,7 @@ class Bench:
 
     framework = "jax"
 
-    def __init__(self, cfg: Config, mode: str, num_devices: Optional[int] = None):
+    def __init__(self, cfg: Config, mode: str, num_devices: Optional[int] = None, compiler_options: Optional[dict] = None):
         train_mod.configure_xla(cfg)
         self.cfg, self.mode = cfg, mode
         self.mesh = distribute.make_mesh(num_devices)
@@ -38,7 +38,8 @@ class Bench:
             params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))
             self.state = jax.device_put(train_mod.create_train_state(cfg, params, tx), distribute.replicated(self.mesh))
             spec = data_mod.batch_spec(cfg, self.mesh)
-            self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, model_mod.build_model(cfg), tx, self.state, spec)
+            self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, model_mod.build_model(cfg), tx, self.state, spec,
+                                                                         compiler_options)
         if mode == "synthetic":
             rng = np.random.default_rng(0)
             host = {k: (rng.standard_normal(v.shape) * 0.1).astype(np.float32) for k, v in spec.items()}
