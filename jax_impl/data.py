@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jax_impl import distribute
-from shared_data import loader, readers, symmetry
+from shared_data import loader, readers
 from shared_data.config import Config, batch_sizes
 from shared_data.nvtx import nvtx_range
 from shared_data.sampler import TRAIN, VAL
@@ -102,31 +102,18 @@ def gather_batch(volume: jax.Array, starts: jax.Array, syms: jax.Array, mask: ja
     return {"inputs": inputs, "targets": targets, "mask": mask}
 
 
-class DeviceInput:
+class DeviceInput(Input):
     """The ``device`` loader: both volumes in device memory (replicated), each batch cropped and
     transformed there by :func:`gather_batch` from the shared plan's draws, so the host only sends
     crop starts and symmetry indices (a few hundred bytes per step)."""
 
     def __init__(self, cfg: Config, split: str, mesh: Mesh):
-        self.cfg, self.split, self.mesh = cfg, SPLITS[split], mesh
-        reader = readers.make_reader(cfg, split)
-        nbody, hydro = reader.volumes()
-        self.size = reader.size
-        host = np.concatenate([np.moveaxis(nbody, 0, -1), np.moveaxis(hydro, 0, -1)], axis=-1).reshape(self.size ** 3, -1)
+        super().__init__(cfg, split, mesh)
+        host, static = loader.device_gather_setup(self.reader, cfg)
         self.volume = distribute.put_replicated(host, mesh)
-        self.shards = distribute.local_shards(mesh)
-        self.replicas = distribute.num_replicas(mesh)
-        self.steps = len(self.plan(0))
-        n = cfg.N_in_channels + cfg.N_out_channels
-        vectors = list(cfg.nbody_vector_channels) + [[c + cfg.N_in_channels for c in t] for t in cfg.hydro_vector_channels]
-        perms, signs, src, chan_sign = symmetry.gather_tables(n, vectors)
         sharding = distribute.batch_sharding(mesh)
-        fn = functools.partial(gather_batch, size=self.size, crop=cfg.crop_size, n_in=cfg.N_in_channels,
-                               perms=perms, signs=signs, src=src, chan_sign=chan_sign)
-        self.gather = jax.jit(fn, out_shardings={"inputs": sharding, "targets": sharding, "mask": sharding})
-
-    def plan(self, epoch: int) -> loader.EpochPlan:
-        return loader.make_plan(self.cfg, self.split, epoch, self.shards, self.replicas, self.size)
+        self.gather = jax.jit(functools.partial(gather_batch, **static),
+                              out_shardings={"inputs": sharding, "targets": sharding, "mask": sharding})
 
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
         plan = self.plan(epoch)

@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from shared_data import config as config_mod
+from shared_data import symmetry
 from shared_data.config import Config
 from shared_data.readers import make_batch
 from shared_data.sampler import TRAIN, VAL, Draws, epoch_draws  # noqa: F401 (TRAIN/VAL re-exported)
@@ -98,3 +99,15 @@ class NumpyLoader:
             while pending:
                 yield pending.popleft().result()
 
+
+def device_gather_setup(reader, cfg: Config) -> tuple[np.ndarray, dict]:
+    """What both frameworks' ``device`` loaders put on the device: the volumes of ``reader`` (an
+    in-memory reader) as one channels-last (L^3, N_in + N_out) float32 array, and the static keyword
+    arguments of their ``gather_batch`` (``size``, ``crop``, ``n_in`` and the tables of
+    :func:`shared_data.symmetry.gather_tables`, vector channels of the targets shifted by N_in)."""
+    nbody, hydro = reader.volumes()
+    host = np.concatenate([np.moveaxis(nbody, 0, -1), np.moveaxis(hydro, 0, -1)], axis=-1).reshape(reader.size ** 3, -1)
+    vectors = list(cfg.nbody_vector_channels) + [[c + cfg.N_in_channels for c in t] for t in cfg.hydro_vector_channels]
+    perms, signs, src, chan_sign = symmetry.gather_tables(host.shape[1], vectors)
+    return host, dict(size=reader.size, crop=cfg.crop_size, n_in=cfg.N_in_channels, perms=perms, signs=signs,
+                      src=src, chan_sign=chan_sign)

@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 import tensorflow as tf
 
-from shared_data import loader, readers, symmetry
+from shared_data import loader, readers
 from shared_data.config import Config, batch_sizes
 from shared_data.sampler import TRAIN, VAL
 from tf_impl import distribute
@@ -113,52 +113,30 @@ def gather_batch(volume: tf.Tensor, starts: tf.Tensor, syms: tf.Tensor, mask: tf
     return {"inputs": part(0, n_in), "targets": part(n_in, src.shape[1]), "mask": mask}
 
 
-class DeviceInput:
+class DeviceInput(Input):
     """The ``device`` loader: both volumes on every replica's device, each replica's batch cropped and
     transformed there by :func:`gather_batch` (XLA-compiled when ``enable_jit``) from its shard of
     the shared plan, so the host only sends crop starts and symmetry indices."""
 
     def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy):
-        self.cfg, self.split, self.strategy = cfg, SPLITS[split], strategy
-        reader = readers.make_reader(cfg, split)
-        nbody, hydro = reader.volumes()
-        self.size = reader.size
-        host = np.concatenate([np.moveaxis(nbody, 0, -1), np.moveaxis(hydro, 0, -1)], axis=-1).reshape(self.size ** 3, -1)
-        self.shards = distribute.local_shards(strategy)
-        self.replicas = distribute.num_replicas(strategy)
+        super().__init__(cfg, split, strategy)
+        host, static = loader.device_gather_setup(self.reader, cfg)
         self.devices = list(strategy.extended.worker_devices) if self.replicas > 1 else [None]  # None: default placement
         self.volumes = []
         for d in self.devices:
             with tf.device(d):
                 self.volumes.append(tf.constant(host))
-        self.steps = len(self.plan(0))
-        vectors = list(cfg.nbody_vector_channels) + [[c + cfg.N_in_channels for c in t] for t in cfg.hydro_vector_channels]
-        perms, signs, src, chan_sign = symmetry.gather_tables(cfg.N_in_channels + cfg.N_out_channels, vectors)
-        fn = functools.partial(gather_batch, size=self.size, crop=cfg.crop_size, n_in=cfg.N_in_channels,
-                               perms=perms, signs=signs, src=src, chan_sign=chan_sign)
-        self.gather = tf.function(fn, jit_compile=cfg.enable_jit)
+        self.gather = tf.function(functools.partial(gather_batch, **static), jit_compile=cfg.enable_jit)
 
-    def plan(self, epoch: int, shards: list[int] | None = None) -> loader.EpochPlan:
-        return loader.make_plan(self.cfg, self.split, epoch, shards or self.shards, self.replicas, self.size)
-
-    def _batch(self, plan: loader.EpochPlan, step: int, i: int) -> dict:
-        draws = plan.draws[step]
-        with tf.device(self.devices[i]):
-            return self.gather(self.volumes[i], tf.constant(draws.starts, tf.int32),
-                               tf.constant(draws.symmetries, tf.int32), tf.constant(plan.masks[step]))
-
-    def epoch(self, epoch: int) -> Iterator:
-        """Batches of ``epoch``: plain dicts with one replica, per-replica values with several
-        (replica ``r`` gets shard ``r``'s batch, as in JAX)."""
-        plans = [self.plan(epoch, [r]) for r in self.shards]
-        for step in range(self.steps):
-            parts = [self._batch(plan, step, i) for i, plan in enumerate(plans)]
-            if len(parts) == 1 and self.replicas == 1:
-                yield parts[0]
-                continue
-            first = self.shards[0]
-            yield self.strategy.experimental_distribute_values_from_function(
-                lambda ctx, parts=parts: parts[ctx.replica_id_in_sync_group - first])
+    def dataset(self, epoch: int, shard: int) -> Iterator[dict]:
+        """One replica's batches of ``epoch``, each gathered on that replica's device (the
+        :meth:`Input.epoch` contract: an iterable of elements)."""
+        plan, i = self.plan(epoch, [shard]), shard - self.shards[0]
+        for draws, mask in zip(plan.draws, plan.masks):
+            with tf.device(self.devices[i]):  # closed before the yield: the replicas' generators interleave
+                batch = self.gather(self.volumes[i], tf.constant(draws.starts, tf.int32),
+                                    tf.constant(draws.symmetries, tf.int32), tf.constant(mask))
+            yield batch
 
 
 def batch_spec(cfg: Config, strategy: tf.distribute.Strategy):
