@@ -88,7 +88,12 @@ def measure(bench, warmup: int, steps: int, windows: int) -> dict:
 def run(framework: str, cfg: Config, mode: str, warmup: int, steps: int, windows: int,
         num_devices: Optional[int] = None, label: Optional[str] = None, **kwargs) -> dict:
     """Benchmark one (framework, config, mode); return the result record."""
-    bench = make_bench(framework, cfg, mode, num_devices, **kwargs)
+    return run_bench(make_bench(framework, cfg, mode, num_devices, **kwargs), cfg, mode, warmup, steps, windows, label)
+
+
+def run_bench(bench, cfg: Config, mode: str, warmup: int, steps: int, windows: int, label: Optional[str] = None) -> dict:
+    """Time a ready ``bench`` (``step``/``sync``/``global_batch``/...; see :func:`make_bench`); return the result record."""
+    framework = bench.framework
     stats = measure(bench, warmup, steps, windows)
     device = bench.device_name()
     flops = unet_spec.train_flops_per_sample(cfg)

@@ -15,7 +15,7 @@ import sys
 import time
 import types
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -100,7 +100,8 @@ def loss_fn(pred: jax.Array, batch: dict, cfg: Config) -> jax.Array:
     return jnp.sum(per_sample * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-def train_step(state: TrainState, batch: dict, *, model, tx, cfg: Config) -> tuple[TrainState, dict]:
+def train_step(state: TrainState, batch: dict, *, model, tx, cfg: Config,
+               sync_grads: Optional[Callable] = None) -> tuple[TrainState, dict]:
     """One optimizer step on ``batch``; with fp16 a non-finite gradient skips the update.
 
     With ``grad_allreduce_dtype: bfloat16`` the loss is differentiated with respect to a bfloat16
@@ -110,7 +111,14 @@ def train_step(state: TrainState, batch: dict, *, model, tx, cfg: Config) -> tup
     On GPUs XLA already places that all-reduce on the bf16 weight gradients with the default
     ``float32`` too (same compiled schedule, ``scripts/gpu/allreduce_schedule.py``); the key makes
     it explicit and independent of XLA's choice. (XLA:CPU widens bf16 all-reduces to float32.)
+
+    ``sync_grads`` (optional) maps ``(loss, grads)`` to their replica means when the step runs per
+    device inside ``shard_map(..., check_vma=False)`` (an explicit ``lax.pmean``; with ``check_vma``
+    on, JAX itself sums the gradients of replicated parameters) instead of on the sharded batch;
+    float32 and bfloat16 compute only (ValueError with float16, whose finite check is per replica).
     """
+    if sync_grads is not None and state.dynamic_scale is not None:
+        raise ValueError("train_step: sync_grads is for float32/bfloat16 compute, not float16's dynamic loss scale")
     def compute_loss(params):
         return loss_fn(model.apply({"params": params}, batch["inputs"]), batch, cfg)
 
@@ -122,6 +130,8 @@ def train_step(state: TrainState, batch: dict, *, model, tx, cfg: Config) -> tup
     else:
         dyn, finite = None, jnp.bool_(True)
         loss, grads = jax.value_and_grad(compute_loss)(params)
+    if sync_grads is not None:
+        loss, grads = sync_grads((loss, grads))
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)

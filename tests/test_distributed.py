@@ -64,6 +64,34 @@ def test_jax_two_devices_match_one(tiny_cfg, reduce_dtype):
         assert update > 0 and diff / update < BF16_REL_UPDATE, diff / update
 
 
+def test_jax_shard_map_step_with_pmean_matches_one_device(tiny_cfg):
+    """``train_step(sync_grads=pmean)`` per device in ``shard_map`` == the 1-device step on the
+    global batch (float32); without the pmean each replica trains on its half and drifts. (With
+    ``check_vma=True`` JAX would itself psum the gradients of the replicated parameters.)"""
+    from jax.sharding import PartitionSpec as P
+    batches = _global_batches(tiny_cfg)
+    tx = JT.make_optimizer(np.full(8, 1e-3, np.float32))
+    model = JM.build_model(tiny_cfg)
+    result = {}
+    for n, sync in ((1, None), (2, lambda t: jax.lax.pmean(t, "data")), ("local", None)):
+        mesh = jd.make_mesh(1 if n == 1 else 2)
+        state = jax.device_put(JT.create_train_state(tiny_cfg, JM.init_params(tiny_cfg, 0), tx), jd.replicated(mesh))
+        step = lambda s, b, sync=sync: JT.train_step(s, b, model=model, tx=tx, cfg=tiny_cfg, sync_grads=sync)  # noqa: E731
+        if n != 1:
+            step = jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data")), out_specs=(P(), P()), check_vma=False)
+        step = jax.jit(step)
+        for b in batches:
+            state, metrics = step(state, jd.put_batch(b, mesh))
+        result[n] = JM.params_to_canonical(jax.device_get(state.params))
+    for k in result[1]:
+        np.testing.assert_allclose(result[2][k], result[1][k], rtol=RTOL, atol=ATOL, err_msg=k)
+    assert max(np.max(np.abs(result["local"][k] - result[1][k])) for k in result[1]) > 10 * ATOL
+    fp16 = C.replace(tiny_cfg, enable_amp=True, amp_dtype="float16")
+    with pytest.raises(ValueError, match="sync_grads"):
+        JT.train_step(JT.create_train_state(fp16, JM.init_params(fp16, 0), tx), jd.put_batch(batches[0], jd.make_mesh(1)),
+                      model=model, tx=tx, cfg=fp16, sync_grads=lambda t: t)
+
+
 TF_SCRIPT = r"""
 import sys
 from tf_impl import distribute

@@ -1,5 +1,5 @@
 """The GPU diagnostic scripts run on CPU too (2 host devices): the all-reduce schedule report and
-the manual-PGLE comparison (empty profile on a CPU), so a device session does not find them broken."""
+the manual-PGLE comparison (empty profile on a CPU) and the scaling-gap variants, so a device session does not find them broken."""
 from __future__ import annotations
 
 import json
@@ -38,3 +38,14 @@ def test_manual_pgle_times_both_steps(tiny_cfg, tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["label"] for r in records] == ["jax 2 GPUs, default", "jax 2 GPUs, manual PGLE"]
     assert all(r["global_batch"] == 4 and r["samples_per_sec"] > 0 for r in records)
+
+
+def test_scaling_gap_times_the_four_steps(tiny_cfg, tmp_path):
+    out = tmp_path / "r.jsonl"
+    res = _run("scaling_gap.py", tiny_cfg, "--steps", "2", "--windows", "2", "--out", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["label"] for r in records] == ["jax 1 device", "jax 2 devices, sharded", "jax 2 devices, shard_map pmean",
+                                             "jax 2 devices, shard_map local"]
+    assert [r["global_batch"] for r in records] == [2, 4, 4, 4]
+    assert all(r["samples_per_sec"] > 0 for r in records)

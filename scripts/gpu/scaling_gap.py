@@ -1,0 +1,75 @@
+"""Where the 2-GPU JAX step loses time against 1 GPU (weak scaling, SYNTHETIC), one process:
+
+  1 device          the 1-GPU step (batch = local batch)
+  sharded           the production step: global batch sharded over a ``data`` mesh, XLA's SPMD
+                    partitioner inserts the gradient all-reduce
+  shard_map pmean   the same step written per device in ``shard_map`` with an explicit
+                    ``lax.pmean`` of loss and gradients (a DDP-like program)
+  shard_map local   per device with no all-reduce at all: replicas drift apart, timing only; the
+                    2-device cost of everything but the gradient exchange
+
+    PYTHONPATH=. python3 scripts/gpu/scaling_gap.py --config short_opt --local_batch_size 64 --out r.jsonl
+
+Runs on CPU host devices too (XLA_FLAGS=--xla_force_host_platform_device_count=2), for the smoke test.
+"""
+import argparse
+import functools
+import json
+import sys
+from typing import Sequence
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+from compare import benchmark
+from compare.benchmark import int_at_least
+from jax_impl import model as model_mod
+from jax_impl import train as train_mod
+from jax_impl.bench import Bench
+from shared_data import config as config_mod
+from shared_data.errors import UserError, run_cli
+
+
+class ShardMapBench(Bench):
+    """The SYNTHETIC ``Bench`` with its step replaced by a per-device ``shard_map`` step."""
+
+    def __init__(self, cfg, num_devices: int, all_reduce: bool):
+        super().__init__(cfg, "synthetic", num_devices)
+        sync = (lambda tree: jax.lax.pmean(tree, "data")) if all_reduce else None
+        step = functools.partial(train_mod.train_step, model=model_mod.build_model(cfg), tx=self.tx, cfg=cfg,
+                                 sync_grads=sync)
+        mapped = jax.shard_map(step, mesh=self.mesh, in_specs=(P(), P("data")), out_specs=(P(), P()),
+                               check_vma=False)
+        self.train_fn = jax.jit(mapped, donate_argnums=0).lower(self.state, self.batch).compile()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scripts/gpu/scaling_gap.py", description=__doc__.split("\n\n")[0])
+    config_mod.add_config_args(p)
+    p.add_argument("--num_devices", type=int_at_least(2), default=2)
+    p.add_argument("--steps", type=int_at_least(1), default=10)
+    p.add_argument("--windows", type=int_at_least(1), default=5)
+    p.add_argument("--out", help="append the records (JSON lines) here")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = config_mod.config_from_args(args)
+    if jax.device_count() < args.num_devices:
+        raise UserError(f"--num_devices {args.num_devices}: this process sees {jax.device_count()} device(s)")
+    n = args.num_devices
+    benches = [("jax 1 device", lambda: Bench(cfg, "synthetic", 1)),
+               (f"jax {n} devices, sharded", lambda: Bench(cfg, "synthetic", n)),
+               (f"jax {n} devices, shard_map pmean", lambda: ShardMapBench(cfg, n, True)),
+               (f"jax {n} devices, shard_map local", lambda: ShardMapBench(cfg, n, False))]
+    records = [benchmark.run_bench(make(), cfg, "synthetic", 5, args.steps, args.windows, label) for label, make in benches]
+    print(benchmark.table(records))
+    if args.out:
+        with open(args.out, "a") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in records)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
