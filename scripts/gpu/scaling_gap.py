@@ -7,6 +7,10 @@
                     ``lax.pmean`` of loss and gradients (a DDP-like program)
   shard_map local   per device with no all-reduce at all: replicas drift apart, timing only; the
                     2-device cost of everything but the gradient exchange
+  sharded barrier   the sharded step with the summed loss and gradients passed through one
+                    ``lax.optimization_barrier`` before Adam, so no parameter update can be scheduled
+                    between the all-reduces and the backward pass (XLA may then finish each
+                    all-reduce late instead of right after it starts)
 
     PYTHONPATH=. python3 scripts/gpu/scaling_gap.py --config short_opt --local_batch_size 64 --out r.jsonl
 
@@ -30,6 +34,19 @@ from shared_data import config as config_mod
 from shared_data.errors import UserError, run_cli
 
 
+VARIANTS = ("1device", "sharded", "pmean", "local", "barrier")
+
+
+class BarrierBench(Bench):
+    """The SYNTHETIC ``Bench`` with an optimization barrier on (loss, gradients) before the update."""
+
+    def __init__(self, cfg, num_devices: int):
+        super().__init__(cfg, "synthetic", num_devices)
+        step = functools.partial(train_mod.train_step, model=model_mod.build_model(cfg), tx=self.tx, cfg=cfg,
+                                 sync_grads=jax.lax.optimization_barrier)
+        self.train_fn = jax.jit(step, donate_argnums=0).lower(self.state, self.batch).compile()
+
+
 class ShardMapBench(Bench):
     """The SYNTHETIC ``Bench`` with its step replaced by a per-device ``shard_map`` step."""
 
@@ -49,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_devices", type=int_at_least(2), default=2)
     p.add_argument("--steps", type=int_at_least(1), default=10)
     p.add_argument("--windows", type=int_at_least(1), default=5)
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS[:4], help="steps to time, in this order")
+    p.add_argument("--label_suffix", default="", help="appended to each record's label (e.g. the XLA flags)")
     p.add_argument("--out", help="append the records (JSON lines) here")
     return p
 
@@ -59,11 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if jax.device_count() < args.num_devices:
         raise UserError(f"--num_devices {args.num_devices}: this process sees {jax.device_count()} device(s)")
     n = args.num_devices
-    benches = [("jax 1 device", lambda: Bench(cfg, "synthetic", 1)),
-               (f"jax {n} devices, sharded", lambda: Bench(cfg, "synthetic", n)),
-               (f"jax {n} devices, shard_map pmean", lambda: ShardMapBench(cfg, n, True)),
-               (f"jax {n} devices, shard_map local", lambda: ShardMapBench(cfg, n, False))]
-    records = [benchmark.run_bench(make(), cfg, "synthetic", 5, args.steps, args.windows, label) for label, make in benches]
+    make = {"1device": lambda: Bench(cfg, "synthetic", 1), "sharded": lambda: Bench(cfg, "synthetic", n),
+            "pmean": lambda: ShardMapBench(cfg, n, True), "local": lambda: ShardMapBench(cfg, n, False),
+            "barrier": lambda: BarrierBench(cfg, n)}
+    labels = {"1device": "jax 1 device", "sharded": f"jax {n} devices, sharded", "pmean": f"jax {n} devices, shard_map pmean",
+              "local": f"jax {n} devices, shard_map local", "barrier": f"jax {n} devices, sharded barrier"}
+    records = [benchmark.run_bench(make[v](), cfg, "synthetic", 5, args.steps, args.windows, labels[v] + args.label_suffix)
+               for v in args.variants]
     print(benchmark.table(records))
     if args.out:
         with open(args.out, "a") as fh:
