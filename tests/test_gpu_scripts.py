@@ -49,3 +49,25 @@ def test_scaling_gap_times_the_four_steps(tiny_cfg, tmp_path):
                                              "jax 2 devices, shard_map local"]
     assert [r["global_batch"] for r in records] == [2, 4, 4, 4]
     assert all(r["samples_per_sec"] > 0 for r in records)
+
+
+def test_step_timeline_overlap_arithmetic():
+    """Hand-made trace, 2 steps: GPU 0 compute kernels on two streams [0, 10] and [8, 14] us x 1000,
+    an NCCL kernel [12, 20]; host events ignored. Compute union 14, NCCL 8, overlap 2 (12..14),
+    exposed 6, idle 0 over the span 20; per step halve them."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts" / "gpu"))
+    from step_timeline import summarize
+    meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}},
+            {"ph": "M", "pid": 1, "tid": 7, "name": "thread_name", "args": {"name": "Stream #7(Compute)"}},
+            {"ph": "M", "pid": 1, "tid": 8, "name": "thread_name", "args": {"name": "Stream #8(Nccl)"}},
+            {"ph": "M", "pid": 1, "tid": 9, "name": "thread_name", "args": {"name": "XLA Ops"}}]
+    x = lambda tid, ts, dur, name, pid=1: {"ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "name": name}  # noqa: E731
+    events = meta + [x(7, 0, 10000, "conv"), x(8, 8000, 6000, "fusion"), x(8, 12000, 8000, "ncclDevKernel_AllReduce"),
+                     x(9, 0, 20000, "all-reduce-start"), x(3, 0, 50000, "python", pid=2)]
+    (r,) = summarize(events, steps=2)
+    assert r["device"] == "/device:GPU:0"
+    assert (r["compute_ms"], r["nccl_ms"], r["overlap_ms"], r["nccl_exposed_ms"], r["idle_ms"], r["span_ms"]) == (7, 4, 1, 3, 0, 10)
+    gap = events + [x(7, 30000, 10000, "conv")]  # idle 20..30
+    (r,) = summarize(gap, steps=1)
+    assert (r["compute_ms"], r["idle_ms"], r["span_ms"]) == (24, 10, 40)
