@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_devices", type=int_at_least(1), default=2)
     p.add_argument("--steps", type=int_at_least(1), default=5, help="traced steps (after 5 untraced)")
     p.add_argument("--trace_to", help="keep the trace directory here (default: a temporary one)")
+    p.add_argument("--no_all_reduce", action="store_true",
+                   help="trace scaling_gap.py's 'shard_map local' step (per device, no gradient all-reduce)")
     return p
 
 
@@ -91,7 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jax_impl.bench import Bench
     if jax.device_count() < args.num_devices:
         raise UserError(f"--num_devices {args.num_devices}: this process sees {jax.device_count()} device(s)")
-    bench = Bench(cfg, "synthetic", args.num_devices)
+    if args.no_all_reduce:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from scaling_gap import ShardMapBench
+        bench = ShardMapBench(cfg, args.num_devices, all_reduce=False)
+    else:
+        bench = Bench(cfg, "synthetic", args.num_devices)
     for _ in range(5):
         bench.step()
     bench.sync()
