@@ -128,6 +128,13 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def append_records(path: str | Path, records: list[dict]) -> None:
+    """Append ``records`` to the JSON-lines file ``path`` (one record per line; folders made)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in records)
+
+
 def int_at_least(minimum: int):
     """An argparse ``type`` accepting integers >= ``minimum`` (counts of steps, windows, ...)."""
     def parse(text: str) -> int:
@@ -161,10 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = [run(args.framework, cfg, mode, args.warmup, args.steps, args.windows, args.num_devices, args.label)
                for mode in args.mode]
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "a") as fh:
-            for r in records:
-                fh.write(json.dumps(r) + "\n")
+        append_records(args.out, records)
     print(table(records))
     return 0
 

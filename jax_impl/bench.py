@@ -5,7 +5,7 @@ device batch. FULL: train steps on the real input pipeline.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import numpy as np
@@ -23,7 +23,8 @@ class Bench:
 
     framework = "jax"
 
-    def __init__(self, cfg: Config, mode: str, num_devices: Optional[int] = None, compiler_options: Optional[dict] = None):
+    def __init__(self, cfg: Config, mode: str, num_devices: Optional[int] = None, compiler_options: Optional[dict] = None,
+                 wrap_step: Optional[Callable] = None):
         train_mod.configure_xla(cfg)
         self.cfg, self.mode = cfg, mode
         self.mesh = distribute.make_mesh(num_devices)
@@ -34,12 +35,12 @@ class Bench:
         if mode in ("io", "full"):
             self.batches = loader.forever(data_mod.make_input(cfg, "train", self.mesh))
         if mode in ("synthetic", "full"):
-            self.tx = tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10 ** 6))
+            tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10 ** 6))
             params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))
             self.state = jax.device_put(train_mod.create_train_state(cfg, params, tx), distribute.replicated(self.mesh))
             spec = data_mod.batch_spec(cfg, self.mesh)
             self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, model_mod.build_model(cfg), tx, self.state, spec,
-                                                                         compiler_options)
+                                                                         compiler_options, wrap_step)
         if mode == "synthetic":
             rng = np.random.default_rng(0)
             host = {k: (rng.standard_normal(v.shape) * 0.1).astype(np.float32) for k, v in spec.items()}

@@ -152,13 +152,17 @@ def eval_step(params: dict, batch: dict, *, model, cfg: Config) -> dict:
     return {"loss_sum": loss_fn(pred, batch, cfg) * n, "count": n}
 
 
-def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict, compiler_options: Optional[dict] = None):
+def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict, compiler_options: Optional[dict] = None,
+                  wrap_step: Optional[Callable] = None):
     """Jit ``train_step`` (state donated) and ``eval_step`` and compile both ahead of time for the
     abstract ``batch`` (``data.batch_spec``); return ``(train_fn, eval_fn, seconds)`` where seconds
     is the train step's compile time (logged with the eval step's). ``compiler_options`` go to the
-    train step's ``Lowered.compile`` (e.g. ``{"fdo_profile": bytes}``, a PGLE profile)."""
+    train step's ``Lowered.compile`` (e.g. ``{"fdo_profile": bytes}``, a PGLE profile).
+    ``wrap_step`` (optional) maps the step function ``(state, batch) -> (state, metrics)`` to
+    another with the same signature before it is jitted (the GPU diagnostics' ``shard_map`` forms)."""
     t0 = time.perf_counter()
-    train_fn = jax.jit(functools.partial(train_step, model=model, tx=tx, cfg=cfg), donate_argnums=0)
+    step = functools.partial(train_step, model=model, tx=tx, cfg=cfg)
+    train_fn = jax.jit(wrap_step(step) if wrap_step else step, donate_argnums=0)
     eval_fn = jax.jit(functools.partial(eval_step, model=model, cfg=cfg))
     spec = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)  # noqa: E731
     train_c = train_fn.lower(spec(state), batch).compile(compiler_options)

@@ -8,7 +8,6 @@ scheduler plans the overlap with real costs; time both, same process, same flags
 On a CPU the profile is empty (JAX fills it only on NVIDIA GPUs) and both rows time the same step.
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -74,8 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      compiler_options=options))
     print(benchmark.table(records))
     if args.out:
-        with open(args.out, "a") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in records)
+        benchmark.append_records(args.out, records)
     return 0
 
 

@@ -18,7 +18,6 @@ Runs on CPU host devices too (XLA_FLAGS=--xla_force_host_platform_device_count=2
 """
 import argparse
 import functools
-import json
 import sys
 from typing import Sequence
 
@@ -27,37 +26,31 @@ from jax.sharding import PartitionSpec as P
 
 from compare import benchmark
 from compare.benchmark import int_at_least
-from jax_impl import model as model_mod
-from jax_impl import train as train_mod
+from jax_impl import distribute
 from jax_impl.bench import Bench
 from shared_data import config as config_mod
-from shared_data.errors import UserError, run_cli
+from shared_data.errors import run_cli
 
 
 VARIANTS = ("1device", "sharded", "pmean", "local", "barrier")
 
 
-class BarrierBench(Bench):
+def barrier_bench(cfg, num_devices: int) -> Bench:
     """The SYNTHETIC ``Bench`` with an optimization barrier on (loss, gradients) before the update."""
-
-    def __init__(self, cfg, num_devices: int):
-        super().__init__(cfg, "synthetic", num_devices)
-        step = functools.partial(train_mod.train_step, model=model_mod.build_model(cfg), tx=self.tx, cfg=cfg,
-                                 sync_grads=jax.lax.optimization_barrier)
-        self.train_fn = jax.jit(step, donate_argnums=0).lower(self.state, self.batch).compile()
+    return Bench(cfg, "synthetic", num_devices,
+                 wrap_step=lambda step: functools.partial(step, sync_grads=jax.lax.optimization_barrier))
 
 
-class ShardMapBench(Bench):
-    """The SYNTHETIC ``Bench`` with its step replaced by a per-device ``shard_map`` step."""
+def shard_map_bench(cfg, num_devices: int, all_reduce: bool) -> Bench:
+    """The SYNTHETIC ``Bench`` with the step run per device in ``shard_map``: gradients averaged by an
+    explicit ``lax.pmean`` (``all_reduce``) or not at all (replicas drift; timing only)."""
+    mesh = distribute.make_mesh(num_devices)
+    sync = (lambda tree: jax.lax.pmean(tree, "data")) if all_reduce else None
 
-    def __init__(self, cfg, num_devices: int, all_reduce: bool):
-        super().__init__(cfg, "synthetic", num_devices)
-        sync = (lambda tree: jax.lax.pmean(tree, "data")) if all_reduce else None
-        step = functools.partial(train_mod.train_step, model=model_mod.build_model(cfg), tx=self.tx, cfg=cfg,
-                                 sync_grads=sync)
-        mapped = jax.shard_map(step, mesh=self.mesh, in_specs=(P(), P("data")), out_specs=(P(), P()),
-                               check_vma=False)
-        self.train_fn = jax.jit(mapped, donate_argnums=0).lower(self.state, self.batch).compile()
+    def wrap(step):
+        return jax.shard_map(functools.partial(step, sync_grads=sync), mesh=mesh, in_specs=(P(), P("data")),
+                             out_specs=(P(), P()), check_vma=False)
+    return Bench(cfg, "synthetic", num_devices, wrap_step=wrap)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,20 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cfg = config_mod.config_from_args(args)
-    if jax.device_count() < args.num_devices:
-        raise UserError(f"--num_devices {args.num_devices}: this process sees {jax.device_count()} device(s)")
+    distribute.make_mesh(args.num_devices)  # UserError now, before any variant runs, if there are too few devices
     n = args.num_devices
     make = {"1device": lambda: Bench(cfg, "synthetic", 1), "sharded": lambda: Bench(cfg, "synthetic", n),
-            "pmean": lambda: ShardMapBench(cfg, n, True), "local": lambda: ShardMapBench(cfg, n, False),
-            "barrier": lambda: BarrierBench(cfg, n)}
+            "pmean": lambda: shard_map_bench(cfg, n, True), "local": lambda: shard_map_bench(cfg, n, False),
+            "barrier": lambda: barrier_bench(cfg, n)}
     labels = {"1device": "jax 1 device", "sharded": f"jax {n} devices, sharded", "pmean": f"jax {n} devices, shard_map pmean",
               "local": f"jax {n} devices, shard_map local", "barrier": f"jax {n} devices, sharded barrier"}
     records = [benchmark.run_bench(make[v](), cfg, "synthetic", 5, args.steps, args.windows, labels[v] + args.label_suffix)
                for v in args.variants]
     print(benchmark.table(records))
     if args.out:
-        with open(args.out, "a") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in records)
+        benchmark.append_records(args.out, records)
     return 0
 
 
