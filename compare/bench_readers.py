@@ -6,6 +6,7 @@ Reads 64^3 crops of 4 + 5 channels at random places of a 256^3 volume with the `
 ``inmem`` readers, from the chunked file the generator writes and from a contiguous copy, with and
 without the symmetry transform; then times the generator at 128^3 and 256^3.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,8 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import h5py
 import numpy as np
@@ -63,7 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if size == 256 and vol.exists():
             continue
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "shared_data.generate", "--out", str(out), "--size", str(size), "--seed", "1"], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "shared_data.generate", "--out", str(out), "--size", str(size), "--seed", "1"],
+            check=True,
+        )
         gen.append({"grid": size, "seconds": time.perf_counter() - t0})
     cont = contiguous_copy(vol)
     rows = []
@@ -74,17 +78,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             setup = time.perf_counter() - t0
             for transform in (False, True):
                 rate = time_reader(reader, cfg, args.samples, transform)
-                rows.append({"reader": kind, "file": layout, "symmetry": transform, "samples_per_sec": rate, "setup_sec": setup})
+                rows.append(
+                    {"reader": kind, "file": layout, "symmetry": transform, "samples_per_sec": rate, "setup_sec": setup}
+                )
     print(f"{'reader':<8}{'file':<14}{'symmetry':<10}{'samples/s':>10}{'setup s':>9}")
     for r in rows:
-        print(f"{r['reader']:<8}{r['file']:<14}{str(r['symmetry']):<10}{r['samples_per_sec']:>10.1f}{r['setup_sec']:>9.1f}")
+        print(
+            f"{r['reader']:<8}{r['file']:<14}{r['symmetry']!s:<10}{r['samples_per_sec']:>10.1f}{r['setup_sec']:>9.1f}"
+        )
     for g in gen:
         print(f"generator {g['grid']}^3 (including process start and writing): {g['seconds']:.1f} s")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"readers": rows, "generator": gen, "volume": str(args.volume),
-                                              "crop": cfg.crop_size, "host": platform.node(), "cpus": __import__("os").cpu_count(),
-                                              "command": " ".join(sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds")}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "readers": rows,
+                    "generator": gen,
+                    "volume": str(args.volume),
+                    "crop": cfg.crop_size,
+                    "host": platform.node(),
+                    "cpus": __import__("os").cpu_count(),
+                    "command": " ".join(sys.argv),
+                    "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

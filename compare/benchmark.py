@@ -8,6 +8,7 @@ Warm-up steps first (compilation, autotuning, pipeline start), then ``--windows`
 (p50 / p90 over windows), MFU (analytic model FLOPs x samples/s / peak), compile seconds, peak
 device memory, device, versions and the command line, as JSON (``--out``) and a table printed last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,8 @@ import platform
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -35,7 +36,7 @@ FRAMEWORKS = ("jax", "tf", "torch")
 PEAK_TFLOPS = {"H200": 788.0, "H100": 989.0}
 
 
-def make_bench(framework: str, cfg: Config, mode: str, num_devices: Optional[int] = None, **kwargs):
+def make_bench(framework: str, cfg: Config, mode: str, num_devices: int | None = None, **kwargs):
     """The framework's ``Bench`` (``jax_impl.bench``, ``tf_impl.bench`` or ``compare.torch_ref``)."""
     if framework == "jax":
         from jax_impl.bench import Bench
@@ -48,7 +49,7 @@ def make_bench(framework: str, cfg: Config, mode: str, num_devices: Optional[int
     return Bench(cfg, mode, num_devices, **kwargs)
 
 
-def peak_tflops(device: str) -> Optional[float]:
+def peak_tflops(device: str) -> float | None:
     for key, value in PEAK_TFLOPS.items():
         if key in device:
             return value
@@ -79,20 +80,36 @@ def measure(bench, warmup: int, steps: int, windows: int) -> dict:
     warm_sec, per_step = timed_windows(bench.step, lambda _: bench.sync(), warmup, steps, windows)
     per_step = np.array(per_step)
     rates = bench.global_batch / per_step
-    return {"samples_per_sec": float(np.median(rates)), "samples_per_sec_min": float(rates.min()),
-            "samples_per_sec_max": float(rates.max()), "step_ms_p50": float(np.percentile(per_step, 50) * 1e3),
-            "step_ms_p90": float(np.percentile(per_step, 90) * 1e3), "warmup_sec": warm_sec,
-            "windows": windows, "steps_per_window": steps}
+    return {
+        "samples_per_sec": float(np.median(rates)),
+        "samples_per_sec_min": float(rates.min()),
+        "samples_per_sec_max": float(rates.max()),
+        "step_ms_p50": float(np.percentile(per_step, 50) * 1e3),
+        "step_ms_p90": float(np.percentile(per_step, 90) * 1e3),
+        "warmup_sec": warm_sec,
+        "windows": windows,
+        "steps_per_window": steps,
+    }
 
 
-def run(framework: str, cfg: Config, mode: str, warmup: int, steps: int, windows: int,
-        num_devices: Optional[int] = None, label: Optional[str] = None, **kwargs) -> dict:
+def run(
+    framework: str,
+    cfg: Config,
+    mode: str,
+    warmup: int,
+    steps: int,
+    windows: int,
+    num_devices: int | None = None,
+    label: str | None = None,
+    **kwargs,
+) -> dict:
     """Benchmark one (framework, config, mode); return the result record."""
     return run_bench(make_bench(framework, cfg, mode, num_devices, **kwargs), cfg, mode, warmup, steps, windows, label)
 
 
-def run_bench(bench, cfg: Config, mode: str, warmup: int, steps: int, windows: int, label: Optional[str] = None) -> dict:
-    """Time a ready ``bench`` (``step``/``sync``/``global_batch``/...; see :func:`make_bench`); return the result record."""
+def run_bench(bench, cfg: Config, mode: str, warmup: int, steps: int, windows: int, label: str | None = None) -> dict:
+    """Time a ready ``bench`` (``step``/``sync``/``global_batch``/...; see :func:`make_bench`); return the
+    result record."""
     framework = bench.framework
     stats = measure(bench, warmup, steps, windows)
     device = bench.device_name()
@@ -100,15 +117,24 @@ def run_bench(bench, cfg: Config, mode: str, warmup: int, steps: int, windows: i
     peak = peak_tflops(device)
     replicas = getattr(bench, "replicas", 1)
     record = {
-        "label": label or f"{framework} {mode}", "framework": framework, "mode": mode, "config": cfg.name,
+        "label": label or f"{framework} {mode}",
+        "framework": framework,
+        "mode": mode,
+        "config": cfg.name,
         "loader": cfg.data_loader_config if mode != "synthetic" else "cached device batch",
-        "precision": cfg.precision, "global_batch": bench.global_batch, "crop_size": cfg.crop_size,
-        **stats, "compile_sec": bench.compile_sec,
+        "precision": cfg.precision,
+        "global_batch": bench.global_batch,
+        "crop_size": cfg.crop_size,
+        **stats,
+        "compile_sec": bench.compile_sec,
         "train_gflop_per_sample": flops / 1e9,
         "mfu": (flops * stats["samples_per_sec"] / (peak * 1e12 * replicas)) if (peak and mode != "io") else None,
-        "peak_memory_gib": (bench.peak_memory_bytes() or 0) / 2 ** 30 or None,
-        "device": device, "versions": bench.versions(), "host": platform.node(),
-        "command": " ".join(shlex.quote(a) for a in sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "peak_memory_gib": (bench.peak_memory_bytes() or 0) / 2**30 or None,
+        "device": device,
+        "versions": bench.versions(),
+        "host": platform.node(),
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "config_values": config_mod.config_dict(cfg),
     }
     return record
@@ -116,15 +142,20 @@ def run_bench(bench, cfg: Config, mode: str, warmup: int, steps: int, windows: i
 
 def table(records: list[dict]) -> str:
     """One line per record: label, mode, loader, precision, batch, samples/s, step ms, MFU, compile, memory."""
-    head = f"{'run':<34}{'mode':<10}{'loader':<14}{'prec':<9}{'batch':>6}{'samples/s':>11}{'step ms p50/p90':>17}{'MFU':>7}{'compile s':>10}{'mem GiB':>9}"
+    head = (
+        f"{'run':<34}{'mode':<10}{'loader':<14}{'prec':<9}{'batch':>6}{'samples/s':>11}{'step ms p50/p90':>17}"
+        f"{'MFU':>7}{'compile s':>10}{'mem GiB':>9}"
+    )
     lines = [head, "-" * len(head)]
     for r in records:
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
         mem = f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") else "-"
         loader = r["loader"] if r["mode"] != "synthetic" else "-"
-        lines.append(f"{r['label'][:33]:<34}{r['mode']:<10}{loader[:13]:<14}{r['precision'][:8]:<9}{r['global_batch']:>6}"
-                     f"{r['samples_per_sec']:>11.1f}{r['step_ms_p50']:>9.1f}/{r['step_ms_p90']:<7.1f}{mfu:>7}"
-                     f"{r['compile_sec']:>10.1f}{mem:>9}")
+        lines.append(
+            f"{r['label'][:33]:<34}{r['mode']:<10}{loader[:13]:<14}{r['precision'][:8]:<9}{r['global_batch']:>6}"
+            f"{r['samples_per_sec']:>11.1f}{r['step_ms_p50']:>9.1f}/{r['step_ms_p90']:<7.1f}{mfu:>7}"
+            f"{r['compile_sec']:>10.1f}{mem:>9}"
+        )
     return "\n".join(lines)
 
 
@@ -137,6 +168,7 @@ def append_records(path: str | Path, records: list[dict]) -> None:
 
 def int_at_least(minimum: int):
     """An argparse ``type`` accepting integers >= ``minimum`` (counts of steps, windows, ...)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -145,6 +177,7 @@ def int_at_least(minimum: int):
         if value < minimum:
             raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
         return value
+
     return parse
 
 
@@ -165,8 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cfg = config_mod.config_from_args(args)
-    records = [run(args.framework, cfg, mode, args.warmup, args.steps, args.windows, args.num_devices, args.label)
-               for mode in args.mode]
+    records = [
+        run(args.framework, cfg, mode, args.warmup, args.steps, args.windows, args.num_devices, args.label)
+        for mode in args.mode
+    ]
     if args.out:
         append_records(args.out, records)
     print(table(records))

@@ -7,6 +7,7 @@ Each framework runs in its own process (``compare.benchmark``) over IO, SYNTHETI
 framework that is not installed (TF on the GPU machine) or cannot run here (the PyTorch reference
 needs a GPU) gets a note instead of a row.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,8 @@ import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from compare.benchmark import FRAMEWORKS, MODES, table
 from shared_data.errors import run_cli
@@ -28,8 +29,13 @@ def availability(framework: str) -> str | None:
     if importlib.util.find_spec(MODULES[framework]) is None:
         return f"{MODULES[framework]} is not installed"
     if framework == "torch":
-        ok = subprocess.run([sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
-                            capture_output=True).returncode == 0
+        ok = (
+            subprocess.run(
+                [sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+                capture_output=True,
+            ).returncode
+            == 0
+        )
         if not ok:
             return "the PyTorch reference runs on a GPU only"
     return None
@@ -52,8 +58,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             notes.append(f"{fw}: skipped ({why})")
             continue
         before = out.read_text().count("\n") if out.exists() else 0
-        cmd = [sys.executable, "-m", "compare.benchmark", "--framework", fw, "--mode", *args.modes,
-               "--config", args.config, "--label", f"{fw} {args.config}", "--out", str(out), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "compare.benchmark",
+            "--framework",
+            fw,
+            "--mode",
+            *args.modes,
+            "--config",
+            args.config,
+            "--label",
+            f"{fw} {args.config}",
+            "--out",
+            str(out),
+            *extra,
+        ]
         print(f"[compare] {' '.join(cmd[1:])}", flush=True)
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         if res.returncode:

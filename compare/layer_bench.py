@@ -17,13 +17,14 @@ Usage::
 Prints one table last: ms per layer and formulation, and TFLOP/s on the layer's model FLOPs
 (3 x the dense forward count of :func:`shared_data.unet_spec.forward_flops`).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from compare.benchmark import int_at_least, timed_windows
 from shared_data.config import add_config_args, config_from_args
@@ -36,7 +37,7 @@ JAX_METHODS = {"down": ("space_to_depth", "strided"), "up": ("subpixel", "phases
 def layer_model_flops(s: LayerSpec, batch: int) -> float:
     """Training FLOPs of layer ``s`` for ``batch`` samples: 3 x dense forward MACs x 2."""
     m = s.out_size if s.kind == "down" else s.in_size
-    return 3 * 2.0 * batch * m ** 3 * KERNEL ** 3 * s.c_in * s.c_out
+    return 3 * 2.0 * batch * m**3 * KERNEL**3 * s.c_in * s.c_out
 
 
 def jax_layer_fn(s: LayerSpec, method: str, batch: int, dtype_name: str):
@@ -45,6 +46,7 @@ def jax_layer_fn(s: LayerSpec, method: str, batch: int, dtype_name: str):
     import jax.numpy as jnp
 
     from jax_impl import model as M
+
     dtype = M.COMPUTE_DTYPES[dtype_name]
     conv = (M.DOWNCONV if s.kind == "down" else M.UPCONV)[method]
     kx, kw, kg = jax.random.split(jax.random.key(0), 3)
@@ -63,6 +65,7 @@ def jax_layer_fn(s: LayerSpec, method: str, batch: int, dtype_name: str):
 def torch_layer_fn(s: LayerSpec, batch: int, dtype_name: str):
     """The same fwd+bwd with PyTorch's layer (channels_last_3d, autocast) on the GPU."""
     import torch
+
     torch.backends.cudnn.benchmark = True
     conv = (torch.nn.Conv3d if s.kind == "down" else torch.nn.ConvTranspose3d)(s.c_in, s.c_out, 4, 2, 1)
     conv = conv.cuda().to(memory_format=torch.channels_last_3d)
@@ -128,9 +131,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             sync(call())
             first_s = time.perf_counter() - t0
             ms = 1e3 * statistics.median(timed_windows(call, sync, args.warmup, args.steps, args.windows)[1])
-            row = {"layer": s.name, "kind": s.kind, "c_in": s.c_in, "c_out": s.c_out, "in_size": s.in_size,
-                   "batch": batch, "precision": cfg.precision, "variant": label, "ms": ms, "first_call_s": first_s,
-                   "tflops": layer_model_flops(s, batch) / (ms * 1e-3) / 1e12, "config": cfg.name}
+            row = {
+                "layer": s.name,
+                "kind": s.kind,
+                "c_in": s.c_in,
+                "c_out": s.c_out,
+                "in_size": s.in_size,
+                "batch": batch,
+                "precision": cfg.precision,
+                "variant": label,
+                "ms": ms,
+                "first_call_s": first_s,
+                "tflops": layer_model_flops(s, batch) / (ms * 1e-3) / 1e12,
+                "config": cfg.name,
+            }
             rows.append(row)
             print(f"{s.name:6s} {label:22s} {ms:8.3f} ms  {row['tflops']:9.4f} TFLOP/s", flush=True)
             if args.out:
@@ -163,7 +177,9 @@ def table(rows: list[dict]) -> str:
         torch_ms = ms.get((name, "torch"))
         ratio = f"{jax_best[1] / torch_ms:5.2f}" if torch_ms else "  -  "
         lines.append(f"{name:6s} " + " ".join(cells) + f"   {jax_best[0][4:]:>14s} {ratio}")
-    lines.append(f"{'sum':6s} " + " ".join(f"{totals[lab]:18.3f}" for lab in labels) + f"   best-of sum {best_total:.3f} ms")
+    lines.append(
+        f"{'sum':6s} " + " ".join(f"{totals[lab]:18.3f}" for lab in labels) + f"   best-of sum {best_total:.3f} ms"
+    )
     return "\n".join(lines)
 
 

@@ -4,22 +4,24 @@ gas density and temperature, how cosmologists judge an emulator).
 
     python -m compare.plots --config cpu_default --results results/cpu/suite.jsonl   # -> runs/cpu_default/figures
 """
+
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from shared_data import config as config_mod  # noqa: E402
-from shared_data import cosmology, readers, runlog, unet_spec  # noqa: E402
-from shared_data.errors import UserError, run_cli  # noqa: E402
+from shared_data import config as config_mod
+from shared_data import cosmology, readers, unet_spec
+from shared_data.errors import UserError, run_cli
+from shared_data.run import read_metrics
 
 HYDRO_NAMES = ("gas density", "gas temperature", "gas vx", "gas vy", "gas vz")
 
@@ -32,13 +34,20 @@ def throughput_plot(records: list[dict], path: Path) -> None:
     for r in records:
         if r["mode"] != "synthetic":
             first_loader.setdefault(r["label"], r["loader"])
-    records = [{**r, "label": f"{r['label']} ({first_loader.get(r['label'], '-') if r['mode'] == 'synthetic' else r['loader']})"}
-               for r in records]
+    records = [
+        {
+            **r,
+            "label": f"{r['label']} ({first_loader.get(r['label'], '-') if r['mode'] == 'synthetic' else r['loader']})",
+        }
+        for r in records
+    ]
     labels = list(dict.fromkeys(r["label"] for r in records))
     fig, ax = plt.subplots(figsize=(1.8 + 2.2 * len(modes), 4))
     width = 0.8 / max(len(labels), 1)
     for i, label in enumerate(labels):
-        vals = [next((r["samples_per_sec"] for r in records if r["label"] == label and r["mode"] == m), 0) for m in modes]
+        vals = [
+            next((r["samples_per_sec"] for r in records if r["label"] == label and r["mode"] == m), 0) for m in modes
+        ]
         bars = ax.bar(np.arange(len(modes)) + i * width, vals, width, label=label)
         ax.bar_label(bars, [f"{v:.0f}" if v else "" for v in vals], fontsize=6)
     ax.set_xticks(np.arange(len(modes)) + width * (len(labels) - 1) / 2, [m.upper() for m in modes])
@@ -70,18 +79,20 @@ def loss_curves_plot(runs: dict[str, list[dict]], path: Path) -> None:
 def predict(cfg, weights: dict, inputs: np.ndarray) -> np.ndarray:
     """The JAX model's prediction (float32 NDHWC) for ``inputs`` with canonical ``weights``."""
     import jax.numpy as jnp
+
     from jax_impl import model as M
+
     return np.asarray(M.build_model(cfg).apply({"params": M.params_from_canonical(weights)}, jnp.asarray(inputs)))
 
 
 def validation_crops(cfg) -> tuple[np.ndarray, np.ndarray]:
     """Non-overlapping crops tiling the validation volume, no symmetry: (n, s, s, s, C) inputs, targets."""
-    reader = readers.InMemReader(cfg.resolve_path(cfg.val_path), cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
+    reader = readers.InMemReader(cfg.data_file("val"), cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
     nbody, hydro = reader.volumes()
     s, k = cfg.crop_size, reader.size // cfg.crop_size
     xs, ys = [], []
     for i, j, l in np.ndindex(k, k, k):
-        sl = np.s_[:, i * s:(i + 1) * s, j * s:(j + 1) * s, l * s:(l + 1) * s]
+        sl = np.s_[:, i * s : (i + 1) * s, j * s : (j + 1) * s, l * s : (l + 1) * s]
         xs.append(np.moveaxis(nbody[sl], 0, -1))
         ys.append(np.moveaxis(hydro[sl], 0, -1))
     return np.stack(xs), np.stack(ys)
@@ -102,7 +113,7 @@ def power_ratio(pred: np.ndarray, true: np.ndarray, box: float) -> tuple[np.ndar
 def validation_report(cfg, weights: dict, path: Path) -> dict:
     """Slices of every target channel (true, predicted) and the P(k) ratios; returns summary numbers."""
     x, y = validation_crops(cfg)
-    pred = np.concatenate([predict(cfg, weights, x[i:i + 4]) for i in range(0, len(x), 4)])
+    pred = np.concatenate([predict(cfg, weights, x[i : i + 4]) for i in range(0, len(x), 4)])
     cell = 0.25  # Mpc/h, the generator's default voxel
     box = cfg.crop_size * cell
     rho_t, rho_p = np.exp(cfg.density_scale * y[..., 0]), np.exp(cfg.density_scale * pred[..., 0])
@@ -143,8 +154,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--results", nargs="*", default=[], help="benchmark JSON lines files for the throughput plot")
     p.add_argument("--weights", help="canonical weights for the validation report (default: the config's JAX run)")
     p.add_argument("--out", help="folder for the PNGs (default: <exp_dir>/<config>/figures)")
-    p.add_argument("--runs", nargs="*", default=[], metavar="LABEL=METRICS",
-                   help="loss curves of these runs' metrics.jsonl files instead of the config's TF and JAX runs")
+    p.add_argument(
+        "--runs",
+        nargs="*",
+        default=[],
+        metavar="LABEL=METRICS",
+        help="loss curves of these runs' metrics.jsonl files instead of the config's TF and JAX runs",
+    )
     args = p.parse_args(argv)
     cfg = config_mod.load_config(args.config)
     root = cfg.resolve_path(cfg.exp_dir) / cfg.name
@@ -175,11 +191,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (OSError, json.JSONDecodeError) as err:
                 raise UserError(f"--runs {item}: expected a metrics.jsonl file of a training run ({err})") from None
             if not hist or not all(isinstance(h, dict) and {"epoch", "train_loss", "val_loss"} <= set(h) for h in hist):
-                raise UserError(f"--runs {item}: expected lines with epoch, train_loss and val_loss "
-                                f"(a run's metrics.jsonl), got {len(hist)} lines without them")
+                raise UserError(
+                    f"--runs {item}: expected lines with epoch, train_loss and val_loss "
+                    f"(a run's metrics.jsonl), got {len(hist)} lines without them"
+                )
             runs[label] = hist
     else:
-        runs = {fw: runlog.read_metrics(root / fw) for fw in ("tf", "jax")}
+        runs = {fw: read_metrics(root / fw) for fw in ("tf", "jax")}
     runs = {k: v for k, v in runs.items() if v}
     if runs:
         loss_curves_plot(runs, out / f"loss_{cfg.name}.png")

@@ -1,19 +1,25 @@
 """Side-by-side summary of finished TF and JAX runs of one config:
 ``python -m compare.summary --config cpu_default`` (reads ``<exp_dir>/<config>/{tf,jax}/metrics.jsonl``).
 """
+
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from shared_data import config as config_mod
-from shared_data import runlog
 from shared_data.errors import UserError, run_cli
+from shared_data.run import read_metrics
 
-ROWS = [("epochs", "epoch", "{:d}"), ("steps", "step", "{:d}"), ("final train loss", "train_loss", "{:.6f}"),
-        ("final val loss", "val_loss", "{:.6f}"), ("samples/s (last epoch)", "samples_per_sec", "{:.1f}"),
-        ("compile s", "compile_sec", "{:.1f}")]
+ROWS = [
+    ("epochs", "epoch", "{:d}"),
+    ("steps", "step", "{:d}"),
+    ("final train loss", "train_loss", "{:.6f}"),
+    ("final val loss", "val_loss", "{:.6f}"),
+    ("samples/s (last epoch)", "samples_per_sec", "{:.1f}"),
+    ("compile s", "compile_sec", "{:.1f}"),
+]
 
 
 def summary_table(runs: dict[str, list[dict]]) -> str:
@@ -40,9 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     cfg = config_mod.load_config(args.config)
     root = Path(args.exp_dir) if args.exp_dir else cfg.resolve_path(cfg.exp_dir)
-    runs = {fw: runlog.read_metrics(root / args.config / fw) for fw in args.frameworks}
+    runs = {fw: read_metrics(root / args.config / fw) for fw in args.frameworks}
     if not any(runs.values()):
-        raise UserError(f"no finished runs under {root / args.config} (expected {', '.join(args.frameworks)}/metrics.jsonl)")
+        raise UserError(
+            f"no finished runs under {root / args.config} (expected {', '.join(args.frameworks)}/metrics.jsonl)"
+        )
     print(f"config {args.config}: TF and JAX side by side ({root / args.config})")
     print(summary_table(runs))
     return 0

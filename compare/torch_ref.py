@@ -5,12 +5,12 @@ It exists to be measured against (``compare.benchmark --framework torch``), and 
 weights file, so its outputs can be checked against TF and JAX. Imports torch only inside functions
 that need it, so the comparison tools import without torch and skip its row.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import numpy as np
 
+from shared_data import loaders
 from shared_data.config import Config
 from shared_data.errors import MissingDependencyError, UserError
 from shared_data.unet_spec import encoder_widths, layer_specs
@@ -46,10 +46,11 @@ def build_model(cfg: Config):
     return UNet()
 
 
-def set_canonical(model, weights: dict[str, np.ndarray]) -> None:
+def params_from_canonical(model, weights: dict[str, np.ndarray]) -> None:
     """Load canonical arrays: conv (k, k, k, in, out) -> (out, in, k, k, k); transposed conv
     (k, k, k, in, out) -> (in, out, k, k, k) (PyTorch's ``ConvTranspose3d`` weight layout)."""
     import torch
+
     with torch.no_grad():
         for name, conv in model.convs.items():
             w = weights[f"{name}/kernel"]
@@ -77,7 +78,9 @@ def make_train_step(cfg: Config, model, lr: float = 2e-4, compile_model: bool = 
             loss = torch.mean(torch.abs(pred.float() - y))
             if cfg.lambda_rho:
                 d, s = cfg.density_channel, cfg.density_scale
-                loss = loss + cfg.lambda_rho * torch.mean(torch.abs(torch.exp(s * pred[:, d].float()) - torch.exp(s * y[:, d])))
+                loss = loss + cfg.lambda_rho * torch.mean(
+                    torch.abs(torch.exp(s * pred[:, d].float()) - torch.exp(s * y[:, d]))
+                )
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
@@ -95,13 +98,17 @@ def require_torch():
     return torch
 
 
-def versions() -> Optional[dict]:
+def versions() -> dict | None:
     try:
         import torch
     except ImportError:
         return None
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+    }
 
 
 class Bench:
@@ -110,12 +117,15 @@ class Bench:
 
     framework = "torch"
 
-    def __init__(self, cfg: Config, mode: str, num_devices: Optional[int] = None, compile_model: bool = False):
+    def __init__(self, cfg: Config, mode: str, num_devices: int | None = None, compile_model: bool = False):
         import time
 
-        if cfg.data_loader_config == "dali-device" and mode != "synthetic":
-            raise UserError("the PyTorch reference has no dali-device input (its crop callback is JAX's and "
-                            "TF's); use dali-npy, dali-h5 or a native loader")
+        kind = loaders.loader_kind(cfg)
+        if kind.dali and kind.device_volumes and mode != "synthetic":
+            raise UserError(
+                "the PyTorch reference has no dali-device input (its crop callback is JAX's and "
+                "TF's); use dali-npy, dali-h5 or a native loader"
+            )
         torch = require_torch()
         from shared_data.unet_spec import init_weights
 
@@ -133,10 +143,13 @@ class Bench:
             self.batches = self._batches()
         if mode in ("synthetic", "full"):
             model = build_model(cfg).cuda()
-            set_canonical(model, init_weights(cfg, cfg.seed))
+            params_from_canonical(model, init_weights(cfg, cfg.seed))
             self.train_step = make_train_step(cfg, model, compile_model=compile_model)
             x = torch.randn(b, cfg.N_in_channels, s, s, s, device="cuda").to(memory_format=torch.channels_last_3d) * 0.1
-            y = torch.randn(b, cfg.N_out_channels, s, s, s, device="cuda").to(memory_format=torch.channels_last_3d) * 0.1
+            y = (
+                torch.randn(b, cfg.N_out_channels, s, s, s, device="cuda").to(memory_format=torch.channels_last_3d)
+                * 0.1
+            )
             self.batch = (x, y)
             t0 = time.perf_counter()
             for _ in range(3):  # cudnn.benchmark autotuning (and torch.compile) happen in the first steps
@@ -146,22 +159,27 @@ class Bench:
 
     def _batches(self):
         import itertools
+
         torch, cfg = self.torch, self.cfg
-        if cfg.data_loader_config.startswith("dali"):
+        if loaders.loader_kind(cfg).dali:
             from nvidia.dali.plugin.pytorch import DALIGenericIterator
-            from shared_data import dali_pipelines as dp, dataset
+
+            from shared_data import dali_pipelines as dp
+            from shared_data import dataset
             from shared_data.sampler import TRAIN
-            path = cfg.resolve_path(cfg.train_path)
+
+            path = cfg.data_file("train")
             size = dataset.validate(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size).size
             plans = dp.EpochPlans(cfg, TRAIN, [0], 1, size)
-            sources = dp.crop_sources(plans, path, cfg) if cfg.data_loader_config == "dali-h5" else None
-            pipe = dp.build_pipeline(cfg, cfg.data_loader_config, path, self.global_batch, 0, plans, sources)
+            sources = dp.crop_sources(plans, path, cfg) if loaders.loader_kind(cfg).crops_outside_dali else None
+            pipe = dp.build_pipeline(cfg, "train", self.global_batch, 0, plans, sources)
             it = DALIGenericIterator([pipe], list(dp.OUTPUTS), auto_reset=True)
             for _ in itertools.count():
                 for out in it:
                     yield out[0]["inputs"].permute(0, 4, 1, 2, 3), out[0]["targets"].permute(0, 4, 1, 2, 3)
         from shared_data import loader, readers
         from shared_data.sampler import TRAIN
+
         reader = readers.make_reader(cfg)
         for epoch in itertools.count():
             for b in loader.NumpyLoader(reader, loader.make_plan(cfg, TRAIN, epoch, [0], 1, reader.size), cfg):
@@ -179,7 +197,7 @@ class Bench:
     def sync(self) -> None:
         self.torch.cuda.synchronize()
 
-    def peak_memory_bytes(self) -> Optional[int]:
+    def peak_memory_bytes(self) -> int | None:
         return int(self.torch.cuda.max_memory_allocated())
 
     def versions(self) -> dict:

@@ -1,6 +1,7 @@
 """JAX (Flax, Optax) implementation: model, data, train, distribute. Imports no TensorFlow.
 
 Importing it sets the kit's default XLA flags (:mod:`shared_data.xla_flags`) before JAX starts a backend."""
+
 from shared_data.xla_flags import apply_default_xla_flags
 
 apply_default_xla_flags()

@@ -3,12 +3,10 @@
 IO: the input pipeline alone, each batch ready on the devices. SYNTHETIC: train steps on one cached
 device batch. FULL: train steps on the real input pipeline.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Optional
-
 import jax
-import numpy as np
 
 from jax_impl import data as data_mod
 from jax_impl import distribute
@@ -23,8 +21,7 @@ class Bench:
 
     framework = "jax"
 
-    def __init__(self, cfg: Config, mode: str, num_devices: Optional[int] = None, compiler_options: Optional[dict] = None,
-                 wrap_step: Optional[Callable] = None):
+    def __init__(self, cfg: Config, mode: str, num_devices: int | None = None):
         train_mod.configure_xla(cfg)
         self.cfg, self.mode = cfg, mode
         self.mesh = distribute.make_mesh(num_devices)
@@ -35,16 +32,14 @@ class Bench:
         if mode in ("io", "full"):
             self.batches = loader.forever(data_mod.make_input(cfg, "train", self.mesh))
         if mode in ("synthetic", "full"):
-            tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10 ** 6))
+            tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6))
             params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))
             self.state = jax.device_put(train_mod.create_train_state(cfg, params, tx), distribute.replicated(self.mesh))
             spec = data_mod.batch_spec(cfg, self.mesh)
-            self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, model_mod.build_model(cfg), tx, self.state, spec,
-                                                                         compiler_options, wrap_step)
+            model = model_mod.build_model(cfg)
+            self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, model, tx, self.state, spec)
         if mode == "synthetic":
-            rng = np.random.default_rng(0)
-            host = {k: (rng.standard_normal(v.shape) * 0.1).astype(np.float32) for k, v in spec.items()}
-            host["mask"] = np.ones(spec["mask"].shape, np.float32)
+            host = loader.synthetic_batch(cfg, self.global_batch)
             self.batch = {k: jax.device_put(v, spec[k].sharding) for k, v in host.items()}
 
     def step(self) -> None:
@@ -57,7 +52,7 @@ class Bench:
     def sync(self) -> None:
         jax.block_until_ready(self._out)
 
-    def peak_memory_bytes(self) -> Optional[int]:
+    def peak_memory_bytes(self) -> int | None:
         return train_mod.peak_memory_bytes()
 
     def versions(self) -> dict:

@@ -6,11 +6,12 @@ that device, and the iterator assembles global arrays with the mesh's batch ``sh
 GPU one CPU-only pipeline (``device_id=None``) makes this process's batch, which is then placed on
 the mesh like the native loaders' batches.
 """
+
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -19,12 +20,11 @@ from jax.sharding import Mesh
 
 from jax_impl import distribute
 from shared_data import dali_pipelines as dp
-from shared_data import dataset
+from shared_data import dataset, loaders
 from shared_data.config import Config, batch_sizes
-from shared_data.sampler import TRAIN, VAL
+from shared_data.sampler import SPLITS
 
 log = logging.getLogger(__name__)
-SPLITS = {"train": TRAIN, "val": VAL}
 
 
 def crop_fns(volumes: dict, device_id, size: int) -> dict:
@@ -39,7 +39,9 @@ def crop_fns(volumes: dict, device_id, size: int) -> dict:
     def crop(volume, starts):
         c = volume.shape[0]
         zero = jnp.zeros((), starts.dtype)
-        return jax.vmap(lambda st: lax.dynamic_slice(volume, (zero, st[0], st[1], st[2]), (c, size, size, size)))(starts)
+        return jax.vmap(lambda st: lax.dynamic_slice(volume, (zero, st[0], st[1], st[2]), (c, size, size, size)))(
+            starts
+        )
 
     def make(volume):
         on_dev = jax.device_put(volume, dev)
@@ -54,6 +56,7 @@ def make_iterator(pipes: list, samples_per_pipe: int, sharding=None):
     its sources' ``StopIteration``; several need the epoch's total ``size`` (DALI: "negative size is
     supported only for a single pipeline"), the sum over the pipelines."""
     from nvidia.dali.plugin.jax import DALIGenericIterator
+
     kwargs = dict(sharding=sharding) if sharding is not None else {}
     if len(pipes) > 1:
         kwargs["size"] = samples_per_pipe * len(pipes)
@@ -66,7 +69,7 @@ class DaliInput:
     def __init__(self, cfg: Config, split: str, mesh: Mesh, epoch_offset: int = 0):
         dp.require_dali()
         self.cfg, self.mesh = cfg, mesh
-        path = cfg.resolve_path(cfg.train_path if split == "train" else cfg.val_path)
+        path = cfg.data_file(split)
         size = dataset.validate(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size).size
         shards, replicas = distribute.local_shards(mesh), distribute.num_replicas(mesh)
         _, local_bs = batch_sizes(cfg, replicas)
@@ -76,17 +79,17 @@ class DaliInput:
         else:
             log.info("DALI %s/%s: no GPU, CPU-only pipelines (device_id=None)", cfg.data_loader_config, split)
             groups = [(shards, None)]
-        kind = cfg.data_loader_config
-        host_volumes = dp.load_volumes(path, cfg) if kind == "dali-device" else None
+        kind = loaders.loader_kind(cfg)
+        host_volumes = dp.load_volumes(path, cfg) if kind.device_volumes else None
         pipes = []
         for group, device_id in groups:
             plans = dp.EpochPlans(cfg, SPLITS[split], group, replicas, size, epoch_offset)
             sources = None
-            if kind == "dali-h5":
-                sources = dp.crop_sources(plans, path, cfg)
-            elif kind == "dali-device":
+            if kind.device_volumes:
                 sources = dp.device_crop_sources(plans, crop_fns(host_volumes, device_id, cfg.crop_size), cfg)
-            pipes.append(dp.build_pipeline(cfg, kind, path, local_bs * len(group), device_id, plans, sources))
+            elif kind.crops_outside_dali:
+                sources = dp.crop_sources(plans, path, cfg)
+            pipes.append(dp.build_pipeline(cfg, split, local_bs * len(group), device_id, plans, sources))
         self.steps = len(plans(0))
         sharding = distribute.batch_sharding(mesh) if self.on_gpu else None
         self.iterator = make_iterator(pipes, self.steps * local_bs * len(groups[0][0]), sharding)
@@ -96,4 +99,8 @@ class DaliInput:
         """The next epoch of the pipeline (DALI counts epochs itself; ``epoch`` must follow in order)."""
         del epoch  # the pipeline's own epoch counter + epoch_offset selects the plan
         for batch in self.iterator:
-            yield batch if self.on_gpu else distribute.put_batch({k: jax.device_get(v) for k, v in batch.items()}, self.mesh)
+            yield (
+                batch
+                if self.on_gpu
+                else distribute.put_batch({k: jax.device_get(v) for k, v in batch.items()}, self.mesh)
+            )

@@ -4,11 +4,12 @@
 batches as global ``jax.Array``s sharded over the mesh's ``data`` axis, one batch prefetched to
 the devices ahead of the step that consumes it.
 """
+
 from __future__ import annotations
 
 import collections
 import functools
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -16,12 +17,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jax_impl import distribute
-from shared_data import loader, readers
+from shared_data import loader, loaders, readers
 from shared_data.config import Config, batch_sizes
 from shared_data.nvtx import nvtx_range
-from shared_data.sampler import TRAIN, VAL
-
-SPLITS = {"train": TRAIN, "val": VAL}
+from shared_data.sampler import SPLITS
 
 
 class Input:
@@ -57,10 +56,12 @@ def prefetch_to_mesh(batches: Iterator[dict], mesh: Mesh, depth: int = 2) -> Ite
 def make_input(cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0):
     """The input pipeline of ``cfg.data_loader_config`` for ``split`` (``"train"`` / ``"val"``);
     ``first_epoch`` is where a resumed run starts (DALI pipelines count epochs from there)."""
-    if cfg.data_loader_config.startswith("dali"):
+    kind = loaders.loader_kind(cfg)
+    if kind.dali:
         from jax_impl.dali import DaliInput
+
         return DaliInput(cfg, split, mesh, first_epoch)
-    if cfg.data_loader_config == "device":
+    if kind.device_volumes:
         return DeviceInput(cfg, split, mesh)
     return Input(cfg, split, mesh)
 
@@ -69,13 +70,28 @@ def batch_spec(cfg: Config, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
     """Shapes, dtypes and shardings of a global batch (what the steps are compiled for)."""
     global_bs, _ = batch_sizes(cfg, distribute.num_replicas(mesh))
     s, sharding = cfg.crop_size, distribute.batch_sharding(mesh)
-    shapes = {"inputs": (global_bs, s, s, s, cfg.N_in_channels), "targets": (global_bs, s, s, s, cfg.N_out_channels),
-              "mask": (global_bs,)}
+    shapes = {
+        "inputs": (global_bs, s, s, s, cfg.N_in_channels),
+        "targets": (global_bs, s, s, s, cfg.N_out_channels),
+        "mask": (global_bs,),
+    }
     return {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding) for k, v in shapes.items()}
 
 
-def gather_batch(volume: jax.Array, starts: jax.Array, syms: jax.Array, mask: jax.Array, *, size: int,
-                 crop: int, n_in: int, perms: np.ndarray, signs: np.ndarray, src: np.ndarray, chan_sign: np.ndarray) -> dict:
+def gather_batch(
+    volume: jax.Array,
+    starts: jax.Array,
+    syms: jax.Array,
+    mask: jax.Array,
+    *,
+    size: int,
+    crop: int,
+    n_in: int,
+    perms: np.ndarray,
+    signs: np.ndarray,
+    src: np.ndarray,
+    chan_sign: np.ndarray,
+) -> dict:
     """Crop and transform a batch from a device-resident volume, inside one jitted function.
 
     ``volume`` (L^3, C) float32, channels last, C = N_in + N_out; ``starts`` int32 (B, 3);
@@ -95,7 +111,7 @@ def gather_batch(volume: jax.Array, starts: jax.Array, syms: jax.Array, mask: ja
         yi = [jnp.where(sg[i] > 0, y, crop - 1 - y).reshape(shapes[i]) for i in range(3)]
         w = [sum(jnp.where(p[i] == j, yi[i], 0) for i in range(3)) for j in range(3)]
         row = (((start[0] + w[0]) * size + (start[1] + w[1])) * size + (start[2] + w[2]))[..., None]
-        part = lambda lo, hi: volume[row, src[g, lo:hi]] * sgn[g, lo:hi]  # noqa: E731  (crop^3, hi - lo)
+        part = lambda lo, hi: volume[row, src[g, lo:hi]] * sgn[g, lo:hi]
         return part(0, n_in), part(n_in, src.shape[1])
 
     inputs, targets = jax.vmap(one)(starts, syms)
@@ -112,13 +128,19 @@ class DeviceInput(Input):
         host, static = loader.device_gather_setup(self.reader, cfg)
         self.volume = distribute.put_replicated(host, mesh)
         sharding = distribute.batch_sharding(mesh)
-        self.gather = jax.jit(functools.partial(gather_batch, **static),
-                              out_shardings={"inputs": sharding, "targets": sharding, "mask": sharding})
+        self.gather = jax.jit(
+            functools.partial(gather_batch, **static),
+            out_shardings={"inputs": sharding, "targets": sharding, "mask": sharding},
+        )
 
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
         plan = self.plan(epoch)
         for draws, mask in zip(plan.draws, plan.masks):
             with nvtx_range("gather batch", "green"):
-                host = {"starts": draws.starts.astype(np.int32), "syms": draws.symmetries.astype(np.int32), "mask": mask}
+                host = {
+                    "starts": draws.starts.astype(np.int32),
+                    "syms": draws.symmetries.astype(np.int32),
+                    "mask": mask,
+                }
                 dev = distribute.put_batch(host, self.mesh)
                 yield self.gather(self.volume, dev["starts"], dev["syms"], dev["mask"])

@@ -4,6 +4,7 @@ replicated, all inside the one jitted step (XLA inserts the gradient all-reduce)
 Replica ``r`` of the mesh is data shard ``r``; a process loads the shards of its own devices
 (:func:`local_shards`) and :func:`put_batch` assembles the global array from process-local data.
 """
+
 from __future__ import annotations
 
 import logging
@@ -11,7 +12,8 @@ import os
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from shared_data.errors import UserError
 
@@ -37,8 +39,13 @@ def initialize() -> None:
         jax.distributed.initialize()
     else:
         return
-    log.info("jax.distributed: process %d of %d, %d local / %d global devices", jax.process_index(),
-             jax.process_count(), jax.local_device_count(), jax.device_count())
+    log.info(
+        "jax.distributed: process %d of %d, %d local / %d global devices",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
 
 
 def make_mesh(num_devices: int | None = None) -> Mesh:
@@ -48,7 +55,9 @@ def make_mesh(num_devices: int | None = None) -> Mesh:
         UserError: more devices asked for than there are.
     """
     if num_devices is not None and not 1 <= num_devices <= jax.device_count():
-        raise UserError(f"--num_devices {num_devices}: this process sees {jax.device_count()} {jax.default_backend()} device(s)")
+        raise UserError(
+            f"--num_devices {num_devices}: this process sees {jax.device_count()} {jax.default_backend()} device(s)"
+        )
     devices = jax.devices()[: num_devices or jax.device_count()]
     return Mesh(np.array(devices), ("data",))
 
@@ -71,9 +80,14 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
+def process_index() -> int:
+    """This process's rank in a multi-process run (0 alone)."""
+    return jax.process_index()
+
+
 def is_main_process() -> bool:
     """True on process 0, which alone writes logs, metrics and weights files."""
-    return jax.process_index() == 0
+    return process_index() == 0
 
 
 def put_replicated(host: np.ndarray, mesh: Mesh) -> jax.Array:

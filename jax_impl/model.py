@@ -35,9 +35,10 @@ Up-convolution (``upconv``):
 
 ``downconv_strided_below`` / ``upconv_transpose_below`` switch the small levels to the plain forms.
 """
+
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -67,7 +68,9 @@ def depth_to_space(y: jax.Array, n: int, c_out: int) -> jax.Array:
     """Interleave the 8 phases of ``y`` (B, n+1, n+1, n+1, 8 C_out) into (B, 2n, 2n, 2n, C_out)."""
     b = y.shape[0]
     y = y.reshape(b, n + 1, n + 1, n + 1, 2, 2, 2, c_out)
-    phases = [[[y[:, r0:r0 + n, r1:r1 + n, r2:r2 + n, r0, r1, r2] for r2 in (0, 1)] for r1 in (0, 1)] for r0 in (0, 1)]
+    phases = [
+        [[y[:, r0 : r0 + n, r1 : r1 + n, r2 : r2 + n, r0, r1, r2] for r2 in (0, 1)] for r1 in (0, 1)] for r0 in (0, 1)
+    ]
     z = jnp.stack([jnp.stack([jnp.stack(p2, axis=-2) for p2 in p1], axis=-3) for p1 in phases], axis=-4)
     # z: (B, n, n, n, r0, r1, r2, C) -> (B, n, r0, n, r1, n, r2, C)
     z = z.transpose(0, 1, 4, 2, 5, 3, 6, 7)
@@ -88,9 +91,22 @@ def conv_transpose_phases(x: jax.Array, w: jax.Array) -> jax.Array:
     b, n, c_out = x.shape[0], x.shape[1], w.shape[-1]
     xp = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
     wk = phase_kernel(w).reshape(2, 2, 2, x.shape[-1], 2, 2, 2, c_out)
-    phases = [[[lax.conv_general_dilated(xp[:, r0:r0 + n + 1, r1:r1 + n + 1, r2:r2 + n + 1], wk[..., r0, r1, r2, :],
-                                         (1, 1, 1), "VALID", dimension_numbers=DIMS)
-                for r2 in (0, 1)] for r1 in (0, 1)] for r0 in (0, 1)]
+    phases = [
+        [
+            [
+                lax.conv_general_dilated(
+                    xp[:, r0 : r0 + n + 1, r1 : r1 + n + 1, r2 : r2 + n + 1],
+                    wk[..., r0, r1, r2, :],
+                    (1, 1, 1),
+                    "VALID",
+                    dimension_numbers=DIMS,
+                )
+                for r2 in (0, 1)
+            ]
+            for r1 in (0, 1)
+        ]
+        for r0 in (0, 1)
+    ]
     z = jnp.stack([jnp.stack([jnp.stack(p2, axis=-2) for p2 in p1], axis=-3) for p1 in phases], axis=-4)
     return z.transpose(0, 1, 4, 2, 5, 3, 6, 7).reshape(b, 2 * n, 2 * n, 2 * n, c_out)
 
@@ -98,8 +114,9 @@ def conv_transpose_phases(x: jax.Array, w: jax.Array) -> jax.Array:
 def conv_transpose_dilated(x: jax.Array, w: jax.Array) -> jax.Array:
     """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` as an input-dilated convolution with the
     spatially flipped kernel, padding k - 1 - p = 2 per side."""
-    return lax.conv_general_dilated(x, w[::-1, ::-1, ::-1], (1, 1, 1), [(2, 2)] * 3, lhs_dilation=(2, 2, 2),
-                                    dimension_numbers=DIMS)
+    return lax.conv_general_dilated(
+        x, w[::-1, ::-1, ::-1], (1, 1, 1), [(2, 2)] * 3, lhs_dilation=(2, 2, 2), dimension_numbers=DIMS
+    )
 
 
 UPCONV = {"subpixel": conv_transpose_subpixel, "phases": conv_transpose_phases, "transpose": conv_transpose_dilated}
@@ -130,7 +147,7 @@ class _Conv(nn.Module):
     features: int
     method: str
     dtype: Any = jnp.float32
-    FNS = {}
+    FNS: ClassVar[dict] = {}
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -203,14 +220,22 @@ COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": j
 
 def build_model(cfg: Config) -> UNet:
     """The U-Net of ``cfg`` with compute dtype from its precision policy (``cfg.precision``)."""
-    return UNet(encoder_widths(cfg), cfg.N_out_channels, cfg.upconv, cfg.downconv, COMPUTE_DTYPES[cfg.precision],
-                cfg.upconv_transpose_below, cfg.downconv_strided_below)
+    return UNet(
+        encoder_widths(cfg),
+        cfg.N_out_channels,
+        cfg.upconv,
+        cfg.downconv,
+        COMPUTE_DTYPES[cfg.precision],
+        cfg.upconv_transpose_below,
+        cfg.downconv_strided_below,
+    )
 
 
 def init_params(cfg: Config, seed: int) -> dict:
     """Float32 parameters of ``build_model(cfg)`` from the canonical init (shared with TF via
     :func:`shared_data.unet_spec.init_weights`), so both frameworks start from the same weights."""
     from shared_data.unet_spec import init_weights
+
     return params_from_canonical(init_weights(cfg, seed))
 
 
@@ -225,4 +250,6 @@ def params_from_canonical(weights: dict[str, np.ndarray]) -> dict:
 
 def params_to_canonical(params: dict) -> dict[str, np.ndarray]:
     """Flax params -> canonical arrays (float32 NumPy)."""
-    return {f"{layer}/{leaf}": np.asarray(v, np.float32) for layer, leaves in params.items() for leaf, v in leaves.items()}
+    return {
+        f"{layer}/{leaf}": np.asarray(v, np.float32) for layer, leaves in params.items() for leaf, v in leaves.items()
+    }

@@ -1,34 +1,44 @@
 """The run configuration: one frozen, typed object loaded from YAML, shared by TF, JAX and the tools.
 
-Configs live in ``configs/UNet.yaml`` as named sections that inherit with YAML merge keys, as in the
-NERSC tutorial (``short: {<<: *base, num_epochs: 4}``). The file is flat: every key is a field of
-:class:`Config`, so an overlay holds only its differences. Loading checks every key and type and
-raises :class:`~shared_data.errors.ConfigError` naming the file, section, key and expected type.
+Configs live in ``configs/UNet.yaml`` (shipped inside the installed package; ``--yaml_config`` takes
+any other file) as named sections that inherit with YAML merge keys, as in the NERSC tutorial
+(``short: {<<: *base, num_epochs: 4}``). The file is flat: every key is a field of :class:`Config`,
+so an overlay holds only its differences. Loading checks every key, type and range and raises
+:class:`~shared_data.errors.ConfigError` naming the file, section, key and expected value.
+
+The tutorial's own ``config/UNet.yaml`` loads unchanged: a section in its format (``data_size``,
+``expdir``, a nested ``lr_schedule``, ...) is translated key by key, every tutorial key either mapped
+to ours or reported as not applicable (:attr:`Config.notes`, logged by the trainers), and the keys
+it does not have take this kit's ``base`` values.
+
+Relative paths resolve against the current folder; ``data_dir`` (``--data_dir``), when set, is the
+folder the data paths are relative to instead.
 
 Command-line overrides come in two forms, both applied after the section is loaded:
 the tutorial's flags (``--num_epochs 2``, ``--enable_amp``, ...) and a generic ``--set KEY=VALUE``
 whose value is parsed as YAML and type-checked like the file. Derived numbers (global/local batch
 size, steps per epoch) are computed by functions here, never written back into the config.
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.resources
 import math
 import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
 from shared_data.errors import ConfigError
+from shared_data.loaders import NAMES as LOADERS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_YAML = REPO_ROOT / "configs" / "UNet.yaml"
-
-LOADERS = ("synthetic", "inmem", "lowmem", "device", "dali-npy", "dali-lowmem", "dali-h5", "dali-device")
+DEFAULT_YAML = Path(str(importlib.resources.files("configs") / "UNet.yaml"))
 CHOICES: dict[str, tuple[str, ...]] = {
     "data_loader_config": LOADERS,
     "symmetry_group": ("cube48", "rotations24", "none"),
@@ -46,13 +56,19 @@ CHOICES: dict[str, tuple[str, ...]] = {
 class Config:
     """All settings of a run. Field names follow the NERSC tutorial's ``UNet.yaml`` where it has one.
 
-    Paths are relative to the repository root unless absolute. Sizes are in voxels, batch sizes in
-    samples, learning rates per step, ``warmup_steps`` in optimizer steps.
+    Relative paths resolve against the current folder (data paths against ``data_dir`` when set).
+    Sizes are in voxels, batch sizes in samples, learning rates per step, ``warmup_steps`` in
+    optimizer steps.
     """
 
     # --- data -------------------------------------------------------------------------------
     train_path: str
     val_path: str
+    data_dir: str | None
+    train_path_npy_data: str | None
+    train_path_npy_label: str | None
+    val_path_npy_data: str | None
+    val_path_npy_label: str | None
     data_loader_config: str
     num_data_workers: int
     crop_size: int
@@ -80,7 +96,7 @@ class Config:
     # --- training ---------------------------------------------------------------------------
     num_epochs: int
     global_batch_size: int
-    local_batch_size: Optional[int]
+    local_batch_size: int | None
     start_lr: float
     end_lr: float
     lr_schedule: str
@@ -100,15 +116,38 @@ class Config:
     tensorboard: bool
     progress_bar: bool
     xla_cache_dir: str
-    profile_steps: Optional[tuple[int, ...]]
+    profile_steps: tuple[int, ...] | None
+    enable_manual_profiling: bool
     # --- bookkeeping (not YAML keys) -------------------------------------------------------
     name: str = "?"
     source: str = "?"
+    notes: tuple[str, ...] = ()
 
     def resolve_path(self, path: str) -> Path:
-        """Return ``path`` made absolute against the repository root (absolute paths unchanged)."""
+        """``path`` made absolute against the current folder (``~`` expanded; absolute paths unchanged)."""
+        return Path(os.path.expanduser(path)).absolute()
+
+    def _data_path(self, path: str) -> Path:
         p = Path(os.path.expanduser(path))
-        return p if p.is_absolute() else REPO_ROOT / p
+        if self.data_dir and not p.is_absolute():
+            p = Path(os.path.expanduser(self.data_dir)) / p
+        return p.absolute()
+
+    def data_file(self, split: str) -> Path:
+        """The HDF5 file of ``split`` (``"train"`` or ``"val"``), absolute."""
+        return self._data_path(self.train_path if split == "train" else self.val_path)
+
+    def npy_files(self, split: str) -> tuple[Path, Path]:
+        """The DHWC ``.npy`` twins (Nbody, Hydro) that DALI's numpy reader reads for ``split``: the
+        ``*_path_npy_data`` / ``*_path_npy_label`` keys when set, else ``<stem>_Nbody.npy`` /
+        ``<stem>_Hydro.npy`` beside the HDF5 file."""
+        data, label = (getattr(self, f"{split}_path_npy_{k}") for k in ("data", "label"))
+        h5 = self.data_file(split)
+        stem = h5.with_suffix("")
+        return (
+            self._data_path(data) if data else Path(f"{stem}_Nbody.npy"),
+            self._data_path(label) if label else Path(f"{stem}_Hydro.npy"),
+        )
 
     @property
     def precision(self) -> str:
@@ -116,7 +155,7 @@ class Config:
         return self.amp_dtype if self.enable_amp else "float32"
 
 
-_BOOKKEEPING = {"name", "source"}
+_BOOKKEEPING = {"name", "source", "notes"}
 FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name not in _BOOKKEEPING}
 _HINTS = typing.get_type_hints(Config)
 
@@ -144,6 +183,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
         inner = typing.get_args(tp)[0]
         return tuple(_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value))
+    if tp is float and isinstance(value, str):
+        value = _float_text(value, tp, where)
     ok = {
         bool: isinstance(value, bool),
         int: isinstance(value, int) and not isinstance(value, bool),
@@ -155,6 +196,14 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return float(value) if tp is float else value
 
 
+def _float_text(text: str, tp: Any, where: str) -> float:
+    """A number written as text that YAML 1.1 leaves a string (``1e-3``, ``2E-4``): parse it."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {text!r}") from None
+
+
 def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
@@ -163,6 +212,10 @@ def _read_yaml(path: Path) -> dict:
             doc = yaml.safe_load(fh)
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {' '.join(str(err).split())}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not a text file, expected YAML") from None
+    except OSError as err:
+        raise ConfigError(f"config file {path} cannot be read ({err.strerror})") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"config file {path}: expected a mapping of config names, got {type(doc).__name__}")
     return doc
@@ -173,7 +226,7 @@ def config_names(yaml_path: str | Path = DEFAULT_YAML) -> list[str]:
     return sorted(_read_yaml(Path(yaml_path)))
 
 
-def make_config(values: dict, name: str, source: str) -> Config:
+def make_config(values: dict, name: str, source: str, notes: tuple[str, ...] = ()) -> Config:
     """Build a :class:`Config` from a flat mapping, checking keys, types, choices and ranges.
 
     Raises:
@@ -190,45 +243,93 @@ def make_config(values: dict, name: str, source: str) -> Config:
     for key, choices in CHOICES.items():
         if kwargs[key] not in choices:
             raise ConfigError(f"{where} key {key!r}: expected one of {', '.join(choices)}, got {kwargs[key]!r}")
-    cfg = Config(**kwargs, name=name, source=source)
+    cfg = Config(**kwargs, name=name, source=source, notes=notes)
     _check_ranges(cfg, where)
     return cfg
 
 
+#: The lower bound of every numeric key: ``(minimum, inclusive)``; floats must also be finite. The
+#: keys whose range depends on other keys (channel indices, crop divisibility) are checked below.
+RANGES: dict[str, tuple[float, bool]] = {
+    **{
+        k: (1, True)
+        for k in (
+            "num_data_workers",
+            "crop_size",
+            "Nsamples",
+            "Nsamples_val",
+            "N_in_channels",
+            "N_out_channels",
+            "global_batch_size",
+            "local_batch_size",
+            "base_batch_size",
+            "synthetic_volume_size",
+            "dali_threads",
+            "dali_prefetch_queue_depth",
+            "keep_checkpoints",
+            "loss_scale_period",
+            "unet_widths",
+        )
+    },
+    **{
+        k: (0, True)
+        for k in (
+            "seed",
+            "num_epochs",
+            "upconv_transpose_below",
+            "downconv_strided_below",
+            "warmup_steps",
+            "start_lr",
+            "end_lr",
+            "lambda_rho",
+        )
+    },
+    **{k: (0, False) for k in ("density_scale", "loss_scale_init")},
+}
+
+
 def _check_ranges(cfg: Config, where: str) -> None:
-    positive = ("num_data_workers", "crop_size", "Nsamples", "Nsamples_val", "N_in_channels",
-                "N_out_channels", "global_batch_size", "base_batch_size", "synthetic_volume_size",
-                "dali_threads", "dali_prefetch_queue_depth", "keep_checkpoints", "loss_scale_period")
-    for key in positive:
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"{where} key {key!r}: expected a positive integer, got {getattr(cfg, key)}")
-    for key in ("num_epochs", "upconv_transpose_below", "downconv_strided_below"):
-        if getattr(cfg, key) < 0:
-            raise ConfigError(f"{where} key {key!r}: expected an integer >= 0, got {getattr(cfg, key)}")
-    if cfg.local_batch_size is not None and cfg.local_batch_size < 1:
-        raise ConfigError(f"{where} key 'local_batch_size': expected a positive integer or null")
+    for key, (minimum, inclusive) in RANGES.items():
+        value = getattr(cfg, key)
+        for v in value if isinstance(value, tuple) else (value,):
+            if v is None:
+                continue
+            ok = math.isfinite(v) and (v >= minimum if inclusive else v > minimum)
+            if not ok:
+                kind = "an integer" if isinstance(v, int) else "a finite number"
+                raise ConfigError(
+                    f"{where} key {key!r}: expected {kind} {'>=' if inclusive else '>'} {minimum}, "
+                    f"got {value if not isinstance(value, tuple) else list(value)}"
+                )
     levels = len(cfg.unet_widths) - (0 if cfg.full_scale else 1)
-    if levels < 1 or cfg.crop_size % (2 ** levels):
+    if levels < 1 or cfg.crop_size % (2**levels):
         raise ConfigError(
             f"{where} key 'crop_size': {cfg.crop_size} must be divisible by 2**{levels} "
-            f"(one halving per encoder level of unet_widths={list(cfg.unet_widths)}, full_scale={cfg.full_scale})")
+            f"(one halving per encoder level of unet_widths={list(cfg.unet_widths)}, full_scale={cfg.full_scale})"
+        )
     for key, n in (("nbody_vector_channels", cfg.N_in_channels), ("hydro_vector_channels", cfg.N_out_channels)):
         for triplet in getattr(cfg, key):
             if len(triplet) != 3 or not all(0 <= c < n for c in triplet):
-                raise ConfigError(f"{where} key {key!r}: expected triplets of channel indices in [0, {n}), got {list(triplet)}")
+                raise ConfigError(
+                    f"{where} key {key!r}: expected triplets of channel indices in [0, {n}), got {list(triplet)}"
+                )
     if not 0 <= cfg.density_channel < cfg.N_out_channels:
-        raise ConfigError(f"{where} key 'density_channel': expected an index in [0, {cfg.N_out_channels})")
-    for key in ("start_lr", "end_lr", "loss_scale_init"):
-        value = getattr(cfg, key)
-        if not (math.isfinite(value) and value >= 0):
-            raise ConfigError(f"{where} key {key!r}: expected a finite number >= 0, got {value}")
-    if cfg.profile_steps is not None and (len(cfg.profile_steps) != 2 or not 0 <= cfg.profile_steps[0] < cfg.profile_steps[1]):
-        raise ConfigError(f"{where} key 'profile_steps': expected [start, stop) with 0 <= start < stop, got {list(cfg.profile_steps)}")
+        raise ConfigError(
+            f"{where} key 'density_channel': expected an index in [0, {cfg.N_out_channels}), got {cfg.density_channel}"
+        )
+    if cfg.profile_steps is not None and (
+        len(cfg.profile_steps) != 2 or not 0 <= cfg.profile_steps[0] < cfg.profile_steps[1]
+    ):
+        raise ConfigError(
+            f"{where} key 'profile_steps': expected [start, stop) with 0 <= start < stop, got {list(cfg.profile_steps)}"
+        )
     if cfg.grad_allreduce_dtype == "bfloat16" and cfg.precision != "bfloat16":
         # JAX sums the gradients its bf16 convolutions produce; with float32 or float16 compute it
         # would have to round the weights themselves, so the frameworks agree on this rule
-        raise ConfigError(f"{where} key 'grad_allreduce_dtype': bfloat16 needs bfloat16 compute "
-                          f"(enable_amp: true, amp_dtype: bfloat16), got precision {cfg.precision}")
+        raise ConfigError(
+            f"{where} key 'grad_allreduce_dtype': bfloat16 needs bfloat16 compute "
+            f"(enable_amp: true, amp_dtype: bfloat16), got precision {cfg.precision}"
+        )
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -250,8 +351,82 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+# The tutorial's UNet.yaml keys that are not ours, each mapped to our key(s) or not applicable here.
+TUTORIAL_ONLY = ("data_size", "expdir", "weight_init", "box_size", "enable_apex", "enable_benchy", "use_cache")
+_NOT_APPLICABLE = {
+    "enable_apex": "Adam already runs fused inside the compiled step (optax / Keras under XLA)",
+    "enable_benchy": "the benchmark command runs benchy's IO / SYNTHETIC / FULL modes "
+    "(python -m compare.benchmark --mode io synthetic full, or the trainer's --enable_benchy)",
+    "box_size": "volume sides are read from the HDF5 files",
+    "use_cache": "point train_path / val_path (or --data_dir) at the cached copy",
+}
+_TUTORIAL_INIT = {"conv_init": "normal", "conv_scale": 0.02, "conv_bias": 0.0}
+
+
+def is_tutorial_section(section: dict) -> bool:
+    """Whether a config section is in the NERSC tutorial's format (a key of its own, or a nested
+    ``lr_schedule``)."""
+    return any(k in section for k in TUTORIAL_ONLY) or isinstance(section.get("lr_schedule"), dict)
+
+
+def translate_tutorial(section: dict, where: str, defaults: dict) -> tuple[dict, list[str]]:
+    """Map a tutorial-format section onto this kit's keys; return ``(values, notes)``, one note per
+    tutorial key (mapped or not applicable) and one for the keys taken from ``defaults``.
+
+    Raises:
+        ConfigError: a tutorial value this kit cannot honour (another weight init, a bad ``lr_schedule``).
+    """
+    values, notes = {}, []
+    for key, value in section.items():
+        value = None if value == "None" else value  # the tutorial's YParams reads 'None' as None
+        if key == "data_size":
+            values["crop_size"] = value
+            notes.append(f"tutorial key 'data_size' -> crop_size = {value}")
+        elif key == "expdir":
+            values["exp_dir"] = value
+            notes.append(f"tutorial key 'expdir' -> exp_dir = {value}")
+        elif key == "lr_schedule" and isinstance(value, dict):
+            names = {
+                "scaling": "lr_scaling",
+                "start_lr": "start_lr",
+                "end_lr": "end_lr",
+                "warmup_steps": "warmup_steps",
+            }
+            unknown = sorted(set(value) - set(names))
+            if unknown:
+                raise ConfigError(
+                    f"{where} key 'lr_schedule': unknown entry {unknown[0]!r} (expected {', '.join(names)})"
+                )
+            for k, v in value.items():
+                values[names[k]] = v
+            values["lr_schedule"] = "cosine"
+            notes.append(
+                "tutorial key 'lr_schedule' -> lr_schedule = cosine, "
+                + ", ".join(f"{names[k]} = {v}" for k, v in value.items())
+            )
+        elif key == "weight_init":
+            init = dict(_TUTORIAL_INIT, **(value or {}))
+            if init != _TUTORIAL_INIT:
+                raise ConfigError(
+                    f"{where} key 'weight_init': {value} is not supported; this kit initialises "
+                    f"kernels N(0, 0.02) and biases 0 (the tutorial's {_TUTORIAL_INIT})"
+                )
+            notes.append("tutorial key 'weight_init': kernels N(0, 0.02), biases 0, as this kit always does")
+        elif key in _NOT_APPLICABLE:
+            notes.append(f"tutorial key {key!r} = {value}: not applicable here ({_NOT_APPLICABLE[key]})")
+        else:
+            values[key] = value
+    filled = sorted(k for k in defaults if k not in values)
+    if filled:
+        notes.append(
+            f"{len(filled)} keys the tutorial's file does not have take this kit's base values ({', '.join(filled)})"
+        )
+    return {**{k: defaults[k] for k in filled}, **values}, notes
+
+
 def load_config(name: str, yaml_path: str | Path = DEFAULT_YAML, overrides: dict | None = None) -> Config:
-    """Load config ``name`` from ``yaml_path`` and apply ``overrides`` (key -> value).
+    """Load config ``name`` from ``yaml_path`` and apply ``overrides`` (key -> value). A section in
+    the tutorial's format is translated first (:func:`translate_tutorial`).
 
     Raises:
         ConfigError: missing file or name, unknown key, wrong type or value (message names which).
@@ -259,11 +434,14 @@ def load_config(name: str, yaml_path: str | Path = DEFAULT_YAML, overrides: dict
     path = Path(yaml_path)
     doc = _read_yaml(path)
     if name not in doc:
-        raise ConfigError(f"config {name!r} not found in {path} (available: {', '.join(sorted(doc))})")
+        raise ConfigError(f"config {name!r} not found in {path} (available: {', '.join(sorted(map(str, doc)))})")
     section = doc[name]
     if not isinstance(section, dict):
         raise ConfigError(f"{path} [{name}]: expected a mapping of keys, got {type(section).__name__}")
-    values = dict(section)
+    values, notes = dict(section), []
+    if is_tutorial_section(section):
+        defaults = dict(_read_yaml(DEFAULT_YAML)["base"])
+        values, notes = translate_tutorial(section, f"{path} [{name}]", defaults)
     source = str(path)
     if overrides:
         unknown = sorted(set(overrides) - set(FIELDS))
@@ -271,24 +449,27 @@ def load_config(name: str, yaml_path: str | Path = DEFAULT_YAML, overrides: dict
             raise ConfigError(f"override: unknown key {unknown[0]!r}")
         values.update(overrides)
         source = f"{path} + overrides {sorted(overrides)}"
-    return make_config(values, name, source)
+    return make_config(values, name, source, tuple(notes))
 
 
 def replace(cfg: Config, **changes: Any) -> Config:
     """Return a copy of ``cfg`` with ``changes`` applied and checked like a file's keys."""
     values = {k: getattr(cfg, k) for k in FIELDS}
     values.update(changes)
-    return make_config(values, cfg.name, cfg.source)
+    return make_config(values, cfg.name, cfg.source, cfg.notes)
 
 
 def config_dict(cfg: Config) -> dict:
     """The YAML keys of ``cfg`` as plain Python values (lists, not tuples), for logs and checkpoints."""
+
     def plain(v: Any) -> Any:
         return [plain(x) for x in v] if isinstance(v, tuple) else v
+
     return {k: plain(getattr(cfg, k)) for k in FIELDS}
 
 
 # --- derived values ---------------------------------------------------------------------------
+
 
 def batch_sizes(cfg: Config, num_replicas: int = 1) -> tuple[int, int]:
     """Return ``(global_batch_size, local_batch_size)`` for ``num_replicas`` data-parallel replicas.
@@ -304,7 +485,8 @@ def batch_sizes(cfg: Config, num_replicas: int = 1) -> tuple[int, int]:
     if cfg.global_batch_size % num_replicas:
         raise ConfigError(
             f"config {cfg.name!r}: global_batch_size {cfg.global_batch_size} does not divide over "
-            f"{num_replicas} replicas; set local_batch_size or a multiple of {num_replicas}")
+            f"{num_replicas} replicas; set local_batch_size or a multiple of {num_replicas}"
+        )
     return cfg.global_batch_size, cfg.global_batch_size // num_replicas
 
 
@@ -316,7 +498,9 @@ def steps_per_epoch(cfg: Config, num_replicas: int = 1) -> int:
     """
     global_bs, _ = batch_sizes(cfg, num_replicas)
     if cfg.Nsamples < global_bs:
-        raise ConfigError(f"config {cfg.name!r}: Nsamples {cfg.Nsamples} is smaller than one global batch ({global_bs})")
+        raise ConfigError(
+            f"config {cfg.name!r}: Nsamples {cfg.Nsamples} is smaller than one global batch ({global_bs})"
+        )
     return cfg.Nsamples // global_bs
 
 
@@ -328,36 +512,74 @@ def val_steps(cfg: Config, num_replicas: int = 1) -> int:
 
 # --- command line ------------------------------------------------------------------------------
 
+
 def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--yaml_config``, ``--config``, the tutorial's flags and ``--set KEY=VALUE`` to ``parser``."""
+    """Add ``--yaml_config``, ``--config``, the tutorial's flags and ``--set KEY=VALUE`` to ``parser``.
+
+    The tutorial's switches keep its spelling (``--enable_amp``, ``--enable_jit``); ``--no-enable_amp``
+    and ``--no-enable_jit`` turn them off where a config turns them on.
+    """
     g = parser.add_argument_group("configuration")
-    g.add_argument("--yaml_config", default=str(DEFAULT_YAML), help="YAML file of named configs (default: %(default)s)")
+    g.add_argument(
+        "--yaml_config",
+        default=str(DEFAULT_YAML),
+        help="YAML file of named configs, this kit's or the tutorial's (default: the kit's)",
+    )
     g.add_argument("--config", default="cpu_default", help="config name in the YAML file (default: %(default)s)")
     g.add_argument("--num_epochs", type=int, help="override num_epochs")
     g.add_argument("--global_batch_size", type=int, help="override global_batch_size")
     g.add_argument("--local_batch_size", type=int, help="per-replica batch; global = local x replicas")
     g.add_argument("--num_data_workers", type=int, help="override num_data_workers")
     g.add_argument("--data_loader_config", choices=LOADERS, help="input pipeline")
-    g.add_argument("--enable_amp", action="store_true", default=None, help="mixed precision (amp_dtype, bfloat16 by default)")
+    g.add_argument(
+        "--enable_amp",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="mixed precision (amp_dtype, bfloat16 by default)",
+    )
     g.add_argument("--amp_dtype", choices=CHOICES["amp_dtype"], help="half type used when AMP is on")
-    g.add_argument("--enable_jit", type=_parse_bool, metavar="{true,false}", help="XLA compilation of the train step (TF); JAX always compiles")
+    g.add_argument(
+        "--enable_jit",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="XLA compilation of TF's train step (JAX always compiles)",
+    )
+    g.add_argument(
+        "--enable_manual_profiling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="per-step NVTX ranges and a capture window (cudaProfilerStart/Stop and the framework's "
+        "trace) over the first 60 steps of epoch 2, or over profile_steps",
+    )
     g.add_argument("--Nsamples", type=int, help="training crops per epoch")
-    g.add_argument("--exp_dir", help="root folder of runs (checkpoints, logs)")
-    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override any config key; VALUE is YAML (e.g. --set unet_widths=[8,16] --set lambda_rho=0.1)")
+    g.add_argument("--exp_dir", help="root folder of runs (checkpoints, logs), relative to the current folder")
+    g.add_argument(
+        "--data_dir", help="folder that relative train_path / val_path are relative to (default: the current folder)"
+    )
+    g.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key; VALUE is YAML (e.g. --set unet_widths=[8,16] --set lambda_rho=0.1)",
+    )
 
 
-def _parse_bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-_FLAG_KEYS = ("num_epochs", "global_batch_size", "local_batch_size", "num_data_workers", "data_loader_config",
-              "enable_amp", "amp_dtype", "enable_jit", "Nsamples", "exp_dir")
+#: The config keys that have their own flag.
+FLAG_KEYS = (
+    "num_epochs",
+    "global_batch_size",
+    "local_batch_size",
+    "num_data_workers",
+    "data_loader_config",
+    "enable_amp",
+    "amp_dtype",
+    "enable_jit",
+    "enable_manual_profiling",
+    "Nsamples",
+    "exp_dir",
+    "data_dir",
+)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -365,7 +587,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if getattr(args, "global_batch_size", None) is not None and getattr(args, "local_batch_size", None) is not None:
         raise ConfigError("--global_batch_size and --local_batch_size conflict: give one (global = local x replicas)")
     overrides = dict(parse_override(s) for s in args.set)
-    for key in _FLAG_KEYS:
+    for key in FLAG_KEYS:
         value = getattr(args, key, None)
         if value is not None:
             overrides[key] = value

@@ -22,6 +22,7 @@ in K, densities in units of the cosmic mean (rho / rho_mean = 1 + delta).
 6. **Temperature**: the IGM temperature-density relation T = T0 (1 + delta_gas)^(gamma - 1)
    (Hui & Gnedin 1997), T0 = 10^4 K and gamma = 1.6 by default.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -76,19 +77,21 @@ class Cosmology:
         """BBKS transfer function T(k), k in h/Mpc (BBKS 1986 eq. G3)."""
         q = np.asarray(k, np.float64) / self.shape_parameter()
         q = np.where(q > 0, q, 1e-30)
-        return (np.log1p(2.34 * q) / (2.34 * q)) * (1 + 3.89 * q + (16.1 * q) ** 2 + (5.46 * q) ** 3 + (6.71 * q) ** 4) ** -0.25
+        return (np.log1p(2.34 * q) / (2.34 * q)) * (
+            1 + 3.89 * q + (16.1 * q) ** 2 + (5.46 * q) ** 3 + (6.71 * q) ** 4
+        ) ** -0.25
 
     def _unnormalised_power(self, k: np.ndarray) -> np.ndarray:
         k = np.asarray(k, np.float64)
-        return np.where(k > 0, k ** self.n_s * self.transfer(k) ** 2, 0.0)
+        return np.where(k > 0, k**self.n_s * self.transfer(k) ** 2, 0.0)
 
     def sigma_r(self, radius: float, power=None) -> float:
         """RMS of the linear field in top-hat spheres of ``radius`` Mpc/h at z = 0."""
         power = self.linear_power if power is None else power
         k = np.logspace(-5, 3, 20000)
         x = k * radius
-        w = 3 * (np.sin(x) - x * np.cos(x)) / x ** 3
-        integrand = k ** 3 * power(k) * w ** 2 / (2 * np.pi ** 2)
+        w = 3 * (np.sin(x) - x * np.cos(x)) / x**3
+        integrand = k**3 * power(k) * w**2 / (2 * np.pi**2)
         return float(np.sqrt(np.trapezoid(integrand, np.log(k))))
 
     def linear_power(self, k: np.ndarray) -> np.ndarray:
@@ -120,8 +123,8 @@ def gaussian_field_k(size: int, box: float, power, rng: np.random.Generator) -> 
     noise = rng.standard_normal((size, size, size))
     wk = np.fft.rfftn(noise)
     kx, ky, kz = wavenumbers(size, box)
-    k = np.sqrt(kx ** 2 + ky ** 2 + kz ** 2)
-    amp = np.sqrt(power(k) * size ** 3 / box ** 3)
+    k = np.sqrt(kx**2 + ky**2 + kz**2)
+    amp = np.sqrt(power(k) * size**3 / box**3)
     amp[0, 0, 0] = 0.0
     return wk * amp
 
@@ -134,9 +137,9 @@ def measure_power(field: np.ndarray, box: float, bins: np.ndarray) -> tuple[np.n
     """
     size = field.shape[0]
     fk = np.fft.rfftn(field)
-    p = np.abs(fk) ** 2 * box ** 3 / size ** 6
+    p = np.abs(fk) ** 2 * box**3 / size**6
     kx, ky, kz = wavenumbers(size, box)
-    k = np.sqrt(kx ** 2 + ky ** 2 + kz ** 2)
+    k = np.sqrt(kx**2 + ky**2 + kz**2)
     weight = np.full(k.shape, 2.0)
     weight[..., 0] = 1.0
     if size % 2 == 0:
@@ -155,7 +158,7 @@ def nonlinear_wavenumber(cosmo: Cosmology, z: float, k_max: float) -> float:
     """k_nl (h/Mpc) where the linear variance at z, integrated from k -> 0 up to k, reaches 1;
     ``inf`` if it stays below 1 up to ``k_max``."""
     k = np.logspace(-4, np.log10(k_max), 4000)
-    delta2 = k ** 3 * cosmo.linear_power(k) * cosmo.growth_factor(z) ** 2 / (2 * np.pi ** 2)
+    delta2 = k**3 * cosmo.linear_power(k) * cosmo.growth_factor(z) ** 2 / (2 * np.pi**2)
     cum = np.concatenate([[0.0], np.cumsum(0.5 * (delta2[1:] + delta2[:-1]) * np.diff(np.log(k)))])
     above = np.nonzero(cum >= 1.0)[0]
     return float(k[above[0]]) if len(above) else float("inf")
@@ -166,7 +169,7 @@ def cic_deposit(pos: np.ndarray, size: int, values: list[np.ndarray]) -> list[np
     (periodic, cell i covers [i, i+1) with its centre at i) onto ``size``^3 grids (float64)."""
     i0 = np.floor(pos).astype(np.int64)
     frac = pos - i0
-    out = [np.zeros(size ** 3) for _ in values]
+    out = [np.zeros(size**3) for _ in values]
     for ox in (0, 1):
         wx = frac[0] if ox else 1 - frac[0]
         ix = (i0[0] + ox) % size
@@ -179,7 +182,7 @@ def cic_deposit(pos: np.ndarray, size: int, values: list[np.ndarray]) -> list[np
                 idx = (ix * size + iy) * size + iz
                 w = wx * wy * wz
                 for grid, v in zip(out, values):
-                    grid += np.bincount(idx, weights=w * v, minlength=size ** 3)
+                    grid += np.bincount(idx, weights=w * v, minlength=size**3)
     return [g.reshape(size, size, size) for g in out]
 
 
@@ -187,8 +190,8 @@ def jeans_filter(field: np.ndarray, box: float, k_jeans: float) -> np.ndarray:
     """Smooth a real periodic field by 1 / (1 + k^2 / k_J^2) (Hui & Gnedin 1997)."""
     size = field.shape[0]
     kx, ky, kz = wavenumbers(size, box)
-    k2 = kx ** 2 + ky ** 2 + kz ** 2
-    return irfft3(np.fft.rfftn(field) / (1 + k2 / k_jeans ** 2), size)
+    k2 = kx**2 + ky**2 + kz**2
+    return irfft3(np.fft.rfftn(field) / (1 + k2 / k_jeans**2), size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,16 +199,17 @@ class Fields:
     """Generator output before value transforms; arrays (L, L, L) float64, axes (x, y, z)."""
 
     delta_linear: np.ndarray  # z = 0 linear field
-    rho_dm: np.ndarray        # 1 + delta_dm
-    v_dm: np.ndarray          # (3, L, L, L) km/s
-    rho_gas: np.ndarray       # 1 + delta_gas
-    temperature: np.ndarray   # K
-    v_gas: np.ndarray         # (3, L, L, L) km/s
+    rho_dm: np.ndarray  # 1 + delta_dm
+    v_dm: np.ndarray  # (3, L, L, L) km/s
+    rho_gas: np.ndarray  # 1 + delta_gas
+    temperature: np.ndarray  # K
+    v_gas: np.ndarray  # (3, L, L, L) km/s
     k_nl: float
 
 
-def simulate(size: int, box: float, z: float, seed: int, cosmo: Cosmology, k_jeans: float,
-             t0: float, gamma: float) -> Fields:
+def simulate(
+    size: int, box: float, z: float, seed: int, cosmo: Cosmology, k_jeans: float, t0: float, gamma: float
+) -> Fields:
     """Run the generator physics (module docstring, steps 1-6) on a ``size``^3 grid; deterministic by seed."""
     rng = np.random.default_rng(seed)
     delta_k = gaussian_field_k(size, box, cosmo.linear_power, rng)
@@ -215,9 +219,9 @@ def simulate(size: int, box: float, z: float, seed: int, cosmo: Cosmology, k_jea
     k_nyq = np.pi * size / box
     k_nl = nonlinear_wavenumber(cosmo, z, k_max=np.sqrt(3) * k_nyq)
     kx, ky, kz = wavenumbers(size, box)
-    k2 = kx ** 2 + ky ** 2 + kz ** 2
+    k2 = kx**2 + ky**2 + kz**2
     k2[0, 0, 0] = 1.0
-    trunc = np.exp(-0.5 * k2 / k_nl ** 2) if np.isfinite(k_nl) else 1.0
+    trunc = np.exp(-0.5 * k2 / k_nl**2) if np.isfinite(k_nl) else 1.0
     psi = np.stack([irfft3(1j * kc / k2 * delta_k * growth * trunc, size) for kc in (kx, ky, kz)])
     vel_factor = cosmo.hubble(z) / (1 + z) * cosmo.growth_rate(z)  # a H f, km/s per Mpc/h
     v_lagr = psi * vel_factor
@@ -225,7 +229,7 @@ def simulate(size: int, box: float, z: float, seed: int, cosmo: Cosmology, k_jea
     cell = box / size
     grid = np.indices((size,) * 3, dtype=np.float64).reshape(3, -1)
     pos = (grid + psi.reshape(3, -1) / cell) % size
-    mass, px, py, pz = cic_deposit(pos, size, [np.ones(size ** 3), *v_lagr.reshape(3, -1)])
+    mass, px, py, pz = cic_deposit(pos, size, [np.ones(size**3), *v_lagr.reshape(3, -1)])
     filled = mass > 1e-6
     v_dm = np.where(filled, np.stack([px, py, pz]) / np.where(filled, mass, 1.0), v_lagr)
 

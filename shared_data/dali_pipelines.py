@@ -35,19 +35,20 @@ non-parallel generators.
   (Feeding DALI the whole volume once per sample and cutting with ``fn.slice`` does not work on a
   GPU: DALI packs GPU input batches contiguously, B copies of the volume: measured, docs/perf_notes.md.)
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 
-from shared_data import dataset, loader, symmetry
+from shared_data import dataset, loader, loaders, symmetry
 from shared_data.config import Config
-from shared_data.errors import DatasetError, MissingDependencyError
+from shared_data.errors import MissingDependencyError
 from shared_data.readers import H5LowMemReader
 
 log = logging.getLogger(__name__)
@@ -57,25 +58,23 @@ OUTPUTS = ("inputs", "targets", "mask")
 H5_MODES = ("parallel", "prefetch", "simple")
 
 
-CROP_SOURCE_KINDS = ("dali-h5", "dali-device")  # crops made outside DALI, channel-first
-
-
 def param_names(kind: str) -> tuple[str, ...]:
-    """The :data:`PARAMS` a pipeline of ``kind`` reads (crops made outside DALI: no ``roi_start``)."""
-    return PARAMS[1:] if kind in CROP_SOURCE_KINDS else PARAMS
+    """The :data:`PARAMS` a pipeline of loader ``kind`` reads (crops made outside DALI: no ``roi_start``)."""
+    return PARAMS[1:] if loaders.loader_kind(kind).crops_outside_dali else PARAMS
 
 
 def require_dali():
     """Import DALI or raise :class:`MissingDependencyError` naming the extra to install."""
     try:
-        import nvidia.dali  # noqa: F401
+        import nvidia.dali
     except ImportError:
         raise MissingDependencyError(
-            "the DALI loaders need NVIDIA DALI: pip install -e '.[dali]' (CUDA 13; '.[dali-cuda12]' for CUDA 12)") from None
+            "the DALI loaders need NVIDIA DALI: pip install -e '.[dali]' (CUDA 13; '.[dali-cuda12]' for CUDA 12)"
+        ) from None
     return nvidia.dali
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _symmetry_tables(n_in: int, n_out: int, vec_in: tuple, vec_out: tuple):
     rot = [symmetry.dali_rotation(i) for i in range(48)]
     invert = np.array([r[0] for r in rot], np.int32)
@@ -88,11 +87,19 @@ def step_params(draws, mask: np.ndarray, cfg: Config) -> dict[str, np.ndarray]:
     """Per-sample pipeline inputs of one step: ``roi_start`` int32 (B, 3); ``invert`` int32 (B,);
     ``axis`` float32 (B, 3); ``angle`` float32 (B,) degrees; ``m_in`` (B, N_in, N_in) and ``m_out``
     (B, N_out, N_out) float32 channel matrices; ``mask`` float32 (B,)."""
-    invert, axis, angle, m_in, m_out = _symmetry_tables(cfg.N_in_channels, cfg.N_out_channels,
-                                                        cfg.nbody_vector_channels, cfg.hydro_vector_channels)
+    invert, axis, angle, m_in, m_out = _symmetry_tables(
+        cfg.N_in_channels, cfg.N_out_channels, cfg.nbody_vector_channels, cfg.hydro_vector_channels
+    )
     g = draws.symmetries
-    return {"roi_start": draws.starts.astype(np.int32), "invert": invert[g], "axis": axis[g], "angle": angle[g],
-            "m_in": m_in[g], "m_out": m_out[g], "mask": np.asarray(mask, np.float32)}
+    return {
+        "roi_start": draws.starts.astype(np.int32),
+        "invert": invert[g],
+        "axis": axis[g],
+        "angle": angle[g],
+        "m_in": m_in[g],
+        "m_out": m_out[g],
+        "mask": np.asarray(mask, np.float32),
+    }
 
 
 def plan_params(plan: loader.EpochPlan, cfg: Config) -> dict[str, np.ndarray]:
@@ -105,7 +112,9 @@ def plan_params(plan: loader.EpochPlan, cfg: Config) -> dict[str, np.ndarray]:
 class EpochPlans:
     """Plans of one split for one set of shards, by epoch (cached); picklable for DALI workers."""
 
-    def __init__(self, cfg: Config, split: int, shards: Sequence[int], replicas: int, volume_size: int, epoch_offset: int = 0):
+    def __init__(
+        self, cfg: Config, split: int, shards: Sequence[int], replicas: int, volume_size: int, epoch_offset: int = 0
+    ):
         self.cfg, self.split, self.shards, self.replicas, self.size = cfg, split, list(shards), replicas, volume_size
         self.epoch_offset = epoch_offset
         self._cache: dict[int, loader.EpochPlan] = {}
@@ -118,7 +127,8 @@ class EpochPlans:
 
 
 class PlanSource:
-    """Batch callback giving the parameters ``names`` of each step (``batch_info=True``); StopIteration ends an epoch."""
+    """Batch callback giving the parameters ``names`` of each step (``batch_info=True``); StopIteration
+    ends an epoch."""
 
     def __init__(self, plans: EpochPlans, names: Sequence[str]):
         self.plans, self.names = plans, tuple(names)
@@ -148,9 +158,9 @@ class H5CropSource:
         cfg = plans.cfg
         self.reader = H5LowMemReader(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
         self.batch = len(plans(0).masks[0])
-        self._pool: Optional[cf.ThreadPoolExecutor] = None
+        self._pool: cf.ThreadPoolExecutor | None = None
         self._pending: dict = {}
-        self._buffers: Optional[np.ndarray] = None
+        self._buffers: np.ndarray | None = None
         self._next_slot = 0
 
     @property
@@ -205,7 +215,7 @@ class H5CropSource:
         return self._pool.submit(self._read_batch, plan, step, buf)
 
 
-def _param_nodes(fn, kind: str, plans: Optional[EpochPlans]) -> dict:
+def _param_nodes(fn, kind: str, plans: EpochPlans | None) -> dict:
     """External sources for the parameters of ``kind``: a :class:`PlanSource` callback when
     ``plans`` is given (JAX), else bare named inputs fed by the framework (TF's ``input_datasets``)."""
     names = param_names(kind)
@@ -222,27 +232,17 @@ def _augment(fn, types, x, params: dict, matrix: str):
     return fn.coord_transform(x, M=params[matrix])
 
 
-def check_npy(kind: str, split_path: str | Path) -> Optional[tuple[Path, Path]]:
-    """The ``.npy`` pair a ``dali-npy`` / ``dali-lowmem`` pipeline reads (None for other kinds).
-
-    Raises:
-        DatasetError: a file is missing; the message names the converter.
-    """
-    if kind not in ("dali-npy", "dali-lowmem"):
-        return None
-    npy = dataset.npy_paths(split_path)
-    missing = [p for p in npy if not p.is_file()]
-    if missing:
-        raise DatasetError(f"{missing[0]} not found: the {kind} loader reads the DHWC .npy form; "
-                           f"create it with: python -m shared_data.convert {split_path}")
-    return npy
-
-
-def build_pipeline(cfg: Config, kind: str, split_path: str | Path, batch_size: int, device_id: Optional[int],
-                   plans: Optional[EpochPlans] = None, crop_sources: Optional[dict] = None):
-    """A DALI pipeline for ``kind`` (``dali-npy`` / ``dali-lowmem`` / ``dali-h5`` / ``dali-device``)
-    over the volume at ``split_path`` (HDF5; the ``.npy`` files sit beside it). ``device_id=None``
-    runs it CPU-only.
+def build_pipeline(
+    cfg: Config,
+    split: str,
+    batch_size: int,
+    device_id: int | None,
+    plans: EpochPlans | None = None,
+    crop_sources: dict | None = None,
+):
+    """A DALI pipeline of ``cfg.data_loader_config`` (``dali-npy`` / ``dali-lowmem`` / ``dali-h5`` /
+    ``dali-device``) for ``split`` (``"train"`` / ``"val"``; the ``.npy`` twins of the numpy reader
+    are ``cfg.npy_files(split)``). ``device_id=None`` runs it CPU-only.
 
     ``plans`` given: parameters come from a callback; else from named inputs (TF). For ``dali-h5`` and
     ``dali-device`` ``crop_sources`` maps ``Nbody``/``Hydro`` to batch callbacks giving each step's
@@ -252,27 +252,38 @@ def build_pipeline(cfg: Config, kind: str, split_path: str | Path, batch_size: i
 
     Raises:
         MissingDependencyError: DALI is not installed.
-        DatasetError: a ``.npy`` file is missing (the message names the converter).
     """
     dali = require_dali()
     from nvidia.dali import fn, types
 
+    kind = cfg.data_loader_config
     s, device = cfg.crop_size, "gpu" if device_id is not None else "cpu"
     parallel = kind == "dali-h5" and cfg.dali_h5_mode == "parallel" and crop_sources is not None
-    kwargs = dict(batch_size=batch_size, num_threads=cfg.dali_threads, device_id=device_id,
-                  prefetch_queue_depth=cfg.dali_prefetch_queue_depth, exec_dynamic=True)
+    kwargs = dict(
+        batch_size=batch_size,
+        num_threads=cfg.dali_threads,
+        device_id=device_id,
+        prefetch_queue_depth=cfg.dali_prefetch_queue_depth,
+        exec_dynamic=True,
+    )
     if parallel:
         kwargs.update(py_num_workers=cfg.num_data_workers, py_start_method="spawn")
-    npy = check_npy(kind, split_path)
-    source_device = device if kind == "dali-device" and crop_sources is not None else "cpu"  # of the crops
+    npy = cfg.npy_files(split) if loaders.loader_kind(kind).reads_npy else None
+    on_device = loaders.loader_kind(kind).device_volumes and crop_sources is not None
+    source_device = device if on_device else "cpu"  # where the crops are
 
     @dali.pipeline_def(**kwargs)
     def pipeline():
         params = _param_nodes(fn, kind, plans)
         if npy:
             # one file read ROI by ROI: cache its header instead of parsing it per sample
-            roi = dict(roi_start=params["roi_start"], roi_shape=[s, s, s], roi_axes=[0, 1, 2],
-                       cache_header_information=True, prefetch_queue_depth=cfg.dali_prefetch_queue_depth)
+            roi = dict(
+                roi_start=params["roi_start"],
+                roi_shape=[s, s, s],
+                roi_axes=[0, 1, 2],
+                cache_header_information=True,
+                prefetch_queue_depth=cfg.dali_prefetch_queue_depth,
+            )
             nb = fn.readers.numpy(files=[str(npy[0])], name="nbody_reader", **roi)
             hy = fn.readers.numpy(files=[str(npy[1])], name="hydro_reader", **roi)
         else:  # crops made outside DALI: on the host, or on the pipeline's device by dali-device callbacks
@@ -294,6 +305,7 @@ def load_volumes(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
     """The ``dali-device`` volumes in host memory: ``{"Nbody": (N_in, L, L, L), "Hydro": (N_out, L, L, L)}``
     float32, checked by :class:`shared_data.readers.InMemReader` (raises its ``DatasetError``)."""
     from shared_data.readers import InMemReader
+
     reader = InMemReader(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
     return dict(zip(dataset.KEYS, reader.volumes()))
 
@@ -301,7 +313,7 @@ def load_volumes(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
 def numpy_crops(volume: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
     """(B, C, s, s, s) crops of a channel-first (C, L, L, L) ``volume`` at ``starts`` (B, 3): the
     host form of a ``dali-device`` crop function."""
-    return np.stack([volume[:, x:x + size, y:y + size, z:z + size] for x, y, z in np.asarray(starts)])
+    return np.stack([volume[:, x : x + size, y : y + size, z : z + size] for x, y, z in np.asarray(starts)])
 
 
 class DeviceCropSource:
@@ -332,7 +344,7 @@ def device_crop_sources(plans: EpochPlans, crop_fns: dict, cfg: Config) -> dict:
     return {key: DeviceCropSource(plans, crop_fns[key], cfg.dali_prefetch_queue_depth + 2) for key in dataset.KEYS}
 
 
-def _crop_node(fn, crop_sources: Optional[dict], key: str, parallel: bool, device: str):
+def _crop_node(fn, crop_sources: dict | None, key: str, parallel: bool, device: str):
     """The external source of ``key``'s crops: a named input (``crop_sources`` None, TF), per-sample
     parallel workers, or a batch callback on ``device``, without a copy where the source says so."""
     if crop_sources is None:
@@ -347,5 +359,7 @@ def crop_sources(plans: EpochPlans, path: str | Path, cfg: Config) -> dict:
     """:class:`H5CropSource` callbacks for ``Nbody`` and ``Hydro`` in ``cfg.dali_h5_mode``; the
     ring is two deeper than DALI's prefetch queue, so a buffer is rewritten only after DALI let go."""
     ring = cfg.dali_prefetch_queue_depth + 2
-    return {key: H5CropSource(plans, path, key, n, cfg.dali_h5_mode, ring)
-            for key, n in zip(dataset.KEYS, (cfg.N_in_channels, cfg.N_out_channels))}
+    return {
+        key: H5CropSource(plans, path, key, n, cfg.dali_h5_mode, ring)
+        for key, n in zip(dataset.KEYS, (cfg.N_in_channels, cfg.N_out_channels))
+    }

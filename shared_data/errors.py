@@ -5,11 +5,12 @@ subclass of :class:`UserError` whose message names the file, key or value and wh
 Command-line entry points wrap their ``main`` with :func:`run_cli`, so such errors never end in a
 traceback; anything else is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import re
 import sys
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 
 class UserError(Exception):
@@ -31,7 +32,7 @@ class MissingDependencyError(UserError):
 _WRAPPED = re.compile(r"(?:UserError|ConfigError|DatasetError|MissingDependencyError): (.+)")
 
 
-def user_error_in(err: BaseException) -> Optional[str]:
+def user_error_in(err: BaseException) -> str | None:
     """The message of a :class:`UserError` that ``err`` is or wraps: raised inside a DALI callback
     (the chain's ``__cause__``) or a ``tf.data`` Python function (only its text survives)."""
     seen = set()
@@ -57,7 +58,7 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except Exception as err:  # noqa: BLE001 - re-raised unless it carries a user error
+    except Exception as err:
         message = user_error_in(err)
         if message is None:
             raise

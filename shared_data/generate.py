@@ -11,13 +11,14 @@ Value transforms (each keeps the targets inside tanh's (-1, 1)):
 * temperature: x = ln(T / T0) / 8;
 * velocity components: x = v / 2000 km/s.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -61,7 +62,9 @@ def attributes(args: argparse.Namespace, cosmo: cosmology.Cosmology, k_nl: float
         "Hydro_vector_channels": json.dumps([[2, 3, 4]]),
         "transforms": json.dumps(transforms),
         "density_scale": DENSITY_SCALE,
-        "units": json.dumps({"length": "Mpc/h (comoving)", "velocity": "km/s", "temperature": "K", "density": "mean density"}),
+        "units": json.dumps(
+            {"length": "Mpc/h (comoving)", "velocity": "km/s", "temperature": "K", "density": "mean density"}
+        ),
         "layout": "channel-first (C, x, y, z)",
         "box_size_mpc_h": args.box,
         "grid_size": args.size,
@@ -96,10 +99,15 @@ def generate(args: argparse.Namespace) -> Path:
     out = Path(args.out)
     if args.size < 8:
         raise UserError(f"--size {args.size}: expected at least 8 voxels")
-    for name, value, ok, want in (("--redshift", args.redshift, args.redshift >= 0, ">= 0"), ("--box", args.box, args.box > 0, "> 0"),
-                                  ("--sigma8", args.sigma8, args.sigma8 > 0, "> 0"), ("--k_jeans", args.k_jeans, args.k_jeans > 0, "> 0"),
-                                  ("--t0", args.t0, args.t0 > 0, "> 0"), ("--gamma", args.gamma, 1 <= args.gamma <= 2, "in [1, 2]"),
-                                  ("--chunk", args.chunk, args.chunk >= 0, ">= 0")):
+    for name, value, ok, want in (
+        ("--redshift", args.redshift, args.redshift >= 0, ">= 0"),
+        ("--box", args.box, args.box > 0, "> 0"),
+        ("--sigma8", args.sigma8, args.sigma8 > 0, "> 0"),
+        ("--k_jeans", args.k_jeans, args.k_jeans > 0, "> 0"),
+        ("--t0", args.t0, args.t0 > 0, "> 0"),
+        ("--gamma", args.gamma, 1 <= args.gamma <= 2, "in [1, 2]"),
+        ("--chunk", args.chunk, args.chunk >= 0, ">= 0"),
+    ):
         if not ok:
             raise UserError(f"{name} {value}: expected {want}")
     cosmo = cosmology.Cosmology(sigma8=args.sigma8)
@@ -108,17 +116,24 @@ def generate(args: argparse.Namespace) -> Path:
     nbody, hydro = transform_fields(fields, args.t0)
     worst = float(np.abs(hydro).max())
     if not worst < 1.0:
-        raise DatasetError(f"{out}: generated target value {worst:.3f} is outside tanh's (-1, 1); lower --sigma8 or raise the box size")
+        raise DatasetError(
+            f"{out}: generated target value {worst:.3f} is outside tanh's (-1, 1); lower --sigma8 or raise the box size"
+        )
     write_h5(out, nbody, hydro, attributes(args, cosmo, fields.k_nl), args.chunk)
     seconds = time.perf_counter() - t_start
-    print(f"wrote {out}: Nbody {nbody.shape} Hydro {hydro.shape} float32, box {args.box} Mpc/h, "
-          f"z={args.redshift}, seed {args.seed}, k_nl={fields.k_nl:.3g} h/Mpc, {seconds:.1f} s")
+    print(
+        f"wrote {out}: Nbody {nbody.shape} Hydro {hydro.shape} float32, box {args.box} Mpc/h, "
+        f"z={args.redshift}, seed {args.seed}, k_nl={fields.k_nl:.3g} h/Mpc, {seconds:.1f} s"
+    )
     return out
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m shared_data.generate", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m shared_data.generate",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--out", required=True, help="output HDF5 file")
     p.add_argument("--size", type=int, default=128, help="grid side L (voxels)")
     p.add_argument("--box", type=float, default=None, help="box side in Mpc/h (default: 0.25 Mpc/h per voxel)")
@@ -145,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         generate(args)
     if args.npy:
         from shared_data.convert import convert_to_npy
+
         convert_to_npy(out, skip_existing=args.if_missing)
     return 0
 

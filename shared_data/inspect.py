@@ -4,12 +4,13 @@ Shows shapes, dtypes, chunks and attributes, then per-channel min / max / mean /
 the contract: both datasets present, channel counts, a cubic volume, float dtype, finite values,
 and targets (``Hydro``) strictly inside tanh's (-1, 1). Exit code 0 if the file passes, 2 if not.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -24,7 +25,7 @@ def channel_stats(ds) -> list[dict]:
     c, size = ds.shape[0], ds.shape[1]
     acc = [dict(min=np.inf, max=-np.inf, s=0.0, s2=0.0, n=0, bad=0) for _ in range(c)]
     for x0 in range(0, size, SLAB):
-        slab = ds[:, x0:x0 + SLAB].astype(np.float64)
+        slab = ds[:, x0 : x0 + SLAB].astype(np.float64)
         for i in range(c):
             v = slab[i]
             fin = np.isfinite(v)
@@ -39,7 +40,15 @@ def channel_stats(ds) -> list[dict]:
     out = []
     for a in acc:
         mean = a["s"] / max(a["n"], 1)
-        out.append(dict(min=a["min"], max=a["max"], mean=mean, std=np.sqrt(max(a["s2"] / max(a["n"], 1) - mean ** 2, 0.0)), nonfinite=a["bad"]))
+        out.append(
+            dict(
+                min=a["min"],
+                max=a["max"],
+                mean=mean,
+                std=np.sqrt(max(a["s2"] / max(a["n"], 1) - mean**2, 0.0)),
+                nonfinite=a["bad"],
+            )
+        )
     return out
 
 
@@ -57,15 +66,22 @@ def inspect(path: str | Path, n_in: int = 4, n_out: int = 5) -> dataset.VolumeIn
     with dataset.open_h5(path) as f:
         for key in dataset.KEYS:
             ds = f[key]
-            names = json.loads(info.attrs.get(f"{key}_channels", "null") or "null") or [f"ch{i}" for i in range(ds.shape[0])]
+            names = json.loads(info.attrs.get(f"{key}_channels", "null") or "null") or [
+                f"ch{i}" for i in range(ds.shape[0])
+            ]
             print(f"{key}: shape {ds.shape} dtype {ds.dtype}")
             print(f"  {'channel':<16}{'min':>10}{'max':>10}{'mean':>10}{'std':>10}")
             for name, st in zip(names, channel_stats(ds)):
                 print(f"  {name:<16}{st['min']:>10.4f}{st['max']:>10.4f}{st['mean']:>10.4f}{st['std']:>10.4f}")
                 if st["nonfinite"]:
-                    problems.append(f"{path}: {key} channel {name} has {st['nonfinite']} NaN/inf values; expected finite floats")
-                elif key == "Hydro" and not (-1 < st["min"] and st["max"] < 1):
-                    problems.append(f"{path}: {key} channel {name} spans [{st['min']:.4f}, {st['max']:.4f}]; targets must lie inside tanh's (-1, 1)")
+                    problems.append(
+                        f"{path}: {key} channel {name} has {st['nonfinite']} NaN/inf values; expected finite floats"
+                    )
+                elif key == "Hydro" and not (st["min"] > -1 and st["max"] < 1):
+                    problems.append(
+                        f"{path}: {key} channel {name} spans [{st['min']:.4f}, {st['max']:.4f}]; "
+                        "targets must lie inside tanh's (-1, 1)"
+                    )
     if problems:
         raise DatasetError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     print("contract: OK")

@@ -9,12 +9,13 @@ Every batch is a dict of NumPy arrays: ``inputs`` float32 (B, s, s, s, N_in), ``
 (B, s, s, s, N_out), ``mask`` float32 (B,): 1 for real samples, 0 for the padding of the last
 validation batch (``Nsamples_val`` need not divide by the batch).
 """
+
 from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
 import dataclasses
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -40,7 +41,9 @@ def _concat(parts: Sequence[Draws]) -> Draws:
     return Draws(np.concatenate([p.starts for p in parts]), np.concatenate([p.symmetries for p in parts]))
 
 
-def make_plan(cfg: Config, split: int, epoch: int, shards: Sequence[int], num_replicas: int, volume_size: int) -> EpochPlan:
+def make_plan(
+    cfg: Config, split: int, epoch: int, shards: Sequence[int], num_replicas: int, volume_size: int
+) -> EpochPlan:
     """Plan ``epoch`` of ``split`` (TRAIN or VAL) for the process holding replicas ``shards``.
 
     TRAIN: ``steps_per_epoch`` steps, symmetries from ``cfg.symmetry_group``. VAL: ``val_steps``
@@ -48,8 +51,21 @@ def make_plan(cfg: Config, split: int, epoch: int, shards: Sequence[int], num_re
     """
     global_bs, local_bs = config_mod.batch_sizes(cfg, num_replicas)
     steps = config_mod.steps_per_epoch(cfg, num_replicas) if split == TRAIN else config_mod.val_steps(cfg, num_replicas)
-    per_shard = {r: epoch_draws(cfg.seed, epoch, r, cfg.num_data_workers, steps, local_bs, volume_size,
-                                cfg.crop_size, cfg.symmetry_group, split) for r in shards}
+    per_shard = {
+        r: epoch_draws(
+            cfg.seed,
+            epoch,
+            r,
+            cfg.num_data_workers,
+            steps,
+            local_bs,
+            volume_size,
+            cfg.crop_size,
+            cfg.symmetry_group,
+            split,
+        )
+        for r in shards
+    }
     draws, masks = [], []
     for s in range(steps):
         draws.append(_concat([per_shard[r][s] for r in shards]))
@@ -59,6 +75,19 @@ def make_plan(cfg: Config, split: int, epoch: int, shards: Sequence[int], num_re
             index = np.concatenate([s * global_bs + r * local_bs + np.arange(local_bs) for r in shards])
             masks.append((index < cfg.Nsamples_val).astype(np.float32))
     return EpochPlan(draws, masks)
+
+
+def synthetic_batch(cfg: Config, batch_size: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A random batch of ``cfg``'s shapes (inputs and targets N(0, 0.1^2) float32, mask ones): the
+    one cached batch of the benchmarks' SYNTHETIC mode (random, not zeros, so no kernel sees
+    unrealistically uniform data)."""
+    rng = np.random.default_rng(seed)
+    s = cfg.crop_size
+    return {
+        "inputs": (0.1 * rng.standard_normal((batch_size, s, s, s, cfg.N_in_channels))).astype(np.float32),
+        "targets": (0.1 * rng.standard_normal((batch_size, s, s, s, cfg.N_out_channels))).astype(np.float32),
+        "mask": np.ones(batch_size, np.float32),
+    }
 
 
 def forever(inp) -> Iterator:
@@ -76,7 +105,9 @@ class NumpyLoader:
     the training step without the fork/spawn cost of processes (the DALI loaders use processes).
     """
 
-    def __init__(self, reader, plan: EpochPlan, cfg: Config, num_workers: int | None = None, prefetch: int | None = None):
+    def __init__(
+        self, reader, plan: EpochPlan, cfg: Config, num_workers: int | None = None, prefetch: int | None = None
+    ):
         self.reader, self.plan, self.cfg = reader, plan, cfg
         self.num_workers = num_workers or cfg.num_data_workers
         self.prefetch = prefetch or self.num_workers + 1
@@ -106,8 +137,15 @@ def device_gather_setup(reader, cfg: Config) -> tuple[np.ndarray, dict]:
     arguments of their ``gather_batch`` (``size``, ``crop``, ``n_in`` and the tables of
     :func:`shared_data.symmetry.gather_tables`, vector channels of the targets shifted by N_in)."""
     nbody, hydro = reader.volumes()
-    host = np.concatenate([np.moveaxis(nbody, 0, -1), np.moveaxis(hydro, 0, -1)], axis=-1).reshape(reader.size ** 3, -1)
+    host = np.concatenate([np.moveaxis(nbody, 0, -1), np.moveaxis(hydro, 0, -1)], axis=-1).reshape(reader.size**3, -1)
     vectors = list(cfg.nbody_vector_channels) + [[c + cfg.N_in_channels for c in t] for t in cfg.hydro_vector_channels]
     perms, signs, src, chan_sign = symmetry.gather_tables(host.shape[1], vectors)
-    return host, dict(size=reader.size, crop=cfg.crop_size, n_in=cfg.N_in_channels, perms=perms, signs=signs,
-                      src=src, chan_sign=chan_sign)
+    return host, dict(
+        size=reader.size,
+        crop=cfg.crop_size,
+        n_in=cfg.N_in_channels,
+        perms=perms,
+        signs=signs,
+        src=src,
+        chan_sign=chan_sign,
+    )

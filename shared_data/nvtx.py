@@ -5,6 +5,7 @@
 :class:`CaptureWindow` calls ``cudaProfilerStart`` / ``cudaProfilerStop`` around configured steps so
 ``nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop`` records exactly that window.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,12 +13,12 @@ import ctypes
 import ctypes.util
 import functools
 import logging
-from typing import Callable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 log = logging.getLogger(__name__)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _nvtx_module():
     try:
         import nvtx  # type: ignore
@@ -38,8 +39,8 @@ def nvtx_range(name: str, color: str = "blue") -> Iterator[None]:
         yield
 
 
-@functools.lru_cache(maxsize=None)
-def _cudart() -> Optional[ctypes.CDLL]:
+@functools.cache
+def _cudart() -> ctypes.CDLL | None:
     names = ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]
     found = ctypes.util.find_library("cudart")
     if found:
@@ -69,11 +70,20 @@ class CaptureWindow:
     hooks too (``jax.profiler.start_trace``, ``tf.profiler.experimental.start``).
     """
 
-    def __init__(self, steps: Optional[Sequence[int]], on_start: Sequence[Callable[[], object]] = (),
-                 on_stop: Sequence[Callable[[], object]] = (), use_cuda: bool = True):
+    def __init__(
+        self,
+        steps: Sequence[int] | None,
+        on_start: Sequence[Callable[[], object]] = (),
+        on_stop: Sequence[Callable[[], object]] = (),
+        use_cuda: bool = True,
+    ):
         self.start, self.stop = (steps[0], steps[1]) if steps else (None, None)
-        self._on_start = list(on_start) + ([functools.partial(cuda_profiler_call, "cudaProfilerStart")] if use_cuda else [])
-        self._on_stop = list(on_stop) + ([functools.partial(cuda_profiler_call, "cudaProfilerStop")] if use_cuda else [])
+        self._on_start = list(on_start) + (
+            [functools.partial(cuda_profiler_call, "cudaProfilerStart")] if use_cuda else []
+        )
+        self._on_stop = list(on_stop) + (
+            [functools.partial(cuda_profiler_call, "cudaProfilerStop")] if use_cuda else []
+        )
         self.active = False
 
     def before_step(self, step: int) -> None:

@@ -11,16 +11,17 @@ returns channels-last DHWC arrays, the layout of the models.
 * ``synthetic``: a random volume of ``synthetic_volume_size`` made once per process from the seed;
   the same copy pattern with no file (the tutorial's ``RandomJunkDataset``).
 """
+
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from shared_data import dataset, symmetry
+from shared_data import dataset, loaders, symmetry
 from shared_data.config import Config
 from shared_data.errors import ConfigError
 from shared_data.sampler import Draws
@@ -68,7 +69,8 @@ class H5LowMemReader:
         """Copy the crop of dataset ``key`` at ``start`` into ``out`` (C, s, s, s) float32 and check it."""
         x, y, z = (int(v) for v in start)
         s = self.crop_size
-        self._handle()[key].read_direct(out, source_sel=np.s_[:, x:x + s, y:y + s, z:z + s])
+        with dataset.reading(self.path, f"the {key} crop at {(x, y, z)}"):
+            self._handle()[key].read_direct(out, source_sel=np.s_[:, x : x + s, y : y + s, z : z + s])
         if not np.isfinite(out).all():
             dataset.check_finite(out, f"{self.path} {key} crop at {(x, y, z)}")
 
@@ -93,7 +95,8 @@ class InMemReader:
             for key in dataset.KEYS:
                 ds = f[key]
                 a = np.empty(ds.shape, np.float32)
-                ds.read_direct(a)
+                with dataset.reading(self.path, f"the {key} volume"):
+                    ds.read_direct(a)
                 dataset.check_finite(a, f"{self.path} {key}")
                 arrays.append(a)
         return arrays[0], arrays[1]
@@ -114,8 +117,8 @@ class InMemReader:
         nbody, hydro = self.volumes()
         x, y, z = (int(v) for v in start)
         s = self.crop_size
-        out_in[...] = nbody[:, x:x + s, y:y + s, z:z + s]
-        out_tar[...] = hydro[:, x:x + s, y:y + s, z:z + s]
+        out_in[...] = nbody[:, x : x + s, y : y + s, z : z + s]
+        out_tar[...] = hydro[:, x : x + s, y : y + s, z : z + s]
 
 
 class SyntheticReader(InMemReader):
@@ -131,21 +134,21 @@ class SyntheticReader(InMemReader):
     def _load(self) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng(self.seed)
         shape = (self.size,) * 3
-        make = lambda n: rng.random((n, *shape), dtype=np.float32) - np.float32(0.5)  # noqa: E731
+        make = lambda n: rng.random((n, *shape), dtype=np.float32) - np.float32(0.5)
         return make(self.n_in), make(self.n_out)
 
 
 def make_reader(cfg: Config, split: str = "train"):
-    """The reader for ``cfg.data_loader_config`` on ``split`` (``"train"`` or ``"val"``).
-
-    ``synthetic`` -> :class:`SyntheticReader`; ``lowmem`` and the DALI loaders -> :class:`H5LowMemReader`
-    (DALI's ``dali-h5`` reads through it); ``inmem`` and ``device`` -> :class:`InMemReader`.
-    """
+    """The host reader of ``cfg.data_loader_config`` (:attr:`shared_data.loaders.LoaderKind.host_reader`)
+    on ``split`` (``"train"`` or ``"val"``): :class:`SyntheticReader`, :class:`InMemReader` (``inmem``,
+    ``device``, ``dali-device``) or :class:`H5LowMemReader` (``lowmem`` and the file-reading DALI
+    loaders; ``dali-h5`` reads through it)."""
     n_in, n_out, s = cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size
-    if cfg.data_loader_config == "synthetic":
+    reader = loaders.loader_kind(cfg).host_reader
+    if reader == "synthetic":
         return SyntheticReader(cfg.synthetic_volume_size, n_in, n_out, s, cfg.seed + (split == "val"))
-    path = cfg.resolve_path(cfg.train_path if split == "train" else cfg.val_path)
-    if cfg.data_loader_config in ("inmem", "device"):
+    path = cfg.data_file(split)
+    if reader == "inmem":
         return InMemReader(path, n_in, n_out, s)
     return H5LowMemReader(path, n_in, n_out, s)
 

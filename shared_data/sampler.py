@@ -10,6 +10,7 @@ shard ``s`` produces ``steps`` local batches; batch ``b`` is made by worker ``b 
 from that worker's stream, which yields its batches in order. Validation uses ``split=1``,
 ``epoch=0`` (the same crops every epoch) and no symmetry.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,6 +20,7 @@ import numpy as np
 from shared_data.symmetry import num_symmetries
 
 TRAIN, VAL = 0, 1
+SPLITS = {"train": TRAIN, "val": VAL}  # split names (configs, readers) -> stream key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +35,9 @@ class StreamKey:
 
     def generator(self) -> np.random.Generator:
         """A fresh PCG64 generator for this key."""
-        return np.random.default_rng(np.random.SeedSequence([self.seed, self.split, self.epoch, self.shard, self.worker]))
+        return np.random.default_rng(
+            np.random.SeedSequence([self.seed, self.split, self.epoch, self.shard, self.worker])
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,14 +73,25 @@ class CropStream:
         return Draws(starts, syms)
 
 
-def epoch_draws(seed: int, epoch: int, shard: int, num_workers: int, steps: int, batch: int,
-                volume_size: int, crop_size: int, symmetry_group: str, split: int = TRAIN) -> list[Draws]:
+def epoch_draws(
+    seed: int,
+    epoch: int,
+    shard: int,
+    num_workers: int,
+    steps: int,
+    batch: int,
+    volume_size: int,
+    crop_size: int,
+    symmetry_group: str,
+    split: int = TRAIN,
+) -> list[Draws]:
     """All local batches of one shard's epoch, in order: batch ``b`` from worker ``b % num_workers``.
 
     This is the reference order every loader reproduces; tests compare loaders against it.
     """
     group = symmetry_group if split == TRAIN else "none"
     ep = epoch if split == TRAIN else 0
-    streams = [CropStream(StreamKey(seed, ep, shard, w, split), volume_size, crop_size, group)
-               for w in range(num_workers)]
+    streams = [
+        CropStream(StreamKey(seed, ep, shard, w, split), volume_size, crop_size, group) for w in range(num_workers)
+    ]
     return [streams[b % num_workers].next_batch(batch) for b in range(steps)]

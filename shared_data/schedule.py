@@ -6,6 +6,7 @@ linear rule and the warm-up; Krizhevsky 2014 for the square-root rule). When G >
 linearly over ``warmup_steps`` to that value; then it decays to ``end_lr`` by a half cosine over
 the remaining steps (Loshchilov & Hutter 2017, SGDR, without restarts), or stays constant.
 """
+
 from __future__ import annotations
 
 import math

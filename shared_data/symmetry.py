@@ -16,11 +16,12 @@ For DALI, :func:`dali_rotation` gives the same element as (flip all axes if impr
 ``fn.rotate`` with an axis and angle, and :func:`channel_matrix` gives the matrix that
 ``fn.coord_transform`` applies to the channel vector of every voxel.
 """
+
 from __future__ import annotations
 
 import functools
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from shared_data.errors import ConfigError
 GROUPS = {"cube48": 48, "rotations24": 24, "none": 1}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _table() -> tuple[np.ndarray, np.ndarray]:
     perms, signs = [], []
     for perm in itertools.permutations(range(3)):
@@ -111,7 +112,9 @@ def channel_matrix(index: int, num_channels: int, vector_triplets: Sequence[Sequ
     return c
 
 
-def channel_sources(index: int, num_channels: int, vector_triplets: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+def channel_sources(
+    index: int, num_channels: int, vector_triplets: Sequence[Sequence[int]]
+) -> tuple[np.ndarray, np.ndarray]:
     """Per output channel, the input channel it comes from and its sign (the rows of
     :func:`channel_matrix`): scalars map to themselves, vector component ``i`` of a triplet comes
     from component ``perm[i]`` times ``sign[i]``."""
@@ -123,8 +126,13 @@ def channel_sources(index: int, num_channels: int, vector_triplets: Sequence[Seq
     return src, sgn
 
 
-def apply(sample: np.ndarray, index: int, vector_triplets: Sequence[Sequence[int]], channel_axis: int = -1,
-          out_channel_axis: int | None = None) -> np.ndarray:
+def apply(
+    sample: np.ndarray,
+    index: int,
+    vector_triplets: Sequence[Sequence[int]],
+    channel_axis: int = -1,
+    out_channel_axis: int | None = None,
+) -> np.ndarray:
     """Apply symmetry ``index`` to one sample: voxels move, vector channels turn with the grid.
 
     Args:
@@ -170,7 +178,12 @@ def gather_tables(num_channels: int, vector_triplets: Sequence[Sequence[int]]) -
     ``chan_sign[g, d] * input[..., src[g, d]]``."""
     perms, signs = _table()
     src, sgn = zip(*(channel_sources(i, num_channels, vector_triplets) for i in range(48)))
-    return perms.astype(np.int32), signs.astype(np.int32), np.stack(src).astype(np.int32), np.stack(sgn).astype(np.float32)
+    return (
+        perms.astype(np.int32),
+        signs.astype(np.int32),
+        np.stack(src).astype(np.int32),
+        np.stack(sgn).astype(np.float32),
+    )
 
 
 def compose(i: int, j: int) -> int:

@@ -14,11 +14,12 @@ cross-correlation kernel in (kd, kh, kw, in, out) order (TF/Flax ``DHWIO``). For
 :func:`conv_transpose_reference`: ``out[2 i - 1 + k] += in[i] * W[k]`` per spatial axis
 (PyTorch's ``ConvTranspose3d`` weight (in, out, kd, kh, kw) transposed to (kd, kh, kw, in, out)).
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
@@ -105,7 +106,7 @@ def forward_flops(cfg: Config, crop_size: int | None = None, count_padding: bool
     for s in layer_specs(cfg, crop_size):
         m = s.out_size if s.kind == "down" else s.in_size
         valid = 1.0 if count_padding else ((4 * m - 2) / (4 * m)) ** 3
-        total += 2.0 * m ** 3 * KERNEL ** 3 * s.c_in * s.c_out * valid
+        total += 2.0 * m**3 * KERNEL**3 * s.c_in * s.c_out * valid
     return total
 
 
@@ -150,7 +151,7 @@ def conv_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) ->
     for k0 in range(KERNEL):
         for k1 in range(KERNEL):
             for k2 in range(KERNEL):
-                patch = xp[:, k0:k0 + 2 * m:2, k1:k1 + 2 * m:2, k2:k2 + 2 * m:2]
+                patch = xp[:, k0 : k0 + 2 * m : 2, k1 : k1 + 2 * m : 2, k2 : k2 + 2 * m : 2]
                 out += np.einsum("bxyzc,cd->bxyzd", patch, w[k0, k1, k2])
     if b is not None:
         out += np.asarray(b, np.float64)
@@ -182,6 +183,7 @@ def load_weights(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
         UserError: missing file, missing or extra array, or a shape that does not match ``cfg``.
     """
     from shared_data.errors import UserError
+
     path = Path(path)
     if not path.is_file():
         raise UserError(f"weights file {path} not found")
@@ -189,7 +191,9 @@ def load_weights(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
         with np.load(path) as f:
             weights = {k: f[k] for k in f.files}
     except (ValueError, OSError, AttributeError) as err:
-        raise UserError(f"weights file {path} is not a canonical .npz weights file ({str(err).splitlines()[0]})") from None
+        raise UserError(
+            f"weights file {path} is not a canonical .npz weights file ({str(err).splitlines()[0]})"
+        ) from None
     expected = {}
     for s in layer_specs(cfg):
         expected[f"{s.name}/kernel"], expected[f"{s.name}/bias"] = s.kernel_shape, (s.c_out,)
@@ -197,7 +201,9 @@ def load_weights(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
         if key not in weights:
             raise UserError(f"weights file {path}: missing array {key!r} of shape {shape}")
         if weights[key].shape != shape:
-            raise UserError(f"weights file {path}: {key!r} has shape {weights[key].shape}, expected {shape} for config {cfg.name!r}")
+            raise UserError(
+                f"weights file {path}: {key!r} has shape {weights[key].shape}, expected {shape} for config {cfg.name!r}"
+            )
     extra = sorted(set(weights) - set(expected))
     if extra:
         raise UserError(f"weights file {path}: unexpected array {extra[0]!r} for config {cfg.name!r}")

@@ -12,6 +12,7 @@ opts out.
   in a channels-first layout with transposes around them, the same effect ``channels_last_3d`` has
   in PyTorch. It changes layouts only, not the arithmetic. GPU-only: the CPU backend ignores it.
 """
+
 from __future__ import annotations
 
 import os

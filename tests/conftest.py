@@ -1,4 +1,5 @@
 """Shared fixtures: tiny generated dataset files and the tiny config that points at them."""
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,9 @@ from shared_data import generate
 
 
 def _generate(path, size, seed):
-    args = generate.build_parser().parse_args(["--out", str(path), "--size", str(size), "--seed", str(seed), "--chunk", "16"])
+    args = generate.build_parser().parse_args(
+        ["--out", str(path), "--size", str(size), "--seed", str(seed), "--chunk", "16"]
+    )
     args.box = 0.25 * size
     generate.generate(args)
     return path
@@ -26,6 +29,7 @@ def data_dir(tmp_path_factory):
     _generate(d / "train_32.h5", 32, 1)
     _generate(d / "val_24.h5", 24, 2)
     from shared_data.convert import convert_to_npy
+
     convert_to_npy(d / "train_32.h5")
     convert_to_npy(d / "val_24.h5")
     return d
@@ -35,6 +39,12 @@ def data_dir(tmp_path_factory):
 def tiny_cfg(data_dir, tmp_path_factory):
     """``cpu_tiny`` pointed at the session's generated files, runs under a temporary exp_dir."""
     runs = tmp_path_factory.mktemp("runs")
-    return config_mod.load_config("cpu_tiny", overrides=dict(
-        train_path=str(data_dir / "train_32.h5"), val_path=str(data_dir / "val_24.h5"), exp_dir=str(runs),
-        xla_cache_dir=str(runs / "xla_cache")))
+    return config_mod.load_config(
+        "cpu_tiny",
+        overrides=dict(
+            train_path=str(data_dir / "train_32.h5"),
+            val_path=str(data_dir / "val_24.h5"),
+            exp_dir=str(runs),
+            xla_cache_dir=str(runs / "xla_cache"),
+        ),
+    )

@@ -1,5 +1,6 @@
 """User errors at the command line: one `error:` line, exit code 2, no traceback, before any
 training starts where the flags alone are wrong; also errors raised inside tf.data / DALI callbacks."""
+
 from __future__ import annotations
 
 import subprocess
@@ -32,15 +33,27 @@ def test_user_errors_are_found_inside_framework_wrappers():
             raise RuntimeError("DALI callback failed") from inner
     except RuntimeError as outer:
         assert user_error_in(outer) == "f.h5 Hydro crop at (0, 0, 0): non-finite value nan"
-    tf_like = ValueError("{{function_node __wrapped}} shared_data.errors.DatasetError: f.h5 Nbody crop at (1, 2, 3): bad\n [[{{node PyFunc}}]]")
+    tf_like = ValueError(
+        "{{function_node __wrapped}} shared_data.errors.DatasetError: f.h5 Nbody crop at (1, 2, 3): bad\n"
+        " [[{{node PyFunc}}]]"
+    )
     assert user_error_in(tf_like) == "f.h5 Nbody crop at (1, 2, 3): bad"
     assert user_error_in(ValueError("shape mismatch")) is None
 
 
 @pytest.mark.parametrize("fw", ["jax_impl", "tf_impl"])
 def test_flag_errors_stop_before_training(fw, tiny_cfg, tmp_path):
-    base = [f"{fw}.train", "--config", "cpu_tiny", "--set", f"train_path={tiny_cfg.train_path}",
-            "--set", f"val_path={tiny_cfg.val_path}", "--workdir", str(tmp_path / "w")]
+    base = [
+        f"{fw}.train",
+        "--config",
+        "cpu_tiny",
+        "--set",
+        f"train_path={tiny_cfg.train_path}",
+        "--set",
+        f"val_path={tiny_cfg.val_path}",
+        "--workdir",
+        str(tmp_path / "w"),
+    ]
     _assert_user_error(_run(*base, "--resume", "--overwrite"), "--resume and --overwrite conflict")
     _assert_user_error(_run(*base, "--global_batch_size", "8", "--local_batch_size", "2"), "conflict: give one")
     _assert_user_error(_run(*base, "--save_weights", str(tmp_path / "no" / "w.npz")), "does not exist")
@@ -55,15 +68,27 @@ def test_bad_data_fails_before_overwrite_deletes_checkpoints(fw, tiny_cfg, tmp_p
     ckpt = tmp_path / "w" / "checkpoints"
     ckpt.mkdir(parents=True)
     (ckpt / "epoch_1").write_text("work to keep")
-    res = _run(f"{fw}.train", "--config", "cpu_tiny", "--set", f"train_path={tmp_path / 'nope.h5'}",
-               "--set", f"val_path={tiny_cfg.val_path}", "--workdir", str(tmp_path / "w"), "--overwrite")
+    res = _run(
+        f"{fw}.train",
+        "--config",
+        "cpu_tiny",
+        "--set",
+        f"train_path={tmp_path / 'nope.h5'}",
+        "--set",
+        f"val_path={tiny_cfg.val_path}",
+        "--workdir",
+        str(tmp_path / "w"),
+        "--overwrite",
+    )
     _assert_user_error(res, "nope.h5 not found")
     assert (ckpt / "epoch_1").read_text() == "work to keep"
 
 
 def test_tool_inputs_are_checked(tmp_path):
-    _assert_user_error(_run("compare.layer_bench", "--config", "cpu_tiny", "--layers", "nope", "--no-torch"),
-                       "unknown layer(s) ['nope']")
+    _assert_user_error(
+        _run("compare.layer_bench", "--config", "cpu_tiny", "--layers", "nope", "--no-torch"),
+        "unknown layer(s) ['nope']",
+    )
     res = _run("compare.layer_bench", "--config", "cpu_tiny", "--steps", "0")
     assert res.returncode == 2 and "--steps: expected an integer >= 1, got 0" in res.stderr
     (tmp_path / "bad.jsonl").write_text("not json\n")
@@ -72,9 +97,23 @@ def test_tool_inputs_are_checked(tmp_path):
     _assert_user_error(_run(*plots, "nolabel"), "expected LABEL=PATH")
     _assert_user_error(_run(*plots, f"x={tmp_path / 'none.jsonl'}"), "none.jsonl not found")
     _assert_user_error(_run(*plots, f"x={tmp_path / 'bad.jsonl'}"), "expected a metrics.jsonl file of a training run")
-    _assert_user_error(_run(*plots, f"x={tmp_path / 'other.jsonl'}"), "expected lines with epoch, train_loss and val_loss")
-    _assert_user_error(_run("compare.benchmark", "--framework", "torch", "--mode", "io", "--config", "cpu_tiny",
-                            "--data_loader_config", "dali-device"), "no dali-device input")
+    _assert_user_error(
+        _run(*plots, f"x={tmp_path / 'other.jsonl'}"), "expected lines with epoch, train_loss and val_loss"
+    )
+    _assert_user_error(
+        _run(
+            "compare.benchmark",
+            "--framework",
+            "torch",
+            "--mode",
+            "io",
+            "--config",
+            "cpu_tiny",
+            "--data_loader_config",
+            "dali-device",
+        ),
+        "no dali-device input",
+    )
 
 
 def test_nan_crop_in_tf_data_is_a_user_error(tmp_path, data_dir):
@@ -84,14 +123,25 @@ def test_nan_crop_in_tf_data_is_a_user_error(tmp_path, data_dir):
         hydro = f["Hydro"][...]
         hydro[:, 10:20, 10:20, 10:20] = np.nan  # every 16^3 crop of the 32^3 volume overlaps it
         g["Hydro"] = hydro
-    res = _run("tf_impl.train", "--config", "cpu_tiny", "--set", f"train_path={nan}", "--set", f"val_path={data_dir / 'val_24.h5'}",
-               "--workdir", str(tmp_path / "w"))
+    res = _run(
+        "tf_impl.train",
+        "--config",
+        "cpu_tiny",
+        "--set",
+        f"train_path={nan}",
+        "--set",
+        f"val_path={data_dir / 'val_24.h5'}",
+        "--workdir",
+        str(tmp_path / "w"),
+    )
     _assert_user_error(res, "non-finite value nan")
 
 
 def test_generator_and_converter_reject_bad_values(tmp_path):
-    _assert_user_error(_run("shared_data.generate", "--out", str(tmp_path / "g.h5"), "--size", "16", "--redshift", "-5"),
-                       "--redshift -5.0: expected >= 0")
+    _assert_user_error(
+        _run("shared_data.generate", "--out", str(tmp_path / "g.h5"), "--size", "16", "--redshift", "-5"),
+        "--redshift -5.0: expected >= 0",
+    )
     nan = tmp_path / "nan.h5"
     with h5py.File(nan, "w") as g:
         g["Nbody"] = np.zeros((4, 8, 8, 8), np.float32)

@@ -11,7 +11,17 @@ from shared_data.errors import ConfigError
 
 def test_every_named_config_loads_and_is_frozen():
     names = C.config_names()
-    for required in ("base", "short", "short_opt", "bs64_opt", "bs256_opt", "bs512_opt", "bs2048_opt", "cpu_default", "cpu_tiny"):
+    for required in (
+        "base",
+        "short",
+        "short_opt",
+        "bs64_opt",
+        "bs256_opt",
+        "bs512_opt",
+        "bs2048_opt",
+        "cpu_default",
+        "cpu_tiny",
+    ):
         assert required in names
     for name in names:
         cfg = C.load_config(name)
@@ -87,9 +97,27 @@ def test_counts_must_not_be_negative(key):
 def test_cli_flags_and_set_overrides():
     parser = argparse.ArgumentParser()
     C.add_config_args(parser)
-    args = parser.parse_args(["--config", "short", "--num_epochs", "2", "--enable_amp", "--data_loader_config", "lowmem",
-                              "--set", "unet_widths=[8, 16]", "--set", "full_scale=false", "--set", "crop_size=8",
-                              "--set", "lambda_rho=0.5", "--set", "local_batch_size=null"])
+    args = parser.parse_args(
+        [
+            "--config",
+            "short",
+            "--num_epochs",
+            "2",
+            "--enable_amp",
+            "--data_loader_config",
+            "lowmem",
+            "--set",
+            "unet_widths=[8, 16]",
+            "--set",
+            "full_scale=false",
+            "--set",
+            "crop_size=8",
+            "--set",
+            "lambda_rho=0.5",
+            "--set",
+            "local_batch_size=null",
+        ]
+    )
     cfg = C.config_from_args(args)
     assert (cfg.num_epochs, cfg.enable_amp, cfg.data_loader_config) == (2, True, "lowmem")
     assert cfg.unet_widths == (8, 16) and cfg.full_scale is False and cfg.lambda_rho == 0.5

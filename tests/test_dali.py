@@ -1,5 +1,6 @@
 """DALI pipelines: the same samples as the NumPy reader (crop, symmetry, vector channels) for
 dali-npy and every dali-h5 mode; both frameworks' DALI iterators feed a training step."""
+
 from __future__ import annotations
 
 import functools
@@ -25,19 +26,19 @@ def _run(pipe, steps):
 
 
 def _reference(cfg, plan):
-    r = readers.H5LowMemReader(cfg.resolve_path(cfg.train_path), 4, 5, cfg.crop_size)
+    r = readers.H5LowMemReader(cfg.data_file("train"), 4, 5, cfg.crop_size)
     return [readers.make_batch(r, d, cfg) for d in plan.draws]
 
 
 def test_every_symmetry_through_dali_ops_matches_numpy(tiny_cfg):
     """All 48 elements on one crop: DALI's flip + rotate + coord_transform == symmetry.apply."""
-    cfg = C.replace(tiny_cfg, global_batch_size=48, Nsamples=48)
+    cfg = C.replace(tiny_cfg, global_batch_size=48, Nsamples=48, data_loader_config="dali-npy")
     draws = Draws(np.tile(np.array([[3, 7, 11]]), (48, 1)), np.arange(48))
     plan = loader.EpochPlan([draws], [np.ones(48, np.float32)])
     plans = dp.EpochPlans(cfg, TRAIN, [0], 1, 32)
     plans._cache = {0: plan}
-    pipe = dp.build_pipeline(cfg, "dali-npy", cfg.resolve_path(cfg.train_path), 48, None, plans)
-    (x, y, m), = _run(pipe, 1)
+    pipe = dp.build_pipeline(cfg, "train", 48, None, plans)
+    ((x, y, m),) = _run(pipe, 1)
     ref_x, ref_y = _reference(cfg, plan)[0]
     for g in range(48):
         np.testing.assert_array_equal(x[g], ref_x[g], err_msg=f"symmetry {g} inputs")
@@ -45,17 +46,28 @@ def test_every_symmetry_through_dali_ops_matches_numpy(tiny_cfg):
     assert np.array_equal(m, np.ones(48))
 
 
-@pytest.mark.parametrize("kind, mode", [("dali-npy", None), ("dali-lowmem", None), ("dali-h5", "simple"),
-                                        ("dali-h5", "prefetch"), ("dali-h5", "parallel"), ("dali-device", None)])
+@pytest.mark.parametrize(
+    "kind, mode",
+    [
+        ("dali-npy", None),
+        ("dali-lowmem", None),
+        ("dali-h5", "simple"),
+        ("dali-h5", "prefetch"),
+        ("dali-h5", "parallel"),
+        ("dali-device", None),
+    ],
+)
 def test_dali_yields_the_numpy_readers_samples(tiny_cfg, kind, mode):
     cfg = C.replace(tiny_cfg, data_loader_config=kind, dali_h5_mode=mode or "parallel", Nsamples=16, num_data_workers=2)
     plans = dp.EpochPlans(cfg, TRAIN, [0], 1, 32)
-    path = cfg.resolve_path(cfg.train_path)
+    path = cfg.data_file("train")
     sources = dp.crop_sources(plans, path, cfg) if kind == "dali-h5" else None
     if kind == "dali-device":
-        fns = {k: functools.partial(dp.numpy_crops, v, size=cfg.crop_size) for k, v in dp.load_volumes(path, cfg).items()}
+        fns = {
+            k: functools.partial(dp.numpy_crops, v, size=cfg.crop_size) for k, v in dp.load_volumes(path, cfg).items()
+        }
         sources = dp.device_crop_sources(plans, fns, cfg)
-    pipe = dp.build_pipeline(cfg, kind, path, 4, None, plans, sources)
+    pipe = dp.build_pipeline(cfg, "train", 4, None, plans, sources)
     got = _run(pipe, len(plans(0)))
     for (x, y, m), (rx, ry) in zip(got, _reference(cfg, plans(0))):
         np.testing.assert_array_equal(x, rx)
@@ -65,15 +77,19 @@ def test_dali_yields_the_numpy_readers_samples(tiny_cfg, kind, mode):
 
 def test_missing_npy_names_the_converter(tiny_cfg, tmp_path):
     import shutil
+
+    from shared_data import run
+
     h5 = tmp_path / "only.h5"
-    shutil.copy(tiny_cfg.resolve_path(tiny_cfg.train_path), h5)
-    cfg = C.replace(tiny_cfg, train_path=str(h5))
+    shutil.copy(tiny_cfg.data_file("train"), h5)
+    cfg = C.replace(tiny_cfg, train_path=str(h5), data_loader_config="dali-npy")
     with pytest.raises(Exception, match=r"only_Nbody\.npy not found: .*python -m shared_data\.convert .*only\.h5"):
-        dp.build_pipeline(cfg, "dali-npy", h5, 4, None, dp.EpochPlans(cfg, TRAIN, [0], 1, 32))
+        run.check_data(cfg)
 
 
 def test_missing_dali_names_the_extra(monkeypatch):
     import sys
+
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)
     with pytest.raises(Exception, match=r"pip install -e '\.\[dali\]'"):
         dp.require_dali()
@@ -89,7 +105,10 @@ def _dali_matches_native(make_input, cfg, context, to_numpy):
     first training batch of the last epoch compared."""
     first = None
     for split in ("train", "val"):
-        dali, native = make_input(cfg, split, context), make_input(C.replace(cfg, data_loader_config="lowmem"), split, context)
+        dali, native = (
+            make_input(cfg, split, context),
+            make_input(C.replace(cfg, data_loader_config="lowmem"), split, context),
+        )
         assert dali.steps == native.steps == (3 if split == "train" else 2)
         for epoch in (0, 1):
             got, want = list(dali.epoch(epoch)), list(native.epoch(epoch))
@@ -107,10 +126,12 @@ def test_jax_dali_iterator_matches_native_loader_and_feeds_a_step(tiny_cfg, kind
     import functools
 
     import jax
+
     from jax_impl import data as D
     from jax_impl import distribute
     from jax_impl import model as M
     from jax_impl import train as T
+
     cfg = _cfg(tiny_cfg, kind)
     batch = _dali_matches_native(D.make_input, cfg, distribute.make_mesh(1), np.asarray)
     tx = T.make_optimizer(np.full(4, 1e-3, np.float32))
@@ -123,10 +144,12 @@ def test_jax_dali_iterator_matches_native_loader_and_feeds_a_step(tiny_cfg, kind
 @pytest.mark.parametrize("kind", ["dali-npy", "dali-h5", "dali-device"])
 def test_tf_dali_dataset_matches_native_loader_and_feeds_a_step(tiny_cfg, kind):
     import tensorflow as tf
+
     from tf_impl import data as D
     from tf_impl import distribute
     from tf_impl import model as M
     from tf_impl import train as T
+
     cfg = _cfg(tiny_cfg, kind)
     batch = _dali_matches_native(D.make_input, cfg, distribute.make_strategy(), lambda t: t.numpy())
     model, opt = M.build_model(cfg), T.make_optimizer(cfg, np.full(4, 1e-3, np.float32))
@@ -138,7 +161,9 @@ def test_jax_device_crop_fn_equals_numpy_crops():
     """The jitted gather behind JAX's dali-device on a GPU (run here on a CPU device) cuts exactly
     the NumPy crops, the edges of the volume included."""
     import jax
+
     from jax_impl.dali import crop_fns
+
     rng = np.random.default_rng(5)
     vol = {"Nbody": rng.standard_normal((4, 12, 12, 12)).astype(np.float32)}
     starts = np.array([[0, 0, 0], [7, 3, 5], [7, 7, 7]], np.int32)
@@ -154,11 +179,11 @@ def test_jax_iterator_over_two_pipelines_keeps_each_shards_epochs(tiny_cfg):
     import warnings
 
     from jax_impl.dali import make_iterator
+
     cfg = C.replace(tiny_cfg, data_loader_config="dali-npy", Nsamples=12)
-    path = cfg.resolve_path(cfg.train_path)
 
     def pipes(shards):
-        return [dp.build_pipeline(cfg, "dali-npy", path, 2, None, dp.EpochPlans(cfg, TRAIN, [r], 2, 32)) for r in shards]
+        return [dp.build_pipeline(cfg, "train", 2, None, dp.EpochPlans(cfg, TRAIN, [r], 2, 32)) for r in shards]
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DALI recommends reader_name over size; external sources have none

@@ -1,5 +1,6 @@
 """Data parallelism on CPU: 2 JAX devices == 1 device, TF MirroredStrategy over 2 logical CPUs ==
 one device, and two JAX processes on localhost == one process with 2 devices (same global batches)."""
+
 from __future__ import annotations
 
 import os
@@ -64,34 +65,6 @@ def test_jax_two_devices_match_one(tiny_cfg, reduce_dtype):
         assert update > 0 and diff / update < BF16_REL_UPDATE, diff / update
 
 
-def test_jax_shard_map_step_with_pmean_matches_one_device(tiny_cfg):
-    """``train_step(sync_grads=pmean)`` per device in ``shard_map`` == the 1-device step on the
-    global batch (float32); without the pmean each replica trains on its half and drifts. (With
-    ``check_vma=True`` JAX would itself psum the gradients of the replicated parameters.)"""
-    from jax.sharding import PartitionSpec as P
-    batches = _global_batches(tiny_cfg)
-    tx = JT.make_optimizer(np.full(8, 1e-3, np.float32))
-    model = JM.build_model(tiny_cfg)
-    result = {}
-    for n, sync in ((1, None), (2, lambda t: jax.lax.pmean(t, "data")), ("local", None)):
-        mesh = jd.make_mesh(1 if n == 1 else 2)
-        state = jax.device_put(JT.create_train_state(tiny_cfg, JM.init_params(tiny_cfg, 0), tx), jd.replicated(mesh))
-        step = lambda s, b, sync=sync: JT.train_step(s, b, model=model, tx=tx, cfg=tiny_cfg, sync_grads=sync)  # noqa: E731
-        if n != 1:
-            step = jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data")), out_specs=(P(), P()), check_vma=False)
-        step = jax.jit(step)
-        for b in batches:
-            state, metrics = step(state, jd.put_batch(b, mesh))
-        result[n] = JM.params_to_canonical(jax.device_get(state.params))
-    for k in result[1]:
-        np.testing.assert_allclose(result[2][k], result[1][k], rtol=RTOL, atol=ATOL, err_msg=k)
-    assert max(np.max(np.abs(result["local"][k] - result[1][k])) for k in result[1]) > 10 * ATOL
-    fp16 = C.replace(tiny_cfg, enable_amp=True, amp_dtype="float16")
-    with pytest.raises(ValueError, match="sync_grads"):
-        JT.train_step(JT.create_train_state(fp16, JM.init_params(fp16, 0), tx), jd.put_batch(batches[0], jd.make_mesh(1)),
-                      model=model, tx=tx, cfg=fp16, sync_grads=lambda t: t)
-
-
 TF_SCRIPT = r"""
 import sys
 from tf_impl import distribute
@@ -108,7 +81,7 @@ def run(strategy, cfg):
     n = strategy.num_replicas_in_sync
     with strategy.scope():
         model, opt = M.build_model(cfg), T.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
-        M.set_canonical(model, __import__("shared_data.unet_spec", fromlist=["x"]).init_weights(cfg, 0))
+        M.params_from_canonical(model, __import__("shared_data.unet_spec", fromlist=["x"]).init_weights(cfg, 0))
     train_fn, _, _ = T.compile_steps(cfg, strategy, model, opt, D.batch_spec(cfg, strategy))
     for b in batches:
         if n == 1:
@@ -116,9 +89,9 @@ def run(strategy, cfg):
         else:
             per = len(b["mask"]) // n
             batch = strategy.experimental_distribute_values_from_function(
-                lambda ctx: {k: tf.constant(v[ctx.replica_id_in_sync_group * per:(ctx.replica_id_in_sync_group + 1) * per]) for k, v in b.items()})
+                lambda ctx: {k: tf.constant(v[ctx.replica_id_in_sync_group * per:][:per]) for k, v in b.items()})
         train_fn(batch)
-    return M.get_canonical(model)
+    return M.params_to_canonical(model)
 mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 one = run(tf.distribute.get_strategy(), base)
 two = run(mirrored, base)
@@ -148,8 +121,13 @@ assert update > 0 and diff / update < %g, diff / update
 
 
 def test_tf_mirrored_strategy_matches_one_device(tiny_cfg):
-    res = subprocess.run([sys.executable, "-c", TF_SCRIPT, tiny_cfg.train_path, tiny_cfg.val_path], cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", TF_SCRIPT, tiny_cfg.train_path, tiny_cfg.val_path],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     print(res.stdout[-300:])
 
@@ -158,12 +136,12 @@ TF_TRAIN_SCRIPT = r"""
 import sys
 from tf_impl import distribute
 distribute.split_cpu(2)
-from shared_data import runlog
+from shared_data.run import read_metrics
 from tf_impl import train as T
 args = ["--config", "cpu_tiny", "--set", "train_path=" + sys.argv[1], "--set", "val_path=" + sys.argv[2],
         "--num_devices", "2", "--num_epochs", "2", "--data_loader_config", "device", "--workdir", sys.argv[3]]
 assert T.main(args + ["--stop_after_epoch", "1"]) == 0 and T.main(args + ["--resume"]) == 0
-hist = runlog.read_metrics(sys.argv[3])
+hist = read_metrics(sys.argv[3])
 assert [h["epoch"] for h in hist] == [1, 2] and hist[-1]["step"] == 2 * hist[0]["step"] > 0, hist
 """
 
@@ -171,8 +149,13 @@ assert [h["epoch"] for h in hist] == [1, 2] and hist[-1]["step"] == 2 * hist[0][
 def test_tf_trainer_on_two_replicas_stops_and_resumes(tiny_cfg, tmp_path):
     """The whole TF trainer under MirroredStrategy (2 logical CPUs, the device loader): epoch 1,
     stop, resume, epoch 2 (a separate process: strategies of one process share collective keys)."""
-    res = subprocess.run([sys.executable, "-c", TF_TRAIN_SCRIPT, tiny_cfg.train_path, tiny_cfg.val_path, str(tmp_path / "run")],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", TF_TRAIN_SCRIPT, tiny_cfg.train_path, tiny_cfg.val_path, str(tmp_path / "run")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     log = res.stderr + res.stdout
     assert "data parallel: 2 replicas" in log and "input: device loader, 16^3 crops, symmetries cube48" in log
@@ -185,19 +168,60 @@ def _free_port():
 
 
 def test_two_jax_processes_match_one_process(tiny_cfg, tmp_path):
-    common = ["-m", "jax_impl.train", "--config", "cpu_tiny", "--set", f"train_path={tiny_cfg.train_path}",
-              "--set", f"val_path={tiny_cfg.val_path}", "--set", f"xla_cache_dir={tmp_path / 'cache'}"]
+    common = [
+        "-m",
+        "jax_impl.train",
+        "--config",
+        "cpu_tiny",
+        "--set",
+        f"train_path={tiny_cfg.train_path}",
+        "--set",
+        f"val_path={tiny_cfg.val_path}",
+        "--set",
+        f"xla_cache_dir={tmp_path / 'cache'}",
+    ]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    single = subprocess.run([sys.executable, *common, "--workdir", str(tmp_path / "single"), "--save_weights", str(tmp_path / "single.npz")],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-                            env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    single = subprocess.run(
+        [
+            sys.executable,
+            *common,
+            "--workdir",
+            str(tmp_path / "single"),
+            "--save_weights",
+            str(tmp_path / "single.npz"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+    )
     assert single.returncode == 0, single.stderr[-3000:]
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, *common, "--workdir", str(tmp_path / "multi"), "--save_weights", str(tmp_path / "multi.npz")],
-                              cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-                                   "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": str(i)})
-             for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                *common,
+                "--workdir",
+                str(tmp_path / "multi"),
+                "--save_weights",
+                str(tmp_path / "multi.npz"),
+            ],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={
+                **env,
+                "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+                "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+                "JAX_NUM_PROCESSES": "2",
+                "JAX_PROCESS_ID": str(i),
+            },
+        )
+        for i in range(2)
+    ]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
     assert "data parallel: 2 replicas, global batch 4, local batch 2" in outs[0]

@@ -1,4 +1,5 @@
 """The generator: deterministic, physically consistent (P(k), T-rho relation), contract-abiding."""
+
 from __future__ import annotations
 
 import subprocess
@@ -38,7 +39,7 @@ def test_linear_field_power_matches_input_spectrum():
     k, p, n = cosmology.measure_power(field, box, edges)
     # compare with the input P averaged over the same modes
     kx, ky, kz = cosmology.wavenumbers(size, box)
-    kk = np.sqrt(kx ** 2 + ky ** 2 + kz ** 2)
+    kk = np.sqrt(kx**2 + ky**2 + kz**2)
     ref = np.array([cosmo.linear_power(kk[(kk >= lo) & (kk < hi)]).mean() for lo, hi in zip(edges[:-1], edges[1:])])
     ratio = p / ref
     sigma = np.sqrt(2 / n)
@@ -102,12 +103,17 @@ def test_inspect_cli_passes_good_and_fails_bad_files(data_dir, tmp_path):
     res = _cli("shared_data.inspect", str(bad))
     assert res.returncode == 2 and "targets must lie inside tanh's (-1, 1)" in res.stderr
     missing = _cli("shared_data.inspect", str(tmp_path / "none.h5"))
-    assert missing.returncode == 2 and missing.stderr.startswith("error: dataset file") and "Traceback" not in missing.stderr
+    assert (
+        missing.returncode == 2
+        and missing.stderr.startswith("error: dataset file")
+        and "Traceback" not in missing.stderr
+    )
 
 
 def test_tutorial_layout_file_without_attributes_loads(tmp_path):
     """A file with only the two datasets (the tutorial's downsamp_*.h5 layout) reads unchanged."""
     from shared_data import readers
+
     path = tmp_path / "downsamp_like.h5"
     rng = np.random.default_rng(0)
     nbody, hydro = rng.random((4, 32, 32, 32), np.float32), rng.random((5, 32, 32, 32), np.float32) - 0.5

@@ -1,5 +1,6 @@
 """JAX's ``device`` loader: crops and symmetries gathered from the device-resident volume equal
 the NumPy loader's batches bit for bit."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,7 +17,10 @@ def test_device_loader_matches_numpy_loader(tiny_cfg, num_devices):
     cfg = C.replace(tiny_cfg, data_loader_config="device", Nsamples=12, Nsamples_val=6)
     mesh = distribute.make_mesh(num_devices)
     for split in ("train", "val"):
-        dev, native = D.make_input(cfg, split, mesh), D.make_input(C.replace(cfg, data_loader_config="lowmem"), split, mesh)
+        dev, native = (
+            D.make_input(cfg, split, mesh),
+            D.make_input(C.replace(cfg, data_loader_config="lowmem"), split, mesh),
+        )
         assert dev.steps == native.steps == (3 if split == "train" else 2)
         for epoch in (0, 1):
             got, want = list(dev.epoch(epoch)), list(native.epoch(epoch))

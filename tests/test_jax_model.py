@@ -1,4 +1,5 @@
 """JAX U-Net: shapes and dtypes, up-convs against the float64 reference, parameters against the spec."""
+
 from __future__ import annotations
 
 import jax
@@ -65,8 +66,11 @@ def test_full_size_net_shapes_dtypes_and_parameter_count():
     assert n == unet_spec.num_params(cfg)
     assert 116e6 < n < 118e6  # DESIGN: about 117 M
     shapes = {f"{l}/{k}": v.shape for l, d in variables["params"].items() for k, v in d.items()}
-    assert shapes == {f"{s.name}/{leaf}": (s.kernel_shape if leaf == "kernel" else (s.c_out,))
-                      for s in unet_spec.layer_specs(cfg) for leaf in ("kernel", "bias")}
+    assert shapes == {
+        f"{s.name}/{leaf}": (s.kernel_shape if leaf == "kernel" else (s.c_out,))
+        for s in unet_spec.layer_specs(cfg)
+        for leaf in ("kernel", "bias")
+    }
     bf16 = M.build_model(C.replace(cfg, enable_amp=True))
     assert jax.eval_shape(bf16.apply, variables, x).dtype == jnp.float32  # tanh output stays float32
     half = jax.eval_shape(bf16.init, jax.random.key(0), x)
@@ -81,8 +85,13 @@ def test_tiny_net_runs_and_modes_agree(tiny_cfg):
     assert a.shape == (2, 16, 16, 16, 5) and float(jnp.abs(a).max()) < 1
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     mixed = C.replace(tiny_cfg, upconv_transpose_below=4, downconv_strided_below=16)
-    # tiny net: down-conv inputs 16, 8, 4 -> s2d, strided, strided; up-conv inputs 2, 4, 8 -> transpose, subpixel, subpixel
-    assert [unet_spec.conv_method("down", n, "space_to_depth", 16) for n in (16, 8, 4)] == ["space_to_depth", "strided", "strided"]
+    # tiny net: down-conv inputs 16, 8, 4 -> s2d, strided, strided;
+    # up-conv inputs 2, 4, 8 -> transpose, subpixel, subpixel
+    assert [unet_spec.conv_method("down", n, "space_to_depth", 16) for n in (16, 8, 4)] == [
+        "space_to_depth",
+        "strided",
+        "strided",
+    ]
     assert [unet_spec.conv_method("up", n, "subpixel", 4) for n in (2, 4, 8)] == ["transpose", "subpixel", "subpixel"]
     np.testing.assert_allclose(M.build_model(mixed).apply({"params": params}, x), a, rtol=1e-5, atol=1e-6)
     half = M.build_model(C.replace(tiny_cfg, enable_amp=True)).apply({"params": params}, x)

@@ -1,4 +1,5 @@
 """JAX training: the loss falls, resume is exact, fp16 loss scaling skips bad steps, CLI errors."""
+
 from __future__ import annotations
 
 import functools
@@ -13,8 +14,8 @@ import pytest
 from jax_impl import model as M
 from jax_impl import train as T
 from shared_data import config as C
-from shared_data import runlog
 from shared_data.config import REPO_ROOT
+from shared_data.run import read_metrics
 
 
 def _params(result):
@@ -27,7 +28,7 @@ def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     Asserted with margin: training at least -25%, validation at least -15%."""
     cfg = C.replace(tiny_cfg, Nsamples=20, num_epochs=6, start_lr=5e-3, tensorboard=True)
     result = T.train_and_evaluate(cfg, tmp_path / "run")
-    hist = runlog.read_metrics(tmp_path / "run")
+    hist = read_metrics(tmp_path / "run")
     assert [h["epoch"] for h in hist] == [1, 2, 3, 4, 5, 6] and hist[-1]["step"] == 30
     assert hist[-1]["train_loss"] < 0.75 * hist[0]["train_loss"], hist
     assert hist[-1]["val_loss"] < 0.85 * hist[0]["val_loss"], hist
@@ -45,9 +46,9 @@ def test_resume_is_exact(tiny_cfg, tmp_path):
     assert int(resumed["state"].step) == 6
     for k, v in straight.items():
         np.testing.assert_array_equal(_params(resumed)[k], v, err_msg=k)
-    hist = runlog.read_metrics(tmp_path / "split")
+    hist = read_metrics(tmp_path / "split")
     assert [h["epoch"] for h in hist] == [1, 2]
-    assert hist[1]["lr"] == runlog.read_metrics(tmp_path / "straight")[1]["lr"]
+    assert hist[1]["lr"] == read_metrics(tmp_path / "straight")[1]["lr"]
 
 
 def _step_fn(cfg):
@@ -92,51 +93,35 @@ def test_bf16_keeps_float32_params_and_tracks_fp32(tiny_cfg):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "jax_impl.train", *args], capture_output=True, text=True, cwd=REPO_ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "jax_impl.train", *args], capture_output=True, text=True, cwd=REPO_ROOT
+    )
 
 
 def test_cli_help_and_user_errors(tiny_cfg, tmp_path):
     assert _cli("--help").returncode == 0
     res = _cli("--config", "nope")
     assert res.returncode == 2 and "error: config 'nope' not found" in res.stderr and "Traceback" not in res.stderr
-    res = _cli("--config", "cpu_tiny", "--set", f"train_path={tmp_path / 'missing.h5'}", "--workdir", str(tmp_path / "w"))
+    res = _cli(
+        "--config", "cpu_tiny", "--set", f"train_path={tmp_path / 'missing.h5'}", "--workdir", str(tmp_path / "w")
+    )
     assert res.returncode == 2 and "missing.h5 not found" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_jax_impl_runs_without_tensorflow(tmp_path):
     """As on the GPU machine: TensorFlow unimportable, jax_impl imports, and TensorBoard scalars are
     still written (tensorboard's own stub); nothing imports TensorFlow when it is installed either."""
-    code = ("import sys; block = sys.argv[1] == 'block'\n"
-            "if block: sys.modules['tensorflow'] = None\n"
-            "import jax_impl.train, jax_impl.data, jax_impl.model, jax_impl.distribute\n"
-            "from pathlib import Path\n"
-            "jax_impl.train.ScalarWriter(Path(sys.argv[2]), True).scalars(1, {'a': 1.0})\n"
-            "assert block or 'tensorflow' not in sys.modules, 'tensorflow imported'")
+    code = (
+        "import sys; block = sys.argv[1] == 'block'\n"
+        "if block: sys.modules['tensorflow'] = None\n"
+        "import jax_impl.train, jax_impl.data, jax_impl.model, jax_impl.distribute, shared_data.run\n"
+        "from pathlib import Path\n"
+        "shared_data.run.ScalarWriter(Path(sys.argv[2]), True).scalars(1, {'a': 1.0})\n"
+        "assert block or 'tensorflow' not in sys.modules, 'tensorflow imported'"
+    )
     for mode in ("block", "installed"):
-        res = subprocess.run([sys.executable, "-c", code, mode, str(tmp_path / mode)], cwd=REPO_ROOT, capture_output=True, text=True)
+        res = subprocess.run(
+            [sys.executable, "-c", code, mode, str(tmp_path / mode)], cwd=REPO_ROOT, capture_output=True, text=True
+        )
         assert res.returncode == 0, res.stderr
         assert list((tmp_path / mode).glob("events.out.tfevents.*"))
-
-
-def test_auto_pgle_returns_the_jitted_step_with_the_same_result(tiny_cfg):
-    """With ``jax_enable_pgle`` on, ``compile_steps`` hands back jit's dispatch path (the one that
-    profiles and recompiles; on CPU there is nothing to profile), and a step equals the AOT one."""
-    from jax_impl import data as D
-    from jax_impl import distribute
-    mesh = distribute.make_mesh(1)
-    tx = T.make_optimizer(np.full(4, 1e-3, np.float32))
-    model, spec = M.build_model(tiny_cfg), D.batch_spec(tiny_cfg, mesh)
-    rng = np.random.default_rng(0)
-    batch = {k: jnp.asarray(rng.standard_normal(v.shape).astype(np.float32)) for k, v in spec.items()}
-    batch["mask"] = jnp.ones(spec["mask"].shape)
-    out = {}
-    for pgle in (False, True):
-        jax.config.update("jax_enable_pgle", pgle)
-        try:
-            state = T.create_train_state(tiny_cfg, M.init_params(tiny_cfg, 0), tx)
-            train_fn, _, _ = T.compile_steps(tiny_cfg, model, tx, jax.device_put(state, distribute.replicated(mesh)), spec)
-            assert isinstance(train_fn, jax.stages.Compiled) != pgle
-            out[pgle] = train_fn(jax.device_put(state, distribute.replicated(mesh)), batch)[1]["loss"]
-        finally:
-            jax.config.update("jax_enable_pgle", False)
-    assert float(out[True]) == float(out[False]) > 0

@@ -1,4 +1,5 @@
 """Epoch plans and the threaded NumPy loader: order, reproducibility, shards, validation padding."""
+
 import numpy as np
 
 from shared_data import config as C

@@ -1,4 +1,5 @@
 """Crop readers: crops equal slices; lowmem == inmem; fork/spawn safety; bad files give clear errors."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -11,8 +12,8 @@ import numpy as np
 import pytest
 
 from shared_data import config as C
-from shared_data.config import REPO_ROOT
 from shared_data import readers, symmetry
+from shared_data.config import REPO_ROOT
 from shared_data.errors import DatasetError
 from shared_data.sampler import CropStream, StreamKey
 
@@ -20,12 +21,12 @@ from shared_data.sampler import CropStream, StreamKey
 def _slices(path, start, s):
     with h5py.File(path) as f:
         x, y, z = start
-        return f["Nbody"][:, x:x + s, y:y + s, z:z + s], f["Hydro"][:, x:x + s, y:y + s, z:z + s]
+        return f["Nbody"][:, x : x + s, y : y + s, z : z + s], f["Hydro"][:, x : x + s, y : y + s, z : z + s]
 
 
 @pytest.mark.parametrize("kind", ["lowmem", "inmem"])
 def test_crop_equals_numpy_slice_at_every_corner(tiny_cfg, kind):
-    path = tiny_cfg.resolve_path(tiny_cfg.train_path)
+    path = tiny_cfg.data_file("train")
     cls = readers.H5LowMemReader if kind == "lowmem" else readers.InMemReader
     r = cls(path, 4, 5, 16)
     bi, bt = np.empty((4, 16, 16, 16), np.float32), np.empty((5, 16, 16, 16), np.float32)
@@ -37,7 +38,7 @@ def test_crop_equals_numpy_slice_at_every_corner(tiny_cfg, kind):
 
 
 def test_make_batch_applies_symmetry_to_the_sliced_crop(tiny_cfg):
-    path = tiny_cfg.resolve_path(tiny_cfg.train_path)
+    path = tiny_cfg.data_file("train")
     draws = CropStream(StreamKey(0, 0), 32, 16, "cube48").next_batch(6)
     x, y = readers.make_batch(readers.H5LowMemReader(path, 4, 5, 16), draws, tiny_cfg)
     assert x.shape == (6, 16, 16, 16, 4) and y.shape == (6, 16, 16, 16, 5) and x.dtype == np.float32
@@ -56,7 +57,7 @@ def test_synthetic_reader_is_deterministic_and_in_range():
     a.read((1, 2, 3), ia, ta)
     b.read((1, 2, 3), ib, tb)
     np.testing.assert_array_equal(ia, ib)
-    assert -0.5 <= ta.min() and ta.max() < 0.5 and ta.std() > 0.2
+    assert ta.min() >= -0.5 and ta.max() < 0.5 and ta.std() > 0.2
 
 
 def _read_in_child(reader, q):
@@ -85,13 +86,21 @@ def _check_worker(path, method):
 def test_lowmem_reader_is_safe_in_fork_and_spawn_workers(tiny_cfg, method):
     """Run in a fresh interpreter that has imported neither JAX nor TF: forking a process that holds
     their threads can deadlock regardless of our reader."""
-    code = "import sys; sys.path.insert(0, 'tests'); import test_readers as t; t._check_worker(sys.argv[1], sys.argv[2])"
-    res = subprocess.run([sys.executable, "-c", code, str(tiny_cfg.resolve_path(tiny_cfg.train_path)), method],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys; sys.path.insert(0, 'tests'); import test_readers as t; t._check_worker(sys.argv[1], sys.argv[2])"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(tiny_cfg.data_file("train")), method],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
 
 
 # --- bad input ----------------------------------------------------------------------------------
+
 
 def _h5(path, nbody=(4, 16, 16, 16), hydro=(5, 16, 16, 16), dtype=np.float32, fill=0.1, skip=()):
     with h5py.File(path, "w") as f:
@@ -101,16 +110,19 @@ def _h5(path, nbody=(4, 16, 16, 16), hydro=(5, 16, 16, 16), dtype=np.float32, fi
     return path
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: p, r"dataset file .*absent\.h5 not found"),
-    (lambda p: (p.write_text("not hdf5"), p)[1], r"is not a readable HDF5 file"),
-    (lambda p: _h5(p, skip=("Hydro",)), r"missing dataset 'Hydro' \(expected Hydro of shape \(5, L, L, L\)"),
-    (lambda p: _h5(p, nbody=(3, 16, 16, 16)), r"'Nbody' has 3 channels .*expected 4"),
-    (lambda p: _h5(p, hydro=(5, 16, 16, 8)), r"'Hydro' has spatial shape \(16, 16, 8\), expected a cube"),
-    (lambda p: _h5(p, nbody=(4, 8, 8, 8), hydro=(5, 8, 8, 8)), r"volume side 8 is smaller than crop_size 16"),
-    (lambda p: _h5(p, dtype=np.int32, fill=1), r"'Nbody' has dtype int32, expected float32"),
-    (lambda p: _h5(p, nbody=(4, 16, 16)), r"'Nbody' has shape \(4, 16, 16\), expected 4 axes"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p, r"dataset file .*absent\.h5 not found"),
+        (lambda p: (p.write_text("not hdf5"), p)[1], r"is not a readable HDF5 file"),
+        (lambda p: _h5(p, skip=("Hydro",)), r"missing dataset 'Hydro' \(expected Hydro of shape \(5, L, L, L\)"),
+        (lambda p: _h5(p, nbody=(3, 16, 16, 16)), r"'Nbody' has 3 channels .*expected 4"),
+        (lambda p: _h5(p, hydro=(5, 16, 16, 8)), r"'Hydro' has spatial shape \(16, 16, 8\), expected a cube"),
+        (lambda p: _h5(p, nbody=(4, 8, 8, 8), hydro=(5, 8, 8, 8)), r"volume side 8 is smaller than crop_size 16"),
+        (lambda p: _h5(p, dtype=np.int32, fill=1), r"'Nbody' has dtype int32, expected float32"),
+        (lambda p: _h5(p, nbody=(4, 16, 16)), r"'Nbody' has shape \(4, 16, 16\), expected 4 axes"),
+    ],
+)
 def test_bad_files_give_one_clear_error(tmp_path, make, message):
     path = make(tmp_path / "absent.h5")
     for cls in (readers.H5LowMemReader, readers.InMemReader):

@@ -18,12 +18,20 @@ def test_same_key_same_stream_and_bounds():
 def test_workers_shards_epochs_seeds_differ():
     base = StreamKey(seed=3, epoch=1, shard=0, worker=0)
     first = CropStream(base, 64, 16, "cube48").next_batch(8).starts
-    for other in (StreamKey(3, 1, 0, 1), StreamKey(3, 1, 1, 0), StreamKey(3, 2, 0, 0), StreamKey(4, 1, 0, 0), StreamKey(3, 1, 0, 0, VAL)):
+    for other in (
+        StreamKey(3, 1, 0, 1),
+        StreamKey(3, 1, 1, 0),
+        StreamKey(3, 2, 0, 0),
+        StreamKey(4, 1, 0, 0),
+        StreamKey(3, 1, 0, 0, VAL),
+    ):
         assert not np.array_equal(CropStream(other, 64, 16, "cube48").next_batch(8).starts, first)
 
 
 def test_epoch_draws_interleave_workers():
-    draws = epoch_draws(seed=1, epoch=0, shard=0, num_workers=2, steps=4, batch=3, volume_size=32, crop_size=8, symmetry_group="cube48")
+    draws = epoch_draws(
+        seed=1, epoch=0, shard=0, num_workers=2, steps=4, batch=3, volume_size=32, crop_size=8, symmetry_group="cube48"
+    )
     w0 = CropStream(StreamKey(1, 0, 0, 0), 32, 8, "cube48")
     w1 = CropStream(StreamKey(1, 0, 0, 1), 32, 8, "cube48")
     expect = [w0.next_batch(3), w1.next_batch(3), w0.next_batch(3), w1.next_batch(3)]

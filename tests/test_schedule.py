@@ -14,7 +14,10 @@ def test_scaling_rules():
 
 
 def test_warmup_then_cosine_hand_values():
-    cfg = C.load_config("base", overrides={"start_lr": 1.0, "end_lr": 0.0, "lr_scaling": "linear", "base_batch_size": 64, "warmup_steps": 4})
+    cfg = C.load_config(
+        "base",
+        overrides={"start_lr": 1.0, "end_lr": 0.0, "lr_scaling": "linear", "base_batch_size": 64, "warmup_steps": 4},
+    )
     table = schedule.lr_table(cfg, 128, 12)  # peak 2.0, 4 warm-up steps, 8 cosine steps
     np.testing.assert_allclose(table[:4], [0.5, 1.0, 1.5, 2.0])
     # step 4 starts the cosine at the peak; step 8 is half way: end + (peak-end)/2 = 1.0

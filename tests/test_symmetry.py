@@ -1,4 +1,5 @@
 """The 48-element table: a group, equal to np.rot90/np.flip compositions, turning vectors correctly."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,8 +46,12 @@ def test_scalar_transforms_equal_rot90_flip_compositions():
     assert len(closure) == 48
     assert ours == set(closure)
     rotations_only = {np.ascontiguousarray(S.apply_spatial(a, i)).tobytes() for i in range(24)}
-    proper = {np.ascontiguousarray(np.rot90(np.rot90(a, k1, (0, 1)), k2, ax)).tobytes()
-              for k1 in range(4) for k2 in range(4) for ax in ((1, 2), (0, 2))}
+    proper = {
+        np.ascontiguousarray(np.rot90(np.rot90(a, k1, (0, 1)), k2, ax)).tobytes()
+        for k1 in range(4)
+        for k2 in range(4)
+        for ax in ((1, 2), (0, 2))
+    }
     assert rotations_only <= set(closure) and rotations_only == proper
 
 

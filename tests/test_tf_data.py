@@ -1,5 +1,6 @@
 """TensorFlow's ``device`` loader: crops and symmetries gathered from the device-resident volume
 equal the NumPy loader's batches bit for bit (two replicas: tests/test_distributed.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,10 @@ def test_device_loader_matches_numpy_loader(tiny_cfg):
     cfg = C.replace(tiny_cfg, data_loader_config="device", Nsamples=12, Nsamples_val=6)
     strategy = distribute.make_strategy()
     for split in ("train", "val"):
-        dev, native = D.make_input(cfg, split, strategy), D.make_input(C.replace(cfg, data_loader_config="lowmem"), split, strategy)
+        dev, native = (
+            D.make_input(cfg, split, strategy),
+            D.make_input(C.replace(cfg, data_loader_config="lowmem"), split, strategy),
+        )
         assert isinstance(dev, D.DeviceInput) and dev.steps == native.steps == (3 if split == "train" else 2)
         for epoch in (0, 1):
             got, want = list(dev.epoch(epoch)), list(native.epoch(epoch))

@@ -1,4 +1,5 @@
 """TF U-Net: shapes and dtypes per policy, up/down-convs against float64 references, JAX parity."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,9 +45,13 @@ def test_downconv_equals_float64_reference(method, n):
     assert rel_err(layer(tf.constant(x)), unet_spec.conv_reference(x, w, b)) < 1e-5
 
 
-@pytest.mark.parametrize("precision, compute", [("float32", "float32"), ("bfloat16", "bfloat16"), ("float16", "float16")])
+@pytest.mark.parametrize(
+    "precision, compute", [("float32", "float32"), ("bfloat16", "bfloat16"), ("float16", "float16")]
+)
 def test_shapes_and_dtypes_under_each_policy(tiny_cfg, precision, compute):
-    cfg = C.replace(tiny_cfg, enable_amp=precision != "float32", amp_dtype=precision if precision != "float32" else "bfloat16")
+    cfg = C.replace(
+        tiny_cfg, enable_amp=precision != "float32", amp_dtype=precision if precision != "float32" else "bfloat16"
+    )
     model = M.build_model(cfg)
     out = model(tf.constant(RNG.standard_normal((2, 16, 16, 16, 4)).astype(np.float32)))
     assert tuple(out.shape) == (2, 16, 16, 16, 5) and out.dtype == tf.float32
@@ -68,13 +73,15 @@ def test_same_canonical_weights_give_same_outputs_as_jax(tiny_cfg, small):
     """Parity: one weights file, both frameworks, fp32: relative error < 1e-4 (also with other
     formulations per level in TF only)."""
     import jax.numpy as jnp
+
     from jax_impl import model as JM
+
     weights = unet_spec.init_weights(tiny_cfg, 7)
     x = RNG.standard_normal((2, 16, 16, 16, 4)).astype(np.float32)
     tf_model = M.build_model(C.replace(tiny_cfg, **small))
-    M.set_canonical(tf_model, weights)
+    M.params_from_canonical(tf_model, weights)
     out_tf = tf_model(tf.constant(x)).numpy()
     out_jax = np.asarray(JM.build_model(tiny_cfg).apply({"params": JM.params_from_canonical(weights)}, jnp.asarray(x)))
     assert rel_err(out_tf, out_jax.astype(np.float64)) < 1e-4
-    back = M.get_canonical(tf_model)
+    back = M.params_to_canonical(tf_model)
     assert all(np.array_equal(back[k], weights[k]) for k in weights)

@@ -1,4 +1,5 @@
 """TF training: loss falls, resume is exact, fp16 loss scaling, one-step parity with JAX, CLI."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,8 +10,9 @@ import pytest
 import tensorflow as tf
 
 from shared_data import config as C
-from shared_data import runlog, unet_spec
+from shared_data import unet_spec
 from shared_data.config import REPO_ROOT
+from shared_data.run import read_metrics
 from tf_impl import model as M
 from tf_impl import train as T
 
@@ -20,7 +22,7 @@ def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     CPU: epoch-mean training loss 0.0213 -> 0.0125 (-41%); asserted: at least -25%."""
     cfg = C.replace(tiny_cfg, Nsamples=20, num_epochs=6, start_lr=5e-3, tensorboard=True)
     T.train_and_evaluate(cfg, tmp_path / "run")
-    hist = runlog.read_metrics(tmp_path / "run")
+    hist = read_metrics(tmp_path / "run")
     assert [h["epoch"] for h in hist] == [1, 2, 3, 4, 5, 6] and hist[-1]["step"] == 30
     assert hist[-1]["train_loss"] < 0.75 * hist[0]["train_loss"], hist
     assert hist[-1]["val_loss"] < 0.85 * hist[0]["val_loss"], hist
@@ -29,19 +31,19 @@ def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
 
 def test_resume_is_exact(tiny_cfg, tmp_path):
     cfg = C.replace(tiny_cfg, Nsamples=12, num_epochs=2)
-    straight = M.get_canonical(T.train_and_evaluate(cfg, tmp_path / "straight")["model"])
+    straight = M.params_to_canonical(T.train_and_evaluate(cfg, tmp_path / "straight")["model"])
     T.train_and_evaluate(cfg, tmp_path / "split", stop_after_epoch=1)
     with pytest.raises(Exception, match="already holds checkpoints"):
         T.train_and_evaluate(cfg, tmp_path / "split")
-    resumed = M.get_canonical(T.train_and_evaluate(cfg, tmp_path / "split", resume=True)["model"])
+    resumed = M.params_to_canonical(T.train_and_evaluate(cfg, tmp_path / "split", resume=True)["model"])
     for k, v in straight.items():
         np.testing.assert_array_equal(resumed[k], v, err_msg=k)
-    assert [h["epoch"] for h in runlog.read_metrics(tmp_path / "split")] == [1, 2]
+    assert [h["epoch"] for h in read_metrics(tmp_path / "split")] == [1, 2]
 
 
 def _setup(cfg, weights):
     model, opt = M.build_model(cfg), T.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
-    M.set_canonical(model, weights)
+    M.params_from_canonical(model, weights)
     opt.build(model.trainable_variables)
     return model, opt, tf.function(lambda b: T.train_step(model, opt, b, cfg, 1))
 
@@ -58,13 +60,13 @@ def _batch(bad=False, seed=0):
 def test_mixed_float16_scale_adapts_and_nonfinite_skips(tiny_cfg):
     cfg = C.replace(tiny_cfg, enable_amp=True, amp_dtype="float16", loss_scale_init=1024.0, loss_scale_period=2)
     model, opt, step = _setup(cfg, unet_spec.init_weights(cfg, 0))
-    before = M.get_canonical(model)
+    before = M.params_to_canonical(model)
     m = step(_batch(bad=True))
     assert float(m["loss_scale"]) == 512.0
-    after = M.get_canonical(model)
+    after = M.params_to_canonical(model)
     assert all(np.array_equal(after[k], before[k]) for k in before)
     step(_batch())
-    assert not np.array_equal(M.get_canonical(model)["last/kernel"], before["last/kernel"])
+    assert not np.array_equal(M.params_to_canonical(model)["last/kernel"], before["last/kernel"])
     assert float(opt.dynamic_scale) == 512.0
     step(_batch())  # the 2nd consecutive finite step doubles the scale
     assert float(opt.dynamic_scale) == 1024.0
@@ -79,14 +81,16 @@ def test_one_fp32_step_matches_jax(tiny_cfg):
     frameworks computed the same gradient and each applied its library's Adam."""
     import jax
     import jax.numpy as jnp
+
     from jax_impl import model as JM
     from jax_impl import train as JT
+
     lr, eps, b2 = 1e-3, 1e-8, 0.999
     weights = unet_spec.init_weights(tiny_cfg, 5)
     batch = _batch(seed=3)
     model, _, step = _setup(tiny_cfg, weights)
     loss_tf = float(step(batch)["loss"])
-    new_tf = M.get_canonical(model)
+    new_tf = M.params_to_canonical(model)
     jmodel = JM.build_model(tiny_cfg)
     tx = JT.make_optimizer(np.full(8, lr, np.float32))
     params = JM.params_from_canonical(weights)
@@ -94,7 +98,9 @@ def test_one_fp32_step_matches_jax(tiny_cfg):
     jbatch = {k: jnp.asarray(v.numpy()) for k, v in batch.items()}
     state, m = jax.jit(lambda s, b: JT.train_step(s, b, model=jmodel, tx=tx, cfg=tiny_cfg))(state, jbatch)
     new_jax = JM.params_to_canonical(jax.device_get(state.params))
-    grads = JM.params_to_canonical(jax.grad(lambda p: JT.loss_fn(jmodel.apply({"params": p}, jbatch["inputs"]), jbatch, tiny_cfg))(params))
+    grads = JM.params_to_canonical(
+        jax.grad(lambda p: JT.loss_fn(jmodel.apply({"params": p}, jbatch["inputs"]), jbatch, tiny_cfg))(params)
+    )
     assert abs(loss_tf - float(m["loss"])) < 1e-5 * abs(loss_tf)
     for k, g in grads.items():
         g = g.astype(np.float64)
@@ -111,13 +117,18 @@ def _cli(*args):
 def test_cli_help_and_user_errors(tmp_path):
     assert _cli("--help").returncode == 0
     res = _cli("--config", "cpu_tiny", "--set", "crop_size=12")
-    assert res.returncode == 2 and "'crop_size': 12 must be divisible by 2**3" in res.stderr and "Traceback" not in res.stderr
+    assert (
+        res.returncode == 2
+        and "'crop_size': 12 must be divisible by 2**3" in res.stderr
+        and "Traceback" not in res.stderr
+    )
 
 
 def test_tf_impl_imports_without_jax():
     """With JAX made unimportable, every tf_impl module still imports (TensorFlow itself probes for
     JAX in tf.lite and tolerates its absence)."""
-    code = ("import sys; sys.modules['jax'] = None\n"
-            "import tf_impl.train, tf_impl.data, tf_impl.model, tf_impl.distribute")
+    code = (
+        "import sys; sys.modules['jax'] = None\nimport tf_impl.train, tf_impl.data, tf_impl.model, tf_impl.distribute"
+    )
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

@@ -3,9 +3,8 @@
 IO: the input pipeline alone, each batch ready on the devices. SYNTHETIC: train steps on one cached
 device batch. FULL: train steps on the real input pipeline.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
@@ -23,12 +22,12 @@ class Bench:
 
     framework = "tf"
 
-    def __init__(self, cfg: Config, mode: str, num_devices: Optional[int] = None):
+    def __init__(self, cfg: Config, mode: str, num_devices: int | None = None):
         train_mod.configure_xla(cfg)
         self.cfg, self.mode = cfg, mode
         self.strategy = distribute.make_strategy(num_devices)
         self.replicas = distribute.num_replicas(self.strategy)
-        self.global_batch, _ = batch_sizes(cfg, self.replicas)
+        self.global_batch, local_batch = batch_sizes(cfg, self.replicas)
         self.compile_sec = 0.0
         self._out = None
         if mode in ("io", "full"):
@@ -36,10 +35,14 @@ class Bench:
         if mode in ("synthetic", "full"):
             with self.strategy.scope():
                 model = model_mod.build_model(cfg)
-                optimizer = train_mod.make_optimizer(cfg, schedule.lr_table(cfg, self.global_batch, 10 ** 6))
-                model_mod.set_canonical(model, unet_spec.init_weights(cfg, cfg.seed))
-            self.batch = data_mod.batch_spec(cfg, self.strategy)
-            self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, self.strategy, model, optimizer, self.batch)
+                optimizer = train_mod.make_optimizer(cfg, schedule.lr_table(cfg, self.global_batch, 10**6))
+                model_mod.params_from_canonical(model, unet_spec.init_weights(cfg, cfg.seed))
+                optimizer.build(model.trainable_variables)
+            spec = data_mod.batch_spec(cfg, self.strategy)
+            self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, self.strategy, model, optimizer, spec)
+        if mode == "synthetic":
+            host = loader.synthetic_batch(cfg, local_batch)
+            self.batch = distribute.per_replica(self.strategy, lambda: {k: tf.constant(v) for k, v in host.items()})
 
     def step(self) -> None:
         if self.mode == "io":
@@ -52,7 +55,7 @@ class Bench:
         for t in tf.nest.flatten(self._out):
             np.asarray(getattr(t, "values", [t])[0])  # forces the value, i.e. waits for the step
 
-    def peak_memory_bytes(self) -> Optional[int]:
+    def peak_memory_bytes(self) -> int | None:
         return train_mod.peak_memory_bytes()
 
     def versions(self) -> dict:

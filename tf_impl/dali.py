@@ -10,34 +10,36 @@ of this project can run, TF having no GPU build there). With a GPU the
 dataset is placed on the replica's GPU (``device_id``), without one it runs CPU-only
 (``device_id=None``).
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import numpy as np
 import tensorflow as tf
 
 from shared_data import dali_pipelines as dp
-from shared_data import dataset
+from shared_data import dataset, loader, loaders
 from shared_data.config import Config, batch_sizes
 from shared_data.readers import H5LowMemReader
-from tf_impl import data as data_mod
+from shared_data.sampler import SPLITS
 from tf_impl import distribute
 
 log = logging.getLogger(__name__)
 
 
-class DaliInput(data_mod.Input):
-    """Batches of one split from DALI, one ``DALIDatasetWithInputs`` per replica and epoch."""
+class DaliInput:
+    """Batches of one split from DALI, one ``DALIDatasetWithInputs`` per replica and epoch:
+    ``steps`` per epoch, ``epoch(e)`` an iterator (the contract of :class:`tf_impl.data.Input`)."""
 
     def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy):
         dp.require_dali()
         import nvidia.dali.plugin.tf as dali_tf
 
         self.dali_tf = dali_tf
-        self.cfg, self.split, self.strategy = cfg, data_mod.SPLITS[split], strategy
-        self.path = cfg.resolve_path(cfg.train_path if split == "train" else cfg.val_path)
-        dp.check_npy(cfg.data_loader_config, self.path)
+        self.cfg, self.split_name, self.split, self.strategy = cfg, split, SPLITS[split], strategy
+        self.path = cfg.data_file(split)
         self.reader = H5LowMemReader(self.path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
         self.shards = distribute.local_shards(strategy)
         self.replicas = distribute.num_replicas(strategy)
@@ -45,33 +47,51 @@ class DaliInput(data_mod.Input):
         self.gpus = tf.config.list_logical_devices("GPU")
         if not self.gpus:
             log.info("DALI %s/%s: no GPU, CPU-only pipelines (device_id=None)", cfg.data_loader_config, split)
-        self.volumes = dp.load_volumes(self.path, cfg) if cfg.data_loader_config == "dali-device" else None
-        self.steps = len(self.plan(0))
+        kind = loaders.loader_kind(cfg)
+        self.volumes = dp.load_volumes(self.path, cfg) if kind.device_volumes else None
+        self.crops_outside = kind.crops_outside_dali
+        self.steps = len(self.plan(0, self.shards))
 
-    def dataset(self, epoch: int, shard: int) -> tf.data.Dataset:
-        """One replica's batches of ``epoch`` (tuples, see :meth:`element`), from a DALI pipeline fed by its plan."""
+    def plan(self, epoch: int, shards: list[int]) -> loader.EpochPlan:
+        return loader.make_plan(self.cfg, self.split, epoch, shards, self.replicas, self.reader.size)
+
+    def dataset(self, epoch: int, shard: int) -> Iterator[dict]:
+        """One replica's batches of ``epoch`` from a DALI pipeline fed by its plan."""
         cfg, s = self.cfg, self.cfg.crop_size
         plan = self.plan(epoch, [shard])
         params = dp.plan_params(plan, cfg)
-        inputs = {k: self.dali_tf.experimental.Input(tf.data.Dataset.from_tensor_slices(v), batch=True)
-                  for k, v in params.items()}
-        if cfg.data_loader_config in dp.CROP_SOURCE_KINDS:
+        inputs = {
+            k: self.dali_tf.experimental.Input(tf.data.Dataset.from_tensor_slices(v), batch=True)
+            for k, v in params.items()
+        }
+        if self.crops_outside:
             inputs.update(self._crop_inputs(plan))
         local = shard - self.shards[0]
         device_id = local if self.gpus else None
-        pipe = dp.build_pipeline(cfg, cfg.data_loader_config, self.path, self.local_bs, device_id)
-        shapes = ((self.local_bs, s, s, s, cfg.N_in_channels), (self.local_bs, s, s, s, cfg.N_out_channels), (self.local_bs,))
+        pipe = dp.build_pipeline(cfg, self.split_name, self.local_bs, device_id)
+        shapes = (
+            (self.local_bs, s, s, s, cfg.N_in_channels),
+            (self.local_bs, s, s, s, cfg.N_out_channels),
+            (self.local_bs,),
+        )
         with tf.device(self.gpus[local].name if self.gpus else "/cpu:0"):
             ds = self.dali_tf.experimental.DALIDatasetWithInputs(
-                pipeline=pipe, input_datasets=inputs, batch_size=self.local_bs, output_dtypes=(tf.float32,) * 3,
-                output_shapes=shapes, device_id=device_id, num_threads=cfg.dali_threads,
-                prefetch_queue_depth=cfg.dali_prefetch_queue_depth)
-        return ds  # (inputs, targets, mask) tuples; no tf.data map after a GPU-placed DALIDataset
+                pipeline=pipe,
+                input_datasets=inputs,
+                batch_size=self.local_bs,
+                output_dtypes=(tf.float32,) * 3,
+                output_shapes=shapes,
+                device_id=device_id,
+                num_threads=cfg.dali_threads,
+                prefetch_queue_depth=cfg.dali_prefetch_queue_depth,
+            )
+        # no tf.data map after a GPU-placed DALIDataset: the tuples become dicts here
+        return ({"inputs": x, "targets": y, "mask": m} for x, y, m in ds)
 
-    @staticmethod
-    def element(item) -> dict:
-        x, y, m = item
-        return {"inputs": x, "targets": y, "mask": m}
+    def epoch(self, epoch: int) -> Iterator:
+        """Batches of ``epoch``: plain dicts with one replica, per-replica values with several."""
+        iters = [iter(self.dataset(epoch, r)) for r in self.shards]
+        return distribute.replica_batches(self.strategy, self.shards, iters, self.steps)
 
     def _crop_inputs(self, plan) -> dict:
         """``Nbody``/``Hydro`` input datasets: each step's channel-first crops read by the shared
@@ -80,6 +100,7 @@ class DaliInput(data_mod.Input):
         cfg, s = self.cfg, self.cfg.crop_size
         out = {}
         for key, n in zip(dataset.KEYS, (cfg.N_in_channels, cfg.N_out_channels)):
+
             def read(step, key=key, n=n):
                 draws = plan.draws[int(step)]
                 if self.volumes is not None:
@@ -88,8 +109,11 @@ class DaliInput(data_mod.Input):
                 for i, start in enumerate(draws.starts):
                     self.reader.read_one(key, start, buf[i])
                 return buf
+
             ds = tf.data.Dataset.range(len(plan)).map(
                 lambda i, read=read: tf.numpy_function(read, [i], tf.float32, stateful=False),
-                num_parallel_calls=cfg.num_data_workers, deterministic=True)
+                num_parallel_calls=cfg.num_data_workers,
+                deterministic=True,
+            )
             out[key] = self.dali_tf.experimental.Input(ds.prefetch(2), batch=True)
         return out

@@ -5,20 +5,19 @@ device-resident ``device`` loader, and DALI.
 epoch's batches, distributed over the strategy's replicas. The crop and symmetry logic is the
 shared one (:func:`shared_data.loader.NumpyLoader.load`), run in parallel by ``tf.data``'s map.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import tensorflow as tf
 
-from shared_data import loader, readers
+from shared_data import loader, loaders, readers
 from shared_data.config import Config, batch_sizes
-from shared_data.sampler import TRAIN, VAL
+from shared_data.sampler import SPLITS
 from tf_impl import distribute
-
-SPLITS = {"train": TRAIN, "val": VAL}
 
 
 class Input:
@@ -44,49 +43,55 @@ class Input:
             return b["inputs"], b["targets"], b["mask"]
 
         def to_dict(x, y, m):
-            return {"inputs": tf.ensure_shape(x, (None, s, s, s, cfg.N_in_channels)),
-                    "targets": tf.ensure_shape(y, (None, s, s, s, cfg.N_out_channels)),
-                    "mask": tf.ensure_shape(m, (None,))}
+            return {
+                "inputs": tf.ensure_shape(x, (None, s, s, s, cfg.N_in_channels)),
+                "targets": tf.ensure_shape(y, (None, s, s, s, cfg.N_out_channels)),
+                "mask": tf.ensure_shape(m, (None,)),
+            }
 
         ds = tf.data.Dataset.range(len(source))
-        ds = ds.map(lambda i: tf.numpy_function(load, [i], (tf.float32, tf.float32, tf.float32), stateful=False),
-                    num_parallel_calls=cfg.num_data_workers, deterministic=True)
+        ds = ds.map(
+            lambda i: tf.numpy_function(load, [i], (tf.float32, tf.float32, tf.float32), stateful=False),
+            num_parallel_calls=cfg.num_data_workers,
+            deterministic=True,
+        )
         return ds.map(to_dict).prefetch(tf.data.AUTOTUNE)
-
-    @staticmethod
-    def element(item) -> dict:
-        """A dataset element as the steps' batch dict."""
-        return item
 
     def epoch(self, epoch: int) -> Iterator:
         """Batches of ``epoch``: plain dicts with one replica, per-replica values with several
         (replica ``r`` gets shard ``r``'s batch, as in JAX)."""
-        if len(self.shards) == 1 and self.replicas == 1:
-            for item in self.dataset(epoch, self.shards[0]):
-                yield self.element(item)
-            return
         iters = [iter(self.dataset(epoch, r)) for r in self.shards]
-        first = self.shards[0]
-        for _ in range(self.steps):
-            parts = [self.element(next(it)) for it in iters]
-            yield self.strategy.experimental_distribute_values_from_function(
-                lambda ctx: parts[ctx.replica_id_in_sync_group - first])
+        return distribute.replica_batches(self.strategy, self.shards, iters, self.steps)
 
 
 def make_input(cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0):
     """The input pipeline of ``cfg.data_loader_config`` for ``split`` (``"train"`` / ``"val"``);
     ``first_epoch`` is accepted for symmetry with JAX (TF datasets are built per epoch)."""
     del first_epoch
-    if cfg.data_loader_config.startswith("dali"):
+    kind = loaders.loader_kind(cfg)
+    if kind.dali:
         from tf_impl.dali import DaliInput
+
         return DaliInput(cfg, split, strategy)
-    if cfg.data_loader_config == "device":
+    if kind.device_volumes:
         return DeviceInput(cfg, split, strategy)
     return Input(cfg, split, strategy)
 
 
-def gather_batch(volume: tf.Tensor, starts: tf.Tensor, syms: tf.Tensor, mask: tf.Tensor, *, size: int, crop: int,
-                 n_in: int, perms: np.ndarray, signs: np.ndarray, src: np.ndarray, chan_sign: np.ndarray) -> dict:
+def gather_batch(
+    volume: tf.Tensor,
+    starts: tf.Tensor,
+    syms: tf.Tensor,
+    mask: tf.Tensor,
+    *,
+    size: int,
+    crop: int,
+    n_in: int,
+    perms: np.ndarray,
+    signs: np.ndarray,
+    src: np.ndarray,
+    chan_sign: np.ndarray,
+) -> dict:
     """Crop and transform a batch from a device-resident volume (TF twin of
     :func:`jax_impl.data.gather_batch`; same arguments, same result bit for bit).
 
@@ -98,7 +103,7 @@ def gather_batch(volume: tf.Tensor, starts: tf.Tensor, syms: tf.Tensor, mask: tf
     p, sg = tf.gather(perms, syms), tf.gather(signs, syms)  # (B, 3)
     y = tf.range(crop, dtype=tf.int32)[None]
     shapes = [(-1, crop, 1, 1), (-1, 1, crop, 1), (-1, 1, 1, crop)]
-    yi = [tf.reshape(tf.where(sg[:, i:i + 1] > 0, y, crop - 1 - y), shapes[i]) for i in range(3)]
+    yi = [tf.reshape(tf.where(sg[:, i : i + 1] > 0, y, crop - 1 - y), shapes[i]) for i in range(3)]
     w = [sum(tf.where(tf.reshape(p[:, i], (-1, 1, 1, 1)) == j, yi[i], 0) for i in range(3)) for j in range(3)]
     st = [tf.reshape(starts[:, i], (-1, 1, 1, 1)) for i in range(3)]
     row = ((st[0] + w[0]) * size + (st[1] + w[1])) * size + (st[2] + w[2])  # (B, s, s, s)
@@ -121,7 +126,9 @@ class DeviceInput(Input):
     def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy):
         super().__init__(cfg, split, strategy)
         host, static = loader.device_gather_setup(self.reader, cfg)
-        self.devices = list(strategy.extended.worker_devices) if self.replicas > 1 else [None]  # None: default placement
+        self.devices = (
+            list(strategy.extended.worker_devices) if self.replicas > 1 else [None]
+        )  # None: default placement
         self.volumes = []
         for d in self.devices:
             with tf.device(d):
@@ -134,19 +141,22 @@ class DeviceInput(Input):
         plan, i = self.plan(epoch, [shard]), shard - self.shards[0]
         for draws, mask in zip(plan.draws, plan.masks):
             with tf.device(self.devices[i]):  # closed before the yield: the replicas' generators interleave
-                batch = self.gather(self.volumes[i], tf.constant(draws.starts, tf.int32),
-                                    tf.constant(draws.symmetries, tf.int32), tf.constant(mask))
+                batch = self.gather(
+                    self.volumes[i],
+                    tf.constant(draws.starts, tf.int32),
+                    tf.constant(draws.symmetries, tf.int32),
+                    tf.constant(mask),
+                )
             yield batch
 
 
-def batch_spec(cfg: Config, strategy: tf.distribute.Strategy):
-    """A batch of zeros of the right shapes (per replica), on which the steps are compiled."""
+def batch_spec(cfg: Config, strategy: tf.distribute.Strategy) -> dict[str, tf.TensorSpec]:
+    """Shapes and dtypes of one replica's batch (what the steps are compiled for)."""
     _, local_bs = batch_sizes(cfg, distribute.num_replicas(strategy))
     s = cfg.crop_size
-
-    def make(_ctx=None):
-        return {"inputs": tf.zeros((local_bs, s, s, s, cfg.N_in_channels)),
-                "targets": tf.zeros((local_bs, s, s, s, cfg.N_out_channels)), "mask": tf.ones((local_bs,))}
-    if distribute.num_replicas(strategy) == 1:
-        return make()
-    return strategy.experimental_distribute_values_from_function(make)
+    shapes = {
+        "inputs": (local_bs, s, s, s, cfg.N_in_channels),
+        "targets": (local_bs, s, s, s, cfg.N_out_channels),
+        "mask": (local_bs,),
+    }
+    return {k: tf.TensorSpec(v, tf.float32) for k, v in shapes.items()}

@@ -5,10 +5,13 @@ One host: ``MirroredStrategy`` over its GPUs (or logical CPU devices for tests).
 uses the default strategy, so the same loop runs everywhere. Replica ``r`` of the strategy is data
 shard ``r``, as in :mod:`jax_impl.distribute`.
 """
+
 from __future__ import annotations
 
+import json
 import logging
 import os
+from collections.abc import Callable, Iterator, Sequence
 
 import tensorflow as tf
 
@@ -33,7 +36,9 @@ def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
     gpus = tf.config.list_logical_devices("GPU")
     devices = gpus or tf.config.list_logical_devices("CPU")
     if num_devices is not None and not 1 <= num_devices <= len(devices):
-        raise UserError(f"--num_devices {num_devices}: this process sees {len(devices)} {'GPU' if gpus else 'CPU'} device(s)")
+        raise UserError(
+            f"--num_devices {num_devices}: this process sees {len(devices)} {'GPU' if gpus else 'CPU'} device(s)"
+        )
     devices = devices[: num_devices or len(devices)] if (gpus or num_devices) else devices[:1]
     if len(devices) > 1:
         return tf.distribute.MirroredStrategy([d.name for d in devices])
@@ -53,10 +58,45 @@ def local_shards(strategy: tf.distribute.Strategy) -> list[int]:
     return [worker * local + i for i in range(local)]
 
 
-def is_main_process(strategy: tf.distribute.Strategy) -> bool:
+def process_index() -> int:
+    """This worker's rank: the task index of ``TF_CONFIG``, else ``SLURM_PROCID``, else 0."""
+    config = os.environ.get("TF_CONFIG")
+    if config:
+        try:
+            return int(json.loads(config).get("task", {}).get("index", 0))
+        except (ValueError, AttributeError):
+            raise UserError(f"TF_CONFIG is not the JSON TensorFlow expects: {config[:80]!r}") from None
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        return int(os.environ.get("SLURM_PROCID", "0"))
+    return 0
+
+
+def is_main_process() -> bool:
     """True on worker 0 (the chief), which alone writes logs, metrics and weights files."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    return resolver is None or not resolver.task_type or resolver.task_id == 0
+    return process_index() == 0
+
+
+def per_replica(strategy: tf.distribute.Strategy, make: Callable[[], dict]):
+    """``make()`` as this step's batch: a plain dict with one replica, per-replica values with several."""
+    if strategy.num_replicas_in_sync == 1:
+        return make()
+    return strategy.experimental_distribute_values_from_function(lambda _ctx: make())
+
+
+def replica_batches(
+    strategy: tf.distribute.Strategy, shards: Sequence[int], iterators: Sequence[Iterator], steps: int
+) -> Iterator:
+    """``steps`` batches from one iterator per local replica: plain dicts with one replica,
+    per-replica values with several (replica ``r`` gets shard ``r``'s batch, as in JAX)."""
+    if strategy.num_replicas_in_sync == 1:
+        yield from iterators[0]
+        return
+    first = shards[0]
+    for _ in range(steps):
+        parts = [next(it) for it in iterators]
+        yield strategy.experimental_distribute_values_from_function(
+            lambda ctx: parts[ctx.replica_id_in_sync_group - first]
+        )
 
 
 def split_cpu(n: int) -> None:

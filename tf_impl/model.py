@@ -2,14 +2,17 @@
 
 Mirrors :mod:`jax_impl.model` function by function: the same layer names (``down1`` ... ``last``),
 the same canonical (4, 4, 4, C_in, C_out) kernels, the same ``downconv`` (``space_to_depth`` /
-``strided``) and ``upconv`` (``subpixel`` / ``phases`` / ``transpose``) formulations and small-level overrides; the docstring of
-:mod:`jax_impl.model` derives them.
+``strided``) and ``upconv`` (``subpixel`` / ``phases`` / ``transpose``) formulations and
+small-level overrides; the docstring of :mod:`jax_impl.model` derives them.
 
 Precision follows Keras' mixed-precision policy: ``float32``, ``mixed_bfloat16`` or
 ``mixed_float16`` (variables float32, compute in the half type). The last layer's output is cast to
 float32 before tanh, so the output and the loss stay float32.
 """
+
 from __future__ import annotations
+
+from typing import ClassVar
 
 import keras
 import numpy as np
@@ -27,9 +30,12 @@ def phase_kernel(w: tf.Tensor) -> tf.Tensor:
     output channels ordered (r0, r1, r2, c_out)."""
     c_in, c_out = w.shape[3], w.shape[4]
     idx = PHASE_TAPS  # [r, a]
-    taps = (16 * idx[:, :, None, None, None, None] + 4 * idx[None, None, :, :, None, None]
-            + idx[None, None, None, None, :, :])  # [r0, a0, r1, a1, r2, a2] -> flat tap
-    g = tf.gather(tf.reshape(w, (KERNEL ** 3, c_in, c_out)), taps)
+    taps = (
+        16 * idx[:, :, None, None, None, None]
+        + 4 * idx[None, None, :, :, None, None]
+        + idx[None, None, None, None, :, :]
+    )  # [r0, a0, r1, a1, r2, a2] -> flat tap
+    g = tf.gather(tf.reshape(w, (KERNEL**3, c_in, c_out)), taps)
     g = tf.transpose(g, (1, 3, 5, 6, 0, 2, 4, 7))  # a0, a1, a2, ci, r0, r1, r2, co
     return tf.reshape(g, (2, 2, 2, c_in, 8 * c_out))
 
@@ -37,7 +43,9 @@ def phase_kernel(w: tf.Tensor) -> tf.Tensor:
 def depth_to_space(y: tf.Tensor, n: int, c_out: int) -> tf.Tensor:
     """Interleave the 8 phases of ``y`` (B, n+1, n+1, n+1, 8 C_out) into (B, 2n, 2n, 2n, C_out)."""
     y = tf.reshape(y, (-1, n + 1, n + 1, n + 1, 2, 2, 2, c_out))
-    phases = [[[y[:, r0:r0 + n, r1:r1 + n, r2:r2 + n, r0, r1, r2] for r2 in (0, 1)] for r1 in (0, 1)] for r0 in (0, 1)]
+    phases = [
+        [[y[:, r0 : r0 + n, r1 : r1 + n, r2 : r2 + n, r0, r1, r2] for r2 in (0, 1)] for r1 in (0, 1)] for r0 in (0, 1)
+    ]
     z = tf.stack([tf.stack([tf.stack(p2, axis=-2) for p2 in p1], axis=-3) for p1 in phases], axis=-4)
     z = tf.transpose(z, (0, 1, 4, 2, 5, 3, 6, 7))
     return tf.reshape(z, (-1, 2 * n, 2 * n, 2 * n, c_out))
@@ -57,9 +65,21 @@ def conv_transpose_phases(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     n, c_out = x.shape[1], w.shape[-1]
     xp = tf.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
     wk = tf.reshape(phase_kernel(w), (2, 2, 2, x.shape[-1], 2, 2, 2, c_out))
-    phases = [[[tf.nn.conv3d(xp[:, r0:r0 + n + 1, r1:r1 + n + 1, r2:r2 + n + 1], wk[..., r0, r1, r2, :],
-                             (1, 1, 1, 1, 1), "VALID")
-                for r2 in (0, 1)] for r1 in (0, 1)] for r0 in (0, 1)]
+    phases = [
+        [
+            [
+                tf.nn.conv3d(
+                    xp[:, r0 : r0 + n + 1, r1 : r1 + n + 1, r2 : r2 + n + 1],
+                    wk[..., r0, r1, r2, :],
+                    (1, 1, 1, 1, 1),
+                    "VALID",
+                )
+                for r2 in (0, 1)
+            ]
+            for r1 in (0, 1)
+        ]
+        for r0 in (0, 1)
+    ]
     z = tf.stack([tf.stack([tf.stack(p2, axis=-2) for p2 in p1], axis=-3) for p1 in phases], axis=-4)
     z = tf.transpose(z, (0, 1, 4, 2, 5, 3, 6, 7))
     return tf.reshape(z, (-1, 2 * n, 2 * n, 2 * n, c_out))
@@ -84,9 +104,13 @@ def conv_space_to_depth(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     n, c = x.shape[1], x.shape[-1]
     m = n // 2 + 1
     xp = tf.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
-    s = tf.reshape(tf.transpose(tf.reshape(xp, (-1, m, 2, m, 2, m, 2, c)), (0, 1, 3, 5, 2, 4, 6, 7)), (-1, m, m, m, 8 * c))
+    s = tf.reshape(
+        tf.transpose(tf.reshape(xp, (-1, m, 2, m, 2, m, 2, c)), (0, 1, 3, 5, 2, 4, 6, 7)), (-1, m, m, m, 8 * c)
+    )
     c_out = w.shape[-1]
-    wk = tf.reshape(tf.transpose(tf.reshape(w, (2, 2, 2, 2, 2, 2, c, c_out)), (0, 2, 4, 1, 3, 5, 6, 7)), (2, 2, 2, 8 * c, c_out))
+    wk = tf.reshape(
+        tf.transpose(tf.reshape(w, (2, 2, 2, 2, 2, 2, c, c_out)), (0, 2, 4, 1, 3, 5, 6, 7)), (2, 2, 2, 8 * c, c_out)
+    )
     return tf.nn.conv3d(s, wk, (1, 1, 1, 1, 1), "VALID")
 
 
@@ -97,15 +121,16 @@ DOWNCONV = {"space_to_depth": conv_space_to_depth, "strided": conv_strided}
 class _Conv(keras.layers.Layer):
     """A (4, 4, 4, C_in, features) kernel + bias applied by ``fn``; variables float32."""
 
-    fns: dict = {}
+    fns: ClassVar[dict] = {}
 
     def __init__(self, features: int, method: str, **kwargs):
         super().__init__(**kwargs)
         self.features, self.method = features, method
 
     def build(self, input_shape):
-        self.kernel = self.add_weight(name="kernel", shape=(KERNEL, KERNEL, KERNEL, input_shape[-1], self.features),
-                                      initializer=KERNEL_INIT)
+        self.kernel = self.add_weight(
+            name="kernel", shape=(KERNEL, KERNEL, KERNEL, input_shape[-1], self.features), initializer=KERNEL_INIT
+        )
         self.bias = self.add_weight(name="bias", shape=(self.features,), initializer="zeros")
 
     def call(self, x):
@@ -161,14 +186,15 @@ def conv_layers(model: keras.Model) -> dict[str, keras.layers.Layer]:
     return {layer.name: layer for layer in model.layers if isinstance(layer, _Conv)}
 
 
-def set_canonical(model: keras.Model, weights: dict[str, np.ndarray]) -> None:
-    """Load canonical arrays (``"down1/kernel"`` ...) into the model's variables."""
+def params_from_canonical(model: keras.Model, weights: dict[str, np.ndarray]) -> keras.Model:
+    """Load canonical arrays (``"down1/kernel"`` ...) into the model's variables; return the model."""
     for name, layer in conv_layers(model).items():
         layer.kernel.assign(weights[f"{name}/kernel"])
         layer.bias.assign(weights[f"{name}/bias"])
+    return model
 
 
-def get_canonical(model: keras.Model) -> dict[str, np.ndarray]:
+def params_to_canonical(model: keras.Model) -> dict[str, np.ndarray]:
     """The model's variables as canonical float32 arrays."""
     out = {}
     for name, layer in conv_layers(model).items():

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # On nvidia-h200-x2 (no DALI): the 2-GPU sharded JAX step with an optimization barrier between
-# the gradient all-reduces and Adam (scripts/gpu/scaling_gap.py "barrier"), with XLA's default
+# the gradient all-reduces and Adam (experiments/two_gpu_scaling/scaling_gap.py "barrier"), with XLA's default
 # schedule and with collectives started as early as possible; then, on the barrier step with early
 # starts, XLA's own collective kernels and NCCL with fewer / more channels. 1 GPU first.
 # Results: $OUT/barrier.jsonl, $OUT/barrier.log
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 R=$OUT/barrier.jsonl
-S="python3 scripts/gpu/scaling_gap.py --config short_opt --local_batch_size 64 --out $R"
+S="python3 experiments/two_gpu_scaling/scaling_gap.py --config short_opt --local_batch_size 64 --out $R"
 E="--xla_gpu_experimental_collective_start_as_early_as_possible=true"
 {
 $S --variants 1device sharded barrier

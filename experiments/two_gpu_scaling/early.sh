@@ -6,7 +6,7 @@
 #   early0  the same, all-reduce combining off (one all-reduce per gradient)
 #   early0p the same, up to 4 all-reduces in flight
 #   sol     XLA's speed-of-light latency estimator for collectives
-#   then manual PGLE (scripts/gpu/manual_pgle.py: default and recompiled with the profile).
+#   then manual PGLE (experiments/two_gpu_scaling/manual_pgle.py: default and recompiled with the profile).
 # Results: $OUT/early.jsonl, $OUT/early.log
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
@@ -26,8 +26,8 @@ $J --num_devices 1 --label "jax 1 GPU b64"
 for v in default sync early early0 early0p sol; do
   XLA_FLAGS="${FLAGS[$v]}" $J --num_devices 2 --label "jax 2 GPUs local 64, $v"
 done
-XLA_FLAGS="$E" python3 scripts/gpu/allreduce_schedule.py --config short_opt --num_devices 2 --local_batch_size 64 2>&1 | tail -14
-python3 scripts/gpu/manual_pgle.py --config short_opt --num_devices 2 --local_batch_size 64 --out $R
+XLA_FLAGS="$E" python3 experiments/two_gpu_scaling/allreduce_schedule.py --config short_opt --num_devices 2 --local_batch_size 64 2>&1 | tail -14
+python3 experiments/two_gpu_scaling/manual_pgle.py --config short_opt --num_devices 2 --local_batch_size 64 --out $R
 } 2>&1 | grep -v "^\s*$" | grep -v "^run \|^----" | tee $OUT/early.log
 python3 -c "
 import json; from compare.benchmark import table

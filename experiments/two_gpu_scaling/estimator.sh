@@ -9,7 +9,7 @@ R=$OUT/estimator.jsonl
 J="python3 -m compare.benchmark --framework jax --config short_opt --out $R --mode synthetic --local_batch_size 64"
 AN="--xla_gpu_enable_analytical_latency_estimator=true"
 {
-XLA_FLAGS=$AN python3 scripts/gpu/allreduce_schedule.py --config short_opt --num_devices 2 --local_batch_size 64 2>&1 | grep -v "^\s*$" | tail -12
+XLA_FLAGS=$AN python3 experiments/two_gpu_scaling/allreduce_schedule.py --config short_opt --num_devices 2 --local_batch_size 64 2>&1 | grep -v "^\s*$" | tail -12
 $J --num_devices 1 --label "jax 1 GPU b64"
 XLA_FLAGS=$AN $J --num_devices 2 --label "jax 2 GPUs local 64, analytical latency estimator"
 $J --num_devices 2 --label "jax 2 GPUs local 64"

@@ -3,17 +3,21 @@ tips): profile the step with XLA's latency-hiding scheduler off and the all-redu
 each op's measured time is its own; recompile the step with that profile (``fdo_profile``) so the
 scheduler plans the overlap with real costs; time both, same process, same flags otherwise.
 
-    PYTHONPATH=. python3 scripts/gpu/manual_pgle.py --config short_opt --num_devices 2 --local_batch_size 64 --out r.jsonl
+    PYTHONPATH=. python3 experiments/two_gpu_scaling/manual_pgle.py \
+        --config short_opt --num_devices 2 --local_batch_size 64 --out r.jsonl
 
 On a CPU the profile is empty (JAX fills it only on NVIDIA GPUs) and both rows time the same step.
 """
+
 import argparse
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+
+from study_bench import StudyBench
 
 from compare import benchmark
 from compare.benchmark import int_at_least
@@ -24,7 +28,7 @@ NO_OVERLAP = "--xla_gpu_enable_latency_hiding_scheduler=false --xla_gpu_disable_
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="scripts/gpu/manual_pgle.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="experiments/two_gpu_scaling/manual_pgle.py", description=__doc__.split("\n\n")[0])
     config_mod.add_config_args(p)
     p.add_argument("--num_devices", type=int_at_least(1), default=2)
     p.add_argument("--steps", type=int_at_least(1), default=10, help="steps per timed window (and profiled steps)")
@@ -39,8 +43,7 @@ def write_profile(cfg, num_devices: int, steps: int, path: str) -> None:
     import jax
     from jax.experimental import profiler as exp_profiler
 
-    from jax_impl.bench import Bench
-    bench = Bench(cfg, "synthetic", num_devices)
+    bench = StudyBench(cfg, num_devices)
     for _ in range(3):
         bench.step()
     bench.sync()
@@ -67,10 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         profile = Path(path).read_bytes()
     print(f"PGLE profile: {len(profile)} bytes")
     records = []
-    for label, options in ((f"jax {args.num_devices} GPUs, default", None),
-                           (f"jax {args.num_devices} GPUs, manual PGLE", {"fdo_profile": profile})):
-        records.append(benchmark.run("jax", cfg, "synthetic", 5, args.steps, args.windows, args.num_devices, label,
-                                     compiler_options=options))
+    for label, options in (
+        (f"jax {args.num_devices} GPUs, default", None),
+        (f"jax {args.num_devices} GPUs, manual PGLE", {"fdo_profile": profile}),
+    ):
+        bench = StudyBench(cfg, args.num_devices, compiler_options=options)
+        records.append(benchmark.run_bench(bench, cfg, "synthetic", 5, args.steps, args.windows, label))
     print(benchmark.table(records))
     if args.out:
         benchmark.append_records(args.out, records)

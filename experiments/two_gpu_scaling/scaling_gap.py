@@ -12,49 +12,29 @@
                     between the all-reduces and the backward pass (XLA may then finish each
                     all-reduce late instead of right after it starts)
 
-    PYTHONPATH=. python3 scripts/gpu/scaling_gap.py --config short_opt --local_batch_size 64 --out r.jsonl
+    PYTHONPATH=. python3 experiments/two_gpu_scaling/scaling_gap.py \
+        --config short_opt --local_batch_size 64 --out r.jsonl
 
 Runs on CPU host devices too (XLA_FLAGS=--xla_force_host_platform_device_count=2), for the smoke test.
 """
-import argparse
-import functools
-import sys
-from typing import Sequence
 
-import jax
-from jax.sharding import PartitionSpec as P
+import argparse
+import sys
+from collections.abc import Sequence
+
+from study_bench import StudyBench
 
 from compare import benchmark
 from compare.benchmark import int_at_least
 from jax_impl import distribute
-from jax_impl.bench import Bench
 from shared_data import config as config_mod
 from shared_data.errors import run_cli
-
 
 VARIANTS = ("1device", "sharded", "pmean", "local", "barrier")
 
 
-def barrier_bench(cfg, num_devices: int) -> Bench:
-    """The SYNTHETIC ``Bench`` with an optimization barrier on (loss, gradients) before the update."""
-    return Bench(cfg, "synthetic", num_devices,
-                 wrap_step=lambda step: functools.partial(step, sync_grads=jax.lax.optimization_barrier))
-
-
-def shard_map_bench(cfg, num_devices: int, all_reduce: bool) -> Bench:
-    """The SYNTHETIC ``Bench`` with the step run per device in ``shard_map``: gradients averaged by an
-    explicit ``lax.pmean`` (``all_reduce``) or not at all (replicas drift; timing only)."""
-    mesh = distribute.make_mesh(num_devices)
-    sync = (lambda tree: jax.lax.pmean(tree, "data")) if all_reduce else None
-
-    def wrap(step):
-        return jax.shard_map(functools.partial(step, sync_grads=sync), mesh=mesh, in_specs=(P(), P("data")),
-                             out_specs=(P(), P()), check_vma=False)
-    return Bench(cfg, "synthetic", num_devices, wrap_step=wrap)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="scripts/gpu/scaling_gap.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="experiments/two_gpu_scaling/scaling_gap.py", description=__doc__.split("\n\n")[0])
     config_mod.add_config_args(p)
     p.add_argument("--num_devices", type=int_at_least(2), default=2)
     p.add_argument("--steps", type=int_at_least(1), default=10)
@@ -70,13 +50,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_mod.config_from_args(args)
     distribute.make_mesh(args.num_devices)  # UserError now, before any variant runs, if there are too few devices
     n = args.num_devices
-    make = {"1device": lambda: Bench(cfg, "synthetic", 1), "sharded": lambda: Bench(cfg, "synthetic", n),
-            "pmean": lambda: shard_map_bench(cfg, n, True), "local": lambda: shard_map_bench(cfg, n, False),
-            "barrier": lambda: barrier_bench(cfg, n)}
-    labels = {"1device": "jax 1 device", "sharded": f"jax {n} devices, sharded", "pmean": f"jax {n} devices, shard_map pmean",
-              "local": f"jax {n} devices, shard_map local", "barrier": f"jax {n} devices, sharded barrier"}
-    records = [benchmark.run_bench(make[v](), cfg, "synthetic", 5, args.steps, args.windows, labels[v] + args.label_suffix)
-               for v in args.variants]
+    make = {
+        "1device": lambda: StudyBench(cfg, 1),
+        "sharded": lambda: StudyBench(cfg, n),
+        "pmean": lambda: StudyBench(cfg, n, "pmean"),
+        "local": lambda: StudyBench(cfg, n, "local"),
+        "barrier": lambda: StudyBench(cfg, n, "barrier"),
+    }
+    labels = {
+        "1device": "jax 1 device",
+        "sharded": f"jax {n} devices, sharded",
+        "pmean": f"jax {n} devices, shard_map pmean",
+        "local": f"jax {n} devices, shard_map local",
+        "barrier": f"jax {n} devices, sharded barrier",
+    }
+    records = [
+        benchmark.run_bench(make[v](), cfg, "synthetic", 5, args.steps, args.windows, labels[v] + args.label_suffix)
+        for v in args.variants
+    ]
     print(benchmark.table(records))
     if args.out:
         benchmark.append_records(args.out, records)

@@ -14,7 +14,7 @@ $J --num_devices 2 --label "jax 2 GPUs local 64"
 NCCL_PROTO=Simple $J --num_devices 2 --label "jax 2 GPUs local 64, NCCL_PROTO=Simple"
 NCCL_PROTO=LL128 $J --num_devices 2 --label "jax 2 GPUs local 64, NCCL_PROTO=LL128"
 echo "== timeline, 2 GPUs, NCCL_PROTO=Simple"
-NCCL_PROTO=Simple python3 scripts/gpu/step_timeline.py --config short_opt --local_batch_size 64 --steps 5 --num_devices 2 | sed -n 1,4p  # the recorded call (l) piped to head -4, which ended it with a BrokenPipeError after these lines
+NCCL_PROTO=Simple python3 experiments/two_gpu_scaling/step_timeline.py --config short_opt --local_batch_size 64 --steps 5 --num_devices 2 | sed -n 1,4p  # the recorded call (l) piped to head -4, which ended it with a BrokenPipeError after these lines
 } 2>&1 | grep -v "^\s*$" | grep -v "^run \|^----\|^W1130\|^I1130\|^E1130" | tee $OUT/nccl.log
 python3 -c "
 import json

@@ -17,7 +17,7 @@ declare -A FLAGS=(
 )
 for v in default lhs lhs_nocombine lhs_prio; do
   echo "== $v: XLA_FLAGS=${FLAGS[$v]}"
-  XLA_FLAGS="${FLAGS[$v]}" python3 scripts/gpu/allreduce_schedule.py --config short_opt --num_devices 2 --local_batch_size 64 2>&1 \
+  XLA_FLAGS="${FLAGS[$v]}" python3 experiments/two_gpu_scaling/allreduce_schedule.py --config short_opt --num_devices 2 --local_batch_size 64 2>&1 \
     | grep -v "^\s*$" | tail -30
 done 2>&1 | tee $OUT/schedules.log
 {

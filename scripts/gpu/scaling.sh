@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# On nvidia-h200-x2 (DALI staged in /tmp/site, see ../shared/device/README.md), call 1 of 2: weak
-# scaling (local batch 64, 1 -> 2 GPUs) and strong scaling (global batch 128) for JAX (one process,
-# batch sharded over a 2-device mesh) and the PyTorch reference (DDP, NCCL), SYNTHETIC, bf16; then
-# both with the gradients summed in bfloat16 (grad_allreduce_dtype; DDP's bf16_compress_hook).
-# Results: $OUT/scaling.jsonl, $OUT/scaling.log. Call 2: h200x2_more.sh.
+# The scaling run on a machine with 2 GPUs: weak scaling (local batch 64, 1 -> 2 GPUs) and strong
+# scaling (global batch 128) for JAX (one process, batch sharded over a 2-device mesh) and the
+# PyTorch reference (DDP, NCCL), SYNTHETIC, bf16; then both with the gradients summed in bfloat16
+# (grad_allreduce_dtype; DDP's bf16_compress_hook). Results: $OUT/scaling.jsonl, $OUT/scaling.log.
+#   bash scripts/gpu/scaling.sh
 set -uo pipefail
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/device.txt

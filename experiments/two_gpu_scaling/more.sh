@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On nvidia-h200-x2, call 2 of 2 (right after h200x2_scaling.sh, same warm machine): correctness of
+# On nvidia-h200-x2, call 2 of 2 (right after scaling.sh, same warm machine): correctness of
 # the GPU paths (check_gpu.py), where the gradient all-reduces sit in XLA's schedule (float32 and
 # bfloat16 sums), JAX at XLA optimization level O1 (latency-hiding scheduler, pipelined
 # collectives), and the GPU-resident inputs on 1 and 2 GPUs. Results: $OUT/more.jsonl, $OUT/*.log
@@ -9,7 +9,7 @@ R=$OUT/more.jsonl
 J="python3 -m compare.benchmark --framework jax --config short_opt --out $R"
 python3 scripts/gpu/check_gpu.py 2>&1 | tail -20 | tee $OUT/check_gpu.log
 for dt in float32 bfloat16; do
-  python3 scripts/gpu/allreduce_schedule.py --config short_opt --num_devices 2 --local_batch_size 64 \
+  python3 experiments/two_gpu_scaling/allreduce_schedule.py --config short_opt --num_devices 2 --local_batch_size 64 \
     --set grad_allreduce_dtype=$dt 2>&1 | grep -v "^\s*$" | tail -40
 done | tee $OUT/allreduce_schedule.log
 {

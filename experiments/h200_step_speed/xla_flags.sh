@@ -4,4 +4,4 @@
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/device.txt
-python3 -m compare.suite h200-flags --out $OUT/flags.jsonl --timeout 100 2>&1 | tee $OUT/flags.log
+python3 experiments/h200_step_speed/suites.py h200-flags --out $OUT/flags.jsonl --timeout 100 2>&1 | tee $OUT/flags.log

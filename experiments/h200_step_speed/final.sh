@@ -2,8 +2,8 @@
 # On nvidia-h200 (DALI staged in /tmp/site): the recorded comparison (PyTorch reference vs JAX,
 # same call) and the 200-step bf16-vs-fp32 loss curves. Results under $OUT.
 set -uo pipefail
-source "$(dirname "$0")/common.sh"
-python3 -m compare.suite h200-final --out $OUT/final.jsonl --timeout 150 2>&1 | tee $OUT/final.log
+source scripts/gpu/common.sh
+python3 experiments/h200_step_speed/suites.py h200-final --out $OUT/final.jsonl --timeout 150 2>&1 | tee $OUT/final.log
 for p in fp32 bf16; do
   amp=(); [[ $p == bf16 ]] && amp=(--enable_amp)
   python3 -m jax_impl.train --config short --data_loader_config device --Nsamples 1280 --num_epochs 10 "${amp[@]}" \

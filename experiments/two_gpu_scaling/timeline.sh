@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # On nvidia-h200-x2 (no DALI): kernel timeline of the JAX train step on 1 and 2 GPUs
-# (scripts/gpu/step_timeline.py): NCCL kernel time, its overlap with compute, compute-stream idle
+# (experiments/two_gpu_scaling/step_timeline.py): NCCL kernel time, its overlap with compute, compute-stream idle
 # time; default XLA schedule and collectives started as early as possible. Results: $OUT/timeline.log
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
-T="python3 scripts/gpu/step_timeline.py --config short_opt --local_batch_size 64 --steps 5"
+T="python3 experiments/two_gpu_scaling/step_timeline.py --config short_opt --local_batch_size 64 --steps 5"
 {
 echo "== 1 GPU"; $T --num_devices 1
 echo "== 2 GPUs"; $T --num_devices 2 --trace_to $OUT/trace2

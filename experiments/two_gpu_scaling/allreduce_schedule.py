@@ -2,12 +2,14 @@
 a machine with 2+ GPUs): for each all-reduce, its dtype and bytes, and how many convolutions XLA
 scheduled between its start and its done (work it can hide behind; 0 = exposed).
 
-    PYTHONPATH=. python3 scripts/gpu/allreduce_schedule.py --config short_opt --num_devices 2 [--set KEY=VALUE]
+    PYTHONPATH=. python3 experiments/two_gpu_scaling/allreduce_schedule.py \
+        --config short_opt --num_devices 2 [--set KEY=VALUE]
 """
+
 import argparse
 import re
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -19,14 +21,15 @@ BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="scripts/gpu/allreduce_schedule.py")
+    p = argparse.ArgumentParser(prog="experiments/two_gpu_scaling/allreduce_schedule.py")
     config_mod.add_config_args(p)
     p.add_argument("--num_devices", type=int_at_least(1), default=2)
     args = p.parse_args(argv)
     cfg = config_mod.config_from_args(args)
-    from jax_impl.bench import Bench
-    text = Bench(cfg, "synthetic", args.num_devices).train_fn.as_text()
-    entry = text[text.index("ENTRY"):]
+    from study_bench import StudyBench
+
+    text = StudyBench(cfg, args.num_devices).train_fn.as_text()
+    entry = text[text.index("ENTRY") :]
     lines = entry.splitlines()
     conv = [i for i, l in enumerate(lines) if "__cudnn$conv" in l or "convolution(" in l]
     print(f"grad_allreduce_dtype={cfg.grad_allreduce_dtype}: {len(lines)} scheduled ops, {len(conv)} convolutions")
@@ -43,8 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         done = next((j for j in range(i + 1, len(lines)) if f"all-reduce-done(%{m.group(1)})" in lines[j]), i)
         hidden = sum(i < c < done for c in conv)
         dtypes = sorted({t for t, _ in shapes})
-        print(f"  op {i:5d} {m.group(1)}: {len(shapes)} tensors {'/'.join(dtypes)} {nbytes / 2**20:8.1f} MiB, "
-              f"{hidden} convolutions before its done")
+        print(
+            f"  op {i:5d} {m.group(1)}: {len(shapes)} tensors {'/'.join(dtypes)} {nbytes / 2**20:8.1f} MiB, "
+            f"{hidden} convolutions before its done"
+        )
     print(f"total all-reduced: {total / 2**20:.1f} MiB per step")
     return 0
 

@@ -1,0 +1,1 @@
+"""The kit's named run configurations (``UNet.yaml``), shipped as package data."""

@@ -1,0 +1,155 @@
+"""The two-GPU study's scripts run on CPU too (2 host devices): the all-reduce schedule report, the
+manual-PGLE comparison (empty profile on a CPU), the scaling-gap variants and the timeline
+arithmetic, so a device session does not find them broken."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from shared_data.config import REPO_ROOT
+
+
+def _run(script, tiny_cfg, *args):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run(
+        [
+            sys.executable,
+            f"experiments/two_gpu_scaling/{script}",
+            "--config",
+            "cpu_tiny",
+            "--set",
+            f"train_path={tiny_cfg.train_path}",
+            "--set",
+            f"val_path={tiny_cfg.val_path}",
+            "--set",
+            f"xla_cache_dir={tiny_cfg.xla_cache_dir}",
+            "--num_devices",
+            "2",
+            "--local_batch_size",
+            "2",
+            *args,
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+
+
+def test_allreduce_schedule_reports_the_gradient_sums(tiny_cfg):
+    res = _run("allreduce_schedule.py", tiny_cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    # cpu_tiny: 3 levels, 17 convolutions in the step; XLA:CPU sums f32
+    assert "17 convolutions" in lines[0]
+    assert any(" all-reduce" in line and "f32" in line for line in lines[1:-1])
+    assert lines[-1].startswith("total all-reduced:") and lines[-1].endswith("MiB per step")
+    bad = _run("allreduce_schedule.py", tiny_cfg, "--num_devices", "3")
+    assert (
+        bad.returncode == 2
+        and bad.stderr.strip().splitlines()[-1] == "error: --num_devices 3: this process sees 2 cpu device(s)"
+    )
+
+
+def test_manual_pgle_times_both_steps(tiny_cfg, tmp_path):
+    out = tmp_path / "r.jsonl"
+    res = _run("manual_pgle.py", tiny_cfg, "--steps", "2", "--windows", "2", "--out", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "PGLE profile: 0 bytes" in res.stdout  # JAX fills it only on NVIDIA GPUs
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["label"] for r in records] == ["jax 2 GPUs, default", "jax 2 GPUs, manual PGLE"]
+    assert all(r["global_batch"] == 4 and r["samples_per_sec"] > 0 for r in records)
+
+
+def test_scaling_gap_times_the_four_steps(tiny_cfg, tmp_path):
+    out = tmp_path / "r.jsonl"
+    res = _run("scaling_gap.py", tiny_cfg, "--steps", "2", "--windows", "2", "--out", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["label"] for r in records] == [
+        "jax 1 device",
+        "jax 2 devices, sharded",
+        "jax 2 devices, shard_map pmean",
+        "jax 2 devices, shard_map local",
+    ]
+    assert [r["global_batch"] for r in records] == [2, 4, 4, 4]
+    assert all(r["samples_per_sec"] > 0 for r in records)
+
+
+def test_step_timeline_overlap_arithmetic():
+    """Hand-made trace, 2 steps: GPU 0 compute kernels on two streams [0, 10] and [8, 14] us x 1000,
+    an NCCL kernel [12, 20]; host events ignored. Compute union 14, NCCL 8, overlap 2 (12..14),
+    exposed 6, idle 0 over the span 20; per step halve them."""
+    sys.path.insert(0, str(REPO_ROOT / "experiments" / "two_gpu_scaling"))
+    from step_timeline import summarize
+
+    meta = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 1, "tid": 7, "name": "thread_name", "args": {"name": "Stream #7(Compute)"}},
+        {"ph": "M", "pid": 1, "tid": 8, "name": "thread_name", "args": {"name": "Stream #8(Nccl)"}},
+        {"ph": "M", "pid": 1, "tid": 9, "name": "thread_name", "args": {"name": "XLA Ops"}},
+    ]
+    x = lambda tid, ts, dur, name, pid=1: {"ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "name": name}
+    events = meta + [
+        x(7, 0, 10000, "conv"),
+        x(8, 8000, 6000, "fusion"),
+        x(8, 12000, 8000, "ncclDevKernel_AllReduce"),
+        x(9, 0, 20000, "all-reduce-start"),
+        x(3, 0, 50000, "python", pid=2),
+    ]
+    (r,) = summarize(events, steps=2)
+    assert r["device"] == "/device:GPU:0"
+    assert (r["compute_ms"], r["nccl_ms"], r["overlap_ms"], r["nccl_exposed_ms"], r["idle_ms"], r["span_ms"]) == (
+        7,
+        4,
+        1,
+        3,
+        0,
+        10,
+    )
+    gap = events + [x(7, 30000, 10000, "conv")]  # idle 20..30
+    (r,) = summarize(gap, steps=1)
+    assert (r["compute_ms"], r["idle_ms"], r["span_ms"]) == (24, 10, 40)
+
+
+def test_study_pmean_step_in_shard_map_matches_one_device(tiny_cfg):
+    """The two-GPU study's step per device in ``shard_map`` with an explicit ``lax.pmean`` equals the
+    1-device step on the global batch (float32); without the pmean each replica trains on its half
+    and drifts. (With ``check_vma=True`` JAX would itself psum the gradients of replicated params.)"""
+    import jax
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    from jax_impl import distribute as jd
+    from jax_impl import model as JM
+    from jax_impl import train as JT
+    from shared_data import loader, readers
+    from shared_data.sampler import TRAIN
+
+    sys.path.insert(0, str(REPO_ROOT / "experiments" / "two_gpu_scaling"))
+    from study_bench import step_with
+
+    r = readers.make_reader(tiny_cfg)
+    plan = loader.make_plan(tiny_cfg, TRAIN, 0, [0, 1], 2, r.size)
+    batches = [loader.NumpyLoader(r, plan, tiny_cfg).load(i) for i in range(3)]
+    tx = JT.make_optimizer(np.full(8, 1e-3, np.float32))
+    model = JM.build_model(tiny_cfg)
+    result = {}
+    for n, sync in ((1, None), (2, lambda t: jax.lax.pmean(t, "data")), ("local", lambda t: t)):
+        mesh = jd.make_mesh(1 if n == 1 else 2)
+        state = jax.device_put(JT.create_train_state(tiny_cfg, JM.init_params(tiny_cfg, 0), tx), jd.replicated(mesh))
+        step = step_with(tiny_cfg, model, tx, sync)
+        if n != 1:
+            step = jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data")), out_specs=(P(), P()), check_vma=False)
+        step = jax.jit(step)
+        for b in batches:
+            state, _ = step(state, jd.put_batch(b, mesh))
+        result[n] = JM.params_to_canonical(jax.device_get(state.params))
+    for k in result[1]:
+        np.testing.assert_allclose(result[2][k], result[1][k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert max(np.max(np.abs(result["local"][k] - result[1][k])) for k in result[1]) > 1e-5
