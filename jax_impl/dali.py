@@ -28,24 +28,35 @@ log = logging.getLogger(__name__)
 
 
 def crop_fns(volumes: dict, device_id, size: int) -> dict:
-    """``dali-device`` crop functions by key: ``starts`` int32 (B, 3) -> (B, C, s, s, s) float32
-    crops. On GPU ``device_id`` the volume is put in that device's memory once and cropped by a
-    jitted ``lax.dynamic_slice`` per sample (result ready when returned); without a GPU, NumPy slicing."""
+    """``dali-device`` crop functions by key: ``(starts, src, sign)`` (B, 3) int32, (B, C) int32,
+    (B, C) float32 -> (B, C, s, s, s) float32 crops with output channel d = ``sign[:, d] *
+    volume[src[:, d]]`` (:func:`shared_data.dali_pipelines.numpy_crops`). On GPU ``device_id`` the
+    volume is put in that device's memory once and cut by one jitted ``lax.dynamic_slice`` + channel
+    gather per sample, fused by XLA into one pass (result ready when returned); without a GPU,
+    NumPy."""
     if device_id is None:
         return {k: functools.partial(dp.numpy_crops, v, size=size) for k, v in volumes.items()}
     dev = jax.local_devices()[device_id]
 
     @jax.jit
-    def crop(volume, starts):
+    def crop(volume, starts, src, sign):
         c = volume.shape[0]
         zero = jnp.zeros((), starts.dtype)
-        return jax.vmap(lambda st: lax.dynamic_slice(volume, (zero, st[0], st[1], st[2]), (c, size, size, size)))(
-            starts
-        )
+
+        def one(st, sr, sg):
+            cut = lax.dynamic_slice(volume, (zero, st[0], st[1], st[2]), (c, size, size, size))
+            return cut[sr] * sg[:, None, None, None]
+
+        return jax.vmap(one)(starts, src, sign)
 
     def make(volume):
         on_dev = jax.device_put(volume, dev)
-        return lambda starts: jax.block_until_ready(crop(on_dev, jax.device_put(starts, dev)))
+
+        def cut(starts, src, sign):
+            args = (jax.device_put(a, dev) for a in (starts, src, sign))
+            return jax.block_until_ready(crop(on_dev, *args))
+
+        return cut
 
     return {k: make(v) for k, v in volumes.items()}
 

@@ -5,11 +5,17 @@ Both produce, per step, ``inputs`` (B, s, s, s, N_in), ``targets`` (B, s, s, s, 
 and ``mask`` (B,), exactly the samples of the NumPy reader (:func:`shared_data.readers.make_batch`)
 for the same plan: crops start where :mod:`shared_data.sampler` says and the symmetry comes from the
 one table in :mod:`shared_data.symmetry`, applied by DALI operators on the pipeline's device
-(GPU when there is one):
+(GPU when there is one) as what it is, a signed permutation of the channels, an axis permutation
+and flips, each value copied or negated exactly (bit for bit, signed zeros included):
 
-    fn.flip (all three axes, for the 24 improper elements)  ->  fn.rotate (axis, angle; nearest,
-    exact for multiples of 90 degrees)  ->  fn.coord_transform (the per-voxel channel matrix that
-    turns vector channels with the grid).
+    channels (channel-first): fn.sequence_rearrange (per-sample channel order, the vector components
+    turning with the grid)  ->  x * sign (per-sample, per-channel +-1)
+    axes: fn.transpose (one of the six axis orders per sample, picked by DALI's conditional
+    execution; the same pass makes channel-first data DHWC)  ->  fn.flip (per-sample depthwise /
+    vertical / horizontal).
+
+For ``dali-device`` the framework's crop function applies the channel part while it cuts (a gather of
+the source channels times their signs, no extra pass), and DALI does the axes.
 
 Per-step symmetry parameters and crop starts enter through named external sources (``PARAMS``). The
 JAX side attaches a Python callback (:class:`PlanSource`); the TF side feeds the same names from
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
+import itertools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,14 +60,20 @@ from shared_data.readers import H5LowMemReader
 
 log = logging.getLogger(__name__)
 
-PARAMS = ("roi_start", "invert", "axis", "angle", "m_in", "m_out", "mask")
+PARAMS = ("roi_start", "axis_order", "flip_d", "flip_h", "flip_w", "src_in", "sign_in", "src_out", "sign_out", "mask")
+AXIS_ORDERS = tuple(itertools.permutations(range(3)))  # spatial axis orders; index = ``axis_order``
 OUTPUTS = ("inputs", "targets", "mask")
 H5_MODES = ("parallel", "prefetch", "simple")
 
 
 def param_names(kind: str) -> tuple[str, ...]:
-    """The :data:`PARAMS` a pipeline of loader ``kind`` reads (crops made outside DALI: no ``roi_start``)."""
-    return PARAMS[1:] if loaders.loader_kind(kind).crops_outside_dali else PARAMS
+    """The :data:`PARAMS` a pipeline of loader ``kind`` reads: ``roi_start`` only for DALI's own
+    reader, the channel tables only where DALI applies the channel part (not ``dali-device``)."""
+    k = loaders.loader_kind(kind)
+    skip = {"roi_start"} if k.crops_outside_dali else set()
+    if k.device_volumes:
+        skip |= {"src_in", "sign_in", "src_out", "sign_out"}
+    return tuple(p for p in PARAMS if p not in skip)
 
 
 def require_dali():
@@ -76,28 +89,46 @@ def require_dali():
 
 @functools.cache
 def _symmetry_tables(n_in: int, n_out: int, vec_in: tuple, vec_out: tuple):
-    rot = [symmetry.dali_rotation(i) for i in range(48)]
-    invert = np.array([r[0] for r in rot], np.int32)
-    axis = np.stack([r[1] for r in rot]).astype(np.float32)
-    angle = np.array([r[2] for r in rot], np.float32)
-    return invert, axis, angle, symmetry.tables(n_in, vec_in)[2], symmetry.tables(n_out, vec_out)[2]
+    perms, signs, src_in, sign_in = symmetry.gather_tables(n_in, vec_in)
+    _, _, src_out, sign_out = symmetry.gather_tables(n_out, vec_out)
+    order = np.array([AXIS_ORDERS.index(tuple(p)) for p in perms], np.int32)
+    flips = (signs < 0).astype(np.int32)  # (48, 3): flip output axis D, H, W
+    return order, flips, src_in, sign_in, src_out, sign_out
+
+
+def channel_tables(cfg: Config, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """The channel part of the 48 symmetries for volume ``key`` (``Nbody`` / ``Hydro``): source
+    channel ``src`` int32 (48, C) and sign float32 (48, C) of each output channel
+    (:func:`shared_data.symmetry.gather_tables`)."""
+    n, vectors = (
+        (cfg.N_in_channels, cfg.nbody_vector_channels)
+        if key == "Nbody"
+        else (cfg.N_out_channels, cfg.hydro_vector_channels)
+    )
+    return symmetry.gather_tables(n, vectors)[2:]
 
 
 def step_params(draws, mask: np.ndarray, cfg: Config) -> dict[str, np.ndarray]:
-    """Per-sample pipeline inputs of one step: ``roi_start`` int32 (B, 3); ``invert`` int32 (B,);
-    ``axis`` float32 (B, 3); ``angle`` float32 (B,) degrees; ``m_in`` (B, N_in, N_in) and ``m_out``
-    (B, N_out, N_out) float32 channel matrices; ``mask`` float32 (B,)."""
-    invert, axis, angle, m_in, m_out = _symmetry_tables(
+    """Per-sample pipeline inputs of one step: ``roi_start`` int32 (B, 3); ``axis_order`` int32 (B,),
+    the index in :data:`AXIS_ORDERS` of the symmetry's axis permutation (output axis i is input
+    spatial axis ``perm[i]``); ``flip_d``, ``flip_h``, ``flip_w`` int32 (B,), 1 where that output
+    axis is reversed (``sign[i] < 0``); ``src_in`` int32 (B, N_in) and ``sign_in`` float32
+    (B, N_in) (and ``src_out``, ``sign_out`` for N_out): each output channel's source channel and
+    sign (:func:`channel_tables`); ``mask`` float32 (B,)."""
+    order, flips, src_in, sign_in, src_out, sign_out = _symmetry_tables(
         cfg.N_in_channels, cfg.N_out_channels, cfg.nbody_vector_channels, cfg.hydro_vector_channels
     )
     g = draws.symmetries
     return {
         "roi_start": draws.starts.astype(np.int32),
-        "invert": invert[g],
-        "axis": axis[g],
-        "angle": angle[g],
-        "m_in": m_in[g],
-        "m_out": m_out[g],
+        "axis_order": order[g],
+        "flip_d": flips[g, 0],
+        "flip_h": flips[g, 1],
+        "flip_w": flips[g, 2],
+        "src_in": src_in[g],
+        "sign_in": sign_in[g],
+        "src_out": src_out[g],
+        "sign_out": sign_out[g],
         "mask": np.asarray(mask, np.float32),
     }
 
@@ -217,19 +248,58 @@ class H5CropSource:
 
 def _param_nodes(fn, kind: str, plans: EpochPlans | None) -> dict:
     """External sources for the parameters of ``kind``: a :class:`PlanSource` callback when
-    ``plans`` is given (JAX), else bare named inputs fed by the framework (TF's ``input_datasets``)."""
+    ``plans`` is given (JAX), else bare named inputs fed by the framework (TF's ``input_datasets``).
+
+    The named inputs are copied into DALI's own memory first: fed straight from ``tf.data``, the
+    values that ``fn.sequence_rearrange`` and the channel-sign product read as argument inputs
+    come out overwritten (tests/test_dali.py shows it), a few bytes per sample to copy."""
     names = param_names(kind)
     if plans is None:
-        return {name: fn.external_source(name=name) for name in names}
+        return {name: fn.copy(fn.external_source(name=name)) for name in names}
     outs = fn.external_source(source=PlanSource(plans, names), num_outputs=len(names), batch=True, batch_info=True)
     return dict(zip(names, outs))
 
 
-def _augment(fn, types, x, params: dict, matrix: str):
-    inv = params["invert"]
-    x = fn.flip(x, depthwise=inv, vertical=inv, horizontal=inv)
-    x = fn.rotate(x, axis=params["axis"], angle=params["angle"], interp_type=types.INTERP_NN, keep_size=True)
-    return fn.coord_transform(x, M=params[matrix])
+def permute_axes(fn, x, order, channel_first: bool):
+    """``x`` (CDHW if ``channel_first``, else DHWC) with its spatial axes in the per-sample order
+    ``order`` (an index into :data:`AXIS_ORDERS`), as DHWC: one ``fn.transpose`` per branch of DALI's
+    conditional execution, each run on just the samples of its order."""
+    c, first = (0, 1) if channel_first else (3, 0)
+    perms = [[first + a for a in axes] + [c] for axes in AXIS_ORDERS]
+    # DALI's conditionals turn ``if`` statements on per-sample predicates into a split and merge of
+    # the batch, so the six orders are written out as six branches
+    if order == 0:
+        out = fn.transpose(x, perm=perms[0], output_layout="DHWC")
+    elif order == 1:
+        out = fn.transpose(x, perm=perms[1], output_layout="DHWC")
+    elif order == 2:
+        out = fn.transpose(x, perm=perms[2], output_layout="DHWC")
+    elif order == 3:
+        out = fn.transpose(x, perm=perms[3], output_layout="DHWC")
+    elif order == 4:
+        out = fn.transpose(x, perm=perms[4], output_layout="DHWC")
+    else:
+        out = fn.transpose(x, perm=perms[5], output_layout="DHWC")
+    return out
+
+
+def map_channels(fn, x, src, sign):
+    """Channel-first ``x`` with output channel d = ``sign[d] * x[src[d]]`` per sample (exact)."""
+    sign = fn.reshape(sign, shape=[-1, 1, 1, 1])  # (C,) -> (C, 1, 1, 1): broadcast over the voxels
+    return fn.sequence_rearrange(fn.reshape(x, layout="FDHW"), new_order=src) * sign
+
+
+def _augment(fn, x, params: dict, key: str, layout: str):
+    """The symmetry of each sample on ``x``, as DHWC. ``layout``: ``"DHWC"`` (the numpy reader's ROIs),
+    ``"CDHW"`` (crops made outside DALI) or ``"CDHW mapped"`` (crops whose channels the crop
+    function has already mapped)."""
+    if layout == "DHWC":
+        x = fn.transpose(x, perm=[3, 0, 1, 2])
+    if layout != "CDHW mapped":
+        io = "in" if key == "Nbody" else "out"
+        x = map_channels(fn, x, params[f"src_{io}"], params[f"sign_{io}"])
+    x = permute_axes(fn, x, params["axis_order"], channel_first=True)
+    return fn.flip(x, depthwise=params["flip_d"], vertical=params["flip_h"], horizontal=params["flip_w"])
 
 
 def build_pipeline(
@@ -254,7 +324,7 @@ def build_pipeline(
         MissingDependencyError: DALI is not installed.
     """
     dali = require_dali()
-    from nvidia.dali import fn, types
+    from nvidia.dali import fn
 
     kind = cfg.data_loader_config
     s, device = cfg.crop_size, "gpu" if device_id is not None else "cpu"
@@ -272,7 +342,7 @@ def build_pipeline(
     on_device = loaders.loader_kind(kind).device_volumes and crop_sources is not None
     source_device = device if on_device else "cpu"  # where the crops are
 
-    @dali.pipeline_def(**kwargs)
+    @dali.pipeline_def(enable_conditionals=True, **kwargs)
     def pipeline():
         params = _param_nodes(fn, kind, plans)
         if npy:
@@ -290,13 +360,9 @@ def build_pipeline(
             nb, hy = (_crop_node(fn, crop_sources, key, parallel, source_device) for key in dataset.KEYS)
         if device == "gpu" and source_device == "cpu":
             nb, hy = nb.gpu(), hy.gpu()
-        if npy:
-            nb, hy = fn.reshape(nb, layout="DHWC"), fn.reshape(hy, layout="DHWC")
-        else:  # channel-first crops (HDF5 or device volumes) -> DHWC
-            nb = fn.transpose(nb, perm=[1, 2, 3, 0], output_layout="DHWC")
-            hy = fn.transpose(hy, perm=[1, 2, 3, 0], output_layout="DHWC")
         mask = params["mask"].gpu() if device == "gpu" else params["mask"]  # all outputs on one device
-        return _augment(fn, types, nb, params, "m_in"), _augment(fn, types, hy, params, "m_out"), mask
+        layout = "DHWC" if npy else "CDHW mapped" if loaders.loader_kind(kind).device_volumes else "CDHW"
+        return _augment(fn, nb, params, "Nbody", layout), _augment(fn, hy, params, "Hydro", layout), mask
 
     return pipeline()
 
@@ -310,22 +376,37 @@ def load_volumes(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
     return dict(zip(dataset.KEYS, reader.volumes()))
 
 
-def numpy_crops(volume: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
-    """(B, C, s, s, s) crops of a channel-first (C, L, L, L) ``volume`` at ``starts`` (B, 3): the
-    host form of a ``dali-device`` crop function."""
-    return np.stack([volume[:, x : x + size, y : y + size, z : z + size] for x, y, z in np.asarray(starts)])
+def numpy_crops(
+    volume: np.ndarray,
+    starts: np.ndarray,
+    src: np.ndarray | None = None,
+    sign: np.ndarray | None = None,
+    *,
+    size: int,
+) -> np.ndarray:
+    """(B, C, s, s, s) crops of a channel-first (C, L, L, L) ``volume`` at ``starts`` (B, 3); with
+    ``src`` int (B, C) and ``sign`` float32 (B, C), output channel d of sample b is
+    ``sign[b, d] * volume[src[b, d]]`` (the channel part of the symmetry, exact). The host form of
+    a ``dali-device`` crop function."""
+    crops = np.stack([volume[:, x : x + size, y : y + size, z : z + size] for x, y, z in np.asarray(starts)])
+    if src is None:
+        return crops
+    mapped = np.take_along_axis(crops, np.asarray(src)[:, :, None, None, None], axis=1)
+    return mapped * np.asarray(sign, np.float32)[:, :, None, None, None]
 
 
 class DeviceCropSource:
-    """``dali-device`` batch callback (``batch_info=True``): ``crop_fn(starts)`` gives the step's
-    (B, C, s, s, s) crops of one volume, an array on the pipeline's device that is complete when
-    returned. The last ``ring`` results stay referenced here, deeper than DALI's prefetch queue,
-    so a ``no_copy`` buffer is never freed while DALI may still read it."""
+    """``dali-device`` batch callback (``batch_info=True``): ``crop_fn(starts, src, sign)`` gives the
+    step's (B, C, s, s, s) crops of one volume with their channels mapped (:func:`numpy_crops`), an
+    array on the pipeline's device that is complete when returned. The last ``ring`` results stay
+    referenced here, deeper than DALI's prefetch queue, so a ``no_copy`` buffer is never freed
+    while DALI may still read it."""
 
     no_copy = True  # the ring keeps each result alive
 
-    def __init__(self, plans: EpochPlans, crop_fn, ring: int):
+    def __init__(self, plans: EpochPlans, crop_fn, ring: int, key: str):
         self.plans, self.crop_fn = plans, crop_fn
+        self.src, self.sign = channel_tables(plans.cfg, key)
         self._ring: list = [None] * ring
         self._slot = 0
 
@@ -333,7 +414,9 @@ class DeviceCropSource:
         plan = self.plans(info.epoch_idx)
         if info.iteration >= len(plan):
             raise StopIteration
-        out = self.crop_fn(plan.draws[info.iteration].starts.astype(np.int32))
+        draws = plan.draws[info.iteration]
+        g = draws.symmetries
+        out = self.crop_fn(draws.starts.astype(np.int32), self.src[g], self.sign[g])
         self._ring[self._slot] = out
         self._slot = (self._slot + 1) % len(self._ring)
         return out
@@ -341,14 +424,16 @@ class DeviceCropSource:
 
 def device_crop_sources(plans: EpochPlans, crop_fns: dict, cfg: Config) -> dict:
     """:class:`DeviceCropSource` callbacks for ``Nbody`` and ``Hydro`` from ``crop_fns`` (by key)."""
-    return {key: DeviceCropSource(plans, crop_fns[key], cfg.dali_prefetch_queue_depth + 2) for key in dataset.KEYS}
+    ring = cfg.dali_prefetch_queue_depth + 2
+    return {key: DeviceCropSource(plans, crop_fns[key], ring, key) for key in dataset.KEYS}
 
 
 def _crop_node(fn, crop_sources: dict | None, key: str, parallel: bool, device: str):
-    """The external source of ``key``'s crops: a named input (``crop_sources`` None, TF), per-sample
-    parallel workers, or a batch callback on ``device``, without a copy where the source says so."""
+    """The external source of ``key``'s crops: a named input (``crop_sources`` None, TF; copied into
+    DALI's memory like the parameters, see :func:`_param_nodes`), per-sample parallel workers, or a
+    batch callback on ``device``, without a copy where the source says so."""
     if crop_sources is None:
-        return fn.external_source(name=key)
+        return fn.copy(fn.external_source(name=key))
     src = crop_sources[key]
     if parallel:
         return fn.external_source(source=src, batch=False, parallel=True)

@@ -12,9 +12,9 @@ A scalar field only moves: ``B(x') = A(x)``. A vector field also turns with the 
 they transform correctly.) The 24 proper rotations have ``det M = +1``; the other 24 add a
 reflection (``det M = -1``) and are the central inversion ``-I`` followed by a rotation.
 
-For DALI, :func:`dali_rotation` gives the same element as (flip all axes if improper) followed by
-``fn.rotate`` with an axis and angle, and :func:`channel_matrix` gives the matrix that
-``fn.coord_transform`` applies to the channel vector of every voxel.
+The DALI pipelines (:mod:`shared_data.dali_pipelines`) and the device loaders apply the same
+elements from :func:`gather_tables`: axis order, flips, and each output channel's source channel
+and sign.
 """
 
 from __future__ import annotations
@@ -189,34 +189,3 @@ def gather_tables(num_channels: int, vector_triplets: Sequence[Sequence[int]]) -
 def compose(i: int, j: int) -> int:
     """Index of ``g_i o g_j`` (apply ``j`` first, then ``i``): matrix ``M_i @ M_j``."""
     return index_of(matrix(i) @ matrix(j))
-
-
-def dali_rotation(index: int) -> tuple[bool, np.ndarray, float]:
-    """DALI form of symmetry ``index`` on a DHWC volume: ``(invert, axis, angle_degrees)``.
-
-    Apply ``fn.flip(depthwise=invert, vertical=invert, horizontal=invert)`` then
-    ``fn.rotate(axis=axis, angle=angle, interp_type=INTERP_NN, keep_size=True)``. ``axis`` is in
-    DALI's (x=W, y=H, z=D) order, i.e. our spatial axes (2, 1, 0). Derived from :func:`matrix` by
-    the axis-angle form of the proper rotation ``R = det(M) M``; the sign of the angle was fixed
-    against DALI 2.4 (a positive angle about DALI's x turns our axis 1 toward axis 0, and
-    cyclically), and ``tests/test_dali.py`` checks every element against :func:`apply`.
-    """
-    m = matrix(index).astype(np.float64)
-    det = round(np.linalg.det(m))
-    r = det * m
-    angle = np.degrees(np.arccos(np.clip((np.trace(r) - 1.0) / 2.0, -1.0, 1.0)))
-    angle = float(np.round(angle))
-    if angle == 0.0:
-        axis_xyz = np.array([0.0, 0.0, 1.0])
-    elif angle == 180.0:
-        # R = 2 n n^T - I: n from the largest diagonal entry of (R + I) / 2
-        b = (r + np.eye(3)) / 2.0
-        k = int(np.argmax(np.diag(b)))
-        axis_xyz = b[:, k] / np.sqrt(b[k, k])
-    else:
-        axis_xyz = np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]])
-        axis_xyz /= np.linalg.norm(axis_xyz)
-    # our (x, y, z) = array axes (0, 1, 2) = DALI (z=D, y=H, x=W): reverse, and DALI's right-handed
-    # frame in (W, H, D) is a reflection of ours, so the angle changes sign.
-    axis_dali = axis_xyz[::-1].copy()
-    return det < 0, axis_dali.astype(np.float32), -angle

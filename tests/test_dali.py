@@ -30,19 +30,54 @@ def _reference(cfg, plan):
     return [readers.make_batch(r, d, cfg) for d in plan.draws]
 
 
-def test_every_symmetry_through_dali_ops_matches_numpy(tiny_cfg):
-    """All 48 elements on one crop: DALI's flip + rotate + coord_transform == symmetry.apply."""
-    cfg = C.replace(tiny_cfg, global_batch_size=48, Nsamples=48, data_loader_config="dali-npy")
-    draws = Draws(np.tile(np.array([[3, 7, 11]]), (48, 1)), np.arange(48))
+def _signed_zero_volume(tmp_path):
+    """A 16^3 file of the dataset contract holding random values, +0.0 and -0.0 (and its .npy twins)."""
+    import h5py
+
+    from shared_data.convert import convert_to_npy
+
+    rng = np.random.default_rng(3)
+    path = tmp_path / "zeros.h5"
+    with h5py.File(path, "w") as f:
+        for key, c in (("Nbody", 4), ("Hydro", 5)):
+            v = (0.3 * rng.standard_normal((c, 16, 16, 16))).astype(np.float32)
+            v[:, :3], v[:, 3:6] = 0.0, -0.0
+            f[key] = v
+    convert_to_npy(path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["dali-npy", "dali-h5", "dali-device"])
+def test_every_symmetry_through_dali_ops_is_bit_for_bit_numpy(tiny_cfg, tmp_path, kind):
+    """All 48 elements on one crop through DALI's ops (channel rearrange and sign, per-sample axis
+    order, flips; dali-device with the channel part in the crop function) == ``symmetry.apply``,
+    compared bit for bit, signed zeros included."""
+    path = _signed_zero_volume(tmp_path)
+    cfg = C.replace(
+        tiny_cfg,
+        global_batch_size=48,
+        Nsamples=48,
+        data_loader_config=kind,
+        dali_h5_mode="simple",
+        train_path=str(path),
+        crop_size=8,
+    )
+    draws = Draws(np.tile(np.array([[1, 0, 7]]), (48, 1)), np.arange(48))
     plan = loader.EpochPlan([draws], [np.ones(48, np.float32)])
-    plans = dp.EpochPlans(cfg, TRAIN, [0], 1, 32)
+    plans = dp.EpochPlans(cfg, TRAIN, [0], 1, 16)
     plans._cache = {0: plan}
-    pipe = dp.build_pipeline(cfg, "train", 48, None, plans)
-    ((x, y, m),) = _run(pipe, 1)
+    sources = None
+    if kind == "dali-h5":
+        sources = dp.crop_sources(plans, path, cfg)
+    elif kind == "dali-device":
+        fns = {k: functools.partial(dp.numpy_crops, v, size=8) for k, v in dp.load_volumes(path, cfg).items()}
+        sources = dp.device_crop_sources(plans, fns, cfg)
+    ((x, y, m),) = _run(dp.build_pipeline(cfg, "train", 48, None, plans, sources), 1)
     ref_x, ref_y = _reference(cfg, plan)[0]
+    assert (ref_x == 0).any() and np.signbit(ref_x[ref_x == 0]).any() and not np.signbit(ref_x[ref_x == 0]).all()
     for g in range(48):
-        np.testing.assert_array_equal(x[g], ref_x[g], err_msg=f"symmetry {g} inputs")
-        np.testing.assert_array_equal(y[g], ref_y[g], err_msg=f"symmetry {g} targets")
+        np.testing.assert_array_equal(x[g].view(np.uint32), ref_x[g].view(np.uint32), err_msg=f"symmetry {g} inputs")
+        np.testing.assert_array_equal(y[g].view(np.uint32), ref_y[g].view(np.uint32), err_msg=f"symmetry {g} targets")
     assert np.array_equal(m, np.ones(48))
 
 
@@ -159,7 +194,7 @@ def test_tf_dali_dataset_matches_native_loader_and_feeds_a_step(tiny_cfg, kind):
 
 def test_jax_device_crop_fn_equals_numpy_crops():
     """The jitted gather behind JAX's dali-device on a GPU (run here on a CPU device) cuts exactly
-    the NumPy crops, the edges of the volume included."""
+    the NumPy crops with their channels mapped, the edges of the volume included."""
     import jax
 
     from jax_impl.dali import crop_fns
@@ -167,10 +202,14 @@ def test_jax_device_crop_fn_equals_numpy_crops():
     rng = np.random.default_rng(5)
     vol = {"Nbody": rng.standard_normal((4, 12, 12, 12)).astype(np.float32)}
     starts = np.array([[0, 0, 0], [7, 3, 5], [7, 7, 7]], np.int32)
-    got = crop_fns(vol, 0, 5)["Nbody"](starts)
+    src = np.array([[0, 1, 2, 3], [0, 3, 1, 2], [0, 2, 3, 1]], np.int32)
+    sign = np.array([[1, 1, 1, 1], [1, -1, 1, -1], [1, -1, -1, -1]], np.float32)
+    got = crop_fns(vol, 0, 5)["Nbody"](starts, src, sign)
     assert isinstance(got, jax.Array) and got.shape == (3, 4, 5, 5, 5)
-    np.testing.assert_array_equal(np.asarray(got), dp.numpy_crops(vol["Nbody"], starts, 5))
-    np.testing.assert_array_equal(np.asarray(got)[1], vol["Nbody"][:, 7:12, 3:8, 5:10])
+    want = dp.numpy_crops(vol["Nbody"], starts, src, sign, size=5)
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(np.asarray(got)[0], vol["Nbody"][:, 0:5, 0:5, 0:5])
+    np.testing.assert_array_equal(np.asarray(got)[1][1], -vol["Nbody"][3, 7:12, 3:8, 5:10])
 
 
 def test_jax_iterator_over_two_pipelines_keeps_each_shards_epochs(tiny_cfg):

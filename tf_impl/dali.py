@@ -100,11 +100,13 @@ class DaliInput:
         cfg, s = self.cfg, self.cfg.crop_size
         out = {}
         for key, n in zip(dataset.KEYS, (cfg.N_in_channels, cfg.N_out_channels)):
+            src, sign = dp.channel_tables(cfg, key)
 
-            def read(step, key=key, n=n):
+            def read(step, key=key, n=n, src=src, sign=sign):
                 draws = plan.draws[int(step)]
-                if self.volumes is not None:
-                    return dp.numpy_crops(self.volumes[key], draws.starts, s)
+                if self.volumes is not None:  # dali-device: the channel part is applied while cutting
+                    g = draws.symmetries
+                    return dp.numpy_crops(self.volumes[key], draws.starts, src[g], sign[g], size=s)
                 buf = np.empty((len(draws), n, s, s, s), np.float32)
                 for i, start in enumerate(draws.starts):
                     self.reader.read_one(key, start, buf[i])
