@@ -2,6 +2,8 @@
 
 Importing it sets the kit's default XLA flags (:mod:`shared_data.xla_flags`) before JAX starts a backend."""
 
+from shared_data.errors import require_package
 from shared_data.xla_flags import apply_default_xla_flags
 
 apply_default_xla_flags()
+require_package("jax", "jax", "jax_impl")

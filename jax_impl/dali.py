@@ -28,14 +28,14 @@ log = logging.getLogger(__name__)
 
 
 def crop_fns(volumes: dict, device_id, size: int) -> dict:
-    """``dali-device`` crop functions by key: ``(starts, src, sign)`` (B, 3) int32, (B, C) int32,
-    (B, C) float32 -> (B, C, s, s, s) float32 crops with output channel d = ``sign[:, d] *
-    volume[src[:, d]]`` (:func:`shared_data.dali_pipelines.numpy_crops`). On GPU ``device_id`` the
-    volume is put in that device's memory once and cut by one jitted ``lax.dynamic_slice`` + channel
-    gather per sample, fused by XLA into one pass (result ready when returned); without a GPU,
-    NumPy."""
+    """``dali-device`` crop functions by key (the :class:`shared_data.dali_pipelines.DeviceCropSource`
+    contract): draws of k steps, ``(starts, src, sign)`` (k, B, 3) int32, (k, B, C) int32,
+    (k, B, C) float32 -> k arrays (B, C, s, s, s) float32 with output channel d = ``sign[..., d] *
+    volume[src[..., d]]``. On GPU ``device_id`` the volume is put in that device's memory once and
+    all k steps are cut by one jitted call (``lax.dynamic_slice`` + channel gather per sample, fused
+    by XLA into one pass per output), complete when returned; without a GPU, NumPy."""
     if device_id is None:
-        return {k: functools.partial(dp.numpy_crops, v, size=size) for k, v in volumes.items()}
+        return {k: functools.partial(dp.numpy_step_crops, v, size=size) for k, v in volumes.items()}
     dev = jax.local_devices()[device_id]
 
     @jax.jit
@@ -47,7 +47,7 @@ def crop_fns(volumes: dict, device_id, size: int) -> dict:
             cut = lax.dynamic_slice(volume, (zero, st[0], st[1], st[2]), (c, size, size, size))
             return cut[sr] * sg[:, None, None, None]
 
-        return jax.vmap(one)(starts, src, sign)
+        return tuple(jax.vmap(one)(starts[k], src[k], sign[k]) for k in range(starts.shape[0]))
 
     def make(volume):
         on_dev = jax.device_put(volume, dev)

@@ -83,6 +83,7 @@ class Config:
     synthetic_volume_size: int
     dali_threads: int
     dali_prefetch_queue_depth: int
+    dali_device_cut_steps: int
     dali_h5_mode: str
     # --- model ------------------------------------------------------------------------------
     N_in_channels: int
@@ -266,6 +267,7 @@ RANGES: dict[str, tuple[float, bool]] = {
             "synthetic_volume_size",
             "dali_threads",
             "dali_prefetch_queue_depth",
+            "dali_device_cut_steps",
             "keep_checkpoints",
             "loss_scale_period",
             "unet_widths",

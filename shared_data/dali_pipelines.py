@@ -396,36 +396,52 @@ def numpy_crops(
 
 
 class DeviceCropSource:
-    """``dali-device`` batch callback (``batch_info=True``): ``crop_fn(starts, src, sign)`` gives the
-    step's (B, C, s, s, s) crops of one volume with their channels mapped (:func:`numpy_crops`), an
-    array on the pipeline's device that is complete when returned. The last ``ring`` results stay
-    referenced here, deeper than DALI's prefetch queue, so a ``no_copy`` buffer is never freed
-    while DALI may still read it."""
+    """``dali-device`` batch callback (``batch_info=True``) for one volume: the step's (B, C, s, s, s)
+    crops with their channels mapped (:func:`numpy_crops`), arrays on the pipeline's device.
+
+    ``crop_fn(starts, src, sign)`` takes the draws of ``k`` steps at once ((k, B, 3), (k, B, C),
+    (k, B, C)) and returns ``k`` arrays that are complete when returned: the crops of
+    ``dali_device_cut_steps`` steps are cut in one call, so the host waits for the device (whose
+    queue holds the training steps already dispatched) once per that many steps, not every step.
+    The results handed to DALI stay referenced for ``ring`` more steps, deeper than DALI's prefetch
+    queue, so a ``no_copy`` buffer is never freed while DALI may still read it."""
 
     no_copy = True  # the ring keeps each result alive
 
-    def __init__(self, plans: EpochPlans, crop_fn, ring: int, key: str):
-        self.plans, self.crop_fn = plans, crop_fn
+    def __init__(self, plans: EpochPlans, crop_fn, ring: int, key: str, cut_steps: int):
+        self.plans, self.crop_fn, self.cut_steps = plans, crop_fn, cut_steps
         self.src, self.sign = channel_tables(plans.cfg, key)
         self._ring: list = [None] * ring
         self._slot = 0
+        self._cut: dict = {}
 
     def __call__(self, info):
         plan = self.plans(info.epoch_idx)
-        if info.iteration >= len(plan):
+        i = info.iteration
+        if i >= len(plan):
             raise StopIteration
-        draws = plan.draws[info.iteration]
-        g = draws.symmetries
-        out = self.crop_fn(draws.starts.astype(np.int32), self.src[g], self.sign[g])
+        if (info.epoch_idx, i) not in self._cut:
+            steps = range(i, min(i + self.cut_steps, len(plan)))
+            g = np.stack([plan.draws[j].symmetries for j in steps])
+            starts = np.stack([plan.draws[j].starts for j in steps]).astype(np.int32)
+            crops = self.crop_fn(starts, self.src[g], self.sign[g])
+            self._cut = {(info.epoch_idx, j): c for j, c in zip(steps, crops)}
+        out = self._cut.pop((info.epoch_idx, i))
         self._ring[self._slot] = out
         self._slot = (self._slot + 1) % len(self._ring)
         return out
 
 
+def numpy_step_crops(volume: np.ndarray, starts: np.ndarray, src: np.ndarray, sign: np.ndarray, *, size: int) -> list:
+    """:func:`numpy_crops` of ``k`` steps at once (the host form of a :class:`DeviceCropSource` crop
+    function): ``starts`` (k, B, 3), ``src`` (k, B, C), ``sign`` (k, B, C) -> ``k`` (B, C, s, s, s) arrays."""
+    return [numpy_crops(volume, st, sr, sg, size=size) for st, sr, sg in zip(starts, src, sign)]
+
+
 def device_crop_sources(plans: EpochPlans, crop_fns: dict, cfg: Config) -> dict:
     """:class:`DeviceCropSource` callbacks for ``Nbody`` and ``Hydro`` from ``crop_fns`` (by key)."""
     ring = cfg.dali_prefetch_queue_depth + 2
-    return {key: DeviceCropSource(plans, crop_fns[key], ring, key) for key in dataset.KEYS}
+    return {key: DeviceCropSource(plans, crop_fns[key], ring, key, cfg.dali_device_cut_steps) for key in dataset.KEYS}
 
 
 def _crop_node(fn, crop_sources: dict | None, key: str, parallel: bool, device: str):

@@ -47,6 +47,28 @@ def user_error_in(err: BaseException) -> str | None:
     return None
 
 
+def require_package(module: str, extra: str, package: str) -> None:
+    """Check that ``module`` (the framework of ``package``) is installed, or stop with one line naming
+    the extra.
+
+    Under ``python -m package.command`` (``sys.argv[0] == "-m"`` while the package imports) a
+    missing framework prints ``error: ...`` and exits with code 2; imported from other code it raises
+    :class:`MissingDependencyError`.
+    """
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        message = f"{package} needs {module}, which is not installed: pip install 'dlas-cosmo[{extra}]'"
+        if sys.argv[:1] == ["-m"]:
+            print(f"error: {message}", file=sys.stderr)
+            raise SystemExit(2)
+        raise MissingDependencyError(message)
+
+
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:
     """Run ``main(argv)``; print a :class:`UserError` (also one wrapped by TF or DALI) as
     ``error: <message>`` on stderr and return 2.
@@ -67,4 +89,9 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (``... | head``): stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 0 if code is None else int(code)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +143,131 @@ def test_batch_sizes_and_steps():
     assert C.val_steps(C.replace(cfg, Nsamples_val=65)) == 2
     with pytest.raises(ConfigError, match=r"Nsamples 32 is smaller than one global batch \(64\)"):
         C.steps_per_epoch(C.replace(cfg, Nsamples=32))
+
+
+# The sections and keys of the NERSC sc21-dl-tutorial's config/UNet.yaml (its own format: nested
+# lr_schedule and weight_init, data_size, expdir, box_size, the .npy paths, 'None' strings).
+TUTORIAL_YAML = """
+base: &base
+  weight_init: {conv_init: 'normal', conv_scale: 0.02, conv_bias: 0.}
+  lambda_rho: 0
+  full_scale: True
+  global_batch_size: 64
+  base_batch_size: 64
+  Nsamples: 65536
+  Nsamples_val: 8192
+  num_epochs: 10
+  enable_amp: False
+  enable_apex: False
+  enable_benchy: False
+  enable_jit: False
+  expdir: '/logs'
+  lr_schedule: {scaling: 'sqrt', start_lr: 2.E-4, end_lr: 0., warmup_steps: 128}
+  data_loader_config: 'lowmem'
+  box_size: [1024, 512]
+  data_size: 64
+  num_data_workers: 2
+  N_out_channels: 5
+  train_path: '/data/downsamp_2048crop_train.h5'
+  val_path: '/data/downsamp_1024crop_valid.h5'
+  train_path_npy_data: '/data/downsamp_2048crop_train_data.npy'
+  train_path_npy_label: '/data/downsamp_2048crop_train_label.npy'
+  val_path_npy_data: '/data/downsamp_1024crop_valid_data.npy'
+  val_path_npy_label: '/data/downsamp_1024crop_valid_label.npy'
+  use_cache: None
+short: &short
+  <<: *base
+  Nsamples: 4096
+  Nsamples_val: 512
+  num_epochs: 4
+short_opt:
+  <<: *short
+  data_loader_config: 'dali-lowmem'
+  enable_amp: True
+  enable_apex: True
+  enable_jit: True
+bs64_opt: &bs64_opt
+  <<: *base
+  data_loader_config: 'dali-lowmem'
+  global_batch_size: 64
+  enable_amp: True
+  enable_apex: True
+  enable_jit: True
+bs256_opt:
+  <<: *bs64_opt
+  global_batch_size: 256
+  num_epochs: 20
+bs512_test:
+  <<: *bs64_opt
+  global_batch_size: 512
+bs8192_opt:
+  <<: *bs64_opt
+  global_batch_size: 8192
+  num_epochs: 320
+"""
+
+
+def test_the_tutorials_yaml_loads_unchanged(tmp_path):
+    """Every section of the tutorial's file loads; each tutorial key is mapped or reported as not
+    applicable in one note; the keys it lacks take the kit's base values."""
+    path = tmp_path / "UNet.yaml"
+    path.write_text(TUTORIAL_YAML)
+    for name in C.config_names(path):
+        C.load_config(name, path)
+    cfg = C.load_config("short_opt", path)
+    assert (cfg.crop_size, cfg.exp_dir, cfg.lr_scaling, cfg.start_lr, cfg.end_lr, cfg.warmup_steps) == (
+        64,
+        "/logs",
+        "sqrt",
+        2e-4,
+        0.0,
+        128,
+    )
+    assert (cfg.data_loader_config, cfg.enable_amp, cfg.enable_jit, cfg.Nsamples, cfg.num_epochs) == (
+        "dali-lowmem",
+        True,
+        True,
+        4096,
+        4,
+    )
+    assert cfg.npy_files("train") == (
+        Path("/data/downsamp_2048crop_train_data.npy"),
+        Path("/data/downsamp_2048crop_train_label.npy"),
+    )
+    assert cfg.symmetry_group == C.load_config("base").symmetry_group  # not in the tutorial's file
+    notes = "\n".join(cfg.notes)
+    for key in (
+        "data_size",
+        "expdir",
+        "lr_schedule",
+        "weight_init",
+        "enable_apex",
+        "enable_benchy",
+        "box_size",
+        "use_cache",
+    ):
+        assert f"tutorial key '{key}'" in notes, key
+    assert "take this kit's base values" in notes
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TUTORIAL_YAML.replace("conv_scale: 0.02", "conv_scale: 0.1"))
+    with pytest.raises(ConfigError, match=r"key 'weight_init': .* is not supported; this kit initialises"):
+        C.load_config("base", bad)
+
+
+def test_numbers_as_people_write_them():
+    """YAML 1.1 reads 1e-3 as a string; the config takes it as the number it is."""
+    assert C.load_config("cpu_tiny", overrides={"start_lr": "1e-3"}).start_lr == 1e-3
+    assert C.parse_override("start_lr=1e-3") == ("start_lr", "1e-3")
+    with pytest.raises(ConfigError, match=r"key 'start_lr': expected number, got 'fast'"):
+        C.load_config("cpu_tiny", overrides={"start_lr": "fast"})
+
+
+def test_every_numeric_key_has_a_range():
+    numeric = [k for k, tp in C._HINTS.items() if k in C.FIELDS and ("int" in str(tp) or "float" in str(tp))]
+    checked_elsewhere = {"density_channel", "nbody_vector_channels", "hydro_vector_channels", "profile_steps"}
+    assert set(numeric) - checked_elsewhere <= set(C.RANGES), set(numeric) - checked_elsewhere - set(C.RANGES)
+    for key, (minimum, inclusive) in C.RANGES.items():
+        bad = minimum - 1 if inclusive else minimum
+        value = [bad] if key == "unet_widths" else bad
+        with pytest.raises(ConfigError, match=rf"key '{key}': expected"):
+            C.replace(C.load_config("cpu_tiny"), **{key: value})

@@ -70,7 +70,7 @@ def test_every_symmetry_through_dali_ops_is_bit_for_bit_numpy(tiny_cfg, tmp_path
     if kind == "dali-h5":
         sources = dp.crop_sources(plans, path, cfg)
     elif kind == "dali-device":
-        fns = {k: functools.partial(dp.numpy_crops, v, size=8) for k, v in dp.load_volumes(path, cfg).items()}
+        fns = {k: functools.partial(dp.numpy_step_crops, v, size=8) for k, v in dp.load_volumes(path, cfg).items()}
         sources = dp.device_crop_sources(plans, fns, cfg)
     ((x, y, m),) = _run(dp.build_pipeline(cfg, "train", 48, None, plans, sources), 1)
     ref_x, ref_y = _reference(cfg, plan)[0]
@@ -99,7 +99,8 @@ def test_dali_yields_the_numpy_readers_samples(tiny_cfg, kind, mode):
     sources = dp.crop_sources(plans, path, cfg) if kind == "dali-h5" else None
     if kind == "dali-device":
         fns = {
-            k: functools.partial(dp.numpy_crops, v, size=cfg.crop_size) for k, v in dp.load_volumes(path, cfg).items()
+            k: functools.partial(dp.numpy_step_crops, v, size=cfg.crop_size)
+            for k, v in dp.load_volumes(path, cfg).items()
         }
         sources = dp.device_crop_sources(plans, fns, cfg)
     pipe = dp.build_pipeline(cfg, "train", 4, None, plans, sources)
@@ -204,8 +205,11 @@ def test_jax_device_crop_fn_equals_numpy_crops():
     starts = np.array([[0, 0, 0], [7, 3, 5], [7, 7, 7]], np.int32)
     src = np.array([[0, 1, 2, 3], [0, 3, 1, 2], [0, 2, 3, 1]], np.int32)
     sign = np.array([[1, 1, 1, 1], [1, -1, 1, -1], [1, -1, -1, -1]], np.float32)
-    got = crop_fns(vol, 0, 5)["Nbody"](starts, src, sign)
+    got, second = crop_fns(vol, 0, 5)["Nbody"](
+        np.stack([starts, starts[::-1]]), np.stack([src, src]), np.stack([sign, sign])
+    )  # two steps in one call
     assert isinstance(got, jax.Array) and got.shape == (3, 4, 5, 5, 5)
+    np.testing.assert_array_equal(np.asarray(second), dp.numpy_crops(vol["Nbody"], starts[::-1], src, sign, size=5))
     want = dp.numpy_crops(vol["Nbody"], starts, src, sign, size=5)
     np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
     np.testing.assert_array_equal(np.asarray(got)[0], vol["Nbody"][:, 0:5, 0:5, 0:5])
@@ -236,3 +240,29 @@ def test_jax_iterator_over_two_pipelines_keeps_each_shards_epochs(tiny_cfg):
                 np.testing.assert_array_equal(x[0], np.asarray(refs[0][i]["inputs"]))
                 np.testing.assert_array_equal(x[1], np.asarray(refs[1][i]["inputs"]))
                 assert not np.array_equal(x[0], x[1])
+
+
+def test_device_crop_source_cuts_several_steps_per_call(tiny_cfg):
+    """dali_device_cut_steps=3 over a 5-step epoch: the crop function runs twice (steps 0-2, 3-4),
+    and each step gets exactly its own crops, channels mapped, as cut one step at a time."""
+    cfg = C.replace(tiny_cfg, data_loader_config="dali-device", Nsamples=20, dali_device_cut_steps=3)
+    plans = dp.EpochPlans(cfg, TRAIN, [0], 1, 32)
+    vol = dp.load_volumes(cfg.data_file("train"), cfg)["Hydro"]
+    calls = []
+
+    def crop_fn(starts, src, sign):
+        calls.append(len(starts))
+        return dp.numpy_step_crops(vol, starts, src, sign, size=cfg.crop_size)
+
+    source = dp.DeviceCropSource(plans, crop_fn, 4, "Hydro", cfg.dali_device_cut_steps)
+    info = type("Info", (), {})
+    src, sign = dp.channel_tables(cfg, "Hydro")
+    for step in range(5):
+        info.epoch_idx, info.iteration = 0, step
+        d = plans(0).draws[step]
+        want = dp.numpy_crops(vol, d.starts, src[d.symmetries], sign[d.symmetries], size=cfg.crop_size)
+        np.testing.assert_array_equal(source(info), want)
+    assert calls == [3, 2]
+    info.iteration = 5
+    with pytest.raises(StopIteration):
+        source(info)

@@ -225,6 +225,11 @@ def test_two_jax_processes_match_one_process(tiny_cfg, tmp_path):
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
     assert "data parallel: 2 replicas, global batch 4, local batch 2" in outs[0]
+    # logs for batch jobs: the epoch lines once, from process 0; process 1 prints no INFO line
+    assert outs[0].count("Time taken for epoch 1 is") == 1 and "Avg val loss=" in outs[0]
+    assert "Time taken for epoch" not in outs[1] and "data parallel:" not in outs[1]
+    out_log = (tmp_path / "multi" / "out.log").read_text()
+    assert out_log.count("Time taken for epoch 1 is") == 1
     a, b = np.load(tmp_path / "single.npz"), np.load(tmp_path / "multi.npz")
     for k in a.files:
         np.testing.assert_allclose(b[k], a[k], rtol=RTOL, atol=ATOL, err_msg=k)

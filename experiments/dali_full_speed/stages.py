@@ -1,0 +1,158 @@
+"""Per-stage cost of the GPU-resident DALI input (``dali-device``): the same crops through pipelines
+that stop after each stage, timed through DALI's JAX iterator (IO: batches ready on the GPU).
+
+    cut       JAX's crop function alone (crops of ``dali_device_cut_steps`` steps per call)
+    layout    + DALI: one static transpose of the channel-first crops to DHWC
+    axes      + DALI: the per-sample axis order (six conditional transposes) instead
+    flips     + DALI: per-sample flips (the production ``dali-device`` pipeline)
+    channels  the same with the channel part in DALI too (unmapped crops, ``sequence_rearrange`` and
+              the sign product before the axes): what the file-reading modes do on the GPU
+
+    PYTHONPATH=/tmp/site:. python3 experiments/dali_full_speed/stages.py --config short_opt --out r.jsonl
+
+Runs on a CPU too (CPU-only pipelines, NumPy crops) for the smoke test.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import jax
+import numpy as np
+
+from jax_impl import dali as jdali
+from shared_data import config as config_mod
+from shared_data import dali_pipelines as dp
+from shared_data import dataset
+from shared_data.errors import run_cli
+from shared_data.sampler import TRAIN
+
+STAGES = ("cut", "layout", "axes", "flips", "channels")
+
+
+class Unmapped:
+    """A crop function that cuts without the channel part (identity source, sign 1)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, starts, src, sign):
+        k, b, c = src.shape
+        ident = np.broadcast_to(np.arange(c, dtype=np.int32), (k, b, c)).copy()
+        return self.fn(starts, ident, np.ones((k, b, c), np.float32))
+
+
+def pipeline(cfg, stage: str, plans, fns, device_id):
+    from nvidia.dali import fn, pipeline_def
+
+    device = "gpu" if device_id is not None else "cpu"
+    fns = {k: Unmapped(f) for k, f in fns.items()} if stage == "channels" else fns
+    sources = dp.device_crop_sources(plans, fns, cfg)
+    names = dp.param_names("dali-h5") if stage == "channels" else dp.param_names("dali-device")
+
+    @pipeline_def(
+        enable_conditionals=True,
+        batch_size=cfg.global_batch_size,
+        num_threads=cfg.dali_threads,
+        device_id=device_id,
+        prefetch_queue_depth=cfg.dali_prefetch_queue_depth,
+        exec_dynamic=True,
+    )
+    def pipe():
+        outs = fn.external_source(
+            source=dp.PlanSource(plans, names), num_outputs=len(names), batch=True, batch_info=True
+        )
+        params = dict(zip(names, outs))
+        result = []
+        for key, io in (("Nbody", "in"), ("Hydro", "out")):
+            x = fn.external_source(source=sources[key], batch=True, batch_info=True, no_copy=True, device=device)
+            if stage == "layout":
+                x = fn.transpose(x, perm=[1, 2, 3, 0], output_layout="DHWC")
+            else:
+                if stage == "channels":
+                    x = dp.map_channels(fn, x, params[f"src_{io}"], params[f"sign_{io}"])
+                x = dp.permute_axes(fn, x, params["axis_order"], channel_first=True)
+                if stage in ("flips", "channels"):
+                    x = fn.flip(x, depthwise=params["flip_d"], vertical=params["flip_h"], horizontal=params["flip_w"])
+            result.append(x)
+        mask = params["mask"].gpu() if device == "gpu" else params["mask"]
+        return (*result, mask)
+
+    return pipe()
+
+
+def time_stage(cfg, stage: str, steps: int, device_id) -> dict:
+    path = cfg.data_file("train")
+    size = dataset.validate(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size).size
+    plans = dp.EpochPlans(cfg, TRAIN, [0], 1, size)
+    fns = jdali.crop_fns(dp.load_volumes(path, cfg), device_id, cfg.crop_size)
+    if stage == "cut":
+        src = {k: dp.channel_tables(cfg, k) for k in dataset.KEYS}
+
+        def batches():
+            epoch = 0
+            while True:
+                plan = plans(epoch)
+                for i in range(0, len(plan), cfg.dali_device_cut_steps):
+                    part = plan.draws[i : i + cfg.dali_device_cut_steps]
+                    st = np.stack([d.starts for d in part]).astype(np.int32)
+                    g = np.stack([d.symmetries for d in part])
+                    outs = {k: fns[k](st, src[k][0][g], src[k][1][g]) for k in dataset.KEYS}
+                    yield from zip(outs["Nbody"], outs["Hydro"])
+                epoch += 1
+
+        it = batches()
+    else:
+        dali_it = jdali.make_iterator(
+            [pipeline(cfg, stage, plans, fns, device_id)], len(plans(0)) * cfg.global_batch_size
+        )
+
+        def epochs():
+            while True:  # the iterator ends each epoch and resets itself
+                for batch in dali_it:
+                    yield batch["inputs"], batch["targets"]
+
+        it = epochs()
+    for _ in range(3):  # warm-up: compile the crop function, start DALI
+        out = next(it)
+    jax.block_until_ready(out)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        out = next(it)
+    jax.block_until_ready(out)
+    sec = (time.perf_counter() - t0) / steps
+    return {
+        "stage": stage,
+        "ms_per_batch": 1e3 * sec,
+        "samples_per_sec": cfg.global_batch_size / sec,
+        "batch": cfg.global_batch_size,
+        "device": str(jax.devices()[0].device_kind),
+        "steps": steps,
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="experiments/dali_full_speed/stages.py", description=__doc__.split("\n\n")[0])
+    config_mod.add_config_args(p)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    cfg = config_mod.replace(config_mod.config_from_args(args), data_loader_config="dali-device")
+    device_id = 0 if jax.default_backend() == "gpu" else None
+    rows = []
+    for stage in args.stages:
+        row = time_stage(cfg, stage, args.steps, device_id)
+        rows.append(row)
+        print(
+            f"{stage:<10} {row['ms_per_batch']:8.3f} ms per batch  {row['samples_per_sec']:10.1f} samples/s", flush=True
+        )
+    if args.out:
+        with open(args.out, "a") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,57 @@
+"""The console scripts (``dlas-train-jax``, ``dlas-benchmark``, ...): each imports its command's module
+only when run, so a missing optional framework ends in one ``error:`` line naming what to install,
+and ``python -m <module>`` stays the same command."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from shared_data.errors import MissingDependencyError, run_cli
+
+#: console script -> (module, the optional dependency it needs, the extra that installs it)
+COMMANDS = {
+    "train_jax": ("jax_impl.train", "jax", "jax"),
+    "train_tf": ("tf_impl.train", "tensorflow", "tf"),
+    "benchmark": ("compare.benchmark", None, None),
+    "compare": ("compare.compare", None, None),
+    "summary": ("compare.summary", None, None),
+    "plots": ("compare.plots", None, None),
+    "breakdown": ("compare.step_breakdown", "jax", "jax"),
+    "doctor": ("compare.doctor", None, None),
+    "generate": ("shared_data.generate", None, None),
+    "inspect": ("shared_data.inspect", None, None),
+    "convert": ("shared_data.convert", None, None),
+}
+
+
+def load_main(name: str) -> Callable:
+    """The ``main`` of command ``name``.
+
+    Raises:
+        MissingDependencyError: the command's framework (or another package it imports) is missing.
+    """
+    module, needs, extra = COMMANDS[name]
+    try:
+        return importlib.import_module(module).main
+    except ImportError as err:
+        missing = err.name or needs or "a dependency"
+        hint = (
+            f"pip install 'dlas-cosmo[{extra}]'"
+            if extra and missing.split(".")[0] == needs
+            else f"pip install {missing}"
+        )
+        raise MissingDependencyError(f"{module} needs {missing}, which is not installed: {hint}") from None
+
+
+def _entry(name: str) -> Callable[[], int]:
+    def run() -> int:
+        return run_cli(lambda argv: load_main(name)(argv))
+
+    run.__name__ = name
+    return run
+
+
+train_jax, train_tf, benchmark, compare, summary, plots, breakdown, doctor, generate, inspect, convert = (
+    _entry(n) for n in COMMANDS
+)

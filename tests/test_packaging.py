@@ -1,0 +1,130 @@
+"""The kit as a package: a wheel installed into a fresh folder trains from any folder with its console
+scripts; a missing framework is one error line, also for --help."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from shared_data.config import REPO_ROOT
+
+
+def _run(cmd, cwd, env=None, timeout=600):
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_wheel_installs_and_trains_from_another_folder(tmp_path):
+    wheels, target, work = tmp_path / "wheels", tmp_path / "site", tmp_path / "work"
+    work.mkdir()
+    build = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            str(REPO_ROOT),
+        ],
+        cwd=tmp_path,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    (wheel,) = wheels.glob("dlas_cosmo-*.whl")
+    inst = _run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)], cwd=tmp_path
+    )
+    assert inst.returncode == 0, inst.stderr[-2000:]
+    env = {**os.environ, "PYTHONPATH": str(target), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    where = _run(
+        [sys.executable, "-c", "import jax_impl, configs; print(jax_impl.__file__); print(configs.__file__)"],
+        cwd=work,
+        env=env,
+    )
+    assert where.stdout.splitlines() == [
+        str(target / "jax_impl" / "__init__.py"),
+        str(target / "configs" / "__init__.py"),
+    ]
+    bin_ = target / "bin"
+    for out, size, seed in (("data/train_128.h5", 32, 1), ("data/val_64.h5", 24, 2)):
+        gen = _run(
+            [str(bin_ / "dlas-generate"), "--out", out, "--size", str(size), "--seed", str(seed)], cwd=work, env=env
+        )
+        assert gen.returncode == 0, gen.stderr[-2000:]
+    train = _run(
+        [str(bin_ / "dlas-train-jax"), "--config", "cpu_tiny", "--set", f"xla_cache_dir={tmp_path / 'c'}"],
+        cwd=work,
+        env=env,
+    )
+    assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-2000:]
+    assert "Time taken for epoch 1 is" in train.stdout
+    folder = work / "runs" / "cpu_tiny" / "jax"  # the run folder under the current folder
+    assert (folder / "metrics.jsonl").is_file() and (folder / "out.log").is_file()
+    assert f"data: {work / 'data' / 'train_128.h5'}" in train.stdout
+    info = _run([str(bin_ / "dlas-inspect"), "data/val_64.h5"], cwd=work, env=env)
+    assert info.returncode == 0 and "contract: OK" in info.stdout
+    help_tf = _run([str(bin_ / "dlas-train-tf"), "--help"], cwd=work, env=env)
+    assert help_tf.returncode == 0 and "--enable_jit" in help_tf.stdout
+
+
+BLOCK_TF = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "tensorflow":
+            raise ImportError(f"No module named {name!r}")
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_a_missing_framework_is_one_error_line_also_for_help(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(BLOCK_TF)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO_ROOT}"}
+    for cmd in (
+        [sys.executable, "-m", "tf_impl.train", "--help"],
+        [
+            sys.executable,
+            "-c",
+            "import sys; from shared_data.console import train_tf; "
+            "sys.argv = ['dlas-train-tf', '--help']; sys.exit(train_tf())",
+        ],
+    ):
+        res = _run(cmd, cwd=tmp_path, env=env)
+        assert res.returncode == 2, res.stderr
+        assert (
+            res.stderr.strip()
+            == "error: tf_impl needs tensorflow, which is not installed: pip install 'dlas-cosmo[tf]'"
+        )
+    jax_help = _run([sys.executable, "-m", "jax_impl.train", "--help"], cwd=tmp_path, env=env)
+    assert jax_help.returncode == 0 and "--run_num" in jax_help.stdout
+
+
+def test_doctor_reports_each_check_with_a_verdict(tmp_path):
+    res = _run([sys.executable, "-m", "compare.doctor", "--json", str(tmp_path / "d.json")], cwd=REPO_ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    import json
+
+    rows = {r["check"]: r for r in json.loads((tmp_path / "d.json").read_text())}
+    assert rows["python"]["verdict"] == "OK" and rows["jax"]["verdict"] == "OK"
+    assert rows["jax"]["detail"].startswith("0.") and "cpu" in rows["jax"]["detail"]
+    assert rows["tensorflow"]["verdict"] == "OK" and rows["DALI"]["verdict"] == "OK"
+    assert "--xla_gpu_force_conv_nhwc=true" in rows["XLA_FLAGS in force"]["detail"]
+    assert set(rows) >= {"GPUs (nvidia-smi)", "torch", "DALI TensorFlow plugin", "pinned versions"}
+    for line in res.stdout.splitlines():
+        assert line.split()[-1] and any(v in line for v in ("OK", "WARN", "FAIL", "SKIP"))
+
+
+def test_doctor_compares_installed_versions_with_the_pins(tmp_path):
+    from importlib import metadata
+
+    from compare.doctor import compare_pins
+
+    pins = tmp_path / "c.txt"
+    pins.write_text(f"# comment\nnumpy=={metadata.version('numpy')}\nh5py==0.0.1\nno-such-package==1.0\n")
+    assert compare_pins(pins) == [
+        ("h5py", "0.0.1", metadata.version("h5py")),
+        ("no-such-package", "1.0", "not installed"),
+    ]

@@ -1,0 +1,180 @@
+"""The run around the trainers (shared_data/run.py): logs for batch jobs, out.log and run.json, the
+progress bar only on a terminal, TensorBoard under the tutorial's tags, the input-bound sentence, the
+tutorial's flags."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shared_data import config as C
+from shared_data import run
+from shared_data.config import REPO_ROOT
+from shared_data.errors import UserError
+
+
+def test_other_ranks_log_warnings_only_with_a_rank_tag(capsys):
+    log = logging.getLogger("dlas.test")
+    try:
+        run.setup_logging(1)
+        log.info("an epoch line")
+        log.warning("a warning")
+        run.setup_logging(0)
+        log.info("rank 0 info")
+    finally:
+        root = logging.getLogger()
+        for h in [h for h in root.handlers if getattr(h, "_dlas", False)]:
+            root.removeHandler(h)  # bound to the captured stdout, which closes after this test
+    out = capsys.readouterr().out
+    assert "an epoch line" not in out
+    assert "[rank 1] WARNING a warning" in out
+    assert "rank 0 info" in out and "[rank" not in out.split("a warning")[1]
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    it = run.progress(range(3), 3, "epoch 1", enabled=True)
+    assert type(it).__name__ == "range_iterator"
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    it = run.progress(range(3), 3, "epoch 1", enabled=True)
+    assert type(it).__name__ != "range_iterator" and list(it) == [0, 1, 2]
+    assert type(run.progress(range(3), 3, "x", enabled=False)).__name__ == "range_iterator"
+
+
+def test_input_bound_run_says_so_once(tiny_cfg, tmp_path, caplog):
+    """A loader that takes 30 ms per batch and an instant step: the share line shows ~100% input wait
+    and, from the second epoch on, one sentence names the fix for the lowmem loader."""
+    cfg = C.replace(tiny_cfg, num_epochs=3)
+    r = run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
+    r.begin(0, 0.0, {}, lambda: 0.0)
+
+    def slow():
+        while True:
+            time.sleep(0.03)
+            yield {}
+
+    with caplog.at_level(logging.INFO, logger="dlas"):
+        for epoch in r.epochs(0):
+            for _ in r.steps(slow(), epoch):
+                pass
+            rec = r.end_epoch(epoch, [0.1] * r.steps_per_epoch, lambda: 0.1, step=(epoch + 1) * r.steps_per_epoch)
+            assert rec["input_wait_share"] > 0.9
+    text = caplog.text
+    assert text.count("This run is input-bound") == 1
+    assert "waited for input" in text and "epoch 2" in text and "more num_data_workers" in text
+    assert "Input wait 9" in text or "Input wait 100" in text
+
+
+def _train(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "jax_impl.train", *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_run_folder_records_and_tensorboard_tags(tiny_cfg, tmp_path):
+    """A run and its resume in one folder: out.log holds everything both printed, run.json both
+    invocations (command line, config, code version, library versions), TensorBoard the tutorial's
+    tags with the step as x axis and a step-0 loss; a run folder under the current folder."""
+    common = [
+        "--config",
+        "cpu_tiny",
+        "--set",
+        f"train_path={tiny_cfg.train_path}",
+        "--set",
+        f"val_path={tiny_cfg.val_path}",
+        "--set",
+        "tensorboard=true",
+        "--set",
+        f"xla_cache_dir={tmp_path / 'c'}",
+        "--num_epochs",
+        "2",
+        "--run_num",
+        "07",
+    ]
+    first = _train(*common, "--stop_after_epoch", "1", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = _train(*common, "--resume", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    folder = tmp_path / "runs" / "cpu_tiny" / "07" / "jax"
+    out_log = (folder / "out.log").read_text()
+    assert out_log.count("Time taken for epoch 1 is") == 1 and out_log.count("Time taken for epoch 2 is") == 1
+    assert out_log.count("precision: float32 compute") == 2 and "resumed from" in out_log
+    info = json.loads((folder / "run.json").read_text())
+    assert info["framework"] == "jax" and info["config"] == "cpu_tiny"
+    assert info["config_values"]["num_epochs"] == 2
+    assert [i["start_epoch"] for i in info["invocations"]] == [0, 1]
+    inv = info["invocations"][1]
+    assert "--resume" in inv["command"] and "--run_num 07" in inv["command"]
+    assert inv["code"].get("git_commit") or inv["code"].get("package_version")
+    assert inv["versions"]["jax"] and inv["cwd"] == str(tmp_path)
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    acc = EventAccumulator(str(folder / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["tensors"])  # tensorboard.summary.Writer stores scalars as scalar tensors
+    assert {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"} <= tags
+
+    def series(tag):
+        return [(e.step, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+
+    steps_per_epoch = 16 // 4
+    assert [s for s, _ in series("Loss/valid")] == [0, steps_per_epoch, 2 * steps_per_epoch]
+    assert [s for s, _ in series("Loss/train")] == [0, steps_per_epoch, 2 * steps_per_epoch]
+    metrics = run.read_metrics(folder)
+    assert series("Loss/valid")[1][1] == pytest.approx(metrics[0]["val_loss"], rel=1e-6)
+    assert series("Loss/train")[2][1] == pytest.approx(metrics[1]["train_loss"], rel=1e-6)
+
+
+def test_tutorial_flags(tiny_cfg, tmp_path):
+    parser = run.build_parser("jax")
+    args = parser.parse_args(["--config", "cpu_tiny", "--enable_amp", "--no-enable_jit", "--enable_manual_profiling"])
+    cfg = C.config_from_args(args)
+    assert cfg.enable_amp and not cfg.enable_jit and cfg.enable_manual_profiling
+    cfg = C.config_from_args(parser.parse_args(["--config", "short_opt", "--no-enable_amp"]))
+    assert cfg.enable_amp is False
+    for flag, words in (
+        ("--noddp", "--num_devices 1"),
+        ("--bucket_cap_mb", "all-reduce"),
+        ("--local_rank", "launcher"),
+        ("--disable_broadcast_buffers", "no buffers"),
+    ):
+        argv = [flag] + (["25"] if flag in ("--bucket_cap_mb", "--local_rank") else [])
+        with pytest.raises(UserError, match=rf"{flag} is PyTorch DDP's; not needed here: .*{words}"):
+            run.check_run_args(parser.parse_args(argv), tmp_path / "w", "jax")
+    assert run.workdir_for(tiny_cfg, "jax", None, "03").parts[-3:] == ("cpu_tiny", "03", "jax")
+
+
+def test_manual_profiling_window_is_the_tutorials(tiny_cfg, tmp_path):
+    """--enable_manual_profiling without profile_steps: the capture window covers the first 60 steps
+    of epoch 2 (the tutorial's ``epoch == 1 and i in [0, 59]``), clipped by the run's length."""
+    cfg = C.replace(tiny_cfg, enable_manual_profiling=True, num_epochs=3)
+    r = run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
+    calls = []
+    with r.profile(lambda: calls.append("start"), lambda: calls.append("stop"), use_cuda=False):
+        assert (r._window.start, r._window.stop) == (r.steps_per_epoch, r.steps_per_epoch + 60)
+
+
+def test_enable_benchy_runs_the_benchmark_modes(tiny_cfg, tmp_path):
+    res = _train(
+        "--config",
+        "cpu_tiny",
+        "--set",
+        f"train_path={tiny_cfg.train_path}",
+        "--set",
+        f"val_path={tiny_cfg.val_path}",
+        "--set",
+        f"xla_cache_dir={tmp_path / 'c'}",
+        "--enable_benchy",
+        cwd=REPO_ROOT,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "--enable_benchy: python -m compare.benchmark --framework jax --mode io synthetic full" in res.stdout
+    for mode in ("io", "synthetic", "full"):
+        assert f" {mode} " in res.stdout
