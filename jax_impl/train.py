@@ -171,7 +171,9 @@ class Checkpoints:
 
         self._ocp, self.directory, self._like = ocp, directory, abstract(like)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True)
-        self.manager = ocp.CheckpointManager(directory.absolute(), options=options)
+        self.manager = ocp.CheckpointManager(
+            directory.absolute(), item_handlers=ocp.StandardCheckpointHandler(), options=options
+        )
 
     def epochs(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -181,19 +183,34 @@ class Checkpoints:
         self.manager.wait_until_finished()
 
     def restore(self, epoch: int) -> TrainState:
-        """The state saved after ``epoch``.
+        """The state saved after ``epoch``. The stored arrays' shapes and dtypes are compared with this
+        config's state first, so a checkpoint of another net is refused before orbax starts its
+        (threaded) restore.
 
         Raises:
             UserError: the checkpoint is damaged or holds another config's state.
         """
+        where = f"checkpoint {self.directory}/{epoch}"
+        try:
+            stored = self.manager.item_metadata(epoch)
+            have = sorted((tuple(m.shape), str(m.dtype)) for m in jax.tree.leaves(stored) if hasattr(m, "shape"))
+        except Exception as err:  # orbax raises many kinds for damaged files
+            raise UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite") from None
+        want = sorted((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(self._like))
+        if have != want:
+            diff = next(((w, h) for w, h in zip(want, have) if w != h), (len(want), len(have)))
+            raise UserError(
+                f"{where} does not match this config (arrays {diff[1]} stored where this config has "
+                f"{diff[0]}); use another --workdir or --overwrite"
+            )
         try:
             return self.manager.restore(epoch, args=self._ocp.args.StandardRestore(self._like))
-        except Exception as err:
-            detail = " ".join(str(err).split(". ")[0].split())[:200]
-            raise UserError(
-                f"checkpoint {self.directory}/{epoch} does not match this config or is damaged ({detail}); "
-                f"use another --workdir or --overwrite"
-            ) from None
+        except Exception as err:  # orbax raises many kinds for damaged files
+            raise UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite") from None
+
+
+def _first_line(err: BaseException) -> str:
+    return " ".join(str(err).split(". ")[0].split())[:200]
 
 
 def versions() -> dict:

@@ -205,12 +205,15 @@ def sample_voxels(size: int, n: int = SAMPLE_VOXELS) -> np.ndarray:
 
 def check_npy_twins(info: VolumeInfo, npys: tuple[Path, Path]) -> None:
     """Check that the DHWC ``.npy`` twins of ``info``'s HDF5 file exist, have its shape as (L, L, L, C)
-    float32, C order, and hold its values at :data:`SAMPLE_VOXELS` voxels, so DALI's numpy reader
-    trains on the same data as the HDF5 loaders.
+    float32, C order, and hold its values, so DALI's numpy reader trains on the same data as the
+    HDF5 loaders: the values at :data:`SAMPLE_VOXELS` voxels must equal the HDF5 file's, and a twin
+    that records its conversion (:func:`write_source_record`) and was modified since must still
+    have the recorded CRC-32.
 
     Raises:
         DatasetError: a twin is missing (the message names the converter), unreadable, of another
-            shape, dtype or layout, or holds other values (a regenerated or other volume).
+            shape, dtype or layout, holds other values (a regenerated or other volume), or was
+            changed after its conversion.
     """
     fix = f"re-create it with: python -m shared_data.convert {info.path}"
     for key, npy, n in zip(KEYS, npys, (info.n_in, info.n_out)):
@@ -230,30 +233,58 @@ def check_npy_twins(info: VolumeInfo, npys: tuple[Path, Path]) -> None:
                 f"{npy} has shape {arr.shape} {arr.dtype} in {layout}, expected {want} float32 in "
                 f"C order (channels last, the DHWC twin of {info.path}); {fix}"
             )
+        record = _read_record(npy)
         with open_h5(info.path) as f, reading(info.path, f"{key} values"):
             for x, y, z in sample_voxels(info.size):
                 h5 = f[key][:, x, y, z]
                 if not np.array_equal(h5, arr[x, y, z], equal_nan=True):
-                    made_from = ""
-                    record = source_record(npy)
-                    if record.is_file():
-                        try:
-                            made_from = f" (it records being made from {json.loads(record.read_text())['source']})"
-                        except (ValueError, KeyError, OSError):
-                            pass
+                    made_from = f" (it records being made from {record['source']})" if record.get("source") else ""
                     raise DatasetError(
                         f"{npy} does not match {info.path}{made_from}: {key} at voxel ({x}, {y}, {z}) "
                         f"is {h5.tolist()} in the HDF5 file and {arr[x, y, z].tolist()} in the .npy; "
                         f"{fix}"
                     )
+        st = npy.stat()
+        modified = (st.st_size, st.st_mtime_ns) != (record.get("bytes"), record.get("mtime_ns"))
+        if record.get("crc32") is not None and modified and file_crc32(npy) != record["crc32"]:
+            raise DatasetError(
+                f"{npy} changed after it was converted from {info.path} (its CRC-32 differs from "
+                f"the one recorded in {source_record(npy).name}); {fix}"
+            )
+
+
+def file_crc32(path: Path, block: int = 1 << 24) -> int:
+    """CRC-32 (zlib) of a file's bytes, read in 16 MiB blocks."""
+    import zlib
+
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _read_record(npy: Path) -> dict:
+    path = source_record(npy)
+    try:
+        record = json.loads(path.read_text()) if path.is_file() else {}
+    except (ValueError, OSError):
+        record = {}
+    return record if isinstance(record, dict) else {}
 
 
 def write_source_record(npy: Path, source: Path) -> None:
-    """Record beside ``npy`` which HDF5 file (path, size, modification time) it was made from."""
+    """Record beside ``npy`` which HDF5 file (path, size, modification time) it was made from, and
+    the ``.npy`` file's own size, modification time and CRC-32."""
     from shared_data.files import write_atomic
 
-    st = source.stat()
-    write_atomic(
-        source_record(npy),
-        json.dumps({"source": str(source.absolute()), "source_bytes": st.st_size, "source_mtime_ns": st.st_mtime_ns}),
-    )
+    src, st = source.stat(), npy.stat()
+    record = {
+        "source": str(source.absolute()),
+        "source_bytes": src.st_size,
+        "source_mtime_ns": src.st_mtime_ns,
+        "bytes": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "crc32": file_crc32(npy),
+    }
+    write_atomic(source_record(npy), json.dumps(record))

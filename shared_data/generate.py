@@ -80,7 +80,8 @@ def attributes(args: argparse.Namespace, cosmo: cosmology.Cosmology, k_nl: float
 
 
 def write_h5(path: Path, nbody: np.ndarray, hydro: np.ndarray, attrs: dict, chunk: int) -> None:
-    """Write the two datasets (chunks (1, c, c, c), or contiguous if ``chunk`` is 0) atomically."""
+    """Write the two datasets (chunks (1, c, c, c) with Fletcher-32 checksums, so a damaged chunk is a
+    read error and never a silently different value; contiguous if ``chunk`` is 0) atomically."""
     import h5py
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,7 +89,7 @@ def write_h5(path: Path, nbody: np.ndarray, hydro: np.ndarray, attrs: dict, chun
     with h5py.File(tmp, "w") as f:
         for key, data in (("Nbody", nbody), ("Hydro", hydro)):
             chunks = (1, *(min(chunk, data.shape[1]),) * 3) if chunk else None
-            f.create_dataset(key, data=data, chunks=chunks)
+            f.create_dataset(key, data=data, chunks=chunks, fletcher32=bool(chunks))
         for k, v in attrs.items():
             f.attrs[k] = v
     tmp.replace(path)

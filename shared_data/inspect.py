@@ -8,7 +8,6 @@ and targets (``Hydro``) strictly inside tanh's (-1, 1). Exit code 0 if the file 
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,7 +24,8 @@ def channel_stats(ds) -> list[dict]:
     c, size = ds.shape[0], ds.shape[1]
     acc = [dict(min=np.inf, max=-np.inf, s=0.0, s2=0.0, n=0, bad=0) for _ in range(c)]
     for x0 in range(0, size, SLAB):
-        slab = ds[:, x0 : x0 + SLAB].astype(np.float64)
+        with dataset.reading(ds.file.filename, f"{ds.name.lstrip('/')} (x from {x0})"):
+            slab = ds[:, x0 : x0 + SLAB].astype(np.float64)
         for i in range(c):
             v = slab[i]
             fin = np.isfinite(v)
@@ -52,6 +52,27 @@ def channel_stats(ds) -> list[dict]:
     return out
 
 
+def channel_names(info: dataset.VolumeInfo, key: str, channels: int, problems: list) -> list[str]:
+    """The names of ``key``'s channels from the ``<key>_channels`` attribute: one per channel; a list of
+    another length or a malformed attribute is a problem (appended to ``problems``), and every channel
+    is still checked under a generic name."""
+    generic = [f"ch{i}" for i in range(channels)]
+    try:
+        names = dataset.json_attr(info.attrs, f"{key}_channels", info.path)
+    except DatasetError as err:
+        problems.append(str(err))
+        return generic
+    if names is None:
+        return generic
+    if not isinstance(names, list) or len(names) != channels:
+        count = len(names) if isinstance(names, list) else "no"
+        problems.append(
+            f"{info.path}: attribute {key}_channels = {names!r} names {count} channels, but {key} has {channels}"
+        )
+        return generic
+    return [str(n) for n in names]
+
+
 def inspect(path: str | Path, n_in: int = 4, n_out: int = 5) -> dataset.VolumeInfo:
     """Print the report for ``path`` and return its :class:`~shared_data.dataset.VolumeInfo`.
 
@@ -66,12 +87,10 @@ def inspect(path: str | Path, n_in: int = 4, n_out: int = 5) -> dataset.VolumeIn
     with dataset.open_h5(path) as f:
         for key in dataset.KEYS:
             ds = f[key]
-            names = json.loads(info.attrs.get(f"{key}_channels", "null") or "null") or [
-                f"ch{i}" for i in range(ds.shape[0])
-            ]
+            names = channel_names(info, key, ds.shape[0], problems)
             print(f"{key}: shape {ds.shape} dtype {ds.dtype}")
             print(f"  {'channel':<16}{'min':>10}{'max':>10}{'mean':>10}{'std':>10}")
-            for name, st in zip(names, channel_stats(ds)):
+            for name, st in zip(names, channel_stats(ds), strict=True):
                 print(f"  {name:<16}{st['min']:>10.4f}{st['max']:>10.4f}{st['mean']:>10.4f}{st['std']:>10.4f}")
                 if st["nonfinite"]:
                     problems.append(

@@ -193,7 +193,7 @@ class Checkpoints:
         """
         try:
             self.ckpt.restore(str(self.directory / f"ckpt-{epoch}")).assert_existing_objects_matched()
-        except (ValueError, AssertionError, tf.errors.OpError) as err:
+        except Exception as err:  # TF raises many kinds for damaged or foreign files
             raise UserError(
                 f"checkpoint {self.directory}/ckpt-{epoch} does not match this config or is damaged "
                 f"({str(err).splitlines()[0][:200]}); use another --workdir or --overwrite"
