@@ -17,21 +17,27 @@ export's table (step 0). Compared, per canonical weight:
   update with Keras' rule on JAX's gradient leaves only the gradients' difference. A first Adam step
   is about lr x sign(g): the update differs by 2 lr wherever the two gradients' signs differ, i.e. at
   the near-zero gradients, so this measure grows quickly with the gradients' rounding;
-* ``weights``: ||W_tf - W_jax|| / ||W_jax|| after the step (for the record; the step is small).
+* ``weights``: ||W_tf - W_jax|| / ||W_jax|| after the step, printed, not asserted: it holds the two
+  libraries' eps placement, which is large for a zero-initialised bias (W = its update) whose
+  gradient is of the order of eps / sqrt(1 - beta_2).
 
 Tolerances (:data:`TOLERANCES`), by the compute precision of the export; loss and update are
-asserted everywhere, the gradient in float32:
+asserted everywhere, the gradient in float32. Both programs are compiled by the same XLA with the
+same flags; they differ in their graphs (TF's gradient graph and Keras' Adam vs JAX's), so in where
+they round and in what order they sum. The bounds leave a wide margin over what the H200 and this
+kit's CPU show (experiments/h200_tf_xla/README.md):
 
-* float32 on CPU: both programs round in float32, in different orders (TF's graph and JAX's graph
-  through one XLA): loss 1e-5, gradients and updates 1e-3, the bounds of the kit's TF-vs-JAX
+* float32 on CPU: loss 1e-5, gradients and updates 1e-3, the bounds of the kit's TF-vs-JAX
   one-step test (tests/test_tf_train.py).
-* float32 on a GPU: XLA runs float32 convolutions at DEFAULT precision, TF32 (10-bit mantissa) on
-  an H200, in both programs: loss 1e-4, gradients 1e-2, updates 0.1.
+* float32 on a GPU: XLA may run float32 convolutions as TF32 (10-bit mantissa) at DEFAULT
+  precision, in both programs, with algorithms autotuned per program: loss 1e-4, gradients and
+  updates 2e-3.
 * bfloat16 (8-bit mantissa; both keep float32 weights and cast to bf16 for compute, each in its
-  own places): loss 1e-3, updates 0.3, i.e. at least ~98% of the update signs agree (a share f of
-  flipped signs gives 2 sqrt(f)). The gradients are printed, not asserted: a bias gradient is a sum
-  over B s^3 voxels of bf16 terms, and its rounding depends on where each graph puts the casts
-  (cpu_tiny: kernels' gradients equal, biases' up to 11% apart).
+  own places): loss 1e-4, updates 0.05. A first Adam step is about lr x sign(g), so the update
+  measure is 2 sqrt(f) for a share f of flipped signs: 0.05 allows 0.06% of the entries, the
+  near-zero gradients. The gradients are printed, not asserted: a bias gradient is a sum over
+  B s^3 voxels of bf16 terms, and its rounding depends on where each graph puts the casts; the
+  tiny CPU net's biases, whose gradients are small, differ by several percent.
 
 float16 takes bfloat16's tolerances. Exit 0 when every asserted value is within its tolerance, 1
 on a mismatch or when XLA cannot compile TF's graph (the error is printed and recorded: a finding
@@ -64,9 +70,9 @@ BETA_1, BETA_2, EPS = 0.9, 0.999, 1e-8
 # gives the reasons
 TOLERANCES = {
     ("float32", "cpu"): {"loss": 1e-5, "grad": 1e-3, "update": 1e-3},
-    ("float32", "gpu"): {"loss": 1e-4, "grad": 1e-2, "update": 0.1},
-    ("bfloat16", "cpu"): {"loss": 1e-3, "grad": None, "update": 0.3},
-    ("bfloat16", "gpu"): {"loss": 1e-3, "grad": None, "update": 0.3},
+    ("float32", "gpu"): {"loss": 1e-4, "grad": 2e-3, "update": 2e-3},
+    ("bfloat16", "cpu"): {"loss": 1e-4, "grad": None, "update": 0.05},
+    ("bfloat16", "gpu"): {"loss": 1e-4, "grad": None, "update": 0.05},
 }
 
 
