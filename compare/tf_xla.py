@@ -115,21 +115,21 @@ def compile_module(module: ir.Module, device) -> xc.LoadedExecutable:
 class ExportedStep:
     """One exported step (``train_step`` or ``eval_step``) compiled for ``device``.
 
-    ``step(args)`` runs it on ``args`` (``jax.Array``s on ``device``, in ``self.spec["arguments"]``
-    order) and returns its results (``self.spec["outputs"]`` order); with ``donate`` the arguments of
-    updated variables are donated (deleted) by the call. ``compile_sec``: parse + patch + compile.
+    Called on ``args`` (``jax.Array``s on ``device``, in ``self.spec["arguments"]`` order) it returns
+    the step's results (``self.spec["outputs"]`` order); with ``donate`` the arguments of updated
+    variables are donated (deleted) by the call. ``compile_sec``: parse + patch + compile.
 
     Raises:
-        CompileError: XLA rejects the module for ``device``.
+        CompileError: the module does not parse, or XLA rejects it for ``device``.
     """
 
     def __init__(self, folder: Path, manifest: dict, name: str, device, donate: bool = True):
         self.name, self.device, self.spec = name, device, manifest["steps"][name]
         aliases = {o["index"]: o["argument"] for o in self.spec["outputs"] if o["kind"] == "update"}
         t0 = time.perf_counter()
-        module = patch_module((folder / self.spec["file"]).read_text(), aliases if donate else None)
+        text = (folder / self.spec["file"]).read_text()
         try:
-            self.executable = compile_module(module, device)
+            self.executable = compile_module(patch_module(text, aliases if donate else None), device)
         except Exception as err:
             raise CompileError(
                 f"the XLA of jaxlib {jaxlib_version} could not compile {folder / self.spec['file']} for {device}: "
@@ -154,11 +154,11 @@ class ExportedStep:
 
 
 class Program:
-    """An export folder loaded for one device: its manifest, ``values.npz`` and lazily compiled steps.
+    """An export folder loaded for one device (default: JAX's first): its manifest, ``values.npz`` and
+    its steps, each compiled on first use (:meth:`step`).
 
     Raises:
         ExportError: the folder is missing, altered, or (with ``cfg``) made for another config.
-        UserError: the device is not a local one.
     """
 
     def __init__(self, folder: str | Path, cfg: Config | None = None, device=None, donate: bool = True):

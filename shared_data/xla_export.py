@@ -230,11 +230,6 @@ def _dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-def needs_x64(step: dict) -> bool:
-    """True when an argument is 64-bit (JAX then needs ``jax_enable_x64`` to hold it)."""
-    return any(a["dtype"] in ("int64", "uint64", "float64") for a in step["arguments"])
-
-
 def initial_arguments(
     step: dict,
     weights: Mapping[str, np.ndarray],
