@@ -2,6 +2,7 @@
 
     python -m compare.benchmark --framework jax --mode synthetic --config short_opt
     python -m compare.benchmark --framework torch --mode full --config short_opt --data_loader_config dali-npy
+    python -m compare.benchmark --framework tf-xla --mode synthetic --config short_opt   # TF's exported XLA graph
 
 Warm-up steps first (compilation, autotuning, pipeline start), then ``--windows`` timed windows of
 ``--steps`` steps, each ended by a device sync. Reports samples/s (median over windows), step time
@@ -29,7 +30,7 @@ from shared_data.config import Config
 from shared_data.errors import UserError, run_cli
 
 MODES = ("io", "synthetic", "full")
-FRAMEWORKS = ("jax", "tf", "torch")
+FRAMEWORKS = ("jax", "tf", "tf-xla", "torch")
 # Peak bf16 dense rate used as the MFU denominator, by device name. H200: the bf16 matrix-product
 # rate measured on this workplace's H200 (788 TFLOP/s, an 8192^3 product, 2026-10-28, KINDS.md);
 # the datasheet's 989 would give 20% lower MFU.
@@ -37,11 +38,14 @@ PEAK_TFLOPS = {"H200": 788.0, "H100": 989.0}
 
 
 def make_bench(framework: str, cfg: Config, mode: str, num_devices: int | None = None, **kwargs):
-    """The framework's ``Bench`` (``jax_impl.bench``, ``tf_impl.bench`` or ``compare.torch_ref``)."""
+    """The framework's ``Bench`` (``jax_impl.bench``, ``tf_impl.bench``, ``compare.tf_xla`` (TF's
+    exported train step compiled by JAX's XLA; ``export_dir=`` its folder) or ``compare.torch_ref``)."""
     if framework == "jax":
         from jax_impl.bench import Bench
     elif framework == "tf":
         from tf_impl.bench import Bench
+    elif framework == "tf-xla":
+        from compare.tf_xla import Bench
     elif framework == "torch":
         from compare.torch_ref import Bench
     else:
@@ -136,6 +140,7 @@ def run_bench(bench, cfg: Config, mode: str, warmup: int, steps: int, windows: i
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "config_values": config_mod.config_dict(cfg),
+        "notes": getattr(bench, "notes", None),
     }
     return record
 
@@ -192,14 +197,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_devices", type=int)
     p.add_argument("--label", help="name of this run in the table")
     p.add_argument("--out", help="append the JSON records to this file (JSON lines)")
+    p.add_argument(
+        "--tf_xla_export",
+        metavar="DIR",
+        help="--framework tf-xla: the export folder of python -m tf_impl.export_hlo "
+        "(default: exports/tf_xla/<config>_<precision>_b<global batch>)",
+    )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cfg = config_mod.config_from_args(args)
+    kwargs = {}
+    if args.tf_xla_export is not None:
+        if args.framework != "tf-xla":
+            raise UserError(f"--tf_xla_export is an option of --framework tf-xla, not {args.framework}")
+        kwargs["export_dir"] = args.tf_xla_export
     records = [
-        run(args.framework, cfg, mode, args.warmup, args.steps, args.windows, args.num_devices, args.label)
+        run(args.framework, cfg, mode, args.warmup, args.steps, args.windows, args.num_devices, args.label, **kwargs)
         for mode in args.mode
     ]
     if args.out:

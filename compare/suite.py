@@ -29,10 +29,12 @@ SUITES: dict[str, list[tuple]] = {
         ("tf dali-npy", "tf", "io full", "cpu_default", ["--data_loader_config", "dali-npy"]),
         ("jax dali-npy", "jax", "io full", "cpu_default", ["--data_loader_config", "dali-npy"]),
     ],
-    # one GPU: the PyTorch reference and JAX with the kit's defaults, SYNTHETIC; FULL with the
+    # one GPU: the PyTorch reference, TF's exported XLA graph (compiled by JAX's XLA; the export is
+    # committed under exports/tf_xla/) and JAX with the kit's defaults, SYNTHETIC; FULL with the
     # GPU-resident loaders and with DALI's file reader
     "gpu": [
         ("torch bf16 channels_last", "torch", "synthetic", SHORT, []),
+        ("tf-xla bf16 (TF graph, JAX XLA)", "tf-xla", "synthetic", SHORT, []),
         ("jax bf16", "jax", "synthetic", SHORT, []),
         ("jax device loader", "jax", "io full", SHORT, ["--data_loader_config", "device"]),
         ("jax dali-device", "jax", "io full", SHORT, ["--data_loader_config", "dali-device"]),
