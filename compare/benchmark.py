@@ -31,9 +31,9 @@ from shared_data.errors import UserError, run_cli
 
 MODES = ("io", "synthetic", "full")
 FRAMEWORKS = ("jax", "tf", "tf-xla", "torch")
-# Peak bf16 dense rate used as the MFU denominator, by device name. H200: the bf16 matrix-product
-# rate measured on this workplace's H200 (788 TFLOP/s, an 8192^3 product, 2026-10-28, KINDS.md);
-# the datasheet's 989 would give 20% lower MFU.
+# Peak bf16 dense rate used as the MFU denominator, by device name. H200: the rate of a bf16 8192^3
+# matrix product measured on the H200 this kit is benchmarked on (``compare.step_breakdown
+# --measure_peaks``, experiments/h200_step_breakdown); the datasheet's 989 would give 20% lower MFU.
 PEAK_TFLOPS = {"H200": 788.0, "H100": 989.0}
 
 

@@ -1,7 +1,7 @@
 """Framework-neutral facts about the U-Net: layer names and shapes, the canonical weights file, the
 analytic FLOP count, and the float64 NumPy reference of the transposed convolution.
 
-Architecture (DESIGN.md; the NERSC tutorial's ``networks/UNet.py``), channels-last NDHWC:
+Architecture (the kit's model contract, the NERSC tutorial's ``networks/UNet.py``), channels-last NDHWC:
 ``down1..downN``: Conv3D(k=4, s=2, p=1) + LeakyReLU(0.01), widths ``unet_widths`` (64^3 -> 1^3 for 6
 levels); ``up{N-1}..up1``: ConvTranspose3d(k=4, s=2, p=1) + ReLU, widths mirroring the encoder, each
 concatenated with the encoder skip of the same size; ``last``: ConvTranspose3d to N_out channels, tanh.

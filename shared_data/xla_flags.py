@@ -5,12 +5,11 @@ framework starts its XLA backend; the trainers log the resulting ``XLA_FLAGS``. 
 already named in ``XLA_FLAGS`` (with any value) is left alone, so ``XLA_FLAGS=--xla_gpu_force_conv_nhwc=false``
 opts out.
 
-* ``--xla_gpu_force_conv_nhwc=true``: every cuDNN convolution in NHWC (channels-last) layout. On one
-  H200, batch 64, bf16, the JAX U-Net step went from 2329.2 to 3720.3 samples/s (27.5 -> 17.2 ms,
-  the PyTorch reference 1916.4 in the same call; ``results/h200/2026-11-30_flags.jsonl``,
-  ``docs/perf_notes.md`` attempt 10): without it XLA's layout assignment leaves some 3-D convolutions
-  in a channels-first layout with transposes around them, the same effect ``channels_last_3d`` has
-  in PyTorch. It changes layouts only, not the arithmetic. GPU-only: the CPU backend ignores it.
+* ``--xla_gpu_force_conv_nhwc=true``: every cuDNN convolution in NHWC (channels-last) layout.
+  Without it XLA's layout assignment leaves some 3-D convolutions (or their gradients) in a
+  channels-first layout with transposes around them, the effect ``channels_last_3d`` removes in
+  PyTorch; ``docs/perf_notes.md`` has the measured difference. It changes layouts only, not the
+  arithmetic. GPU-only: the CPU backend ignores it.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from tf_impl import train as T
 
 
 def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
-    """Same run as the JAX test (30 steps, 6 epochs x 5, start_lr 5e-3). Measured 2026-11-30 on
-    CPU: epoch-mean training loss 0.0213 -> 0.0125 (-41%); asserted: at least -25%."""
+    """Same run as the JAX test (30 steps, 6 epochs x 5, start_lr 5e-3): on CPU the epoch-mean
+    training loss falls by about 40%; asserted with margin: at least 25% (validation 15%)."""
     cfg = C.replace(tiny_cfg, Nsamples=20, num_epochs=6, start_lr=5e-3, tensorboard=True)
     T.train_and_evaluate(cfg, tmp_path / "run")
     hist = read_metrics(tmp_path / "run")
