@@ -48,6 +48,17 @@ def test_every_mode_writes_the_schema(tiny_cfg, framework, tmp_path):
     assert "samples/s" in benchmark.table(records)
 
 
+def test_window_sec_ends_windows_early():
+    """Calls of 20 ms: with window_sec 0.05 a window ends at the call that returns 50 ms or more in
+    (the third), far before its 100 steps; without it every window holds all its steps."""
+    import time
+
+    call = lambda: time.sleep(0.02)
+    warm, per_call, counts = benchmark.timed_windows(call, lambda _: None, 1, 100, 2, window_sec=0.05)
+    assert all(1 <= n <= 3 for n in counts) and all(t >= 0.02 for t in per_call) and warm >= 0.02
+    assert benchmark.timed_windows(lambda: None, lambda _: None, 0, 5, 3)[2] == [5, 5, 5]
+
+
 def test_analytic_flops_match_xla_cost_analysis():
     """Forward pass of the full-size net written with the contract's plain convolutions (strided
     down-convs, input-dilated transposed convs): XLA's HLO cost analysis, which counts only taps
