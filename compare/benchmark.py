@@ -4,8 +4,9 @@
     python -m compare.benchmark --framework torch --mode full --config short_opt --data_loader_config dali-npy
 
 Warm-up steps first (compilation, autotuning, pipeline start), then ``--windows`` timed windows of
-``--steps`` steps, each ended by a device sync; with ``--window_sec S`` a window also ends once a step
-returns S seconds or more into it, so slow input pipelines and fast steps take about the same time.
+``--steps`` steps, each ended by a device sync; with ``--window_sec S`` windows hold at most as many
+steps as one synced step says fit in S seconds and end once a step returns S seconds or more into
+them, so slow input pipelines and fast steps take about the same time.
 Reports samples/s (median over windows), step time (p50 / p90 over windows), MFU (analytic model
 FLOPs x samples/s / peak), compile seconds, peak device memory, device, versions and the command
 line, as JSON (``--out``) and a table printed last.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import platform
 import shlex
 import sys
@@ -62,9 +64,12 @@ def timed_windows(
     call, sync, warmup: int, steps: int, windows: int, window_sec: float | None = None
 ) -> tuple[float, list[float], list[int]]:
     """``warmup`` untimed calls of ``call()``, then ``windows`` windows of ``steps`` calls, each ended
-    by ``sync(last result)``. With ``window_sec`` (seconds) a window ends early, after the first call
-    that returns ``window_sec`` or more after the window began (calls are not synced on the way, so
-    a window of asynchronous steps may still hold all ``steps``).
+    by ``sync(last result)``.
+
+    With ``window_sec`` (seconds) windows last about that long: one more untimed call, synced, gives
+    the seconds of a step, and a window holds ``min(steps, ceil(window_sec / that))`` calls; a window
+    also ends after the first call that returns ``window_sec`` or more after it began (an input
+    pipeline that blocks). The first rule bounds asynchronous steps, whose calls return at once.
 
     Returns the warm-up seconds, the seconds per call of each window and the calls of each window.
     """
@@ -73,6 +78,10 @@ def timed_windows(
     for _ in range(warmup):
         out = call()
     sync(out)
+    if window_sec is not None:
+        t1 = time.perf_counter()
+        sync(call())
+        steps = min(steps, max(1, math.ceil(window_sec / max(time.perf_counter() - t1, 1e-9))))
     warm_sec = time.perf_counter() - t0
     per_call, counts = [], []
     for _ in range(windows):
