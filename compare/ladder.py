@@ -442,6 +442,32 @@ def table(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+STEP_KEYS = ("enable_amp", "enable_jit", "kit_xla_flags", "num_devices", "local_batch_size")
+
+
+def noise_lines(summaries: list[dict]) -> list[str]:
+    """Per framework, the spread of SYNTHETIC over the rungs that ran the baseline's train step
+    (settings equal in :data:`STEP_KEYS`; only the input differs, which SYNTHETIC does not use): the
+    same measurement repeated, so FULL ratios within that spread are noise of this machine."""
+    lines = []
+    for fw in dict.fromkeys(s["framework"] for s in summaries):
+        ran = [s for s in summaries if s["framework"] == fw and s["status"] == "ran" and s["synthetic_samples_per_sec"]]
+        if not ran or ran[0]["ladder_rung"] != "baseline":
+            continue
+        key = lambda s: [s["ladder_settings"][k] for k in STEP_KEYS]
+        same = [s for s in ran if key(s) == key(ran[0])]
+        if len(same) < 2:
+            continue
+        rates = [s["synthetic_samples_per_sec"] for s in same]
+        rungs = ", ".join(str(s["ladder_step"]) for s in same)
+        lines.append(
+            f"{fw}: SYNTHETIC of rungs {rungs} (one train step, only the input differs) spans "
+            f"{min(rates):.1f}-{max(rates):.1f} samples/s (x{max(rates) / min(rates):.2f}): "
+            "ratios within that spread are this machine's noise"
+        )
+    return lines
+
+
 def ladder_figure(summaries: list[dict], path: str | Path, title: str = "") -> None:
     """Bars of FULL samples/s relative to each framework's baseline per rung (linear axis, one colour
     per framework, min-max bars over the timed windows, "skipped" where a rung did not run); written
@@ -553,16 +579,22 @@ def run_step(step: Step, common: list[str], timeout: float) -> tuple[list[dict],
 
 
 def run_ladder(
-    steps: dict[str, list[Step]], common: list[str], out: Path, timeout: float, budget: float | None, config: str
+    steps: dict[str, list[Step]],
+    common: list[str],
+    out: Path,
+    timeout: float,
+    budget: float | None,
+    config: str,
+    start: float | None = None,
 ) -> list:
     """Run the planned ``steps`` rung by rung (every framework's rung 1, then rung 2, ...), appending
     each rung's records and summary to ``out`` as it ends; return the summaries. Once ``budget``
-    seconds have passed, the remaining rungs are skipped. ``config`` names the config in the
-    summaries."""
+    seconds have passed since ``start`` (``time.perf_counter()``; default now), the remaining rungs
+    are skipped and a running one is stopped. ``config`` names the config in the summaries."""
     ladder_id = f"{platform.node()} {datetime.datetime.now().isoformat(timespec='seconds')}"
     ran: dict[str, list[dict]] = {fw: [] for fw in steps}
     summaries = []
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if start is None else start
     for i in range(len(RUNGS)):
         for fw, plan_ in steps.items():
             step = plan_[i]
@@ -621,7 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps", type=int_at_least(1), default=10, help="steps per timed window (at most, with --window_sec)"
     )
     p.add_argument("--windows", type=int_at_least(1), default=3, help="timed windows per mode")
-    p.add_argument("--window_sec", type=positive_float, help="end a timed window once it lasted this many seconds")
+    p.add_argument("--window_sec", type=positive_float, help="timed windows of about this many seconds")
     p.add_argument(
         "--more_workers",
         type=int_at_least(BASELINE_WORKERS + 1),
@@ -636,17 +668,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="JSON lines file appended to (default: runs/ladder/<config>.jsonl)")
     p.add_argument("--figure", help="PNG of the relative speedups (default: --out with .png)")
     p.add_argument("--timeout", type=positive_float, default=600, help="seconds per rung and framework")
-    p.add_argument("--budget_sec", type=positive_float, help="skip the rungs that would start after this many seconds")
+    p.add_argument(
+        "--budget_sec",
+        type=positive_float,
+        help="seconds for the whole ladder (probes included): later rungs are skipped, a running one stopped",
+    )
     p.add_argument("--replot", metavar="JSONL", help="print the table and draw the figure of the last ladder in JSONL")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    start = time.perf_counter()
     args = build_parser().parse_args(argv)
     if args.replot:
         summaries = read_summaries(Path(args.replot))
         print(table(summaries))
-        print("\n".join(s["line"] for s in summaries))
+        print("\n".join([s["line"] for s in summaries] + noise_lines(summaries)))
         figure = Path(args.figure or Path(args.replot).with_suffix(".png"))
         ladder_figure(summaries, figure, figure_title(summaries[0]["config"], summaries))
         print(f"wrote {figure}")
@@ -670,9 +707,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         found = probe(fw)
         steps[fw] = plan(fw, found, cfg, args.more_workers, args.num_devices)
         print(f"[ladder] {fw}: {found.reason or f'{found.devices} device(s), {found.device}'}", flush=True)
-    summaries = run_ladder(steps, common, out, args.timeout, args.budget_sec, cfg.name)
+    summaries = run_ladder(steps, common, out, args.timeout, args.budget_sec, cfg.name, start)
     print(table(summaries))
-    print("\n".join(s["line"] for s in summaries if s["status"] == "ran"))
+    print("\n".join([s["line"] for s in summaries if s["status"] == "ran"] + noise_lines(summaries)))
     ladder_figure(summaries, figure, figure_title(cfg.name, summaries))
     print(f"wrote {out} and {figure}")
     return 1 if any(s["status"] == "failed" for s in summaries) else 0

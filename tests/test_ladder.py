@@ -145,7 +145,7 @@ def test_summaries_compute_speedups_over_the_last_rung_that_ran(tiny_cfg):
     ran.append(base)
     skipped = ladder.summarize(steps[1], [], "skipped", "why", ran)
     assert skipped["status"] == "skipped" and skipped["speedup_vs_baseline"] is None and "why" in skipped["line"]
-    dali = ladder.summarize(steps[2], [rec("io", 500), rec("synthetic", 100), rec("full", 90)], "ran", None, ran)
+    dali = ladder.summarize(steps[2], [rec("io", 500), rec("synthetic", 110), rec("full", 90)], "ran", None, ran)
     assert dali["speedup_vs_baseline"] == dali["speedup_vs_previous"] == 4.5 and dali["previous_rung"] == "baseline"
     assert dali["verdict"] == "compute-bound" and "was input-bound: the bottleneck moved" in dali["line"]
     ran.append(dali)
@@ -153,6 +153,12 @@ def test_summaries_compute_speedups_over_the_last_rung_that_ran(tiny_cfg):
     assert (amp["speedup_vs_baseline"], amp["speedup_vs_previous"]) == (2.25, 0.5)
     assert "x0.50 over DALI (this rung slowed FULL down here)" in amp["line"]
     assert amp["verdict"] == "compute-bound" and "contend" in amp["verdict_reason"]
+    ran.append(amp)
+    # rungs 1 and 3 ran the same train step (only the input differs): their SYNTHETIC spread is noise
+    assert ladder.noise_lines(ran) == [
+        "jax: SYNTHETIC of rungs 1, 3 (one train step, only the input differs) spans 100.0-110.0 samples/s "
+        "(x1.10): ratios within that spread are this machine's noise"
+    ]
 
 
 def test_user_errors(tiny_cfg, capsys):
@@ -169,6 +175,17 @@ def test_user_errors(tiny_cfg, capsys):
     assert err[1].startswith("error: enable_amp is set by the ladder's rungs")
     assert err[2] == "error: --modes must include full: the ladder's speedups are FULL samples/s"
     assert err[3].startswith("error: config 'cpu_tiny' reads /nonexistent.h5, which does not exist")
+
+
+def test_spent_budget_skips_the_rungs(tiny_cfg, tmp_path):
+    out = tmp_path / "ladder.jsonl"
+    args = ["--frameworks", "jax", *_config_args(tiny_cfg), "--budget_sec", "0.001", "--out", str(out)]
+    assert ladder.main(args) == 0
+    summaries = [json.loads(line) for line in out.read_text().splitlines()]
+    budget = "the ladder's time budget (--budget_sec 0) was spent"
+    assert [s["reason"] for s in summaries[:5]] == [budget] * 5
+    assert all(s["status"] == "skipped" for s in summaries) and summaries[6]["reason"].startswith(NO_GPU)
+    assert (tmp_path / "ladder.png").is_file()  # the figure beside --out by default
 
 
 def test_ci_sized_ladder_of_jax_on_cpu(tiny_cfg, tmp_path, capsys):

@@ -10,5 +10,5 @@ res=experiments/ladder_cpu/results
 mkdir -p $res
 export PYTHONPATH=. TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
 python -m compare.ladder --frameworks tf jax --config cpu_default \
-  --warmup 3 --steps 20 --windows 3 --window_sec 1.5 \
+  --warmup 3 --steps 20 --windows 5 --window_sec 1 \
   --out $res/ladder_cpu_default.jsonl --figure $res/ladder_cpu_default.png 2>&1 | tee $res/ladder_cpu_default.log
