@@ -392,11 +392,8 @@ def lesson_line(summary: dict, step: Step, prev: dict | None) -> str:
     full = summary["full_samples_per_sec"]
     if step.rung.name == "baseline":
         s = step.settings
-        xla = ", no XLA" if step.framework == "tf" else ""
-        parts.append(
-            f"{s.data_loader_config}, {s.num_data_workers} workers, fp32{xla}, the kit's XLA flags off: "
-            f"FULL {full:.1f} samples/s"
-        )
+        xla = {"tf": ", no XLA, the kit's XLA flags off", "jax": ", the kit's XLA flags off"}.get(step.framework, "")
+        parts.append(f"{s.data_loader_config}, {s.num_data_workers} workers, fp32{xla}: FULL {full:.1f} samples/s")
     elif summary["speedup_vs_previous"] is not None:
         base = summary["speedup_vs_baseline"]
         parts.append(
