@@ -5,9 +5,12 @@
     python -m compare.benchmark --framework tf-xla --mode synthetic --config short_opt   # TF's exported XLA graph
 
 Warm-up steps first (compilation, autotuning, pipeline start), then ``--windows`` timed windows of
-``--steps`` steps, each ended by a device sync. Reports samples/s (median over windows), step time
-(p50 / p90 over windows), MFU (analytic model FLOPs x samples/s / peak), compile seconds, peak
-device memory, device, versions and the command line, as JSON (``--out``) and a table printed last.
+``--steps`` steps, each ended by a device sync; with ``--window_sec S`` windows hold at most as many
+steps as one synced step says fit in S seconds and end once a step returns S seconds or more into
+them, so slow input pipelines and fast steps take about the same time.
+Reports samples/s (median over windows), step time (p50 / p90 over windows), MFU (analytic model
+FLOPs x samples/s / peak), compile seconds, peak device memory, device, versions and the command
+line, as JSON (``--out``) and a table printed last.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import platform
 import shlex
 import sys
@@ -60,28 +64,48 @@ def peak_tflops(device: str) -> float | None:
     return None
 
 
-def timed_windows(call, sync, warmup: int, steps: int, windows: int) -> tuple[float, list[float]]:
+def timed_windows(
+    call, sync, warmup: int, steps: int, windows: int, window_sec: float | None = None
+) -> tuple[float, list[float], list[int]]:
     """``warmup`` untimed calls of ``call()``, then ``windows`` windows of ``steps`` calls, each ended
-    by ``sync(last result)``; returns the warm-up seconds and the seconds per call of each window."""
+    by ``sync(last result)``.
+
+    With ``window_sec`` (seconds) windows last about that long: one more untimed call, synced, gives
+    the seconds of a step, and a window holds ``min(steps, ceil(window_sec / that))`` calls; a window
+    also ends after the first call that returns ``window_sec`` or more after it began (an input
+    pipeline that blocks). The first rule bounds asynchronous steps, whose calls return at once.
+
+    Returns the warm-up seconds, the seconds per call of each window and the calls of each window.
+    """
     t0 = time.perf_counter()
     out = None
     for _ in range(warmup):
         out = call()
     sync(out)
+    if window_sec is not None:
+        t1 = time.perf_counter()
+        sync(call())
+        steps = min(steps, max(1, math.ceil(window_sec / max(time.perf_counter() - t1, 1e-9))))
     warm_sec = time.perf_counter() - t0
-    per_call = []
+    per_call, counts = [], []
     for _ in range(windows):
         t0 = time.perf_counter()
-        for _ in range(steps):
+        n = 0
+        while n < steps:
             out = call()
+            n += 1
+            if window_sec is not None and time.perf_counter() - t0 >= window_sec:
+                break
         sync(out)
-        per_call.append((time.perf_counter() - t0) / steps)
-    return warm_sec, per_call
+        per_call.append((time.perf_counter() - t0) / n)
+        counts.append(n)
+    return warm_sec, per_call, counts
 
 
-def measure(bench, warmup: int, steps: int, windows: int) -> dict:
-    """Run the warm-up and the timed windows; return timing statistics (seconds, samples/s)."""
-    warm_sec, per_step = timed_windows(bench.step, lambda _: bench.sync(), warmup, steps, windows)
+def measure(bench, warmup: int, steps: int, windows: int, window_sec: float | None = None) -> dict:
+    """Run the warm-up and the timed windows (:func:`timed_windows`); return timing statistics
+    (seconds, samples/s; ``window_steps`` the steps each window held)."""
+    warm_sec, per_step, counts = timed_windows(bench.step, lambda _: bench.sync(), warmup, steps, windows, window_sec)
     per_step = np.array(per_step)
     rates = bench.global_batch / per_step
     return {
@@ -93,6 +117,8 @@ def measure(bench, warmup: int, steps: int, windows: int) -> dict:
         "warmup_sec": warm_sec,
         "windows": windows,
         "steps_per_window": steps,
+        "window_sec": window_sec,
+        "window_steps": counts,
     }
 
 
@@ -105,17 +131,28 @@ def run(
     windows: int,
     num_devices: int | None = None,
     label: str | None = None,
+    window_sec: float | None = None,
     **kwargs,
 ) -> dict:
     """Benchmark one (framework, config, mode); return the result record."""
-    return run_bench(make_bench(framework, cfg, mode, num_devices, **kwargs), cfg, mode, warmup, steps, windows, label)
+    bench = make_bench(framework, cfg, mode, num_devices, **kwargs)
+    return run_bench(bench, cfg, mode, warmup, steps, windows, label, window_sec)
 
 
-def run_bench(bench, cfg: Config, mode: str, warmup: int, steps: int, windows: int, label: str | None = None) -> dict:
+def run_bench(
+    bench,
+    cfg: Config,
+    mode: str,
+    warmup: int,
+    steps: int,
+    windows: int,
+    label: str | None = None,
+    window_sec: float | None = None,
+) -> dict:
     """Time a ready ``bench`` (``step``/``sync``/``global_batch``/...; see :func:`make_bench`); return the
     result record."""
     framework = bench.framework
-    stats = measure(bench, warmup, steps, windows)
+    stats = measure(bench, warmup, steps, windows, window_sec)
     device = bench.device_name()
     flops = unet_spec.train_flops_per_sample(cfg)
     peak = peak_tflops(device)
@@ -186,6 +223,17 @@ def int_at_least(minimum: int):
     return parse
 
 
+def positive_float(text: str) -> float:
+    """An argparse ``type`` accepting numbers > 0 (durations in seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m compare.benchmark", description=__doc__.split("\n\n")[0])
     config_mod.add_config_args(p)
@@ -194,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int_at_least(0), default=5, help="untimed steps first")
     p.add_argument("--steps", type=int_at_least(1), default=10, help="steps per timed window")
     p.add_argument("--windows", type=int_at_least(1), default=5, help="timed windows")
+    p.add_argument(
+        "--window_sec",
+        type=positive_float,
+        help="end a window early once it has lasted this many seconds (--steps is then the most per window)",
+    )
     p.add_argument("--num_devices", type=int)
     p.add_argument("--label", help="name of this run in the table")
     p.add_argument("--out", help="append the JSON records to this file (JSON lines)")
@@ -215,7 +268,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError(f"--tf_xla_export is an option of --framework tf-xla, not {args.framework}")
         kwargs["export_dir"] = args.tf_xla_export
     records = [
-        run(args.framework, cfg, mode, args.warmup, args.steps, args.windows, args.num_devices, args.label, **kwargs)
+        run(
+            args.framework,
+            cfg,
+            mode,
+            args.warmup,
+            args.steps,
+            args.windows,
+            args.num_devices,
+            args.label,
+            args.window_sec,
+            **kwargs,
+        )
         for mode in args.mode
     ]
     if args.out:

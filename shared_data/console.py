@@ -22,6 +22,7 @@ COMMANDS = {
     "generate": ("shared_data.generate", None, None),
     "inspect": ("shared_data.inspect", None, None),
     "convert": ("shared_data.convert", None, None),
+    "ladder": ("compare.ladder", None, None),
 }
 
 
@@ -52,6 +53,6 @@ def _entry(name: str) -> Callable[[], int]:
     return run
 
 
-train_jax, train_tf, benchmark, compare, summary, plots, breakdown, doctor, generate, inspect, convert = (
+(train_jax, train_tf, benchmark, compare, summary, plots, breakdown, doctor, generate, inspect, convert, ladder) = (
     _entry(n) for n in COMMANDS
 )

@@ -10,6 +10,9 @@ opts out.
   channels-first layout with transposes around them, the effect ``channels_last_3d`` removes in
   PyTorch; ``docs/perf_notes.md`` has the measured difference. It changes layouts only, not the
   arithmetic. GPU-only: the CPU backend ignores it.
+
+Every default is a boolean switch written ``--name=true``, so :func:`default_xla_flags_off` can name
+each one ``=false`` for a run without them (the ladder's rungs before compilation).
 """
 
 from __future__ import annotations
@@ -28,3 +31,11 @@ def apply_default_xla_flags(environ: dict | None = None) -> str:
     added = [f for f in DEFAULT_XLA_FLAGS if f.split("=")[0] not in present]
     env["XLA_FLAGS"] = " ".join([flags.strip(), *added]).strip()
     return env["XLA_FLAGS"]
+
+
+def default_xla_flags_off(flags: str = "") -> str:
+    """``flags`` (an ``XLA_FLAGS`` value) with each of :data:`DEFAULT_XLA_FLAGS` set to ``false``:
+    a value of the flag already in ``flags`` is replaced, the other flags are kept in order."""
+    off = {f.split("=")[0]: f.split("=")[0] + "=false" for f in DEFAULT_XLA_FLAGS}
+    kept = [item for item in flags.split() if item.split("=")[0] not in off]
+    return " ".join([*kept, *off.values()])

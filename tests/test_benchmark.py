@@ -48,6 +48,22 @@ def test_every_mode_writes_the_schema(tiny_cfg, framework, tmp_path):
     assert "samples/s" in benchmark.table(records)
 
 
+def test_window_sec_bounds_windows():
+    """Blocking calls of 20 ms: with window_sec 0.05 the synced probe call sizes windows at 3 calls
+    (ceil(0.05 / 0.02+)), far below the 100 steps asked for. Asynchronous calls (returning at once,
+    the work waited for by sync: 20 ms per call) are bounded the same way by the probe."""
+    import time
+
+    call = lambda: time.sleep(0.02)
+    warm, per_call, counts = benchmark.timed_windows(call, lambda _: None, 1, 100, 2, window_sec=0.05)
+    assert all(1 <= n <= 3 for n in counts) and all(t >= 0.02 for t in per_call) and warm >= 0.04
+    pending = []
+    sync = lambda _: (time.sleep(0.02 * len(pending)), pending.clear())
+    counts = benchmark.timed_windows(lambda: pending.append(1), sync, 1, 100, 2, window_sec=0.05)[2]
+    assert all(1 <= n <= 3 for n in counts)
+    assert benchmark.timed_windows(lambda: None, lambda _: None, 0, 5, 3)[2] == [5, 5, 5]
+
+
 def test_analytic_flops_match_xla_cost_analysis():
     """Forward pass of the full-size net written with the contract's plain convolutions (strided
     down-convs, input-dilated transposed convs): XLA's HLO cost analysis, which counts only taps

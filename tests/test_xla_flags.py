@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from shared_data.config import REPO_ROOT
-from shared_data.xla_flags import DEFAULT_XLA_FLAGS, apply_default_xla_flags
+from shared_data.xla_flags import DEFAULT_XLA_FLAGS, apply_default_xla_flags, default_xla_flags_off
 
 
 def test_defaults_are_appended_once_and_user_values_win():
@@ -18,6 +18,16 @@ def test_defaults_are_appended_once_and_user_values_win():
         apply_default_xla_flags({"XLA_FLAGS": "--xla_gpu_force_conv_nhwc=false"}) == "--xla_gpu_force_conv_nhwc=false"
     )
     assert apply_default_xla_flags({}) == " ".join(DEFAULT_XLA_FLAGS)
+
+
+def test_defaults_off_names_each_default_false_and_keeps_the_rest():
+    assert default_xla_flags_off() == "--xla_gpu_force_conv_nhwc=false"
+    assert (
+        default_xla_flags_off("--xla_force_host_platform_device_count=2 --xla_gpu_force_conv_nhwc=true")
+        == "--xla_force_host_platform_device_count=2 --xla_gpu_force_conv_nhwc=false"
+    )
+    env = {"XLA_FLAGS": default_xla_flags_off("--xla_cpu_enable_fast_math=false")}
+    assert apply_default_xla_flags(env) == "--xla_cpu_enable_fast_math=false --xla_gpu_force_conv_nhwc=false"
 
 
 def test_importing_jax_impl_sets_them_before_jax_starts():
