@@ -241,3 +241,17 @@ def test_bad_inputs_give_one_error_line(vol64, weights_file, tmp_path, capsys):
     same = ["--config", "cpu_tiny", "--weights", str(weights_file), "--input", str(vol64), "--out", str(vol64)]
     assert run_cli(jax_predict.main, same) == 2
     assert "is the --input file" in capsys.readouterr().err
+
+
+def test_console_scripts_point_at_cli_functions():
+    import importlib
+    import tomllib
+
+    from shared_data.config import REPO_ROOT
+
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    ours = {k: v for k, v in scripts.items() if k.startswith(("dlas-predict", "dlas-export", "dlas-validate"))}
+    assert len(ours) == 5
+    for target in ours.values():
+        module, func = target.split(":")
+        assert func == "cli" and callable(getattr(importlib.import_module(module), func))
