@@ -486,7 +486,11 @@ def validate_files(
     metrics = compute_metrics(pred, truth, nbody, units)
     what = provenance(pred_attrs)
     metrics = {"prediction": str(pred_path.absolute()), "truth": str(truth_path.absolute()), "what": what, **metrics}
-    metrics["prediction_attributes"] = {k: v for k, v in pred_attrs.items() if k.startswith("prediction_")}
+    metrics["prediction_attributes"] = {
+        k: dataset.json_attr(pred_attrs, k, pred_path) if isinstance(v, str) and v[:1] in ("[", "{") else v
+        for k, v in pred_attrs.items()
+        if k.startswith("prediction_")
+    }
     record = to_json(metrics)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(out_dir / f"{stem}.json", json.dumps(record, indent=1))
