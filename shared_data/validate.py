@@ -360,7 +360,8 @@ def provenance(attrs: dict) -> str:
     if "prediction_framework" not in attrs:
         return "prediction (no prediction_* attributes: framework and weights unknown)"
     fw = {"jax": "JAX", "tf": "TensorFlow"}.get(attrs["prediction_framework"], attrs["prediction_framework"])
-    weights = str(attrs.get("prediction_weights", "weights unknown"))
+    # paths under the current folder shown relative to it
+    weights = str(attrs.get("prediction_weights", "weights unknown")).replace(f"{Path.cwd()}/", "")
     config, precision = attrs.get("prediction_config", "?"), attrs.get("prediction_precision", "?")
     return f"{fw} prediction, {weights}, config {config}, {precision}"
 
