@@ -8,6 +8,7 @@ stitching, the output file and the log lines are :mod:`shared_data.predict`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import jax
@@ -38,7 +39,13 @@ def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple
     run_cfg = predict_mod.checkpoint_config(cfg, workdir)
     tx = train.make_optimizer(np.zeros(1, np.float32))
     like = train.create_train_state(run_cfg, model_mod.init_params(run_cfg, 0), tx)
-    checkpoints = train.Checkpoints(directory, run_cfg.keep_checkpoints, like)
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager is read-only
+    try:
+        checkpoints = train.Checkpoints(directory, run_cfg.keep_checkpoints, like, read_only=True)
+    finally:
+        absl.setLevel(level)
     epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
     state = checkpoints.restore(epoch)
     canonical = model_mod.params_to_canonical(jax.device_get(state.params))

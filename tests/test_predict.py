@@ -191,7 +191,7 @@ def test_side_not_a_multiple_is_padded_and_cropped(cfg, weights_file, tmp_path, 
 
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_checkpoint_of_a_run_predicts_like_its_saved_weights(framework, tiny_cfg, data_dir, tmp_path):
-    """--workdir takes the run's latest checkpoint through the framework's train.Checkpoints."""
+    """--workdir takes the run's latest checkpoint through the framework's train.Checkpoints, read-only."""
     if framework == "tf":
         from tf_impl import predict as fw
         from tf_impl import train
@@ -202,7 +202,12 @@ def test_checkpoint_of_a_run_predicts_like_its_saved_weights(framework, tiny_cfg
     workdir, saved = tmp_path / "run", tmp_path / "final.npz"
     cfg = config_mod.replace(tiny_cfg, Nsamples=4, Nsamples_val=4, num_epochs=1)
     train.train_and_evaluate(cfg, workdir, save_weights=str(saved))
+    # what a save in progress (the run still training) looks like: reading must not remove it
+    in_progress = [workdir / "checkpoints" / n for n in ("2.orbax-checkpoint-tmp-1", "ckpt-2_temp")]
+    for p in in_progress:
+        p.mkdir()
     got, source = fw.load_weights(cfg, None, str(workdir))
+    assert all(p.is_dir() for p in in_progress)
     assert source == f"checkpoint {workdir / 'checkpoints'} epoch 1"
     want = unet_spec.load_weights(saved, cfg)
     assert set(got) == set(want)

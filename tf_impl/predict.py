@@ -42,7 +42,7 @@ def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple
     directory = predict_mod.checkpoint_dir(workdir)
     run_cfg = predict_mod.checkpoint_config(cfg, workdir)
     model = model_mod.build_model(run_cfg)
-    checkpoints = train.Checkpoints(directory, run_cfg.keep_checkpoints, model)
+    checkpoints = train.Checkpoints(directory, run_cfg.keep_checkpoints, model, read_only=True)
     epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
     checkpoints.restore(epoch)
     return model_mod.params_to_canonical(model), predict_mod.describe_weights(None, workdir, epoch)

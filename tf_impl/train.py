@@ -161,14 +161,19 @@ class Checkpoints:
     """``tf.train.CheckpointManager`` checkpoints of model, optimizer (with loss scale) and epoch;
     a checkpoint becomes visible only once its index file is written, so a crash leaves the last
     complete one. What a killed save leaves behind (``*_temp`` folders, ``checkpoint.tmp*``) is
-    removed at start. Without an ``optimizer`` (inference) :meth:`restore` loads the model alone."""
+    removed at start. Without an ``optimizer`` (inference) :meth:`restore` loads the model alone;
+    ``read_only`` (inference) removes and rewrites nothing, so a run that is saving meanwhile is left
+    alone."""
 
-    def __init__(self, directory: Path, keep: int, model, optimizer=None):
+    def __init__(self, directory: Path, keep: int, model, optimizer=None, read_only: bool = False):
         self.directory = directory
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
         parts = {"model": model, "epoch": self.epoch} | ({"optimizer": optimizer} if optimizer is not None else {})
         self.ckpt = tf.train.Checkpoint(**parts)
         self._partial = optimizer is None
+        if read_only:
+            self.manager = None  # restore() needs only the ckpt-N files (epochs() lists them)
+            return
         if distribute.is_main_process():
             run_mod.remove_partial_saves(directory, ("ckpt-*_temp*", "checkpoint.tmp*"))
         try:
