@@ -173,7 +173,7 @@ def choose_window(cfg: Config, side: int, tile: int | None, overlap: int, precis
 
 def read_input(path: str | Path, n_in: int) -> tuple[np.ndarray, dict]:
     """The ``Nbody`` volume of ``path`` as (L, L, L, N_in) float32 channels-last, and the file's
-    attributes (plain Python values).
+    attributes as h5py reads them (copied unchanged into the prediction).
 
     Raises:
         DatasetError: the file is missing or unreadable; ``Nbody`` is missing, not 4-D
@@ -196,7 +196,7 @@ def read_input(path: str | Path, n_in: int) -> tuple[np.ndarray, dict]:
         if len(set(ds.shape[1:])) != 1:
             raise DatasetError(f"{path}: 'Nbody' has spatial shape {ds.shape[1:]}, expected a cube (L, L, L)")
         nbody = ds[...]
-        attrs = {k: dataset._plain(v) for k, v in f.attrs.items()}
+        attrs = dict(f.attrs.items())
     dataset.check_finite(nbody, f"{path} Nbody")
     return np.ascontiguousarray(np.moveaxis(nbody, 0, -1)), attrs
 

@@ -8,8 +8,8 @@ file of the dataset contract with ``Nbody`` and ``Hydro`` of the same side. Valu
 (transformed) units; the transforms, the voxel size and the channel names come from the files'
 attributes (:mod:`shared_data.generate` writes them: ``box_size_mpc_h``, ``density_scale``,
 ``temperature_scale``, ``igm_T0_K``, ``velocity_scale_km_s``, ``igm_gamma``, ``Hydro_channels``,
-``Nbody_channels``; older files state the temperature and velocity scales only in the ``transforms``
-text, which is read instead). A file without one gets a :class:`~shared_data.errors.DatasetError`
+``Nbody_channels``; for a file that gives the temperature and velocity scales only in its
+``transforms`` text, that text is read). A file without one gets a :class:`~shared_data.errors.DatasetError`
 naming the attribute and the flag that gives it (``--voxel_size``, ``--density_scale``, ...); a flag
 always wins over an attribute, and says so in the log. When both files carry an attribute, they must agree.
 
@@ -71,7 +71,7 @@ QUANTITIES = {
     "hydro_channels": ("Hydro_channels", "--hydro_channels", "the names of the Hydro channels"),
     "nbody_channels": ("Nbody_channels", "--nbody_channels", "the names of the Nbody channels"),
 }
-#: The ``transforms`` text of files that predate the numeric attributes.
+#: Where the ``transforms`` text states a scale, for files without the numeric attribute.
 _TEXT = {
     "temperature_scale": ("temperature", r"x = ln\(T / T0\) / ([-+0-9.eE]+)"),
     "temperature_T0": ("temperature", r"T0 = ([-+0-9.eE]+) K"),
@@ -111,7 +111,7 @@ def read_volume(path: str | Path, key: str) -> tuple[np.ndarray, dict]:
         if ds.ndim != 4 or len(set(ds.shape[1:])) != 1 or ds.dtype != np.float32:
             raise DatasetError(f"{path}: {key!r} is {ds.dtype} {ds.shape}, expected float32 (C, L, L, L) channel-first")
         data = ds[...]
-        attrs = {k: dataset._plain(v) for k, v in f.attrs.items()}
+        attrs = dataset.plain_attrs(f.attrs)
     dataset.check_finite(data, f"{path} {key}")
     return data, attrs
 

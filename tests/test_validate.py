@@ -198,6 +198,13 @@ def test_files_that_disagree_and_cli_errors(tmp_path, fields, capsys):
     pred, truth = _pair(tmp_path, fields, _attrs(), _attrs(box=99.0))
     with pytest.raises(DatasetError, match="'box_size_mpc_h' differs between the files"):
         V.validate_files(pred, truth, tmp_path / "out", plot=False)
+    pred, truth = _pair(tmp_path, fields)
+    with h5py.File(pred, "r+") as f:
+        hydro = f["Hydro"][:4]
+        del f["Hydro"]
+        f.create_dataset("Hydro", data=hydro)
+    with pytest.raises(DatasetError, match=r"Hydro \(4, 32, 32, 32\) differs from the truth's \(5, 32, 32, 32\)"):
+        V.validate_files(pred, truth, tmp_path / "out", plot=False)
     gamma_less = _attrs(drop=("igm_gamma",))
     pred, truth = _pair(tmp_path, fields, gamma_less, gamma_less)
     m = V.validate_files(pred, truth, tmp_path / "out", plot=False)
