@@ -237,8 +237,9 @@ def test_bad_inputs_give_one_error_line(vol64, weights_file, tmp_path, capsys):
     ]
     for path, extra, message in cases:
         assert run_cli(jax_predict.main, [*base, "--input", str(path), *extra]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], (message, err)
+        # run_cli's one line (other lines on stderr may come from log handlers of earlier tests)
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        assert len(err) == 1 and message in err[0], (message, err)
     with h5py.File(tmp_path / "nonbody.h5", "w") as f:
         f.create_dataset("Hydro", data=np.zeros((5, 8, 8, 8), np.float32))
     with pytest.raises(DatasetError, match="missing dataset 'Nbody'"):
@@ -260,3 +261,19 @@ def test_console_scripts_point_at_cli_functions():
     for target in ours.values():
         module, func = target.split(":")
         assert func == "cli" and callable(getattr(importlib.import_module(module), func))
+
+
+def test_cli_error_is_one_line_without_traceback(weights_file, tmp_path):
+    import subprocess
+    import sys
+
+    from shared_data.config import REPO_ROOT
+
+    bad = _file(tmp_path / "c3.h5", np.zeros((3, 16, 16, 16), np.float32))
+    out = tmp_path / "o.h5"
+    argv = ["--config", "cpu_tiny", "--weights", str(weights_file), "--input", str(bad), "--out", str(out)]
+    for module in ("jax_impl.predict", "tf_impl.predict"):
+        res = subprocess.run([sys.executable, "-m", module, *argv], cwd=REPO_ROOT, capture_output=True, text=True)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        lines = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and "'Nbody' has shape (3, 16, 16, 16), expected (4, L, L, L)" in lines[0]

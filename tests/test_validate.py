@@ -212,7 +212,7 @@ def test_files_that_disagree_and_cli_errors(tmp_path, fields, capsys):
     bare = _attrs(drop=("box_size_mpc_h",))
     pred, truth = _pair(tmp_path, fields, bare, bare)
     assert run_cli(V.main, ["--pred", str(pred), "--truth", str(truth), "--out", str(tmp_path / "o")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(err) == 1 and "no attribute 'box_size_mpc_h'" in err[0] and "--voxel_size" in err[0]
     argv = ["--pred", str(pred), "--truth", str(truth), "--out", str(tmp_path / "o"), "--voxel_size", "0.5"]
     assert run_cli(V.main, argv) == 0
