@@ -712,10 +712,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if any(s["status"] == "failed" for s in summaries) else 0
 
 
-def cli() -> int:
-    """The ``dlas-ladder`` console script."""
-    return run_cli(main)
-
-
 if __name__ == "__main__":
-    raise SystemExit(cli())
+    raise SystemExit(run_cli(main))

@@ -1,6 +1,6 @@
 """Figures (PNG, matplotlib): throughput per mode and framework, TF vs JAX loss curves, and the
-validation report (predicted vs true slices per channel, and the predicted / true power spectrum of
-gas density and temperature, how cosmologists judge an emulator).
+validation report of the JAX run's weights on the whole validation volume (:mod:`shared_data.validate`:
+slices, residuals, P ratio, r(k), PDFs and L1 against the dark-matter baseline).
 
     python -m compare.plots --config cpu_default --results results/cpu/suite.jsonl   # -> runs/cpu_default/figures
 """
@@ -19,11 +19,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from shared_data import config as config_mod
-from shared_data import cosmology, readers, unet_spec
 from shared_data.errors import UserError, run_cli
 from shared_data.run import read_metrics
-
-HYDRO_NAMES = ("gas density", "gas temperature", "gas vx", "gas vy", "gas vz")
 
 
 def throughput_plot(records: list[dict], path: Path) -> None:
@@ -76,76 +73,16 @@ def loss_curves_plot(runs: dict[str, list[dict]], path: Path) -> None:
     plt.close(fig)
 
 
-def predict(cfg, weights: dict, inputs: np.ndarray) -> np.ndarray:
-    """The JAX model's prediction (float32 NDHWC) for ``inputs`` with canonical ``weights``."""
-    import jax.numpy as jnp
+def validation_report(cfg, weights_path: Path, out: Path) -> dict:
+    """The JAX prediction of ``cfg``'s whole validation volume with ``weights_path``
+    (``out/prediction_<config>.h5``) validated against its truth (:mod:`shared_data.validate`:
+    ``out/validation_<config>.json`` and ``.png``); returns the metrics."""
+    from jax_impl import predict as jax_predict
+    from shared_data import validate
 
-    from jax_impl import model as M
-
-    return np.asarray(M.build_model(cfg).apply({"params": M.params_from_canonical(weights)}, jnp.asarray(inputs)))
-
-
-def validation_crops(cfg) -> tuple[np.ndarray, np.ndarray]:
-    """Non-overlapping crops tiling the validation volume, no symmetry: (n, s, s, s, C) inputs, targets."""
-    reader = readers.InMemReader(cfg.data_file("val"), cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
-    nbody, hydro = reader.volumes()
-    s, k = cfg.crop_size, reader.size // cfg.crop_size
-    xs, ys = [], []
-    for i, j, l in np.ndindex(k, k, k):
-        sl = np.s_[:, i * s : (i + 1) * s, j * s : (j + 1) * s, l * s : (l + 1) * s]
-        xs.append(np.moveaxis(nbody[sl], 0, -1))
-        ys.append(np.moveaxis(hydro[sl], 0, -1))
-    return np.stack(xs), np.stack(ys)
-
-
-def power_ratio(pred: np.ndarray, true: np.ndarray, box: float) -> tuple[np.ndarray, np.ndarray]:
-    """Mean over crops of P_pred(k) / P_true(k) for fields (n, s, s, s) in a periodic box of ``box``."""
-    s = pred.shape[1]
-    edges = np.arange(1, s // 2 + 1) * 2 * np.pi / box
-    ratios = []
-    for p, t in zip(pred, true):
-        k, pp, _ = cosmology.measure_power(p - p.mean(), box, edges)
-        _, pt, _ = cosmology.measure_power(t - t.mean(), box, edges)
-        ratios.append(pp / pt)
-    return k, np.nanmean(np.array(ratios), axis=0)
-
-
-def validation_report(cfg, weights: dict, path: Path) -> dict:
-    """Slices of every target channel (true, predicted) and the P(k) ratios; returns summary numbers."""
-    x, y = validation_crops(cfg)
-    pred = np.concatenate([predict(cfg, weights, x[i : i + 4]) for i in range(0, len(x), 4)])
-    cell = 0.25  # Mpc/h, the generator's default voxel
-    box = cfg.crop_size * cell
-    rho_t, rho_p = np.exp(cfg.density_scale * y[..., 0]), np.exp(cfg.density_scale * pred[..., 0])
-    temp_t, temp_p = np.exp(8 * y[..., 1]), np.exp(8 * pred[..., 1])  # T / T0 (generator transform)
-    k, r_rho = power_ratio(rho_p / rho_p.mean() - 1, rho_t / rho_t.mean() - 1, box)
-    _, r_temp = power_ratio(temp_p / temp_p.mean() - 1, temp_t / temp_t.mean() - 1, box)
-    n = cfg.N_out_channels
-    fig, axes = plt.subplots(3, n, figsize=(3 * n, 8.5))
-    mid = cfg.crop_size // 2
-    for c in range(n):
-        lo, hi = np.percentile(y[0, :, :, mid, c], [1, 99])
-        axes[0, c].imshow(y[0, :, :, mid, c], vmin=lo, vmax=hi)
-        axes[1, c].imshow(pred[0, :, :, mid, c], vmin=lo, vmax=hi)
-        axes[0, c].set_title(f"true {HYDRO_NAMES[c] if c < 5 else c}", fontsize=8)
-        axes[1, c].set_title("predicted", fontsize=8)
-        for a in axes[:2, c]:
-            a.axis("off")
-    for c in range(n):
-        axes[2, c].axis("off")
-    ax = fig.add_subplot(3, 1, 3)
-    ax.semilogx(k, r_rho, "-o", label="gas density")
-    ax.semilogx(k, r_temp, "-s", label="gas temperature")
-    ax.axhline(1, color="k", lw=0.8)
-    ax.set_xlabel("k [h/Mpc]")
-    ax.set_ylabel("P_pred / P_true")
-    ax.legend()
-    l1 = float(np.mean(np.abs(pred - y)))
-    fig.suptitle(f"validation: {len(x)} crops of {cfg.crop_size}^3, L1 = {l1:.4f}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return {"l1": l1, "k": k.tolist(), "pk_ratio_density": r_rho.tolist(), "pk_ratio_temperature": r_temp.tolist()}
+    truth, pred = cfg.data_file("val"), out / f"prediction_{cfg.name}.h5"
+    jax_predict.main(["--config", cfg.name, "--weights", str(weights_path), "--input", str(truth), "--out", str(pred)])
+    return validate.validate_files(pred, truth, out, stem=f"validation_{cfg.name}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -203,9 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         loss_curves_plot(runs, out / f"loss_{cfg.name}.png")
         print(f"wrote {out / f'loss_{cfg.name}.png'}")
     if weights_path.exists():
-        summary = validation_report(cfg, unet_spec.load_weights(weights_path, cfg), out / f"validation_{cfg.name}.png")
-        (out / f"validation_{cfg.name}.json").write_text(json.dumps(summary, indent=1))
-        print(f"wrote {out / f'validation_{cfg.name}.png'} (L1 {summary['l1']:.4f})")
+        summary = validation_report(cfg, weights_path, out)
+        print(f"wrote {out / f'validation_{cfg.name}.png'} (mean L1 {summary['l1_mean']['model']:.4f})")
     return 0
 
 

@@ -164,13 +164,16 @@ def abstract(tree):
 
 class Checkpoints:
     """Orbax checkpoints of the train state, one per epoch (``step`` = epochs done), written atomically
-    (orbax renames a finished temporary folder; unfinished ones are removed at start)."""
+    (orbax renames a finished temporary folder; unfinished ones are removed at start). ``read_only``
+    (inference) creates and removes nothing, so a run that is saving meanwhile is left alone."""
 
-    def __init__(self, directory: Path, keep: int, like: TrainState):
+    def __init__(self, directory: Path, keep: int, like: TrainState, read_only: bool = False):
         import orbax.checkpoint as ocp
 
         self._ocp, self.directory, self._like = ocp, directory, abstract(like)
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only, read_only=read_only
+        )
         self.manager = ocp.CheckpointManager(
             directory.absolute(), item_handlers=ocp.StandardCheckpointHandler(), options=options
         )

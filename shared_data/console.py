@@ -23,6 +23,11 @@ COMMANDS = {
     "inspect": ("shared_data.inspect", None, None),
     "convert": ("shared_data.convert", None, None),
     "ladder": ("compare.ladder", None, None),
+    "predict_jax": ("jax_impl.predict", "jax", "jax"),
+    "predict_tf": ("tf_impl.predict", "tensorflow", "tf"),
+    "export_jax": ("jax_impl.export", "jax", "jax"),
+    "export_tf": ("tf_impl.export", "tensorflow", "tf"),
+    "validate": ("shared_data.validate", None, None),
 }
 
 
@@ -53,6 +58,22 @@ def _entry(name: str) -> Callable[[], int]:
     return run
 
 
-(train_jax, train_tf, benchmark, compare, summary, plots, breakdown, doctor, generate, inspect, convert, ladder) = (
-    _entry(n) for n in COMMANDS
-)
+(
+    train_jax,
+    train_tf,
+    benchmark,
+    compare,
+    summary,
+    plots,
+    breakdown,
+    doctor,
+    generate,
+    inspect,
+    convert,
+    ladder,
+    predict_jax,
+    predict_tf,
+    export_jax,
+    export_tf,
+    validate,
+) = (_entry(n) for n in COMMANDS)

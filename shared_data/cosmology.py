@@ -133,11 +133,23 @@ def measure_power(field: np.ndarray, box: float, bins: np.ndarray) -> tuple[np.n
     """Spherically averaged power spectrum of a real ``field`` (N^3) in a periodic ``box`` Mpc/h.
 
     Returns ``(k_mean, P, n_modes)`` per bin of ``bins`` (edges in h/Mpc), counting both halves
-    of the ``rfftn`` plane correctly (modes with 0 < kz < Nyquist count twice).
+    of the ``rfftn`` plane correctly (modes with 0 < kz < Nyquist count twice). P in (Mpc/h)^3
+    for the estimator P_hat(k) = V / N^6 |FFT(field)(k)|^2 (the normalisation of
+    :func:`gaussian_field_k`).
     """
-    size = field.shape[0]
-    fk = np.fft.rfftn(field)
-    p = np.abs(fk) ** 2 * box**3 / size**6
+    return measure_cross_power(field, field, box, bins)
+
+
+def measure_cross_power(
+    a: np.ndarray, b: np.ndarray, box: float, bins: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Spherically averaged cross power spectrum P_ab(k) = V / N^6 Re(FFT(a) conj(FFT(b))) of two
+    real fields (N^3) in a periodic ``box`` Mpc/h; ``(k_mean, P_ab, n_modes)`` per bin as
+    :func:`measure_power` (which is ``a = b``)."""
+    size = a.shape[0]
+    fa = np.fft.rfftn(a)
+    fb = fa if b is a else np.fft.rfftn(b)
+    p = (fa * np.conj(fb)).real * box**3 / size**6
     kx, ky, kz = wavenumbers(size, box)
     k = np.sqrt(kx**2 + ky**2 + kz**2)
     weight = np.full(k.shape, 2.0)

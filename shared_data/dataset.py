@@ -147,8 +147,14 @@ def _validate(path: Path, n_in: int, n_out: int) -> VolumeInfo:
         if shapes["Nbody"] != shapes["Hydro"]:
             raise DatasetError(f"{path}: Nbody spatial shape {shapes['Nbody']} differs from Hydro {shapes['Hydro']}")
         size = shapes["Nbody"][0]
-        attrs = {k: _plain(v) for k, v in f.attrs.items()}
+        attrs = plain_attrs(f.attrs)
         return VolumeInfo(path, size, n_in, n_out, f["Nbody"].chunks, attrs)
+
+
+def plain_attrs(attrs) -> dict:
+    """An HDF5 attribute set as plain Python values (bytes -> str, arrays -> lists, NumPy scalars ->
+    Python numbers), for JSON and comparisons."""
+    return {k: _plain(v) for k, v in attrs.items()}
 
 
 def _plain(value):

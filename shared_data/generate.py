@@ -49,7 +49,12 @@ def transform_fields(f: cosmology.Fields, t0: float) -> tuple[np.ndarray, np.nda
 
 
 def attributes(args: argparse.Namespace, cosmo: cosmology.Cosmology, k_nl: float) -> dict:
-    """File attributes describing channels, transforms, units, box, cosmology and generator settings."""
+    """File attributes describing channels, transforms, units, box, cosmology and generator settings.
+
+    The transforms are given as text (``transforms``) and as numbers (``density_scale``,
+    ``rho_floor``, ``temperature_scale`` with ``igm_T0_K``, ``velocity_scale_km_s``), which
+    :mod:`shared_data.validate` reads to return to physical units.
+    """
     transforms = {
         "density": f"x = ln(max(rho/rho_mean, {RHO_FLOOR})) / {DENSITY_SCALE}; rho/rho_mean = exp({DENSITY_SCALE} x)",
         "temperature": f"x = ln(T / T0) / {TEMPERATURE_SCALE}, T0 = {args.t0} K",
@@ -62,6 +67,9 @@ def attributes(args: argparse.Namespace, cosmo: cosmology.Cosmology, k_nl: float
         "Hydro_vector_channels": json.dumps([[2, 3, 4]]),
         "transforms": json.dumps(transforms),
         "density_scale": DENSITY_SCALE,
+        "rho_floor": RHO_FLOOR,
+        "temperature_scale": TEMPERATURE_SCALE,
+        "velocity_scale_km_s": VELOCITY_SCALE,
         "units": json.dumps(
             {"length": "Mpc/h (comoving)", "velocity": "km/s", "temperature": "K", "density": "mean density"}
         ),

@@ -80,6 +80,61 @@ def num_params(cfg: Config) -> int:
     return sum(int(np.prod(s.kernel_shape)) + s.c_out for s in layer_specs(cfg))
 
 
+def _down_window(lo: int, hi: int) -> tuple[int, int]:
+    """Input indices (per axis, inclusive) that outputs ``lo..hi`` of Conv3D(k=4, s=2, p=1) read:
+    ``out[o] = sum_k x[2 o - 1 + k]``, k = 0..3."""
+    return 2 * lo - 1, 2 * hi + 2
+
+
+def _up_window(lo: int, hi: int) -> tuple[int, int]:
+    """Input indices that outputs ``lo..hi`` of ConvTranspose3d(k=4, s=2, p=1) read: output
+    ``2m + r`` sees inputs ``m - 1, m`` (r = 0) or ``m, m + 1`` (r = 1), i.e. ``(j - 1) // 2 .. (j + 1) // 2``."""
+    return (lo - 1) // 2, (hi + 1) // 2
+
+
+def input_window(cfg: Config, o: int) -> tuple[int, int]:
+    """The input voxels (per axis, inclusive ``(lo, hi)``) that output voxel ``o`` of the U-Net of
+    ``cfg`` depends on, in a volume large enough that no face is reached.
+
+    Follows every path of the network: ``last`` reads the decoder level 1, each decoder level
+    ``k`` is ``[up(level k + 1), skip k]``, a skip of level ``k`` reads the input through ``k``
+    down-convolutions. The per-axis window is the same for the three axes (the kernels are cubes)
+    and periodic in ``o`` with period ``2**levels``.
+    """
+    levels = len(encoder_widths(cfg))
+
+    def through_encoder(level: int, lo: int, hi: int) -> tuple[int, int]:
+        for _ in range(level):
+            lo, hi = _down_window(lo, hi)
+        return lo, hi
+
+    def decoder(level: int, lo: int, hi: int) -> tuple[int, int]:
+        if level == levels:  # the bottleneck: the deepest encoder output, no skip
+            return through_encoder(level, lo, hi)
+        skip = through_encoder(level, lo, hi)
+        deeper = decoder(level + 1, *_up_window(lo, hi))
+        return min(skip[0], deeper[0]), max(skip[1], deeper[1])
+
+    return decoder(1, *_up_window(o, o))
+
+
+def receptive_margin(cfg: Config) -> int:
+    """The receptive-field radius of the U-Net of ``cfg`` in input voxels: the largest distance, on
+    either side and over all output positions, between an output voxel and an input voxel it
+    depends on (:func:`input_window`). It equals ``3 (2**levels - 1)``: 21 for ``cpu_tiny``'s 3
+    levels, 189 for the 6-level net (a 379-voxel window, wider than the 64^3 training crop).
+
+    Two computations of an output voxel agree when the input around it agrees within this margin
+    and the inputs are aligned alike to ``2**levels`` (:mod:`shared_data.predict` tiles by it).
+    """
+    period = 2 ** len(encoder_widths(cfg))
+    margin = 0
+    for o in range(period, 2 * period):
+        lo, hi = input_window(cfg, o)
+        margin = max(margin, o - lo, hi - o)
+    return margin
+
+
 def conv_method(kind: str, n: int, method: str, plain_below: int) -> str:
     """The formulation of a ``kind`` (``"down"`` / ``"up"``) layer whose input has ``n`` voxels per
     side: the plain form (``"strided"`` / ``"transpose"``) when ``n < plain_below``, else ``method``

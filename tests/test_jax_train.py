@@ -115,6 +115,7 @@ def test_jax_impl_runs_without_tensorflow(tmp_path):
         "import sys; block = sys.argv[1] == 'block'\n"
         "if block: sys.modules['tensorflow'] = None\n"
         "import jax_impl.train, jax_impl.data, jax_impl.model, jax_impl.distribute, shared_data.run\n"
+        "import jax_impl.predict, jax_impl.export, shared_data.predict, shared_data.export, shared_data.validate\n"
         "from pathlib import Path\n"
         "shared_data.run.ScalarWriter(Path(sys.argv[2]), True).scalars(1, {'a': 1.0})\n"
         "assert block or 'tensorflow' not in sys.modules, 'tensorflow imported'"

@@ -128,3 +128,24 @@ def test_doctor_compares_installed_versions_with_the_pins(tmp_path):
         ("h5py", "0.0.1", metadata.version("h5py")),
         ("no-such-package", "1.0", "not installed"),
     ]
+
+
+def test_every_console_script_names_a_command_with_a_main():
+    import importlib
+    import tomllib
+
+    from shared_data import console
+
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {
+        "dlas-train-jax",
+        "dlas-train-tf",
+        "dlas-predict-jax",
+        "dlas-validate",
+        "dlas-ladder",
+        "dlas-doctor",
+    } <= set(scripts)
+    for script, target in scripts.items():
+        module, name = target.split(":")
+        assert module == "shared_data.console" and callable(getattr(console, name)), script
+        assert callable(importlib.import_module(console.COMMANDS[name][0]).main), script

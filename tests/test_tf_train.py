@@ -125,10 +125,11 @@ def test_cli_help_and_user_errors(tmp_path):
 
 
 def test_tf_impl_imports_without_jax():
-    """With JAX made unimportable, every tf_impl module still imports (TensorFlow itself probes for
-    JAX in tf.lite and tolerates its absence)."""
+    """With JAX made unimportable, every tf_impl module (and the shared inference modules) still
+    imports (TensorFlow itself probes for JAX in tf.lite and tolerates its absence)."""
     code = (
-        "import sys; sys.modules['jax'] = None\nimport tf_impl.train, tf_impl.data, tf_impl.model, tf_impl.distribute"
+        "import sys; sys.modules['jax'] = None\nimport tf_impl.train, tf_impl.data, tf_impl.model, tf_impl.distribute\n"
+        "import tf_impl.predict, tf_impl.export, shared_data.predict, shared_data.export, shared_data.validate"
     )
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

@@ -21,6 +21,9 @@ import tensorflow as tf
 from shared_data.config import Config
 from shared_data.unet_spec import KERNEL, PHASE_TAPS, conv_method, encoder_widths
 
+#: Keras' registered-name prefix of the custom layers (``dlas_cosmo>DownConv``): a ``.keras`` file of
+#: the model loads with ``keras.models.load_model`` once this module is imported.
+SERIALIZATION_PACKAGE = "dlas_cosmo"
 POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 KERNEL_INIT = keras.initializers.RandomNormal(stddev=0.02)
 
@@ -141,12 +144,14 @@ class _Conv(keras.layers.Layer):
         return {**super().get_config(), "features": self.features, "method": self.method}
 
 
+@keras.saving.register_keras_serializable(package=SERIALIZATION_PACKAGE)
 class DownConv(_Conv):
     """Conv3D(k=4, s=2, p=1) + bias: (B, n, n, n, C_in) -> (B, n/2, n/2, n/2, features)."""
 
     fns = DOWNCONV
 
 
+@keras.saving.register_keras_serializable(package=SERIALIZATION_PACKAGE)
 class UpConv(_Conv):
     """ConvTranspose3d(k=4, s=2, p=1) + bias: (B, n, n, n, C_in) -> (B, 2n, 2n, 2n, features)."""
 

@@ -161,12 +161,19 @@ class Checkpoints:
     """``tf.train.CheckpointManager`` checkpoints of model, optimizer (with loss scale) and epoch;
     a checkpoint becomes visible only once its index file is written, so a crash leaves the last
     complete one. What a killed save leaves behind (``*_temp`` folders, ``checkpoint.tmp*``) is
-    removed at start."""
+    removed at start. Without an ``optimizer`` (inference) :meth:`restore` loads the model alone;
+    ``read_only`` (inference) removes and rewrites nothing, so a run that is saving meanwhile is left
+    alone."""
 
-    def __init__(self, directory: Path, keep: int, model, optimizer):
+    def __init__(self, directory: Path, keep: int, model, optimizer=None, read_only: bool = False):
         self.directory = directory
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch)
+        parts = {"model": model, "epoch": self.epoch} | ({"optimizer": optimizer} if optimizer is not None else {})
+        self.ckpt = tf.train.Checkpoint(**parts)
+        self._partial = optimizer is None
+        if read_only:
+            self.manager = None  # restore() needs only the ckpt-N files (epochs() lists them)
+            return
         if distribute.is_main_process():
             run_mod.remove_partial_saves(directory, ("ckpt-*_temp*", "checkpoint.tmp*"))
         try:
@@ -192,7 +199,9 @@ class Checkpoints:
             UserError: the checkpoint is damaged or holds another config's variables.
         """
         try:
-            self.ckpt.restore(str(self.directory / f"ckpt-{epoch}")).assert_existing_objects_matched()
+            status = self.ckpt.restore(str(self.directory / f"ckpt-{epoch}")).assert_existing_objects_matched()
+            if self._partial:
+                status.expect_partial()  # the optimizer's slots stay in the file
         except Exception as err:  # TF raises many kinds for damaged or foreign files
             raise UserError(
                 f"checkpoint {self.directory}/ckpt-{epoch} does not match this config or is damaged "

@@ -1,0 +1,66 @@
+"""Export the U-Net with ``jax.export``: ``python -m jax_impl.export --config cpu_tiny --weights W.npz --out DIR``.
+
+Writes ``DIR/unet.jax_export``: the serialized ``jax.export.Exported`` of the forward pass with the
+weights baked in as constants, input float32 (B, s, s, s, N_in) NDHWC with a symbolic batch ``B``
+and ``s = --size`` (default ``crop_size``), output float32 (B, s, s, s, N_out), lowered for CPU and
+CUDA. It runs with JAX alone, without this project's code::
+
+    import jax, numpy as np
+    exported = jax.export.deserialize(open("DIR/unet.jax_export", "rb").read())
+    y = np.asarray(exported.call(x))   # x: float32 (B, s, s, s, 4), any B
+
+Mirrors :mod:`tf_impl.export`; flags, weights and ``DIR/export.json`` are :mod:`shared_data.export`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_impl import model as model_mod
+from jax_impl import predict as predict_jax
+from shared_data import export as export_mod
+from shared_data.config import Config
+from shared_data.errors import run_cli
+from shared_data.files import write_atomic
+
+FRAMEWORK = "jax"
+FILE = "unet.jax_export"
+PLATFORMS = ("cpu", "cuda")
+
+
+def exported_forward(cfg: Config, weights: dict[str, np.ndarray], size: int) -> jax.export.Exported:
+    """The ``jax.export.Exported`` forward pass of ``cfg``'s model with ``weights`` as constants, for
+    input float32 (B, size, size, size, N_in), B symbolic, lowered for :data:`PLATFORMS`."""
+    model = model_mod.build_model(cfg)
+    params = model_mod.params_from_canonical(weights)
+    forward = jax.jit(lambda x: model.apply({"params": params}, x))
+    (batch,) = jax.export.symbolic_shape("B")
+    spec = jax.ShapeDtypeStruct((batch, size, size, size, cfg.N_in_channels), jnp.float32)
+    return jax.export.export(forward, platforms=PLATFORMS)(spec)
+
+
+def export(cfg: Config, weights: dict[str, np.ndarray], out: Path, size: int) -> list[str]:
+    """Write ``out/unet.jax_export`` (atomically); return the file names written."""
+    write_atomic(out / FILE, bytes(exported_forward(cfg, weights, size).serialize()))
+    return [FILE]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m jax_impl.export``: the shared command line (:func:`shared_data.export.main`)."""
+    return export_mod.main(
+        FRAMEWORK,
+        argv,
+        banner=predict_jax.banner(),
+        load_weights=predict_jax.load_weights,
+        export=export,
+        versions=predict_jax.versions,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

@@ -1,0 +1,82 @@
+"""Predict the gas fields of an HDF5 volume with JAX:
+``python -m jax_impl.predict --config cpu_tiny --weights W.npz --input vol.h5 --out pred.h5``.
+
+Mirrors :mod:`tf_impl.predict`: only the JAX part lives here (load canonical weights or a run's
+latest orbax checkpoint, apply the Flax model to batches of windows); reading, padding, tiling,
+stitching, the output file and the log lines are :mod:`shared_data.predict`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_impl import model as model_mod
+from shared_data import predict as predict_mod
+from shared_data import unet_spec
+from shared_data.config import Config
+from shared_data.errors import run_cli
+
+FRAMEWORK = "jax"
+
+
+def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple[dict[str, np.ndarray], str]:
+    """Canonical weights from the ``.npz`` file ``weights``, or from the latest checkpoint of the run
+    folder ``workdir`` (restored with :class:`jax_impl.train.Checkpoints`); and their description.
+
+    Raises:
+        UserError: a missing or mismatched weights file, no checkpoint, a checkpoint of another config.
+    """
+    if weights:
+        return unet_spec.load_weights(weights, cfg), predict_mod.describe_weights(weights, None)
+    from jax_impl import train
+
+    directory = predict_mod.checkpoint_dir(workdir)
+    run_cfg = predict_mod.checkpoint_config(cfg, workdir)
+    tx = train.make_optimizer(np.zeros(1, np.float32))
+    like = train.create_train_state(run_cfg, model_mod.init_params(run_cfg, 0), tx)
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager is read-only
+    try:
+        checkpoints = train.Checkpoints(directory, run_cfg.keep_checkpoints, like, read_only=True)
+    finally:
+        absl.setLevel(level)
+    epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
+    state = checkpoints.restore(epoch)
+    canonical = model_mod.params_to_canonical(jax.device_get(state.params))
+    return canonical, predict_mod.describe_weights(None, workdir, epoch)
+
+
+def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply:
+    """The compiled forward pass of ``cfg``'s model with ``weights``: NDHWC float32 windows
+    (B, w, w, w, N_in) -> (B, w, w, w, N_out) float32 NumPy; compiled once per window shape."""
+    model = model_mod.build_model(cfg)
+    params = jax.device_put(model_mod.params_from_canonical(weights))
+    forward = jax.jit(lambda p, x: model.apply({"params": p}, x))
+    return lambda x: np.asarray(forward(params, jnp.asarray(x, jnp.float32)))
+
+
+def banner() -> str:
+    return f"JAX {jax.__version__} on {jax.default_backend()}"
+
+
+def versions() -> dict:
+    import flax
+
+    return {"jax": jax.__version__, "flax": flax.__version__, "backend": jax.default_backend()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m jax_impl.predict``: the shared command line (:func:`shared_data.predict.main`)."""
+    return predict_mod.main(
+        FRAMEWORK, argv, banner=banner(), load_weights=load_weights, make_apply=make_apply, versions=versions
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

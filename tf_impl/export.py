@@ -1,0 +1,71 @@
+"""Export the U-Net with TensorFlow: ``python -m tf_impl.export --config cpu_tiny --weights W.npz --out DIR``.
+
+Writes, for input float32 (B, s, s, s, N_in) NDHWC with a free batch ``B`` and ``s = --size``
+(default ``crop_size``), output float32 (B, s, s, s, N_out):
+
+* ``DIR/saved_model/``: a SavedModel (Keras ``model.export``) with the endpoint ``serve``; it runs
+  with TensorFlow alone, without this project's code::
+
+      import tensorflow as tf
+      y = tf.saved_model.load("DIR/saved_model").serve(tf.constant(x)).numpy()
+
+* ``DIR/unet.keras``: the Keras model file; ``keras.models.load_model("DIR/unet.keras")`` loads it
+  once :mod:`tf_impl.model` is imported (its layers are registered as serializable there).
+
+Mirrors :mod:`jax_impl.export`; flags, weights and ``DIR/export.json`` are :mod:`shared_data.export`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+
+from shared_data import config as config_mod
+from shared_data import export as export_mod
+from shared_data.config import Config
+from shared_data.errors import run_cli
+from shared_data.files import atomic_dir, atomic_path
+from tf_impl import model as model_mod
+from tf_impl import predict as predict_tf
+
+FRAMEWORK = "tf"
+SAVED_MODEL = "saved_model"
+KERAS_FILE = "unet.keras"
+
+
+def build_exported_model(cfg: Config, weights: dict[str, np.ndarray], size: int) -> keras.Model:
+    """``cfg``'s Keras model for inputs of side ``size`` (batch free) holding ``weights``."""
+    model = model_mod.build_model(config_mod.replace(cfg, crop_size=size))
+    return model_mod.params_from_canonical(model, weights)
+
+
+def export(cfg: Config, weights: dict[str, np.ndarray], out: Path, size: int) -> list[str]:
+    """Write ``out/saved_model/`` and ``out/unet.keras`` (each atomically); return their names."""
+    model = build_exported_model(cfg, weights, size)
+    with atomic_dir(out / SAVED_MODEL) as tmp:
+        model.export(str(tmp), format="tf_saved_model", verbose=False)
+    with atomic_path(out / KERAS_FILE, ".keras") as tmp:
+        model.save(tmp)
+    return [SAVED_MODEL, KERAS_FILE]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tf_impl.export``: the shared command line (:func:`shared_data.export.main`)."""
+    return export_mod.main(
+        FRAMEWORK,
+        argv,
+        banner=predict_tf.banner(),
+        load_weights=predict_tf.load_weights,
+        export=export,
+        versions=predict_tf.versions,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

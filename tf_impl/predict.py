@@ -1,0 +1,88 @@
+"""Predict the gas fields of an HDF5 volume with TensorFlow:
+``python -m tf_impl.predict --config cpu_tiny --weights W.npz --input vol.h5 --out pred.h5``.
+
+Mirrors :mod:`jax_impl.predict`: only the TensorFlow part lives here (load canonical weights or a
+run's latest checkpoint, apply the Keras model to batches of windows); reading, padding, tiling,
+stitching, the output file and the log lines are :mod:`shared_data.predict`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from shared_data import config as config_mod
+from shared_data import predict as predict_mod
+from shared_data import unet_spec
+from shared_data.config import Config
+from shared_data.errors import run_cli
+from tf_impl import model as model_mod
+
+FRAMEWORK = "tf"
+
+
+def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple[dict[str, np.ndarray], str]:
+    """Canonical weights from the ``.npz`` file ``weights``, or from the latest checkpoint of the run
+    folder ``workdir`` (restored with :class:`tf_impl.train.Checkpoints`, model variables only); and
+    their description.
+
+    Raises:
+        UserError: a missing or mismatched weights file, no checkpoint, a checkpoint of another config.
+    """
+    if weights:
+        return unet_spec.load_weights(weights, cfg), predict_mod.describe_weights(weights, None)
+    from tf_impl import train
+
+    directory = predict_mod.checkpoint_dir(workdir)
+    run_cfg = predict_mod.checkpoint_config(cfg, workdir)
+    model = model_mod.build_model(run_cfg)
+    checkpoints = train.Checkpoints(directory, run_cfg.keep_checkpoints, model, read_only=True)
+    epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
+    checkpoints.restore(epoch)
+    return model_mod.params_to_canonical(model), predict_mod.describe_weights(None, workdir, epoch)
+
+
+def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply:
+    """The forward pass of ``cfg``'s model with ``weights`` (XLA-compiled when ``enable_jit``):
+    NDHWC float32 windows (B, w, w, w, N_in) -> (B, w, w, w, N_out) float32 NumPy. A Keras model
+    has a fixed spatial shape, so one is built per window side."""
+    forwards = {}
+
+    def apply(x: np.ndarray) -> np.ndarray:
+        side = x.shape[1]
+        if side not in forwards:
+            model = model_mod.build_model(config_mod.replace(cfg, crop_size=side))
+            model_mod.params_from_canonical(model, weights)
+            forwards[side] = tf.function(lambda v, m=model: m(v, training=False), jit_compile=cfg.enable_jit)
+        return forwards[side](tf.constant(x, tf.float32)).numpy()
+
+    return apply
+
+
+def banner() -> str:
+    return f"TensorFlow {tf.__version__} (Keras {keras.__version__})"
+
+
+def versions() -> dict:
+    return {
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "backend": "gpu" if tf.config.list_logical_devices("GPU") else "cpu",
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tf_impl.predict``: the shared command line (:func:`shared_data.predict.main`)."""
+    return predict_mod.main(
+        FRAMEWORK, argv, banner=banner(), load_weights=load_weights, make_apply=make_apply, versions=versions
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))
