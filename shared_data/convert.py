@@ -46,15 +46,18 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
         for key, out in zip(dataset.KEYS, outs):
             ds = f[key]
             c, size = ds.shape[0], ds.shape[1]
+            checksum = dataset.ChannelChecksum(info, key)
             with atomic_path(out, suffix=".npy") as tmp:
                 mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(*ds.shape[1:], c))
                 for x0 in range(0, size, SLAB):
                     with dataset.reading(path, f"{key} (x from {x0})"):
                         slab = ds[:, x0 : x0 + SLAB].astype(np.float32)
                     dataset.check_finite(slab, f"{path} {key} (x from {x0})")
+                    checksum.update(slab)
                     mm[x0 : x0 + SLAB] = np.moveaxis(slab, 0, -1)
                 mm.flush()
                 del mm
+                checksum.verify()  # before the .npy replaces anything
             dataset.write_source_record(out, path)
             print(f"wrote {out}: shape {(*ds.shape[1:], c)} float32 (DHWC)")
     return outs

@@ -259,6 +259,43 @@ def check_npy_twins(info: VolumeInfo, npys: tuple[Path, Path]) -> None:
             )
 
 
+def channel_crc32(volume: np.ndarray) -> list[int]:
+    """CRC-32 (zlib) of each channel's float32 values in C order: ``volume`` (C, L, L, L)."""
+    import zlib
+
+    return [zlib.crc32(np.ascontiguousarray(volume[c], np.float32).tobytes()) for c in range(volume.shape[0])]
+
+
+class ChannelChecksum:
+    """Checks a file's recorded per-channel CRC-32 (``<key>_crc32``) against values read in order,
+    slab by slab along the first spatial axis (or whole): :meth:`update` with each (C, n, L, L) slab,
+    then :meth:`verify`. Files without the attribute (the tutorial's) are not checked."""
+
+    def __init__(self, info: VolumeInfo, key: str):
+        self.path, self.key = info.path, key
+        recorded = json_attr(info.attrs, f"{key}_crc32", info.path)
+        self.recorded = list(recorded) if isinstance(recorded, list) else None
+        self.crc = [0] * len(self.recorded or [])
+
+    def update(self, slab: np.ndarray) -> None:
+        import zlib
+
+        if self.recorded is not None:
+            for c in range(min(len(self.crc), slab.shape[0])):
+                self.crc[c] = zlib.crc32(np.ascontiguousarray(slab[c], np.float32).tobytes(), self.crc[c])
+
+    def verify(self) -> None:
+        """Raises: DatasetError: a channel's values differ from what was written."""
+        if self.recorded is None:
+            return
+        for c, (got, want) in enumerate(zip(self.crc, self.recorded)):
+            if got != want:
+                raise DatasetError(
+                    f"{self.path}: {self.key} channel {c} does not match its recorded CRC-32 (the file "
+                    f"was damaged or changed after it was written); regenerate or restore it"
+                )
+
+
 def file_crc32(path: Path, block: int = 1 << 24) -> int:
     """CRC-32 (zlib) of a file's bytes, read in 16 MiB blocks."""
     import zlib

@@ -88,16 +88,20 @@ def attributes(args: argparse.Namespace, cosmo: cosmology.Cosmology, k_nl: float
 
 
 def write_h5(path: Path, nbody: np.ndarray, hydro: np.ndarray, attrs: dict, chunk: int) -> None:
-    """Write the two datasets (chunks (1, c, c, c) with Fletcher-32 checksums, so a damaged chunk is a
-    read error and never a silently different value; contiguous if ``chunk`` is 0) atomically."""
+    """Write the two datasets (chunks (1, c, c, c), or contiguous if ``chunk`` is 0) atomically, with
+    ``Nbody_crc32`` / ``Hydro_crc32`` attributes: the CRC-32 of each channel's values
+    (:func:`shared_data.dataset.channel_crc32`), which the readers that see whole channels check."""
     import h5py
 
+    from shared_data.dataset import channel_crc32
+
+    attrs = {**attrs, "Nbody_crc32": json.dumps(channel_crc32(nbody)), "Hydro_crc32": json.dumps(channel_crc32(hydro))}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with h5py.File(tmp, "w") as f:
         for key, data in (("Nbody", nbody), ("Hydro", hydro)):
             chunks = (1, *(min(chunk, data.shape[1]),) * 3) if chunk else None
-            f.create_dataset(key, data=data, chunks=chunks, fletcher32=bool(chunks))
+            f.create_dataset(key, data=data, chunks=chunks)
         for k, v in attrs.items():
             f.attrs[k] = v
     tmp.replace(path)

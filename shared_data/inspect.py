@@ -19,13 +19,17 @@ from shared_data.errors import DatasetError, run_cli
 SLAB = 16
 
 
-def channel_stats(ds) -> list[dict]:
-    """Per-channel min, max, mean, std and count of non-finite values, read slab by slab (float64 sums)."""
+def channel_stats(ds, checksum: dataset.ChannelChecksum | None = None) -> list[dict]:
+    """Per-channel min, max, mean, std and count of non-finite values, read slab by slab (float64 sums);
+    each slab also goes through ``checksum``."""
     c, size = ds.shape[0], ds.shape[1]
     acc = [dict(min=np.inf, max=-np.inf, s=0.0, s2=0.0, n=0, bad=0) for _ in range(c)]
     for x0 in range(0, size, SLAB):
         with dataset.reading(ds.file.filename, f"{ds.name.lstrip('/')} (x from {x0})"):
-            slab = ds[:, x0 : x0 + SLAB].astype(np.float64)
+            raw = ds[:, x0 : x0 + SLAB]
+        if checksum is not None:
+            checksum.update(raw)
+        slab = raw.astype(np.float64)
         for i in range(c):
             v = slab[i]
             fin = np.isfinite(v)
@@ -90,7 +94,13 @@ def inspect(path: str | Path, n_in: int = 4, n_out: int = 5) -> dataset.VolumeIn
             names = channel_names(info, key, ds.shape[0], problems)
             print(f"{key}: shape {ds.shape} dtype {ds.dtype}")
             print(f"  {'channel':<16}{'min':>10}{'max':>10}{'mean':>10}{'std':>10}")
-            for name, st in zip(names, channel_stats(ds), strict=True):
+            checksum = dataset.ChannelChecksum(info, key)
+            stats = channel_stats(ds, checksum)
+            try:
+                checksum.verify()
+            except DatasetError as err:
+                problems.append(str(err))
+            for name, st in zip(names, stats, strict=True):
                 print(f"  {name:<16}{st['min']:>10.4f}{st['max']:>10.4f}{st['mean']:>10.4f}{st['std']:>10.4f}")
                 if st["nonfinite"]:
                     problems.append(

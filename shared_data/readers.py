@@ -98,6 +98,9 @@ class InMemReader:
                 with dataset.reading(self.path, f"the {key} volume"):
                     ds.read_direct(a)
                 dataset.check_finite(a, f"{self.path} {key}")
+                checksum = dataset.ChannelChecksum(self.info, key)
+                checksum.update(a)
+                checksum.verify()
                 arrays.append(a)
         return arrays[0], arrays[1]
 

@@ -145,17 +145,21 @@ def _damage(path: Path, kind: str, where: float, seed: int) -> None:
                 f["Hydro"][...] = data
             elif kind == "missing":
                 del f["Hydro"]
+            elif kind == "value":  # one finite value changed in place, every attribute left as written
+                data = f["Nbody"][...]
+                data[1, 2, 3, 4] += 1e-3
+                f["Nbody"][...] = data
 
 
-KINDS = ["truncate", "flip", "float64", "channels_last", "names_short", "names_not_json", "nan", "missing"]
+KINDS = ["truncate", "flip", "float64", "channels_last", "names_short", "names_not_json", "nan", "missing", "value"]
 
 
 @settings(max_examples=60, **SETTINGS)
 @given(kind=st.sampled_from(KINDS), where=st.floats(0.0, 0.999), seed=st.integers(0, 2**16))
 def test_damaged_files_through_inspect_and_convert(data_dir, tmp_path_factory, kind, where, seed):
     """``inspect`` and ``convert`` on a damaged copy: each either succeeds, and then the file's data
-    are the original's (the damage missed them: checksummed chunks catch the rest), or ends with one
-    error line naming the file."""
+    are the original's (the damage missed them: each channel's recorded CRC-32 catches the rest), or
+    ends with one error line naming the file."""
     orig = _original(tmp_path_factory, data_dir)
     with h5py.File(orig) as f:
         want = {k: f[k][...] for k in dataset.KEYS}
@@ -163,8 +167,8 @@ def test_damaged_files_through_inspect_and_convert(data_dir, tmp_path_factory, k
     shutil.copy(orig, path)
     _damage(path, kind, where, seed)
     must_fail = {  # the damage each command must refuse (convert does not read channel names)
-        inspect.main: {"float64", "channels_last", "names_short", "names_not_json", "nan", "missing"},
-        convert.main: {"float64", "channels_last", "nan", "missing"},
+        inspect.main: {"float64", "channels_last", "names_short", "names_not_json", "nan", "missing", "value"},
+        convert.main: {"float64", "channels_last", "nan", "missing", "value"},
     }
     for main in (inspect.main, convert.main):
         code, out, err = cli(main, [str(path)])
