@@ -36,8 +36,8 @@ from shared_data.errors import UserError, run_cli
 MODES = ("io", "synthetic", "full")
 FRAMEWORKS = ("jax", "tf", "tf-xla", "torch")
 # Peak bf16 dense rate used as the MFU denominator, by device name. H200: the rate of a bf16 8192^3
-# matrix product measured on the H200 this kit is benchmarked on (``compare.step_breakdown
-# --measure_peaks``, experiments/h200_step_breakdown); the datasheet's 989 would give 20% lower MFU.
+# matrix product measured on the H200 the kit's results come from; the datasheet's 989 would give
+# 20% lower MFU.
 PEAK_TFLOPS = {"H200": 788.0, "H100": 989.0}
 
 
@@ -139,6 +139,12 @@ def run(
     return run_bench(bench, cfg, mode, warmup, steps, windows, label, window_sec)
 
 
+def prefetch_depth(cfg: Config) -> int:
+    """The batches an input pipeline can hold ready: the host loaders' read-ahead (workers + 1), the
+    transfer queue (2) and DALI's prefetch queue."""
+    return cfg.num_data_workers + 1 + 2 + cfg.dali_prefetch_queue_depth
+
+
 def run_bench(
     bench,
     cfg: Config,
@@ -150,9 +156,14 @@ def run_bench(
     window_sec: float | None = None,
 ) -> dict:
     """Time a ready ``bench`` (``step``/``sync``/``global_batch``/...; see :func:`make_bench`); return the
-    result record."""
+    result record. In IO and FULL modes the warm-up is at least :func:`prefetch_depth` steps: the
+    batches the loaders read ahead while the step compiled are consumed before the timing starts, so
+    a slow loader is not hidden behind its own queue."""
     framework = bench.framework
+    if mode != "synthetic":
+        warmup = max(warmup, prefetch_depth(cfg))
     stats = measure(bench, warmup, steps, windows, window_sec)
+    stats["warmup_steps"] = warmup
     device = bench.device_name()
     flops = unet_spec.train_flops_per_sample(cfg)
     peak = peak_tflops(device)

@@ -248,10 +248,13 @@ def kind_of(ins: Instruction, fused: list) -> str:
     return "other"
 
 
-def kernel_times(events: list, steps: int) -> tuple[dict, dict]:
+def kernel_times(events: list, steps: int, instructions: dict | None = None) -> tuple[dict, dict]:
     """Per HLO instruction, the kernel seconds per step, and the device totals (``busy_s``: the union of
     kernel intervals, ``span_s``: first start to last end, both per step). Device (GPU) kernel events
-    are used when the trace has them, else the host's XLA thunk events (CPU)."""
+    are used when the trace has them, else the host's XLA thunk events (CPU). A kernel run inside an
+    XLA command buffer (a CUDA graph) names the buffer as its ``hlo_op``; its own name is its fusion's
+    with ``.`` written ``_`` (``loop_add_fusion_3`` for ``loop_add_fusion.3``), which ``instructions``
+    (:func:`parse_hlo`) maps back."""
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     gpu = {pid for pid, n in names.items() if "GPU" in n or "/device:" in n}
     ops = [
@@ -264,9 +267,13 @@ def kernel_times(events: list, steps: int) -> tuple[dict, dict]:
     ]
     if not ops:
         raise UserError("the trace has no kernel events naming an HLO instruction (hlo_op); nothing to attribute")
+    by_kernel_name = {name.replace(".", "_"): name for name in instructions or {}}
     per_op = collections.defaultdict(float)
     for e in ops:
-        per_op[e["args"]["hlo_op"]] += e["dur"] * 1e-6 / steps
+        op = e["args"]["hlo_op"]
+        if instructions is not None and op not in instructions:
+            op = by_kernel_name.get(e["name"], op)
+        per_op[op] += e["dur"] * 1e-6 / steps
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in ops)
     busy, end = 0.0, -math.inf
     for a, b in spans:
@@ -281,7 +288,7 @@ def breakdown(hlo_text: str, events: list, steps: int, cfg, batch: int, device: 
     TFLOP/s, share of peak), ``kinds`` (per kind: ms, GB moved, TB/s, share of the copy rate),
     ``totals``."""
     instrs, comps = parse_hlo(hlo_text), computations(hlo_text)
-    per_op, totals = kernel_times(events, steps)
+    per_op, totals = kernel_times(events, steps, instrs)
     layers_names = [s.name for s in unet_spec.layer_specs(cfg)]
     peak, copy = peak_tflops(device), next((v for k, v in PEAK_COPY_TBPS.items() if k in device), None)
     kernels = formulation_kernels(cfg)
@@ -415,13 +422,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=5, help="traced steps (after the timed ones)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--out", help="folder for trace.json.gz, hlo.txt and breakdown.json")
-    p.add_argument("--from_dir", help="re-read the trace and HLO saved in this folder instead of running")
+    p.add_argument("--from_dir", help="re-read the trace and HLO (hlo.txt or hlo.txt.gz) saved in this folder")
     args = p.parse_args(argv)
     if args.from_dir:
         folder = Path(args.from_dir)
         meta = json.loads((folder / "breakdown.json").read_text())
         cfg = config_mod.make_config(meta["config_values"], meta["config"], str(folder / "breakdown.json"))
-        hlo = (folder / "hlo.txt").read_text()
+        hlo_file = folder / "hlo.txt"
+        hlo = (
+            hlo_file.read_text()
+            if hlo_file.is_file()
+            else gzip.decompress((folder / "hlo.txt.gz").read_bytes()).decode()
+        )
         events = json.loads(gzip.decompress((folder / "trace.json.gz").read_bytes()))["traceEvents"]
         device, step_s, steps = meta["device"], meta["step_s"], meta["steps"]
     else:

@@ -45,6 +45,8 @@ def test_every_mode_writes_the_schema(tiny_cfg, framework, tmp_path):
         assert math.isfinite(r["samples_per_sec"]) and r["samples_per_sec"] > 0
         assert 0 < r["step_ms_p50"] <= r["step_ms_p90"] and r["global_batch"] == tiny_cfg.global_batch_size
         assert r["mfu"] is None  # no known peak for a CPU
+        # IO and FULL drain what the loaders read ahead: 1 worker + 1, the transfer queue 2, DALI's 2
+        assert r["warmup_steps"] == (1 if mode == "synthetic" else 6)
     assert "samples/s" in benchmark.table(records)
 
 

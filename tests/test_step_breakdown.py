@@ -3,6 +3,7 @@ CPU trace of the tiny net and from a hand-made GPU-style module (cuDNN custom-ca
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -68,6 +69,11 @@ def test_cpu_trace_of_the_tiny_net(tiny_cfg, tmp_path):
     assert t["kernel_ms"] == pytest.approx(t["conv_ms"] + t["other_ms"] + t["unmatched_ms"], rel=1e-6)
     assert t["conv_ms"] > 0 and t["other_ms"] > 0 and t["busy_ms"] <= t["span_ms"] + 1e-9
     assert all(result["layers"][n]["fwd"]["ms"] > 0 for n in want)
+    # --from_dir re-reads the saved trace and HLO (also gzipped) to the same breakdown
+    (tmp_path / "hlo.txt.gz").write_bytes(gzip.compress(hlo.encode()))
+    (tmp_path / "hlo.txt").unlink()
+    assert sb.main(["--from_dir", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "breakdown.json").read_text())["totals"] == pytest.approx(t)
     assert result["layers"]["down1"]["dgrad"]["ms"] == 0  # no input gradient for the first layer
     assert result["kinds"]["Adam"]["ms"] > 0 and result["kinds"]["depth-to-space shuffles"]["ms"] > 0
     again = sb.main(["--from_dir", str(tmp_path)])
@@ -166,3 +172,23 @@ def test_a_trace_without_hlo_ops_is_one_error():
 
     with pytest.raises(UserError, match="no kernel events naming an HLO instruction"):
         sb.kernel_times([{"ph": "X", "pid": 1, "ts": 0, "dur": 1, "name": "python"}], 1)
+
+
+def test_kernels_inside_a_command_buffer_map_to_their_fusions():
+    """A kernel run from an XLA command buffer names the buffer (``command_buffer_2``, not an
+    instruction of the module's text) as its hlo_op and its fusion, with ``.`` written ``_``, as its
+    own name: it is attributed to the fusion; a kernel name that matches no instruction stays on the
+    buffer."""
+    meta = {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}}
+
+    def k(op, name, ts, dur):
+        return {"ph": "X", "pid": 1, "tid": 7, "ts": ts, "dur": dur, "name": name, "args": {"hlo_op": op}}
+
+    events = [meta, k("fwd", "cudnn_conv", 0, 300), k("command_buffer_2", "loop_add_fusion_3", 300, 40)]
+    events += [k("command_buffer_2", "input_reduce_fusion_1", 340, 20), k("command_buffer_2", "memset", 360, 10)]
+    instructions = {"fwd": None, "loop_add_fusion.3": None, "input_reduce_fusion.1": None}
+    per_op, totals = sb.kernel_times(events, 2, instructions)
+    assert per_op == pytest.approx(
+        {"fwd": 150e-6, "loop_add_fusion.3": 20e-6, "input_reduce_fusion.1": 10e-6, "command_buffer_2": 5e-6}
+    )
+    assert totals["span_s"] == pytest.approx(185e-6) and totals["busy_s"] == pytest.approx(185e-6)
