@@ -8,7 +8,10 @@ that stop after each stage, timed through DALI's JAX iterator (IO: batches ready
     channels  the same with the channel part in DALI too (unmapped crops, ``sequence_rearrange`` and
               the sign product before the axes): what the file-reading modes do on the GPU
 
-    PYTHONPATH=/tmp/site:. python3 experiments/dali_full_speed/stages.py --config short_opt --out r.jsonl
+    PYTHONPATH=/tmp/site:. python3 experiments/dali_full_speed/stages.py --config short_opt --full --out r.jsonl
+
+With ``--full`` each DALI stage also feeds the kit's compiled train step (FULL through this stage's
+pipeline), so the cost of DALI beside the step shows per stage.
 
 Runs on a CPU too (CPU-only pipelines, NumPy crops) for the smoke test.
 """
@@ -22,6 +25,7 @@ import jax
 import numpy as np
 
 from jax_impl import dali as jdali
+from jax_impl import distribute
 from shared_data import config as config_mod
 from shared_data import dali_pipelines as dp
 from shared_data import dataset
@@ -82,7 +86,7 @@ def pipeline(cfg, stage: str, plans, fns, device_id):
     return pipe()
 
 
-def time_stage(cfg, stage: str, steps: int, device_id) -> dict:
+def time_stage(cfg, stage: str, steps: int, device_id, bench=None) -> dict:
     path = cfg.data_file("train")
     size = dataset.validate(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size).size
     plans = dp.EpochPlans(cfg, TRAIN, [0], 1, size)
@@ -104,16 +108,23 @@ def time_stage(cfg, stage: str, steps: int, device_id) -> dict:
 
         it = batches()
     else:
-        dali_it = jdali.make_iterator(
-            [pipeline(cfg, stage, plans, fns, device_id)], len(plans(0)) * cfg.global_batch_size
-        )
+        sharding = distribute.batch_sharding(bench.mesh) if (bench is not None and device_id is not None) else None
+        samples = len(plans(0)) * cfg.global_batch_size
+        dali_it = jdali.make_iterator([pipeline(cfg, stage, plans, fns, device_id)], samples, sharding)
 
         def epochs():
             while True:  # the iterator ends each epoch and resets itself
                 for batch in dali_it:
-                    yield batch["inputs"], batch["targets"]
+                    if bench is None:
+                        yield batch["inputs"], batch["targets"]
+                    elif sharding is None:  # CPU-only pipelines: place the batch like the native loaders
+                        yield distribute.put_batch({k: np.asarray(v) for k, v in batch.items()}, bench.mesh)
+                    else:
+                        yield batch
 
         it = epochs()
+        if bench is not None:
+            return full_rate(cfg, stage, it, steps, bench)
     for _ in range(3):  # warm-up: compile the crop function, start DALI
         out = next(it)
     jax.block_until_ready(out)
@@ -132,21 +143,53 @@ def time_stage(cfg, stage: str, steps: int, device_id) -> dict:
     }
 
 
+def full_rate(cfg, stage: str, batches, steps: int, bench) -> dict:
+    """FULL: the compiled train step of ``bench`` on the stage's batches (warm-up drains DALI's queue)."""
+    out = None
+    for _ in range(6):
+        bench.state, out = bench.train_fn(bench.state, next(batches))
+    jax.block_until_ready(out)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        bench.state, out = bench.train_fn(bench.state, next(batches))
+    jax.block_until_ready(out)
+    sec = (time.perf_counter() - t0) / steps
+    return {
+        "stage": stage,
+        "mode": "full",
+        "ms_per_batch": 1e3 * sec,
+        "samples_per_sec": cfg.global_batch_size / sec,
+        "batch": cfg.global_batch_size,
+        "device": str(jax.devices()[0].device_kind),
+        "steps": steps,
+    }
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="experiments/dali_full_speed/stages.py", description=__doc__.split("\n\n")[0])
     config_mod.add_config_args(p)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
+    p.add_argument("--full", action="store_true", help="also FULL: each DALI stage feeding the train step")
     p.add_argument("--out")
     args = p.parse_args(argv)
     cfg = config_mod.replace(config_mod.config_from_args(args), data_loader_config="dali-device")
     device_id = 0 if jax.default_backend() == "gpu" else None
     rows = []
+    bench = None
+    if args.full:
+        from jax_impl.bench import Bench
+
+        bench = Bench(cfg, "synthetic")
+        rows.append(full_rate(cfg, "synthetic", iter(lambda: bench.batch, None), args.steps, bench))
     for stage in args.stages:
-        row = time_stage(cfg, stage, args.steps, device_id)
-        rows.append(row)
+        rows.append(time_stage(cfg, stage, args.steps, device_id))
+        if bench is not None and stage != "cut":
+            rows.append(time_stage(cfg, stage, args.steps, device_id, bench))
+    for row in rows:
         print(
-            f"{stage:<10} {row['ms_per_batch']:8.3f} ms per batch  {row['samples_per_sec']:10.1f} samples/s", flush=True
+            f"{row['stage']:<10} {row.get('mode', 'io'):<5} {row['ms_per_batch']:8.3f} ms per batch "
+            f"{row['samples_per_sec']:10.1f} samples/s"
         )
     if args.out:
         with open(args.out, "a") as fh:
