@@ -73,13 +73,19 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     """Run ``main(argv)``; print a :class:`UserError` (also one wrapped by TF or DALI) as
     ``error: <message>`` on stderr and return 2.
 
-    Returns ``main``'s return value (``None`` counts as 0). ``KeyboardInterrupt`` returns 130.
+    Returns ``main``'s return value (``None`` counts as 0). ``KeyboardInterrupt`` returns 130; a
+    closed stdout (``... | head``) returns 0 with the rest of the output discarded.
     """
     try:
         code = main(argv)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of stdout went away (``... | head``): stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as err:
         message = user_error_in(err)
         if message is None:
@@ -89,9 +95,4 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader of stdout went away (``... | head``): stop quietly
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
     return 0 if code is None else int(code)

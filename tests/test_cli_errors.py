@@ -42,15 +42,10 @@ def test_user_errors_are_found_inside_framework_wrappers():
 
 
 @pytest.mark.parametrize("fw", ["jax_impl", "tf_impl"])
-def test_flag_errors_stop_before_training(fw, tiny_cfg, tmp_path):
+def test_flag_errors_stop_before_training(fw, tmp_path, tiny_argv):
     base = [
         f"{fw}.train",
-        "--config",
-        "cpu_tiny",
-        "--set",
-        f"train_path={tiny_cfg.train_path}",
-        "--set",
-        f"val_path={tiny_cfg.val_path}",
+        *tiny_argv,
         "--workdir",
         str(tmp_path / "w"),
     ]
@@ -150,3 +145,25 @@ def test_generator_and_converter_reject_bad_values(tmp_path):
         g["Hydro"] = h
     _assert_user_error(_run("shared_data.convert", str(nan)), "Hydro (x from 0): non-finite value nan")
     _assert_user_error(_run("shared_data.inspect", str(tmp_path)), "is a folder, expected an HDF5 file")
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(data_dir):
+    """``inspect ... | head``: stdout is a pipe whose reader has gone (unbuffered, so the first line
+    already meets the closed pipe); the command stops with exit 0 and nothing on stderr."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "shared_data.inspect", str(data_dir / "val_24.h5")],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO_ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            timeout=300,
+        )
+    finally:
+        os.close(write_end)
+    assert res.returncode == 0 and "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
