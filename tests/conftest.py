@@ -48,3 +48,19 @@ def tiny_cfg(data_dir, tmp_path_factory):
             xla_cache_dir=str(runs / "xla_cache"),
         ),
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_argv(tiny_cfg):
+    """The command-line arguments that select ``cpu_tiny`` on the session's data files and XLA cache
+    (a later ``--set xla_cache_dir=...`` overrides the cache)."""
+    return [
+        "--config",
+        "cpu_tiny",
+        "--set",
+        f"train_path={tiny_cfg.train_path}",
+        "--set",
+        f"val_path={tiny_cfg.val_path}",
+        "--set",
+        f"xla_cache_dir={tiny_cfg.xla_cache_dir}",
+    ]

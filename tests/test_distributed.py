@@ -167,16 +167,11 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_jax_processes_match_one_process(tiny_cfg, tmp_path):
+def test_two_jax_processes_match_one_process(tmp_path, tiny_argv):
     common = [
         "-m",
         "jax_impl.train",
-        "--config",
-        "cpu_tiny",
-        "--set",
-        f"train_path={tiny_cfg.train_path}",
-        "--set",
-        f"val_path={tiny_cfg.val_path}",
+        *tiny_argv,
         "--set",
         f"xla_cache_dir={tmp_path / 'cache'}",
     ]

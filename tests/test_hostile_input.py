@@ -77,21 +77,14 @@ def test_config_values_load_or_name_the_key(key, value):
     key=st.sampled_from(["seed", "unet_widths", "crop_size", "start_lr", "num_data_workers", "Nsamples", "lambda_rho"]),
     value=st.sampled_from(["-1", "0", "[0, 8, 8]", "[-4, 8, 8]", "1e-3", "nan", "3", "[4, 8]"]),
 )
-def test_trainer_with_generated_values(tiny_cfg, tmp_path_factory, key, value):
+def test_trainer_with_generated_values(tmp_path_factory, key, value, tiny_argv):
     """The JAX trainer end to end with one generated ``--set``: trains, or one error line naming the key
     before any epoch (no value passes the checks and crashes later)."""
     from jax_impl import train
 
     work = tmp_path_factory.mktemp("run")
     argv = [
-        "--config",
-        "cpu_tiny",
-        "--set",
-        f"train_path={tiny_cfg.train_path}",
-        "--set",
-        f"val_path={tiny_cfg.val_path}",
-        "--set",
-        f"xla_cache_dir={tiny_cfg.xla_cache_dir}",
+        *tiny_argv,
         "--set",
         f"{key}={value}",
         "--workdir",
@@ -221,7 +214,7 @@ def test_npy_twins_that_do_not_match_are_refused(data_dir, tmp_path_factory, kin
     assert str(nbody) in str(err.value)
 
 
-def test_torn_run_records_neither_crash_summary_nor_resume(tiny_cfg, tmp_path):
+def test_torn_run_records_neither_crash_summary_nor_resume(tmp_path, tiny_argv):
     """A torn last line of metrics.jsonl and an empty run.json (a kill during a write on another file
     system): summary shows the complete epochs and --resume continues, rewriting both whole."""
     from compare import summary
@@ -229,14 +222,7 @@ def test_torn_run_records_neither_crash_summary_nor_resume(tiny_cfg, tmp_path):
 
     work = tmp_path / "runs" / "cpu_tiny" / "jax"
     argv = [
-        "--config",
-        "cpu_tiny",
-        "--set",
-        f"train_path={tiny_cfg.train_path}",
-        "--set",
-        f"val_path={tiny_cfg.val_path}",
-        "--set",
-        f"xla_cache_dir={tiny_cfg.xla_cache_dir}",
+        *tiny_argv,
         "--num_epochs",
         "2",
         "--workdir",
@@ -257,7 +243,7 @@ def test_torn_run_records_neither_crash_summary_nor_resume(tiny_cfg, tmp_path):
 
 
 @pytest.mark.parametrize("framework", ["jax", "tf"])
-def test_a_damaged_checkpoint_falls_back_to_the_previous_one(framework, tiny_cfg, tmp_path, caplog):
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(framework, tmp_path, caplog, tiny_argv):
     """The newest checkpoint damaged: --resume warns and continues from the one before; leftovers of a
     killed TF save are removed."""
     import logging
@@ -265,14 +251,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(framework, tiny_cfg
     train = __import__(f"{framework}_impl.train", fromlist=["train"])
     work = tmp_path / "w"
     argv = [
-        "--config",
-        "cpu_tiny",
-        "--set",
-        f"train_path={tiny_cfg.train_path}",
-        "--set",
-        f"val_path={tiny_cfg.val_path}",
-        "--set",
-        f"xla_cache_dir={tiny_cfg.xla_cache_dir}",
+        *tiny_argv,
         "--num_epochs",
         "3",
         "--set",
@@ -300,7 +279,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(framework, tiny_cfg
 
 
 @pytest.mark.parametrize("framework", ["jax", "tf"])
-def test_resume_with_another_config_is_one_error_line(framework, tiny_cfg, tmp_path):
+def test_resume_with_another_config_is_one_error_line(framework, tmp_path, tiny_argv):
     """A run folder of another net: one error line, and nothing else on stderr (orbax's background
     threads included), in a process of its own as a user runs it."""
     import subprocess
@@ -310,14 +289,7 @@ def test_resume_with_another_config_is_one_error_line(framework, tiny_cfg, tmp_p
         sys.executable,
         "-m",
         f"{framework}_impl.train",
-        "--config",
-        "cpu_tiny",
-        "--set",
-        f"train_path={tiny_cfg.train_path}",
-        "--set",
-        f"val_path={tiny_cfg.val_path}",
-        "--set",
-        f"xla_cache_dir={tiny_cfg.xla_cache_dir}",
+        *tiny_argv,
         "--workdir",
         str(tmp_path / "w"),
     ]

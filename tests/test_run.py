@@ -76,17 +76,12 @@ def _train(*args, cwd):
     )
 
 
-def test_run_folder_records_and_tensorboard_tags(tiny_cfg, tmp_path):
+def test_run_folder_records_and_tensorboard_tags(tmp_path, tiny_argv):
     """A run and its resume in one folder: out.log holds everything both printed, run.json both
     invocations (command line, config, code version, library versions), TensorBoard the tutorial's
     tags with the step as x axis and a step-0 loss; a run folder under the current folder."""
     common = [
-        "--config",
-        "cpu_tiny",
-        "--set",
-        f"train_path={tiny_cfg.train_path}",
-        "--set",
-        f"val_path={tiny_cfg.val_path}",
+        *tiny_argv,
         "--set",
         "tensorboard=true",
         "--set",
@@ -161,14 +156,9 @@ def test_manual_profiling_window_is_the_tutorials(tiny_cfg, tmp_path):
         assert (r._window.start, r._window.stop) == (r.steps_per_epoch, r.steps_per_epoch + 60)
 
 
-def test_enable_benchy_runs_the_benchmark_modes(tiny_cfg, tmp_path):
+def test_enable_benchy_runs_the_benchmark_modes(tmp_path, tiny_argv):
     res = _train(
-        "--config",
-        "cpu_tiny",
-        "--set",
-        f"train_path={tiny_cfg.train_path}",
-        "--set",
-        f"val_path={tiny_cfg.val_path}",
+        *tiny_argv,
         "--set",
         f"xla_cache_dir={tmp_path / 'c'}",
         "--enable_benchy",
