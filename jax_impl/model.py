@@ -13,8 +13,8 @@ Down-convolution (``downconv``):
 * ``space_to_depth`` (default): the same function as a stride-1 2x2x2 VALID convolution of the
   padded input rearranged by space-to-depth (2x2x2 blocks -> 8 C_in channels), with the kernel
   regrouped as ``w[2a + r] -> w'[a, (r, c_in)]`` per axis. Identical FLOPs; its input gradient is a
-  stride-1 convolution instead of XLA's slow input-dilated one (25x faster backward measured on CPU,
-  see docs/perf_notes.md).
+  stride-1 convolution instead of XLA's slow input-dilated one, which makes the backward pass many
+  times faster (docs/perf_notes.md).
 
 Up-convolution (``upconv``):
 
