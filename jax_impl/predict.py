@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -17,26 +18,21 @@ import numpy as np
 
 from jax_impl import model as model_mod
 from shared_data import predict as predict_mod
-from shared_data import unet_spec
 from shared_data.config import Config
 from shared_data.errors import run_cli
 
 FRAMEWORK = "jax"
 
 
-def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple[dict[str, np.ndarray], str]:
-    """Canonical weights from the ``.npz`` file ``weights``, or from the latest checkpoint of the run
-    folder ``workdir`` (restored with :class:`jax_impl.train.Checkpoints`); and their description.
+def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[dict[str, np.ndarray], int]:
+    """The canonical weights of the latest checkpoint in ``directory`` (restored with
+    :class:`jax_impl.train.Checkpoints`) and its epoch.
 
     Raises:
-        UserError: a missing or mismatched weights file, no checkpoint, a checkpoint of another config.
+        UserError: no checkpoint, or one that does not restore.
     """
-    if weights:
-        return unet_spec.load_weights(weights, cfg), predict_mod.describe_weights(weights, None)
     from jax_impl import train
 
-    directory = predict_mod.checkpoint_dir(workdir)
-    run_cfg = predict_mod.checkpoint_config(cfg, workdir)
     tx = train.make_optimizer(np.zeros(1, np.float32))
     like = train.create_train_state(run_cfg, model_mod.init_params(run_cfg, 0), tx)
     absl = logging.getLogger("absl")
@@ -48,8 +44,12 @@ def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple
         absl.setLevel(level)
     epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
     state = checkpoints.restore(epoch)
-    canonical = model_mod.params_to_canonical(jax.device_get(state.params))
-    return canonical, predict_mod.describe_weights(None, workdir, epoch)
+    return model_mod.params_to_canonical(jax.device_get(state.params)), epoch
+
+
+def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple[dict[str, np.ndarray], str]:
+    """:func:`shared_data.predict.load_weights` with this framework's checkpoints."""
+    return predict_mod.load_weights(cfg, weights, workdir, restore_checkpoint)
 
 
 def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply:

@@ -295,6 +295,26 @@ def latest_checkpoint(checkpoints, workdir: str | Path) -> int:
     return epochs[-1]
 
 
+Restore = Callable[[Config, Path, str], tuple[dict[str, np.ndarray], int]]
+
+
+def load_weights(
+    cfg: Config, weights: str | None, workdir: str | None, restore: Restore
+) -> tuple[dict[str, np.ndarray], str]:
+    """Canonical weights from the ``.npz`` file ``weights``, or from the latest checkpoint of the run
+    folder ``workdir`` through a framework's ``restore(run_cfg, checkpoints_folder, workdir) ->
+    (canonical weights, epoch)``; and their description (:func:`describe_weights`).
+
+    Raises:
+        UserError: a missing or mismatched weights file, no checkpoint, a checkpoint of another config.
+    """
+    if weights:
+        return unet_spec.load_weights(weights, cfg), describe_weights(weights, None)
+    directory = checkpoint_dir(workdir)
+    canonical, epoch = restore(checkpoint_config(cfg, workdir), directory, workdir)
+    return canonical, describe_weights(None, workdir, epoch)
+
+
 # --- the command line ----------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -19,7 +20,6 @@ import tensorflow as tf
 
 from shared_data import config as config_mod
 from shared_data import predict as predict_mod
-from shared_data import unet_spec
 from shared_data.config import Config
 from shared_data.errors import run_cli
 from tf_impl import model as model_mod
@@ -27,25 +27,25 @@ from tf_impl import model as model_mod
 FRAMEWORK = "tf"
 
 
-def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple[dict[str, np.ndarray], str]:
-    """Canonical weights from the ``.npz`` file ``weights``, or from the latest checkpoint of the run
-    folder ``workdir`` (restored with :class:`tf_impl.train.Checkpoints`, model variables only); and
-    their description.
+def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[dict[str, np.ndarray], int]:
+    """The canonical weights of the latest checkpoint in ``directory`` (restored with
+    :class:`tf_impl.train.Checkpoints`, model variables only) and its epoch.
 
     Raises:
-        UserError: a missing or mismatched weights file, no checkpoint, a checkpoint of another config.
+        UserError: no checkpoint, or one that does not restore.
     """
-    if weights:
-        return unet_spec.load_weights(weights, cfg), predict_mod.describe_weights(weights, None)
     from tf_impl import train
 
-    directory = predict_mod.checkpoint_dir(workdir)
-    run_cfg = predict_mod.checkpoint_config(cfg, workdir)
     model = model_mod.build_model(run_cfg)
     checkpoints = train.Checkpoints(directory, run_cfg.keep_checkpoints, model, read_only=True)
     epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
     checkpoints.restore(epoch)
-    return model_mod.params_to_canonical(model), predict_mod.describe_weights(None, workdir, epoch)
+    return model_mod.params_to_canonical(model), epoch
+
+
+def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple[dict[str, np.ndarray], str]:
+    """:func:`shared_data.predict.load_weights` with this framework's checkpoints."""
+    return predict_mod.load_weights(cfg, weights, workdir, restore_checkpoint)
 
 
 def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply:
