@@ -570,7 +570,7 @@ def log_setup(cfg: Config, settings: dict, replicas: int) -> tuple[int, int]:
 
 #: The tutorial's DDP-only flags, each answered with what does the job here.
 DDP_ONLY = {
-    "--local_rank": "the process's devices come from the launcher here (jax.distributed or TF_CONFIG / SLURM); "
+    "--local_rank": "the process's devices come from the launcher (jax.distributed or TF_CONFIG / SLURM); "
     "see scripts/launch",
     "--bucket_cap_mb": "XLA combines and schedules the gradient all-reduces itself; its combining threshold "
     "is the XLA flag --xla_gpu_all_reduce_combine_threshold_bytes (XLA_FLAGS)",
