@@ -90,6 +90,14 @@ def log_to_file(path: Path, process_index: int = 0) -> None:
     root.addHandler(handler)
 
 
+def log_to_file_only(level: int, message: str) -> None:
+    """Write ``message`` to the run's ``out.log`` alone (not to the console), if one is open."""
+    record = log.makeRecord(log.name, level, __file__, 0, message, (), None)
+    for h in logging.getLogger().handlers:
+        if getattr(h, "_dlas", False) == "file":
+            h.handle(record)
+
+
 def close_log_file() -> None:
     """Stop writing log lines to the run's ``out.log``."""
     root = logging.getLogger()
@@ -697,7 +705,7 @@ def main(
             save_weights=args.save_weights,
         )
     except UserError as err:
-        log.error("error: %s", err)  # into out.log too; run_cli prints the one line on stderr
+        log_to_file_only(logging.ERROR, f"error: {err}")  # run_cli prints the one line on stderr
         raise
     finally:
         close_log_file()

@@ -167,3 +167,16 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(data_dir):
     finally:
         os.close(write_end)
     assert res.returncode == 0 and "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
+
+
+def test_a_trainer_error_is_one_line_on_stderr_and_kept_in_out_log(tmp_path, data_dir, tiny_argv):
+    """An error found once the run has started (a truncated validation file): one ``error:`` line on
+    stderr, none among the console's log lines on stdout, and the same line in the run's out.log."""
+    bad = tmp_path / "val.h5"
+    bad.write_bytes((data_dir / "val_24.h5").read_bytes()[:5000])
+    work = tmp_path / "w"
+    res = _run("jax_impl.train", *tiny_argv, "--set", f"val_path={bad}", "--workdir", str(work))
+    _assert_user_error(res, "val.h5")
+    assert "error:" not in res.stdout, res.stdout[-2000:]
+    logged = [line for line in (work / "out.log").read_text().splitlines() if "error:" in line]
+    assert len(logged) == 1 and "val.h5" in logged[0]
