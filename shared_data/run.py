@@ -441,8 +441,14 @@ class Run:
             self._window.close()
 
     def epochs(self, start_epoch: int, stop_after_epoch: int | None = None) -> range:
-        """The epochs this invocation trains (``stop_after_epoch`` ends it early, as a job's time limit)."""
+        """The epochs this invocation trains (``stop_after_epoch`` ends it early, as a job's time limit);
+        a resumed run that has trained all ``num_epochs`` says so."""
         end = self.cfg.num_epochs if stop_after_epoch is None else min(stop_after_epoch, self.cfg.num_epochs)
+        if start_epoch >= self.cfg.num_epochs:
+            log.info(
+                "all %d epochs of this run are trained: nothing to do (--set num_epochs=N to continue it)",
+                self.cfg.num_epochs,
+            )
         return range(start_epoch, end)
 
     def steps(self, batches: Iterator, epoch: int) -> Iterator:

@@ -70,6 +70,14 @@ def test_input_bound_run_says_so_once(tiny_cfg, tmp_path, caplog):
     assert "Input wait 9" in text or "Input wait 100" in text
 
 
+def test_a_finished_run_resumed_says_there_is_nothing_to_train(tiny_cfg, tmp_path, caplog):
+    r = run.Run(C.replace(tiny_cfg, num_epochs=2), tmp_path / "w", "jax", "test", {}, 1)
+    with caplog.at_level(logging.INFO, logger="dlas"):
+        assert list(r.epochs(1)) == [1] and "nothing to do" not in caplog.text
+        assert list(r.epochs(2)) == []
+    assert "all 2 epochs of this run are trained: nothing to do (--set num_epochs=N" in caplog.text
+
+
 def _train(*args, cwd):
     return subprocess.run(
         [sys.executable, "-m", "jax_impl.train", *args], cwd=cwd, capture_output=True, text=True, timeout=600
