@@ -46,7 +46,7 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
         for key, out in zip(dataset.KEYS, outs):
             ds = f[key]
             c, size = ds.shape[0], ds.shape[1]
-            checksum = dataset.ChannelChecksum(info, key)
+            checksum = dataset.ChannelChecksum(info.path, info.attrs, key)
             with atomic_path(out, suffix=".npy") as tmp:
                 mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(*ds.shape[1:], c))
                 for x0 in range(0, size, SLAB):

@@ -267,13 +267,18 @@ def channel_crc32(volume: np.ndarray) -> list[int]:
 
 
 class ChannelChecksum:
-    """Checks a file's recorded per-channel CRC-32 (``<key>_crc32``) against values read in order,
-    slab by slab along the first spatial axis (or whole): :meth:`update` with each (C, n, L, L) slab,
-    then :meth:`verify`. Files without the attribute (the tutorial's) are not checked."""
+    """Checks the per-channel CRC-32 that file ``path`` records in its attributes ``attrs``
+    (``<key>_crc32``) against values read in order, slab by slab along the first spatial axis (or
+    whole): :meth:`update` with each (C, n, L, L) float32 slab, then :meth:`verify`. Files without
+    the attribute (the tutorial's) are not checked.
 
-    def __init__(self, info: VolumeInfo, key: str):
-        self.path, self.key = info.path, key
-        recorded = json_attr(info.attrs, f"{key}_crc32", info.path)
+    Raises:
+        DatasetError: the attribute is not JSON (at construction).
+    """
+
+    def __init__(self, path: Path, attrs, key: str):
+        self.path, self.key = path, key
+        recorded = json_attr(attrs, f"{key}_crc32", path)
         self.recorded = list(recorded) if isinstance(recorded, list) else None
         self.crc = [0] * len(self.recorded or [])
 

@@ -94,7 +94,7 @@ def inspect(path: str | Path, n_in: int = 4, n_out: int = 5) -> dataset.VolumeIn
             names = channel_names(info, key, ds.shape[0], problems)
             print(f"{key}: shape {ds.shape} dtype {ds.dtype}")
             print(f"  {'channel':<16}{'min':>10}{'max':>10}{'mean':>10}{'std':>10}")
-            checksum = dataset.ChannelChecksum(info, key)
+            checksum = dataset.ChannelChecksum(info.path, info.attrs, key)
             stats = channel_stats(ds, checksum)
             try:
                 checksum.verify()

@@ -177,7 +177,8 @@ def read_input(path: str | Path, n_in: int) -> tuple[np.ndarray, dict]:
 
     Raises:
         DatasetError: the file is missing or unreadable; ``Nbody`` is missing, not 4-D
-            channel-first with ``n_in`` channels, not float32, not cubic, or holds NaN or inf.
+            channel-first with ``n_in`` channels, not float32, not cubic, holds NaN or inf, or differs
+            from the CRC-32 its attributes record.
     """
     path = Path(path)
     with dataset.open_h5(path) as f, dataset.reading(path, "Nbody"):
@@ -198,6 +199,9 @@ def read_input(path: str | Path, n_in: int) -> tuple[np.ndarray, dict]:
         nbody = ds[...]
         attrs = dict(f.attrs.items())
     dataset.check_finite(nbody, f"{path} Nbody")
+    checksum = dataset.ChannelChecksum(path, attrs, "Nbody")
+    checksum.update(nbody)
+    checksum.verify()
     return np.ascontiguousarray(np.moveaxis(nbody, 0, -1)), attrs
 
 

@@ -98,7 +98,7 @@ class InMemReader:
                 with dataset.reading(self.path, f"the {key} volume"):
                     ds.read_direct(a)
                 dataset.check_finite(a, f"{self.path} {key}")
-                checksum = dataset.ChannelChecksum(self.info, key)
+                checksum = dataset.ChannelChecksum(self.path, self.info.attrs, key)
                 checksum.update(a)
                 checksum.verify()
                 arrays.append(a)

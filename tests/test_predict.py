@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import h5py
 import jax
@@ -244,6 +245,12 @@ def test_bad_inputs_give_one_error_line(vol64, weights_file, tmp_path, capsys):
         f.create_dataset("Hydro", data=np.zeros((5, 8, 8, 8), np.float32))
     with pytest.raises(DatasetError, match="missing dataset 'Nbody'"):
         predict_mod.read_input(tmp_path / "nonbody.h5", 4)
+    changed = tmp_path / "changed.h5"
+    changed.write_bytes(Path(vol64).read_bytes())
+    with h5py.File(changed, "a") as f:  # a finite value changed after writing: the recorded CRC-32 differs
+        f["Nbody"][2, 5, 6, 7] += 1e-3
+    with pytest.raises(DatasetError, match=r"changed\.h5: Nbody channel 2 does not match its recorded CRC-32"):
+        predict_mod.read_input(changed, 4)
     same = ["--config", "cpu_tiny", "--weights", str(weights_file), "--input", str(vol64), "--out", str(vol64)]
     assert run_cli(jax_predict.main, same) == 2
     assert "is the --input file" in capsys.readouterr().err
