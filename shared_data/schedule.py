@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from shared_data.config import Config
+from shared_data.config import Config, ConfigError
 
 
 def initial_lr(cfg: Config, global_batch: int) -> float:
@@ -44,6 +44,18 @@ def lr_table(cfg: Config, global_batch: int, total_steps: int) -> np.ndarray:
     """``learning_rate`` for steps 0 .. total_steps - 1 as float32 (at least one entry).
 
     Frameworks index it with the step clamped to the last entry, so both apply identical LRs.
+
+    Raises:
+        ConfigError: an LR beyond float32's range (``start_lr`` or ``end_lr`` near 3.4e38, or scaled
+            there for this global batch).
     """
     n = max(total_steps, 1)
-    return np.array([learning_rate(s, cfg, global_batch, total_steps) for s in range(n)], np.float32)
+    table = [learning_rate(s, cfg, global_batch, total_steps) for s in range(n)]
+    largest = max(table)
+    if not largest <= float(np.finfo(np.float32).max):
+        raise ConfigError(
+            f"config {cfg.name!r} keys 'start_lr' / 'end_lr': start_lr {cfg.start_lr} (scaled to "
+            f"{initial_lr(cfg, global_batch):.4g} for global batch {global_batch}) and end_lr {cfg.end_lr} give "
+            f"a learning rate of {largest:.4g}, beyond float32's range; expected a finite learning rate"
+        )
+    return np.array(table, np.float32)

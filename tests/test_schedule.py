@@ -1,6 +1,7 @@
 import math
 
 import numpy as np
+import pytest
 
 from shared_data import config as C
 from shared_data import schedule
@@ -31,3 +32,11 @@ def test_no_warmup_at_base_batch_and_constant_schedule():
     cfg = C.load_config("base", overrides={"start_lr": 1.0, "warmup_steps": 10, "lr_schedule": "constant"})
     assert schedule.warmup_steps(cfg, 64) == 0
     np.testing.assert_allclose(schedule.lr_table(cfg, 64, 5), np.ones(5))
+
+
+def test_a_learning_rate_beyond_float32_is_a_config_error():
+    """start_lr just below float32's largest value, scaled by sqrt(G / B0) > 1, would be inf in the table."""
+    cfg = C.replace(C.load_config("cpu_tiny"), start_lr=3.4e38, lr_scaling="sqrt", base_batch_size=1)
+    with pytest.raises(C.ConfigError, match=r"key.*'start_lr'.*beyond float32's range"):
+        schedule.lr_table(cfg, 4, 10)
+    assert np.isfinite(schedule.lr_table(C.replace(cfg, start_lr=1e30), 4, 10)).all()
