@@ -259,11 +259,14 @@ def check_npy_twins(info: VolumeInfo, npys: tuple[Path, Path]) -> None:
             )
 
 
-def channel_crc32(volume: np.ndarray) -> list[int]:
-    """CRC-32 (zlib) of each channel's float32 values in C order: ``volume`` (C, L, L, L)."""
+def channel_crc32(volume: np.ndarray, start: list[int] | None = None) -> list[int]:
+    """CRC-32 (zlib) of each channel's float32 values in C order: ``volume`` (C, ...); with ``start``
+    (one running CRC per channel), continued from those, so slabs read in order give the whole
+    channel's CRC."""
     import zlib
 
-    return [zlib.crc32(np.ascontiguousarray(volume[c], np.float32).tobytes()) for c in range(volume.shape[0])]
+    start = start or [0] * volume.shape[0]
+    return [zlib.crc32(np.ascontiguousarray(volume[c], np.float32).tobytes(), start[c]) for c in range(len(start))]
 
 
 class ChannelChecksum:
@@ -283,11 +286,9 @@ class ChannelChecksum:
         self.crc = [0] * len(self.recorded or [])
 
     def update(self, slab: np.ndarray) -> None:
-        import zlib
-
-        if self.recorded is not None:
-            for c in range(min(len(self.crc), slab.shape[0])):
-                self.crc[c] = zlib.crc32(np.ascontiguousarray(slab[c], np.float32).tobytes(), self.crc[c])
+        n = min(len(self.crc), slab.shape[0])
+        if self.recorded is not None and n:
+            self.crc[:n] = channel_crc32(slab[:n], self.crc[:n])
 
     def verify(self) -> None:
         """Raises: DatasetError: a channel's values differ from what was written."""
