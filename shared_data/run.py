@@ -64,7 +64,7 @@ def setup_logging(process_index: int = 0, level: int = logging.INFO) -> None:
     """One stream handler on stdout (idempotent). Process 0 logs at ``level``; every other process
     logs warnings and errors only, each line tagged with its rank."""
     root = logging.getLogger()
-    for h in [h for h in root.handlers if getattr(h, "_dlas", False) == "stream"]:
+    for h in _handlers("stream"):
         root.removeHandler(h)
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(_formatter(process_index))
@@ -73,6 +73,11 @@ def setup_logging(process_index: int = 0, level: int = logging.INFO) -> None:
     root.setLevel(level if process_index == 0 else logging.WARNING)
     for noisy in ("absl", "jax._src", "orbax", "tensorflow", "h5py"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _handlers(kind: str) -> list[logging.Handler]:
+    """The root logger's handlers this module added: ``"stream"`` (the console) or ``"file"`` (out.log)."""
+    return [h for h in logging.getLogger().handlers if getattr(h, "_dlas", False) == kind]
 
 
 def _formatter(process_index: int) -> logging.Formatter:
@@ -93,16 +98,14 @@ def log_to_file(path: Path, process_index: int = 0) -> None:
 def log_to_file_only(level: int, message: str) -> None:
     """Write ``message`` to the run's ``out.log`` alone (not to the console), if one is open."""
     record = log.makeRecord(log.name, level, __file__, 0, message, (), None)
-    for h in logging.getLogger().handlers:
-        if getattr(h, "_dlas", False) == "file":
-            h.handle(record)
+    for h in _handlers("file"):
+        h.handle(record)
 
 
 def close_log_file() -> None:
     """Stop writing log lines to the run's ``out.log``."""
-    root = logging.getLogger()
-    for h in [h for h in root.handlers if getattr(h, "_dlas", False) == "file"]:
-        root.removeHandler(h)
+    for h in _handlers("file"):
+        logging.getLogger().removeHandler(h)
         h.close()
 
 
