@@ -219,6 +219,25 @@ def append_records(path: str | Path, records: list[dict]) -> None:
         fh.writelines(json.dumps(r) + "\n" for r in records)
 
 
+def run_process(
+    cmd: Sequence[str], out: Path, timeout: float, env: dict | None = None
+) -> tuple[list[dict], str | None, str]:
+    """Run a benchmark command line ``cmd`` that appends its records to ``out`` in a subprocess;
+    return the records it appended, why it failed (``exit N: <last line>``, ``timed out after T s``;
+    None when it did not) and its output (stderr, else stdout)."""
+    import subprocess
+
+    before = out.read_text().count("\n") if out.exists() else 0
+    try:
+        res = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env)
+        output = res.stderr.strip() or res.stdout.strip() or "no output"
+        failure = f"exit {res.returncode}: {output.splitlines()[-1]}" if res.returncode else None
+    except subprocess.TimeoutExpired:
+        output, failure = "", f"timed out after {timeout:.0f} s"
+    lines = out.read_text().splitlines()[before:] if out.exists() else []
+    return [json.loads(line) for line in lines if line], failure, output
+
+
 def int_at_least(minimum: int):
     """An argparse ``type`` accepting integers >= ``minimum`` (counts of steps, windows, ...)."""
 

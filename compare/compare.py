@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from compare.benchmark import FRAMEWORKS, MODES, table
+from compare.benchmark import FRAMEWORKS, MODES, run_process, table
 from shared_data.errors import run_cli
 
 MODULES = {"jax": "jax", "tf": "tensorflow", "torch": "torch"}
@@ -57,7 +56,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if why:
             notes.append(f"{fw}: skipped ({why})")
             continue
-        before = out.read_text().count("\n") if out.exists() else 0
         cmd = [
             sys.executable,
             "-m",
@@ -75,10 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             *extra,
         ]
         print(f"[compare] {' '.join(cmd[1:])}", flush=True)
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-        if res.returncode:
-            notes.append(f"{fw}: failed ({(res.stderr or res.stdout).strip().splitlines()[-1:]})")
-        records += [json.loads(line) for line in out.read_text().splitlines()[before:]]
+        new, failure, _ = run_process(cmd, out, args.timeout)
+        if failure:
+            notes.append(f"{fw}: failed ({failure})")
+        records += new
     print(table(records))
     for note in notes:
         print(note)

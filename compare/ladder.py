@@ -52,7 +52,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from compare.benchmark import FRAMEWORKS, MODES, append_records, int_at_least, positive_float
+from compare.benchmark import FRAMEWORKS, MODES, append_records, int_at_least, positive_float, run_process
 from shared_data import config as config_mod
 from shared_data.config import Config
 from shared_data.errors import DatasetError, UserError, run_cli
@@ -560,16 +560,9 @@ def run_step(step: Step, common: list[str], timeout: float) -> tuple[list[dict],
         print(f"[ladder] {step.framework} {step.index}. {step.rung.title}: XLA_FLAGS={shlex.quote(flags)} "
               f"{shlex.join(cmd[1:-2])}", flush=True)  # fmt: skip
         t0 = time.perf_counter()
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-            failure = None
-            if res.returncode:
-                lines = (res.stderr.strip() or res.stdout.strip() or "no output").splitlines()
-                failure = f"exit {res.returncode}: {lines[-1]}"
-                print("\n".join(lines[-15:]), flush=True)
-        except subprocess.TimeoutExpired:
-            failure = f"timed out after {timeout:.0f} s"
-        records = [json.loads(line) for line in out.read_text().splitlines() if line] if out.exists() else []
+        records, failure, output = run_process(cmd, out, timeout, env)
+        if failure and output:
+            print("\n".join(output.splitlines()[-15:]), flush=True)
     print(f"[ladder] {step.framework} {step.index}. {step.rung.title}: {failure or 'ok'} in "
           f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
     return records, failure, flags

@@ -8,15 +8,13 @@ torch cache). A failing entry is reported in the table and the suite goes on.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from compare.benchmark import table
+from compare.benchmark import run_process, table
 from shared_data.errors import UserError, run_cli
 
 # (label, framework, modes, config, extra arguments[, extra environment])
@@ -78,19 +76,12 @@ def run_suite(entries: str | list[tuple], out: Path, extra: Sequence[str] = (), 
         ]
         environ = {**os.environ, **(env[0] if env else {})}
         print(f"[suite] {label}: {' '.join(cmd[1:])} {env[0] if env else ''}", flush=True)
-        before = out.read_text().count("\n") if out.exists() else 0
         t0 = time.perf_counter()
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ)
-            ok = res.returncode == 0
-            tail = (res.stdout + res.stderr)[-1500:]
-        except subprocess.TimeoutExpired:
-            ok, tail = False, f"timed out after {timeout} s"
-        lines = out.read_text().splitlines()[before:] if out.exists() else []
-        records += [json.loads(line) for line in lines]
-        print(f"[suite] {label}: {'ok' if ok else 'FAILED'} in {time.perf_counter() - t0:.0f} s", flush=True)
-        if not ok:
-            print(tail, flush=True)
+        new, failure, output = run_process(cmd, out, timeout, environ)
+        records += new
+        print(f"[suite] {label}: {'ok' if not failure else 'FAILED'} in {time.perf_counter() - t0:.0f} s", flush=True)
+        if failure:
+            print(output[-1500:] or failure, flush=True)
     return records
 
 

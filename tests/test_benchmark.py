@@ -150,3 +150,21 @@ def test_layer_bench_times_each_formulation_and_counts_layer_flops(tmp_path):
     assert all(r["ms"] > 0 and math.isfinite(r["tflops"]) and r["batch"] == 1 for r in rows)
     total = sum(layer_bench.layer_model_flops(s, 1) for s in unet_spec.layer_specs(cfg))
     assert total == pytest.approx(unet_spec.train_flops_per_sample(cfg), rel=1e-12)
+
+
+def test_run_process_returns_appended_records_and_why_it_failed(tmp_path):
+    """A command that appends a record and fails, one that times out, one that succeeds: the
+    records it appended (not the file's earlier ones), the failure sentence, the output."""
+    import sys
+
+    out = tmp_path / "r.jsonl"
+    out.write_text('{"old": 1}\n')
+    write = f"open({str(out)!r}, 'a').write('{{\"new\": 2}}\\n')"
+    failing = [sys.executable, "-c", f"import sys; {write}; print('first\\nlast words', file=sys.stderr); sys.exit(3)"]
+    records, failure, output = benchmark.run_process(failing, out, 60)
+    assert records == [{"new": 2}] and failure == "exit 3: last words" and output == "first\nlast words"
+    records, failure, _ = benchmark.run_process([sys.executable, "-c", "import time; time.sleep(5)"], out, 0.5)
+    assert records == [] and failure == "timed out after 0 s"
+    records, failure, output = benchmark.run_process([sys.executable, "-c", f"{write}; print('done')"], out, 60)
+    assert records == [{"new": 2}] and failure is None and output == "done"
+    assert len(out.read_text().splitlines()) == 3
