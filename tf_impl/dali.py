@@ -67,7 +67,7 @@ class DaliInput:
         if self.crops_outside:
             inputs.update(self._crop_inputs(plan))
         local = shard - self.shards[0]
-        device_id = local if self.gpus else None
+        device_id = distribute.physical_gpu_index(local) if self.gpus else None
         pipe = dp.build_pipeline(cfg, self.split_name, self.local_bs, device_id)
         shapes = (
             (self.local_bs, s, s, s, cfg.N_in_channels),

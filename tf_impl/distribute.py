@@ -41,8 +41,19 @@ def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
         )
     devices = devices[: num_devices or len(devices)] if (gpus or num_devices) else devices[:1]
     if len(devices) > 1:
-        return tf.distribute.MirroredStrategy([d.name for d in devices])
+        # NCCL refuses two replicas on one physical GPU (logical GPUs, split_gpu): reduce through one device
+        shared = gpus and len(gpus) > len(tf.config.list_physical_devices("GPU"))
+        cross = tf.distribute.ReductionToOneDevice() if shared else None
+        return tf.distribute.MirroredStrategy([d.name for d in devices], cross_device_ops=cross)
     return tf.distribute.get_strategy()
+
+
+def device_kind() -> str:
+    """The first accelerator's name as its driver reports it (``NVIDIA H200``), else ``CPU``."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "CPU"
+    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
 
 
 def num_replicas(strategy: tf.distribute.Strategy) -> int:
@@ -97,6 +108,29 @@ def replica_batches(
         yield strategy.experimental_distribute_values_from_function(
             lambda ctx: parts[ctx.replica_id_in_sync_group - first]
         )
+
+
+def physical_gpu_index(logical_index: int) -> int:
+    """The physical GPU behind logical GPU ``logical_index`` (DALI's ``device_id``): logical GPUs
+    are made per physical GPU in order, the same number on each (:func:`split_gpu`)."""
+    physical = len(tf.config.list_physical_devices("GPU"))
+    logical = len(tf.config.list_logical_devices("GPU"))
+    return logical_index * physical // max(logical, 1)
+
+
+def split_gpu(n: int, memory_mb: int = 16384) -> None:
+    """Expose ``n`` logical GPUs of ``memory_mb`` MiB each on the first GPU (data parallel on one
+    GPU: the MirroredStrategy code path without a second GPU). Must run before TensorFlow
+    initialises its devices.
+
+    Raises:
+        UserError: TensorFlow sees no GPU.
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        raise UserError("split_gpu: TensorFlow sees no GPU")
+    config = [tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)] * n
+    tf.config.set_logical_device_configuration(gpus[0], config)
 
 
 def split_cpu(n: int) -> None:
