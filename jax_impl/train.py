@@ -150,10 +150,17 @@ def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict):
     t0 = time.perf_counter()
     train_fn = jax.jit(functools.partial(train_step, model=model, tx=tx, cfg=cfg), donate_argnums=0)
     eval_fn = jax.jit(functools.partial(eval_step, model=model, cfg=cfg))
-    train_c = train_fn.lower(abstract(state), batch).compile()
+    lowered = train_fn.lower(abstract(state), batch)
+    t_trace = time.perf_counter() - t0
+    train_c = lowered.compile()
     t_train = time.perf_counter() - t0
     eval_c = eval_fn.lower(abstract(state.params), batch).compile()
-    log.info("compile: train step %.1f s, eval step %.1f s", t_train, time.perf_counter() - t0 - t_train)
+    log.info(
+        "compile: train step %.1f s (trace %.1f s), eval step %.1f s",
+        t_train,
+        t_trace,
+        time.perf_counter() - t0 - t_train,
+    )
     return train_c, eval_c, t_train
 
 
