@@ -64,9 +64,9 @@ class DaliInput:
             k: self.dali_tf.experimental.Input(tf.data.Dataset.from_tensor_slices(v), batch=True)
             for k, v in params.items()
         }
-        if self.crops_outside:
-            inputs.update(self._crop_inputs(plan))
         local = shard - self.shards[0]
+        if self.crops_outside:
+            inputs.update(self._crop_inputs(plan, self.gpus[local].name if self.gpus else None))
         device_id = distribute.physical_gpu_index(local) if self.gpus else None
         pipe = dp.build_pipeline(cfg, self.split_name, self.local_bs, device_id)
         shapes = (
@@ -93,10 +93,12 @@ class DaliInput:
         iters = [iter(self.dataset(epoch, r)) for r in self.shards]
         return distribute.replica_batches(self.strategy, self.shards, iters, self.steps)
 
-    def _crop_inputs(self, plan) -> dict:
+    def _crop_inputs(self, plan, gpu: str | None) -> dict:
         """``Nbody``/``Hydro`` input datasets: each step's channel-first crops read by the shared
         reader (``dali-h5``) or sliced from the loaded volumes (``dali-device``) in a parallel
-        ``tf.data`` map."""
+        ``tf.data`` map on the CPU. For a dataset on ``gpu`` the crops are copied there
+        (``copy_to_device``, as DALI's plugin does with its own callback inputs): a map instantiated
+        inside the GPU-placed ``DALIDataset`` fails with CUDA_ERROR_INVALID_VALUE."""
         cfg, s = self.cfg, self.cfg.crop_size
         out = {}
         for key, n in zip(dataset.KEYS, (cfg.N_in_channels, cfg.N_out_channels)):
@@ -112,10 +114,14 @@ class DaliInput:
                     self.reader.read_one(key, start, buf[i])
                 return buf
 
-            ds = tf.data.Dataset.range(len(plan)).map(
-                lambda i, read=read: tf.numpy_function(read, [i], tf.float32, stateful=False),
-                num_parallel_calls=cfg.num_data_workers,
-                deterministic=True,
-            )
-            out[key] = self.dali_tf.experimental.Input(ds.prefetch(2), batch=True)
+            with tf.device("/cpu:0"):
+                ds = tf.data.Dataset.range(len(plan)).map(
+                    lambda i, read=read: tf.numpy_function(read, [i], tf.float32, stateful=False),
+                    num_parallel_calls=cfg.num_data_workers,
+                    deterministic=True,
+                )
+                ds = ds.prefetch(2)
+            if gpu is not None:
+                ds = ds.apply(tf.data.experimental.copy_to_device(gpu))
+            out[key] = self.dali_tf.experimental.Input(ds, batch=True)
         return out

@@ -121,33 +121,46 @@ def gather_batch(
 class DeviceInput(Input):
     """The ``device`` loader: both volumes on every replica's device, each replica's batch cropped and
     transformed there by :func:`gather_batch` (XLA-compiled when ``enable_jit``) from its shard of
-    the shared plan, so the host only sends crop starts and symmetry indices."""
+    the shared plan.
+
+    The host sends each replica its epoch's draws once, at the epoch's start, as one float32 tensor
+    (steps, B, 4) of crop starts and symmetry indices (exact: both are below 2^24) and one (steps,
+    B) mask, sliced into per-step device tensors there: a step then takes no host input at all.
+    A host tensor fed to a GPU function every step would make TensorFlow copy it while the previous
+    step still runs, and the host would wait for the device each step."""
 
     def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy):
         super().__init__(cfg, split, strategy)
         host, static = loader.device_gather_setup(self.reader, cfg)
-        self.devices = (
-            list(strategy.extended.worker_devices) if self.replicas > 1 else [None]
-        )  # None: default placement
+        self.devices = list(strategy.extended.worker_devices) if self.replicas > 1 else [_default_device()]
         self.volumes = []
         for d in self.devices:
             with tf.device(d):
-                self.volumes.append(tf.constant(host))
-        self.gather = tf.function(functools.partial(gather_batch, **static), jit_compile=cfg.enable_jit)
+                self.volumes.append(tf.identity(tf.constant(host)))
+        gather = functools.partial(gather_batch, **static)
+
+        def from_draws(volume, draws, mask):
+            return gather(volume, tf.cast(draws[:, :3], tf.int32), tf.cast(draws[:, 3], tf.int32), mask)
+
+        self.gather = tf.function(from_draws, jit_compile=cfg.enable_jit)
 
     def dataset(self, epoch: int, shard: int) -> Iterator[dict]:
         """One replica's batches of ``epoch``, each gathered on that replica's device (the
         :meth:`Input.epoch` contract: an iterable of elements)."""
         plan, i = self.plan(epoch, [shard]), shard - self.shards[0]
-        for draws, mask in zip(plan.draws, plan.masks):
+        draws = np.stack([np.concatenate([d.starts, d.symmetries[:, None]], 1) for d in plan.draws]).astype(np.float32)
+        with tf.device(self.devices[i]):
+            steps = tf.unstack(tf.identity(tf.constant(draws)))
+            masks = tf.unstack(tf.identity(tf.constant(np.stack(plan.masks).astype(np.float32))))
+        for step_draws, mask in zip(steps, masks):
             with tf.device(self.devices[i]):  # closed before the yield: the replicas' generators interleave
-                batch = self.gather(
-                    self.volumes[i],
-                    tf.constant(draws.starts, tf.int32),
-                    tf.constant(draws.symmetries, tf.int32),
-                    tf.constant(mask),
-                )
+                batch = self.gather(self.volumes[i], step_draws, mask)
             yield batch
+
+
+def _default_device() -> str:
+    """The device a single replica runs on: the first GPU, else the CPU."""
+    return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
 
 
 def batch_spec(cfg: Config, strategy: tf.distribute.Strategy) -> dict[str, tf.TensorSpec]:

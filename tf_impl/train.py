@@ -96,22 +96,34 @@ def loss_fn(pred: tf.Tensor, batch: dict, cfg: Config) -> tf.Tensor:
     return tf.reduce_sum(per_sample * mask) / tf.maximum(tf.reduce_sum(mask), 1.0)
 
 
-def train_step(model: keras.Model, optimizer, batch: dict, cfg: Config, replicas: int) -> dict:
-    """One replica's part of an optimizer step: its loss / replicas, so the summed gradients are
-    those of the global-batch mean; with fp16 a non-finite gradient skips the update. With
-    ``grad_allreduce_dtype: bfloat16`` the gradients are summed over replicas in bfloat16
-    (PyTorch DDP's ``bf16_compress_hook``); Keras' Adam casts them back to float32."""
+def replica_gradients(model: keras.Model, optimizer, batch: dict, cfg: Config, replicas: int):
+    """One replica's loss and the gradients of its loss / replicas (scaled by the fp16 loss scale),
+    so the summed gradients are those of the global-batch mean. With ``grad_allreduce_dtype:
+    bfloat16`` the gradients are summed over replicas in bfloat16 (PyTorch DDP's
+    ``bf16_compress_hook``); Keras' Adam casts them back to float32."""
     with tf.GradientTape() as tape:
         loss = loss_fn(model(batch["inputs"], training=True), batch, cfg)
         scaled = optimizer.scale_loss(loss / replicas)
     grads = tape.gradient(scaled, model.trainable_variables)
     if cfg.grad_allreduce_dtype == "bfloat16":  # Keras sums the replicas' gradients in this dtype
         grads = [tf.cast(g, tf.bfloat16) for g in grads]
+    return loss, grads
+
+
+def apply_gradients(model: keras.Model, optimizer, loss: tf.Tensor, grads: list) -> dict:
+    """Sum the replicas' gradients and update (with fp16 a non-finite gradient skips the update)."""
     optimizer.apply(grads, model.trainable_variables)
     metrics = {"loss": loss}
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         metrics["loss_scale"] = tf.identity(optimizer.dynamic_scale)
     return metrics
+
+
+def train_step(model: keras.Model, optimizer, batch: dict, cfg: Config, replicas: int) -> dict:
+    """One replica's part of an optimizer step: :func:`replica_gradients`, then
+    :func:`apply_gradients`."""
+    loss, grads = replica_gradients(model, optimizer, batch, cfg, replicas)
+    return apply_gradients(model, optimizer, loss, grads)
 
 
 def eval_step(model: keras.Model, batch: dict, cfg: Config) -> dict:
@@ -129,8 +141,13 @@ def step_functions(cfg: Config, strategy, model, optimizer, jit: bool | None = N
         jit = cfg.enable_jit and (replicas == 1 or bool(tf.config.list_logical_devices("GPU")))
         if cfg.enable_jit and not jit:
             log.info("XLA off: %d replicas on CPU devices", replicas)
-    train = tf.function(lambda b: train_step(model, optimizer, b, cfg, replicas), jit_compile=jit)
     evaluate = tf.function(lambda b: eval_step(model, b, cfg), jit_compile=jit)
+    if jit and replicas > 1:
+        # The gradient sum is a cross-replica merge, which an XLA function nested in strategy.run
+        # cannot hold: XLA compiles each replica's forward and backward, the update runs outside it.
+        grads = tf.function(lambda b: replica_gradients(model, optimizer, b, cfg, replicas), jit_compile=True)
+        return (lambda b: apply_gradients(model, optimizer, *grads(b))), evaluate
+    train = tf.function(lambda b: train_step(model, optimizer, b, cfg, replicas), jit_compile=jit)
     return train, evaluate
 
 

@@ -12,6 +12,8 @@ source /tmp/tf-env.sh
 export TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2
 bash experiments/tf_on_h200/plugin.sh
 python3 -c "import tensorflow as tf, keras; print('tensorflow', tf.__version__, 'keras', keras.__version__)" | tee -a $OUT/device.txt
+timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_tf.py -k "dali or mirrored" 2>&1 \
+  | tee $OUT/gpu_check_tf_dali.log | tail -4
 rm -rf .cache/xla
 bench() {
   timeout 150 python3 -m compare.benchmark --config short_opt --warmup 5 --steps 40 --windows 5 --window_sec 2 \
