@@ -156,30 +156,34 @@ def test_gpu_loaders_equal_the_numpy_reader_bit_for_bit(tiny_cfg, kind):
 MIRRORED_SCRIPT = r"""
 import sys
 from tf_impl import distribute
-distribute.split_gpu(2)
-import numpy as np, tensorflow as tf
+import tensorflow as tf
+(distribute.split_gpu if tf.config.list_physical_devices("GPU") else distribute.split_cpu)(2)
+import numpy as np
 from shared_data import config as C, unet_spec
 from tf_impl import data as D, model as M, train as T
 tf.config.experimental.enable_tensor_float_32_execution(False)
 base = C.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1], val_path=sys.argv[2], Nsamples=12))
-kind = sys.argv[3]
-def run(strategy):
-    cfg = C.replace(base, data_loader_config=kind)
+cfg = C.replace(base, data_loader_config=sys.argv[3])
+mirrored = distribute.make_strategy(2)
+assert mirrored.num_replicas_in_sync == 2, mirrored
+# the loader feeds each replica its shard; one replica gets the two shards concatenated: the same global batch
+per_replica = list(D.make_input(cfg, "train", mirrored).epoch(0))
+global_batches = [
+    {k: tf.concat([t.numpy() for t in mirrored.experimental_local_results(b[k])], 0) for k in b} for b in per_replica
+]
+def run(strategy, batches):
     with strategy.scope():
         model, opt = M.build_model(cfg), T.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
         M.params_from_canonical(model, unet_spec.init_weights(cfg, 0))
     train_fn, _, _ = T.compile_steps(cfg, strategy, model, opt, D.batch_spec(cfg, strategy))
-    losses = [float(train_fn(b)["loss"]) for b in D.make_input(cfg, "train", strategy).epoch(0)]
-    return losses, M.params_to_canonical(model)
-mirrored = distribute.make_strategy(2)
-assert mirrored.num_replicas_in_sync == 2, mirrored
-one, w1 = run(distribute.make_strategy(1))
-two, w2 = run(mirrored)
-print(kind, "1 replica losses", one, "2 replicas", two)
+    return [float(train_fn(b)["loss"]) for b in batches], M.params_to_canonical(model)
+one, w1 = run(distribute.make_strategy(1), global_batches)
+two, w2 = run(mirrored, per_replica)
+print(cfg.data_loader_config, "1 replica losses", one, "2 replicas", two)
 np.testing.assert_allclose(two, one, rtol=%g)
 for k in w1:
     np.testing.assert_allclose(w2[k], w1[k], rtol=%g, atol=%g, err_msg=k)
-print("MirroredStrategy over 2 logical GPUs ==", "1 replica,", kind)
+print("MirroredStrategy over 2 logical devices == 1 replica on the same global batches,", cfg.data_loader_config)
 """
 # the same global batch split over two replicas: the losses and updates agree to fp32 rounding
 MIRRORED_TOL = (1e-5, 1e-4, 1e-6)
