@@ -1,4 +1,4 @@
-"""DALI input for JAX: the shared pipelines (:mod:`shared_data.dali_pipelines`) through DALI's JAX
+"""DALI input for JAX: the shared pipelines (:mod:`shared_data.data.dali_pipelines`) through DALI's JAX
 iterator (``nvidia.dali.plugin.jax.DALIGenericIterator``).
 
 On GPUs there is one pipeline per local device, each producing its replica's shard of the batch on
@@ -19,16 +19,17 @@ from jax import lax
 from jax.sharding import Mesh
 
 from jax_impl import distribute
-from shared_data import dali_pipelines as dp
-from shared_data import dataset, loaders
-from shared_data.config import Config, batch_sizes
-from shared_data.sampler import SPLITS
+from shared_data.core import loader_kinds
+from shared_data.core.config import Config, batch_sizes
+from shared_data.data import dali_pipelines as dp
+from shared_data.data import dataset
+from shared_data.data.sampler import SPLITS
 
 log = logging.getLogger(__name__)
 
 
 def crop_fns(volumes: dict, device_id, size: int) -> dict:
-    """``dali-device`` crop functions by key (the :class:`shared_data.dali_pipelines.DeviceCropSource`
+    """``dali-device`` crop functions by key (the :class:`shared_data.data.dali_pipelines.DeviceCropSource`
     contract): draws of k steps, ``(starts, src, sign)`` (k, B, 3) int32, (k, B, C) int32,
     (k, B, C) float32 -> k arrays (B, C, s, s, s) float32 with output channel d = ``sign[..., d] *
     volume[src[..., d]]``. On GPU ``device_id`` the volume is put in that device's memory once and
@@ -90,7 +91,7 @@ class DaliInput:
         else:
             log.info("DALI %s/%s: no GPU, CPU-only pipelines (device_id=None)", cfg.data_loader_config, split)
             groups = [(shards, None)]
-        kind = loaders.loader_kind(cfg)
+        kind = loader_kinds.loader_kind(cfg)
         host_volumes = dp.load_volumes(path, cfg) if kind.device_volumes else None
         pipes = []
         for group, device_id in groups:

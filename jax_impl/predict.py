@@ -3,7 +3,7 @@
 
 Mirrors :mod:`tf_impl.predict`: only the JAX part lives here (load canonical weights or a run's
 latest orbax checkpoint, apply the Flax model to batches of windows); reading, padding, tiling,
-stitching, the output file and the log lines are :mod:`shared_data.predict`.
+stitching, the output file and the log lines are :mod:`shared_data.inference.predict`.
 """
 
 from __future__ import annotations
@@ -17,16 +17,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_impl import model as model_mod
-from shared_data import predict as predict_mod
-from shared_data.config import Config
-from shared_data.errors import run_cli
+from jax_impl.checkpoints import Checkpoints
+from shared_data.core.config import Config
+from shared_data.core.errors import run_cli
+from shared_data.inference import predict as predict_mod
 
 FRAMEWORK = "jax"
 
 
 def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[dict[str, np.ndarray], int]:
     """The canonical weights of the latest checkpoint in ``directory`` (restored with
-    :class:`jax_impl.train.Checkpoints`) and its epoch.
+    :class:`jax_impl.checkpoints.Checkpoints`) and its epoch.
 
     Raises:
         UserError: no checkpoint, or one that does not restore.
@@ -39,7 +40,7 @@ def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[
     level = absl.level
     absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager is read-only
     try:
-        checkpoints = train.Checkpoints(directory, run_cfg.keep_checkpoints, like, read_only=True)
+        checkpoints = Checkpoints(directory, run_cfg.keep_checkpoints, like, read_only=True)
     finally:
         absl.setLevel(level)
     epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
@@ -48,7 +49,7 @@ def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[
 
 
 def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple[dict[str, np.ndarray], str]:
-    """:func:`shared_data.predict.load_weights` with this framework's checkpoints."""
+    """:func:`shared_data.inference.predict.load_weights` with this framework's checkpoints."""
     return predict_mod.load_weights(cfg, weights, workdir, restore_checkpoint)
 
 
@@ -72,7 +73,7 @@ def versions() -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m jax_impl.predict``: the shared command line (:func:`shared_data.predict.main`)."""
+    """``python -m jax_impl.predict``: the shared command line (:func:`shared_data.inference.predict.main`)."""
     return predict_mod.main(
         FRAMEWORK, argv, banner=banner(), load_weights=load_weights, make_apply=make_apply, versions=versions
     )

@@ -5,7 +5,7 @@ so compile time is measured and kept out of the epoch timings) with the state bu
 :func:`train_and_evaluate` is the whole loop, in the order of :mod:`tf_impl.train`: build the state,
 compile the steps, then per epoch train over ``Nsamples`` crops, validate on ``Nsamples_val`` and
 checkpoint. What is not JAX (run folder, resume rule, log lines, metrics, TensorBoard, the command
-line) is :mod:`shared_data.run`.
+line) is :mod:`shared_data.runtime.run`.
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ from flax.training.dynamic_scale import DynamicScale
 from jax_impl import data as data_mod
 from jax_impl import distribute
 from jax_impl import model as model_mod
-from shared_data import run as run_mod
-from shared_data.config import Config
-from shared_data.errors import UserError, run_cli
-from shared_data.nvtx import nvtx_range
+from jax_impl.checkpoints import Checkpoints
+from shared_data.core.config import Config
+from shared_data.core.errors import run_cli
+from shared_data.runtime import cli
+from shared_data.runtime import run as run_mod
+from shared_data.runtime.nvtx import nvtx_range
 
 log = logging.getLogger("dlas.jax")
 FRAMEWORK = "jax"
@@ -150,11 +152,11 @@ def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict):
     t0 = time.perf_counter()
     train_fn = jax.jit(functools.partial(train_step, model=model, tx=tx, cfg=cfg), donate_argnums=0)
     eval_fn = jax.jit(functools.partial(eval_step, model=model, cfg=cfg))
-    lowered = train_fn.lower(abstract(state), batch)
+    lowered = train_fn.lower(distribute.abstract(state), batch)
     t_trace = time.perf_counter() - t0
     train_c = lowered.compile()
     t_train = time.perf_counter() - t0
-    eval_c = eval_fn.lower(abstract(state.params), batch).compile()
+    eval_c = eval_fn.lower(distribute.abstract(state.params), batch).compile()
     log.info(
         "compile: train step %.1f s (trace %.1f s), eval step %.1f s",
         t_train,
@@ -162,65 +164,6 @@ def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict):
         time.perf_counter() - t0 - t_train,
     )
     return train_c, eval_c, t_train
-
-
-def abstract(tree):
-    """Shapes, dtypes and shardings of the arrays of ``tree`` (``jax.ShapeDtypeStruct``s)."""
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
-
-
-class Checkpoints:
-    """Orbax checkpoints of the train state, one per epoch (``step`` = epochs done), written atomically
-    (orbax renames a finished temporary folder; unfinished ones are removed at start). ``read_only``
-    (inference) creates and removes nothing, so a run that is saving meanwhile is left alone."""
-
-    def __init__(self, directory: Path, keep: int, like: TrainState, read_only: bool = False):
-        import orbax.checkpoint as ocp
-
-        self._ocp, self.directory, self._like = ocp, directory, abstract(like)
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only, read_only=read_only
-        )
-        self.manager = ocp.CheckpointManager(
-            directory.absolute(), item_handlers=ocp.StandardCheckpointHandler(), options=options
-        )
-
-    def epochs(self) -> list[int]:
-        return sorted(self.manager.all_steps())
-
-    def save(self, epoch: int, state: TrainState) -> None:
-        self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
-        self.manager.wait_until_finished()
-
-    def restore(self, epoch: int) -> TrainState:
-        """The state saved after ``epoch``. The stored arrays' shapes and dtypes are compared with this
-        config's state first, so a checkpoint of another net is refused before orbax starts its
-        (threaded) restore.
-
-        Raises:
-            UserError: the checkpoint is damaged or holds another config's state.
-        """
-        where = f"checkpoint {self.directory}/{epoch}"
-        try:
-            stored = self.manager.item_metadata(epoch)
-            have = sorted((tuple(m.shape), str(m.dtype)) for m in jax.tree.leaves(stored) if hasattr(m, "shape"))
-        except Exception as err:  # orbax raises many kinds for damaged files
-            raise UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite") from None
-        want = sorted((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(self._like))
-        if have != want:
-            diff = next(((w, h) for w, h in zip(want, have) if w != h), (len(want), len(have)))
-            raise UserError(
-                f"{where} does not match this config (arrays {diff[1]} stored where this config has "
-                f"{diff[0]}); use another --workdir or --overwrite"
-            )
-        try:
-            return self.manager.restore(epoch, args=self._ocp.args.StandardRestore(self._like))
-        except Exception as err:  # orbax raises many kinds for damaged files
-            raise UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite") from None
-
-
-def _first_line(err: BaseException) -> str:
-    return " ".join(str(err).split(". ")[0].split())[:200]
 
 
 def versions() -> dict:
@@ -310,8 +253,8 @@ def train_and_evaluate(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m jax_impl.train``: the shared command line (:func:`shared_data.run.main`)."""
-    return run_mod.main(
+    """``python -m jax_impl.train``: the shared command line (:func:`shared_data.runtime.cli.main`)."""
+    return cli.main(
         FRAMEWORK, train_and_evaluate, argv, initialize=distribute.initialize, process_index=distribute.process_index
     )
 

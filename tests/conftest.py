@@ -9,8 +9,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")  
 
 import pytest
 
-from shared_data import config as config_mod
-from shared_data import generate
+from shared_data.core import config as config_mod
+from shared_data.data import generate
 
 
 def _generate(path, size, seed):
@@ -28,7 +28,7 @@ def data_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("data")
     _generate(d / "train_32.h5", 32, 1)
     _generate(d / "val_24.h5", 24, 2)
-    from shared_data.convert import convert_to_npy
+    from shared_data.data.convert import convert_to_npy
 
     convert_to_npy(d / "train_32.h5")
     convert_to_npy(d / "val_24.h5")

@@ -10,9 +10,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from compare import benchmark
-from shared_data import config as C
-from shared_data import nvtx, unet_spec
+from dlas_compare import benchmark
+from shared_data.core import config as C
+from shared_data.model import unet_spec
+from shared_data.runtime import nvtx
 
 KEYS = {
     "label",
@@ -111,9 +112,9 @@ def test_capture_window_starts_and_stops_at_configured_steps(monkeypatch):
 
 
 def test_layer_bench_times_each_formulation_and_counts_layer_flops(tmp_path):
-    """compare.layer_bench on two layers of the tiny net: one row per JAX formulation, positive times,
+    """dlas_compare.layer_bench on two layers of the tiny net: one row per JAX formulation, positive times,
     and per-layer model FLOPs that add up to the whole net's analytic training FLOPs."""
-    from compare import layer_bench
+    from dlas_compare import layer_bench
 
     cfg = C.load_config("cpu_tiny")
     out = tmp_path / "layers.jsonl"

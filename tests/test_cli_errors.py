@@ -10,8 +10,8 @@ import h5py
 import numpy as np
 import pytest
 
-from shared_data.config import REPO_ROOT
-from shared_data.errors import DatasetError, user_error_in
+from shared_data.core.config import REPO_ROOT
+from shared_data.core.errors import DatasetError, user_error_in
 
 
 def _run(*args):
@@ -34,7 +34,7 @@ def test_user_errors_are_found_inside_framework_wrappers():
     except RuntimeError as outer:
         assert user_error_in(outer) == "f.h5 Hydro crop at (0, 0, 0): non-finite value nan"
     tf_like = ValueError(
-        "{{function_node __wrapped}} shared_data.errors.DatasetError: f.h5 Nbody crop at (1, 2, 3): bad\n"
+        "{{function_node __wrapped}} shared_data.core.errors.DatasetError: f.h5 Nbody crop at (1, 2, 3): bad\n"
         " [[{{node PyFunc}}]]"
     )
     assert user_error_in(tf_like) == "f.h5 Nbody crop at (1, 2, 3): bad"
@@ -81,14 +81,14 @@ def test_bad_data_fails_before_overwrite_deletes_checkpoints(fw, tiny_cfg, tmp_p
 
 def test_tool_inputs_are_checked(tmp_path):
     _assert_user_error(
-        _run("compare.layer_bench", "--config", "cpu_tiny", "--layers", "nope", "--no-torch"),
+        _run("dlas_compare.layer_bench", "--config", "cpu_tiny", "--layers", "nope", "--no-torch"),
         "unknown layer(s) ['nope']",
     )
-    res = _run("compare.layer_bench", "--config", "cpu_tiny", "--steps", "0")
+    res = _run("dlas_compare.layer_bench", "--config", "cpu_tiny", "--steps", "0")
     assert res.returncode == 2 and "--steps: expected an integer >= 1, got 0" in res.stderr
     (tmp_path / "bad.jsonl").write_text("not json\n")
     (tmp_path / "other.jsonl").write_text('{"samples_per_sec": 1}\n')
-    plots = ("compare.plots", "--config", "cpu_tiny", "--out", str(tmp_path / "fig"), "--runs")
+    plots = ("dlas_compare.plots", "--config", "cpu_tiny", "--out", str(tmp_path / "fig"), "--runs")
     _assert_user_error(_run(*plots, "nolabel"), "expected LABEL=PATH")
     _assert_user_error(_run(*plots, f"x={tmp_path / 'none.jsonl'}"), "none.jsonl not found")
     _assert_user_error(_run(*plots, f"x={tmp_path / 'bad.jsonl'}"), "expected a metrics.jsonl file of a training run")
@@ -97,7 +97,7 @@ def test_tool_inputs_are_checked(tmp_path):
     )
     _assert_user_error(
         _run(
-            "compare.benchmark",
+            "dlas_compare.benchmark",
             "--framework",
             "torch",
             "--mode",
@@ -134,7 +134,7 @@ def test_nan_crop_in_tf_data_is_a_user_error(tmp_path, data_dir):
 
 def test_generator_and_converter_reject_bad_values(tmp_path):
     _assert_user_error(
-        _run("shared_data.generate", "--out", str(tmp_path / "g.h5"), "--size", "16", "--redshift", "-5"),
+        _run("shared_data.data.generate", "--out", str(tmp_path / "g.h5"), "--size", "16", "--redshift", "-5"),
         "--redshift -5.0: expected >= 0",
     )
     nan = tmp_path / "nan.h5"
@@ -143,8 +143,8 @@ def test_generator_and_converter_reject_bad_values(tmp_path):
         h = np.zeros((5, 8, 8, 8), np.float32)
         h[0, 1, 2, 3] = np.nan
         g["Hydro"] = h
-    _assert_user_error(_run("shared_data.convert", str(nan)), "Hydro (x from 0): non-finite value nan")
-    _assert_user_error(_run("shared_data.inspect", str(tmp_path)), "is a folder, expected an HDF5 file")
+    _assert_user_error(_run("shared_data.data.convert", str(nan)), "Hydro (x from 0): non-finite value nan")
+    _assert_user_error(_run("shared_data.data.inspect", str(tmp_path)), "is a folder, expected an HDF5 file")
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly(data_dir):
@@ -156,7 +156,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(data_dir):
     os.close(read_end)
     try:
         res = subprocess.run(
-            [sys.executable, "-m", "shared_data.inspect", str(data_dir / "val_24.h5")],
+            [sys.executable, "-m", "shared_data.data.inspect", str(data_dir / "val_24.h5")],
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from shared_data import config as C
-from shared_data.errors import ConfigError
+from shared_data.core import config as C
+from shared_data.core.errors import ConfigError
 
 
 def test_every_named_config_loads_and_is_frozen():

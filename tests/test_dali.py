@@ -8,10 +8,10 @@ import functools
 import numpy as np
 import pytest
 
-from shared_data import config as C
-from shared_data import dali_pipelines as dp
-from shared_data import loader, readers
-from shared_data.sampler import TRAIN, Draws
+from shared_data.core import config as C
+from shared_data.data import crop_readers, host_batches
+from shared_data.data import dali_pipelines as dp
+from shared_data.data.sampler import TRAIN, Draws
 
 pytest.importorskip("nvidia.dali")
 
@@ -26,15 +26,15 @@ def _run(pipe, steps):
 
 
 def _reference(cfg, plan):
-    r = readers.H5LowMemReader(cfg.data_file("train"), 4, 5, cfg.crop_size)
-    return [readers.make_batch(r, d, cfg) for d in plan.draws]
+    r = crop_readers.H5LowMemReader(cfg.data_file("train"), 4, 5, cfg.crop_size)
+    return [crop_readers.make_batch(r, d, cfg) for d in plan.draws]
 
 
 def _signed_zero_volume(tmp_path):
     """A 16^3 file of the dataset contract holding random values, +0.0 and -0.0 (and its .npy twins)."""
     import h5py
 
-    from shared_data.convert import convert_to_npy
+    from shared_data.data.convert import convert_to_npy
 
     rng = np.random.default_rng(3)
     path = tmp_path / "zeros.h5"
@@ -63,7 +63,7 @@ def test_every_symmetry_through_dali_ops_is_bit_for_bit_numpy(tiny_cfg, tmp_path
         crop_size=8,
     )
     draws = Draws(np.tile(np.array([[1, 0, 7]]), (48, 1)), np.arange(48))
-    plan = loader.EpochPlan([draws], [np.ones(48, np.float32)])
+    plan = host_batches.EpochPlan([draws], [np.ones(48, np.float32)])
     plans = dp.EpochPlans(cfg, TRAIN, [0], 1, 16)
     plans._cache = {0: plan}
     sources = None
@@ -114,12 +114,13 @@ def test_dali_yields_the_numpy_readers_samples(tiny_cfg, kind, mode):
 def test_missing_npy_names_the_converter(tiny_cfg, tmp_path):
     import shutil
 
-    from shared_data import run
+    from shared_data.runtime import run
 
     h5 = tmp_path / "only.h5"
     shutil.copy(tiny_cfg.data_file("train"), h5)
     cfg = C.replace(tiny_cfg, train_path=str(h5), data_loader_config="dali-npy")
-    with pytest.raises(Exception, match=r"only_Nbody\.npy not found: .*python -m shared_data\.convert .*only\.h5"):
+    converter = r"python -m shared_data\.data\.convert .*only\.h5"
+    with pytest.raises(Exception, match=r"only_Nbody\.npy not found: .*" + converter):
         run.check_data(cfg)
 
 

@@ -15,10 +15,10 @@ import pytest
 from jax_impl import distribute as jd
 from jax_impl import model as JM
 from jax_impl import train as JT
-from shared_data import config as C
-from shared_data import loader, readers
-from shared_data.config import REPO_ROOT
-from shared_data.sampler import TRAIN
+from shared_data.core import config as C
+from shared_data.core.config import REPO_ROOT
+from shared_data.data import crop_readers, host_batches
+from shared_data.data.sampler import TRAIN
 
 RTOL, ATOL = 1e-4, 1e-6  # fp32, different reduction orders; updates are ~lr = 1e-3
 # bfloat16 compute, 1 vs 2 devices: batch-split bf16 reductions round differently and Adam turns a
@@ -29,9 +29,9 @@ BF16_REL_UPDATE = 0.15
 
 
 def _global_batches(cfg, steps=3):
-    r = readers.make_reader(cfg)
-    plan = loader.make_plan(cfg, TRAIN, 0, [0, 1], 2, r.size)
-    src = loader.NumpyLoader(r, plan, cfg)
+    r = crop_readers.make_reader(cfg)
+    plan = host_batches.make_plan(cfg, TRAIN, 0, [0, 1], 2, r.size)
+    src = host_batches.NumpyLoader(r, plan, cfg)
     return [src.load(i) for i in range(steps)]
 
 
@@ -70,18 +70,20 @@ import sys
 from tf_impl import distribute
 distribute.split_cpu(2)
 import numpy as np, tensorflow as tf
-from shared_data import config as C, loader, readers
+from shared_data.core import config as C
+from shared_data.data import host_batches
+from shared_data.data import crop_readers
 from tf_impl import data as D, model as M, train as T
 base = C.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1], val_path=sys.argv[2]))
 cfg = base
-r = readers.make_reader(cfg)
-plan = loader.make_plan(cfg, 0, 0, [0, 1], 2, r.size)
-batches = [loader.NumpyLoader(r, plan, cfg).load(i) for i in range(3)]
+r = crop_readers.make_reader(cfg)
+plan = host_batches.make_plan(cfg, 0, 0, [0, 1], 2, r.size)
+batches = [host_batches.NumpyLoader(r, plan, cfg).load(i) for i in range(3)]
 def run(strategy, cfg):
     n = strategy.num_replicas_in_sync
     with strategy.scope():
         model, opt = M.build_model(cfg), T.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
-        M.params_from_canonical(model, __import__("shared_data.unet_spec", fromlist=["x"]).init_weights(cfg, 0))
+        M.params_from_canonical(model, __import__("shared_data.model.unet_spec", fromlist=["x"]).init_weights(cfg, 0))
     train_fn, _, _ = T.compile_steps(cfg, strategy, model, opt, D.batch_spec(cfg, strategy))
     for b in batches:
         if n == 1:
@@ -112,7 +114,7 @@ print("device loader on 2 replicas == NumPy loader")
 amp = C.replace(base, enable_amp=True, amp_dtype="bfloat16")
 one = run(tf.distribute.get_strategy(), amp)
 two = run(mirrored, C.replace(amp, grad_allreduce_dtype="bfloat16"))
-start = __import__("shared_data.unet_spec", fromlist=["x"]).init_weights(base, 0)
+start = __import__("shared_data.model.unet_spec", fromlist=["x"]).init_weights(base, 0)
 diff = np.sqrt(sum(np.sum((two[k] - one[k]) ** 2) for k in start))
 update = np.sqrt(sum(np.sum((one[k] - start[k]) ** 2) for k in start))
 print("bf16 gradient sum: relative update difference %%.3f" %% (diff / update))
@@ -136,7 +138,7 @@ TF_TRAIN_SCRIPT = r"""
 import sys
 from tf_impl import distribute
 distribute.split_cpu(2)
-from shared_data.run import read_metrics
+from shared_data.runtime.records import read_metrics
 from tf_impl import train as T
 args = ["--config", "cpu_tiny", "--set", "train_path=" + sys.argv[1], "--set", "val_path=" + sys.argv[2],
         "--num_devices", "2", "--num_epochs", "2", "--data_loader_config", "device", "--workdir", sys.argv[3]]

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from shared_data.config import REPO_ROOT
+from shared_data.core.config import REPO_ROOT
 
 
 def _run(script, tiny_argv, *args):
@@ -121,15 +121,15 @@ def test_study_pmean_step_in_shard_map_matches_one_device(tiny_cfg):
     from jax_impl import distribute as jd
     from jax_impl import model as JM
     from jax_impl import train as JT
-    from shared_data import loader, readers
-    from shared_data.sampler import TRAIN
+    from shared_data.data import crop_readers, host_batches
+    from shared_data.data.sampler import TRAIN
 
     sys.path.insert(0, str(REPO_ROOT / "experiments" / "two_gpu_scaling"))
     from study_bench import step_with
 
-    r = readers.make_reader(tiny_cfg)
-    plan = loader.make_plan(tiny_cfg, TRAIN, 0, [0, 1], 2, r.size)
-    batches = [loader.NumpyLoader(r, plan, tiny_cfg).load(i) for i in range(3)]
+    r = crop_readers.make_reader(tiny_cfg)
+    plan = host_batches.make_plan(tiny_cfg, TRAIN, 0, [0, 1], 2, r.size)
+    batches = [host_batches.NumpyLoader(r, plan, tiny_cfg).load(i) for i in range(3)]
     tx = JT.make_optimizer(np.full(8, 1e-3, np.float32))
     model = JM.build_model(tiny_cfg)
     result = {}

@@ -12,9 +12,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from shared_data import config as config_mod
-from shared_data import unet_spec
-from shared_data.errors import run_cli
+from shared_data.core import config as config_mod
+from shared_data.core.errors import run_cli
+from shared_data.model import unet_spec
 
 
 @pytest.fixture(scope="module")

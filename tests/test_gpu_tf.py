@@ -16,9 +16,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from shared_data import config as C  # noqa: E402
-from shared_data import unet_spec  # noqa: E402
-from shared_data.config import REPO_ROOT  # noqa: E402
+from shared_data.core import config as C  # noqa: E402
+from shared_data.core.config import REPO_ROOT  # noqa: E402
+from shared_data.model import unet_spec  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -158,7 +158,8 @@ import sys
 from tf_impl import distribute
 distribute.split_gpu(2)
 import numpy as np, tensorflow as tf
-from shared_data import config as C, unet_spec
+from shared_data.core import config as C
+from shared_data.model import unet_spec
 from tf_impl import data as D, model as M, train as T
 tf.config.experimental.enable_tensor_float_32_execution(False)
 base = C.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1], val_path=sys.argv[2], Nsamples=12))

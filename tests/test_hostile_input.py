@@ -17,9 +17,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from shared_data import config as C
-from shared_data import convert, dataset, inspect, run, schedule, unet_spec
-from shared_data.errors import ConfigError, run_cli
+from shared_data.core import config as C
+from shared_data.core.errors import ConfigError, run_cli
+from shared_data.data import convert, dataset, inspect
+from shared_data.model import schedule, unet_spec
+from shared_data.runtime import records, run
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -97,7 +99,7 @@ def test_trainer_with_generated_values(tmp_path_factory, key, value, tiny_argv):
     ]
     code, out, err = cli(train.main, argv)
     if code == 0:
-        assert "Time taken for epoch 1 is" in out and run.read_metrics(work)
+        assert "Time taken for epoch 1 is" in out and records.read_metrics(work)
     else:
         assert_one_error_line(code, err, key)
         assert "Time taken for epoch" not in out
@@ -222,7 +224,7 @@ def test_npy_twins_that_do_not_match_are_refused(data_dir, tmp_path_factory, kin
 def test_torn_run_records_neither_crash_summary_nor_resume(tmp_path, tiny_argv):
     """A torn last line of metrics.jsonl and an empty run.json (a kill during a write on another file
     system): summary shows the complete epochs and --resume continues, rewriting both whole."""
-    from compare import summary
+    from dlas_compare import summary
     from jax_impl import train
 
     work = tmp_path / "runs" / "cpu_tiny" / "jax"
@@ -243,7 +245,7 @@ def test_torn_run_records_neither_crash_summary_nor_resume(tmp_path, tiny_argv):
     assert code == 0 and "final train loss" in out, err
     code, out, err = cli(train.main, [*argv, "--resume"])
     assert code == 0, err
-    assert [r["epoch"] for r in run.read_metrics(work)] == [1, 2]
+    assert [r["epoch"] for r in records.read_metrics(work)] == [1, 2]
     assert json.loads((work / "run.json").read_text())["framework"] == "jax"
 
 
@@ -278,7 +280,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(framework, tmp_path
         code, out, err = cli(train.main, [*argv, "--resume"])
     assert code == 0, err
     assert "does not restore" in caplog.text and "epoch 1, the newest one that restores" in caplog.text
-    assert [r["epoch"] for r in run.read_metrics(work)] == [1, 2, 3]
+    assert [r["epoch"] for r in records.read_metrics(work)] == [1, 2, 3]
     if framework == "tf":
         assert not (ckpts / "ckpt-3_temp").exists() and not (ckpts / "checkpoint.tmp123").exists()
 

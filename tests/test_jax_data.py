@@ -8,7 +8,7 @@ import pytest
 
 from jax_impl import data as D
 from jax_impl import distribute
-from shared_data import config as C
+from shared_data.core import config as C
 
 
 @pytest.mark.parametrize("num_devices", [1, 2])

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from jax_impl import model as M
-from shared_data import config as C
-from shared_data import unet_spec
+from shared_data.core import config as C
+from shared_data.model import unet_spec
 
 RNG = np.random.default_rng(0)
 

@@ -13,9 +13,9 @@ import pytest
 
 from jax_impl import model as M
 from jax_impl import train as T
-from shared_data import config as C
-from shared_data.config import REPO_ROOT
-from shared_data.run import read_metrics
+from shared_data.core import config as C
+from shared_data.core.config import REPO_ROOT
+from shared_data.runtime.records import read_metrics
 
 
 def _params(result):
@@ -114,10 +114,11 @@ def test_jax_impl_runs_without_tensorflow(tmp_path):
     code = (
         "import sys; block = sys.argv[1] == 'block'\n"
         "if block: sys.modules['tensorflow'] = None\n"
-        "import jax_impl.train, jax_impl.data, jax_impl.model, jax_impl.distribute, shared_data.run\n"
-        "import jax_impl.predict, jax_impl.export, shared_data.predict, shared_data.export, shared_data.validate\n"
+        "import jax_impl.train, jax_impl.data, jax_impl.model, jax_impl.distribute, shared_data.runtime.records\n"
+        "import jax_impl.predict, jax_impl.export\n"
+        "import shared_data.inference.predict, shared_data.inference.export, shared_data.inference.validate\n"
         "from pathlib import Path\n"
-        "shared_data.run.ScalarWriter(Path(sys.argv[2]), True).scalars(1, {'a': 1.0})\n"
+        "shared_data.runtime.records.ScalarWriter(Path(sys.argv[2]), True).scalars(1, {'a': 1.0})\n"
         "assert block or 'tensorflow' not in sys.modules, 'tensorflow imported'"
     )
     for mode in ("block", "installed"):

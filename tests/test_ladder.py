@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from compare import ladder
-from shared_data import config as C
-from shared_data.errors import run_cli
+from dlas_compare import ladder
+from shared_data.core import config as C
+from shared_data.core.errors import run_cli
 
 BENCHMARK_KEYS = {
     "label",

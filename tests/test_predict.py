@@ -15,10 +15,11 @@ import pytest
 
 from jax_impl import model as jax_model
 from jax_impl import predict as jax_predict
-from shared_data import config as config_mod
-from shared_data import generate, unet_spec
-from shared_data import predict as predict_mod
-from shared_data.errors import ConfigError, DatasetError, run_cli
+from shared_data.core import config as config_mod
+from shared_data.core.errors import ConfigError, DatasetError, run_cli
+from shared_data.data import generate
+from shared_data.inference import predict as predict_mod
+from shared_data.model import unet_spec
 
 
 def _weights(cfg, seed=1):
@@ -192,7 +193,7 @@ def test_side_not_a_multiple_is_padded_and_cropped(cfg, weights_file, tmp_path, 
 
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_checkpoint_of_a_run_predicts_like_its_saved_weights(framework, tiny_cfg, data_dir, tmp_path):
-    """--workdir takes the run's latest checkpoint through the framework's train.Checkpoints, read-only."""
+    """--workdir takes the run's latest checkpoint through the framework's checkpoints.Checkpoints, read-only."""
     if framework == "tf":
         from tf_impl import predict as fw
         from tf_impl import train
@@ -260,7 +261,7 @@ def test_cli_error_is_one_line_without_traceback(weights_file, tmp_path):
     import subprocess
     import sys
 
-    from shared_data.config import REPO_ROOT
+    from shared_data.core.config import REPO_ROOT
 
     bad = _file(tmp_path / "c3.h5", np.zeros((3, 16, 16, 16), np.float32))
     out = tmp_path / "o.h5"

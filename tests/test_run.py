@@ -1,4 +1,4 @@
-"""The run around the trainers (shared_data/run.py): logs for batch jobs, out.log and run.json, the
+"""The run around the trainers (shared_data/runtime/run.py): logs for batch jobs, out.log and run.json, the
 progress bar only on a terminal, TensorBoard under the tutorial's tags, the input-bound sentence, the
 tutorial's flags."""
 
@@ -12,19 +12,19 @@ import time
 
 import pytest
 
-from shared_data import config as C
-from shared_data import run
-from shared_data.config import REPO_ROOT
-from shared_data.errors import UserError
+from shared_data.core import config as C
+from shared_data.core.config import REPO_ROOT
+from shared_data.core.errors import UserError
+from shared_data.runtime import cli, logs, records, run
 
 
 def test_other_ranks_log_warnings_only_with_a_rank_tag(capsys):
     log = logging.getLogger("dlas.test")
     try:
-        run.setup_logging(1)
+        logs.setup_logging(1)
         log.info("an epoch line")
         log.warning("a warning")
-        run.setup_logging(0)
+        logs.setup_logging(0)
         log.info("rank 0 info")
     finally:
         root = logging.getLogger()
@@ -38,12 +38,12 @@ def test_other_ranks_log_warnings_only_with_a_rank_tag(capsys):
 
 def test_progress_bar_only_on_a_terminal(monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
-    it = run.progress(range(3), 3, "epoch 1", enabled=True)
+    it = logs.progress(range(3), 3, "epoch 1", enabled=True)
     assert type(it).__name__ == "range_iterator"
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
-    it = run.progress(range(3), 3, "epoch 1", enabled=True)
+    it = logs.progress(range(3), 3, "epoch 1", enabled=True)
     assert type(it).__name__ != "range_iterator" and list(it) == [0, 1, 2]
-    assert type(run.progress(range(3), 3, "x", enabled=False)).__name__ == "range_iterator"
+    assert type(logs.progress(range(3), 3, "x", enabled=False)).__name__ == "range_iterator"
 
 
 def test_input_bound_run_says_so_once(tiny_cfg, tmp_path, caplog):
@@ -130,13 +130,13 @@ def test_run_folder_records_and_tensorboard_tags(tmp_path, tiny_argv):
     steps_per_epoch = 16 // 4
     assert [s for s, _ in series("Loss/valid")] == [0, steps_per_epoch, 2 * steps_per_epoch]
     assert [s for s, _ in series("Loss/train")] == [0, steps_per_epoch, 2 * steps_per_epoch]
-    metrics = run.read_metrics(folder)
+    metrics = records.read_metrics(folder)
     assert series("Loss/valid")[1][1] == pytest.approx(metrics[0]["val_loss"], rel=1e-6)
     assert series("Loss/train")[2][1] == pytest.approx(metrics[1]["train_loss"], rel=1e-6)
 
 
 def test_tutorial_flags(tiny_cfg, tmp_path):
-    parser = run.build_parser("jax")
+    parser = cli.build_parser("jax")
     args = parser.parse_args(["--config", "cpu_tiny", "--enable_amp", "--no-enable_jit", "--enable_manual_profiling"])
     cfg = C.config_from_args(args)
     assert cfg.enable_amp and not cfg.enable_jit and cfg.enable_manual_profiling
@@ -150,7 +150,7 @@ def test_tutorial_flags(tiny_cfg, tmp_path):
     ):
         argv = [flag] + (["25"] if flag in ("--bucket_cap_mb", "--local_rank") else [])
         with pytest.raises(UserError, match=rf"{flag} is PyTorch DDP's; not needed here: .*{words}"):
-            run.check_run_args(parser.parse_args(argv), tmp_path / "w", "jax")
+            cli.check_run_args(parser.parse_args(argv), tmp_path / "w", "jax")
     assert run.workdir_for(tiny_cfg, "jax", None, "03").parts[-3:] == ("cpu_tiny", "03", "jax")
 
 
@@ -173,6 +173,6 @@ def test_enable_benchy_runs_the_benchmark_modes(tmp_path, tiny_argv):
         cwd=REPO_ROOT,
     )
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "--enable_benchy: python -m compare.benchmark --framework jax --mode io synthetic full" in res.stdout
+    assert "--enable_benchy: python -m dlas_compare.benchmark --framework jax --mode io synthetic full" in res.stdout
     for mode in ("io", "synthetic", "full"):
         assert f" {mode} " in res.stdout

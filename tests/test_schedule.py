@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from shared_data import config as C
-from shared_data import schedule
+from shared_data.core import config as C
+from shared_data.model import schedule
 
 
 def test_scaling_rules():

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from compare import step_breakdown as sb
-from shared_data import config as C
-from shared_data import unet_spec
+from dlas_compare import step_breakdown as sb
+from shared_data.core import config as C
+from shared_data.model import unet_spec
 
 
 def _forward_flops(cfg, batch):
@@ -168,7 +168,7 @@ def test_gpu_style_module_roles_flops_and_kinds():
 
 
 def test_a_trace_without_hlo_ops_is_one_error():
-    from shared_data.errors import UserError
+    from shared_data.core.errors import UserError
 
     with pytest.raises(UserError, match="no kernel events naming an HLO instruction"):
         sb.kernel_times([{"ph": "X", "pid": 1, "ts": 0, "dur": 1, "name": "python"}], 1)

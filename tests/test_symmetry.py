@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared_data import symmetry as S
+from shared_data.data import symmetry as S
 
 RNG = np.random.default_rng(0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared_data import config as C
+from shared_data.core import config as C
 from tf_impl import data as D
 from tf_impl import distribute
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from shared_data import config as C
-from shared_data import unet_spec
+from shared_data.core import config as C
+from shared_data.model import unet_spec
 from tf_impl import model as M
 
 RNG = np.random.default_rng(1)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from shared_data import config as C
-from shared_data import unet_spec
-from shared_data.config import REPO_ROOT
-from shared_data.run import read_metrics
+from shared_data.core import config as C
+from shared_data.core.config import REPO_ROOT
+from shared_data.model import unet_spec
+from shared_data.runtime.records import read_metrics
 from tf_impl import model as M
 from tf_impl import train as T
 
@@ -129,7 +129,8 @@ def test_tf_impl_imports_without_jax():
     imports (TensorFlow itself probes for JAX in tf.lite and tolerates its absence)."""
     code = (
         "import sys; sys.modules['jax'] = None\nimport tf_impl.train, tf_impl.data, tf_impl.model, tf_impl.distribute\n"
-        "import tf_impl.predict, tf_impl.export, shared_data.predict, shared_data.export, shared_data.validate"
+        "import tf_impl.predict, tf_impl.export\n"
+        "import shared_data.inference.predict, shared_data.inference.export, shared_data.inference.validate"
     )
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from shared_data.config import REPO_ROOT
+from shared_data.core.config import REPO_ROOT
 
 
 def test_recipe_smoke_on_cpu(tmp_path):

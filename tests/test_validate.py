@@ -10,9 +10,9 @@ import h5py
 import numpy as np
 import pytest
 
-from shared_data import cosmology, generate
-from shared_data import validate as V
-from shared_data.errors import DatasetError, run_cli
+from shared_data.core.errors import DatasetError, run_cli
+from shared_data.data import cosmology, generate
+from shared_data.inference import validate as V
 
 L, VOXEL, T0, GAMMA = 32, 0.5, 1.0e4, 1.6
 NOISE = 0.1  # std of the white noise added to rho / <rho> in the "prediction"
@@ -223,7 +223,7 @@ def test_tf_and_jax_predictions_give_the_same_metrics(tiny_cfg, data_dir, tmp_pa
     within 1e-5 relative, P ratio and r(k) within 1e-4 per bin, PDF distances within 2e-3 (a voxel
     or two may land in a neighbouring histogram bin)."""
     from jax_impl import predict as jax_predict
-    from shared_data import unet_spec
+    from shared_data.model import unet_spec
     from tf_impl import predict as tf_predict
 
     w = {k: v * 8 if k.endswith("kernel") else v + 0.01 for k, v in unet_spec.init_weights(tiny_cfg, 3).items()}

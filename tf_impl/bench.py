@@ -1,4 +1,4 @@
-"""TensorFlow side of the benchmark modes (the tutorial's "benchy"), driven by :mod:`compare.benchmark`.
+"""TensorFlow side of the benchmark modes (the tutorial's "benchy"), driven by :mod:`dlas_compare.benchmark`.
 
 IO: the input pipeline alone, each batch ready on the devices. SYNTHETIC: train steps on one cached
 device batch. FULL: train steps on the real input pipeline.
@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from shared_data import loader, schedule, unet_spec
-from shared_data.config import Config, batch_sizes
+from shared_data.core.config import Config, batch_sizes
+from shared_data.data import host_batches
+from shared_data.model import schedule, unet_spec
 from tf_impl import data as data_mod
 from tf_impl import distribute
 from tf_impl import model as model_mod
@@ -31,7 +32,7 @@ class Bench:
         self.compile_sec = 0.0
         self._out = None
         if mode in ("io", "full"):
-            self.batches = loader.forever(data_mod.make_input(cfg, "train", self.strategy))
+            self.batches = host_batches.forever(data_mod.make_input(cfg, "train", self.strategy))
         if mode in ("synthetic", "full"):
             with self.strategy.scope():
                 model = model_mod.build_model(cfg)
@@ -41,7 +42,7 @@ class Bench:
             spec = data_mod.batch_spec(cfg, self.strategy)
             self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, self.strategy, model, optimizer, spec)
         if mode == "synthetic":
-            host = loader.synthetic_batch(cfg, local_batch)
+            host = host_batches.synthetic_batch(cfg, local_batch)
             self.batch = distribute.per_replica(self.strategy, lambda: {k: tf.constant(v) for k, v in host.items()})
 
     def step(self) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import tensorflow as tf
 
-from shared_data.errors import UserError
+from shared_data.core.errors import UserError
 
 log = logging.getLogger(__name__)
 

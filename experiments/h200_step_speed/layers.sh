@@ -7,4 +7,4 @@ set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/device.txt
 python3 -c "import jax, flax, torch; print('jax', jax.__version__, 'flax', flax.__version__, 'torch', torch.__version__)" | tee -a $OUT/device.txt
-timeout 250 python3 -m compare.layer_bench --config short_opt --steps 5 --out $OUT/layers.jsonl 2>&1 | tee $OUT/layers.log
+timeout 250 python3 -m dlas_compare.layer_bench --config short_opt --steps 5 --out $OUT/layers.jsonl 2>&1 | tee $OUT/layers.log

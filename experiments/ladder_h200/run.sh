@@ -9,6 +9,6 @@
 #   bash experiments/ladder_h200/run.sh
 set -uo pipefail
 source scripts/gpu/common.sh
-python3 -m compare.ladder --frameworks jax torch --config short_opt \
+python3 -m dlas_compare.ladder --frameworks jax torch --config short_opt \
   --warmup 2 --steps 40 --windows 3 --window_sec 1 --timeout 150 --budget_sec 420 \
   --out $OUT/ladder_short_opt.jsonl --figure $OUT/ladder_short_opt.png 2>&1 | tee $OUT/ladder_short_opt.log

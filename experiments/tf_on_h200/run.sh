@@ -16,7 +16,7 @@ timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_tf.py
   | tee $OUT/gpu_check_tf_dali.log | tail -4
 rm -rf .cache/xla
 bench() {
-  timeout 150 python3 -m compare.benchmark --config short_opt --warmup 5 --steps 40 --windows 5 --window_sec 2 \
+  timeout 150 python3 -m dlas_compare.benchmark --config short_opt --warmup 5 --steps 40 --windows 5 --window_sec 2 \
     --out $OUT/compare.jsonl "$@" 2>&1 | grep -v "^W0000\|^I0000" | tail -3
 }
 bench --framework tf --mode synthetic --label "tf synthetic"

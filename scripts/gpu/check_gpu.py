@@ -17,17 +17,18 @@ from jax_impl import data as D
 from jax_impl import distribute
 from jax_impl import model as M
 from jax_impl.dali import crop_fns
-from shared_data import config as C
-from shared_data import dali_pipelines as dp
-from shared_data import loader, readers, unet_spec
-from shared_data.sampler import TRAIN, Draws
+from shared_data.core import config as C
+from shared_data.data import crop_readers, host_batches
+from shared_data.data import dali_pipelines as dp
+from shared_data.data.sampler import TRAIN, Draws
+from shared_data.model import unet_spec
 
 args = sys.argv[1:]
 name = args[0] if args and not args[0].startswith("--") else "short_opt"
 overrides = dict(C.parse_override(v) for k, v in zip(args, args[1:]) if k == "--set")
 base = C.load_config(name, overrides={"global_batch_size": 48, "Nsamples": 96, **overrides})
 path = base.data_file("train")
-reader = readers.H5LowMemReader(path, 4, 5, base.crop_size)
+reader = crop_readers.H5LowMemReader(path, 4, 5, base.crop_size)
 on_gpu = jax.default_backend() == "gpu"
 device_id = 0 if on_gpu else None  # CPU-only pipelines and NumPy crops for the smoke test
 ok = True
@@ -38,8 +39,8 @@ def bits(a):
 
 
 draws = Draws(np.tile(np.array([[3, 70, 111]]) % (reader.size - base.crop_size + 1), (48, 1)), np.arange(48))
-plan = loader.EpochPlan([draws], [np.ones(48, np.float32)])
-rx, ry = readers.make_batch(reader, draws, base)
+plan = host_batches.EpochPlan([draws], [np.ones(48, np.float32)])
+rx, ry = crop_readers.make_batch(reader, draws, base)
 for kind in ("dali-npy", "dali-h5", "dali-device"):
     cfg = C.replace(base, data_loader_config=kind, dali_h5_mode="simple")
     plans = dp.EpochPlans(cfg, TRAIN, [0], 1, reader.size)
