@@ -54,10 +54,10 @@ class Bench:
         jax.block_until_ready(self._out)
 
     def peak_memory_bytes(self) -> int | None:
-        return train_mod.peak_memory_bytes()
+        return distribute.peak_memory_bytes()
 
     def versions(self) -> dict:
-        return train_mod.versions()
+        return distribute.versions()
 
     def device_name(self) -> str:
         d = jax.devices()[0]

@@ -104,3 +104,31 @@ def put_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
 def abstract(tree):
     """Shapes, dtypes and shardings of the arrays of ``tree`` (``jax.ShapeDtypeStruct``s)."""
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
+
+
+# --- device facts: what a record says about where it ran ---------------------------------------------
+
+
+def banner() -> str:
+    """The first log line's framework, version and backend."""
+    return f"JAX {jax.__version__} on {jax.default_backend()}"
+
+
+def versions() -> dict:
+    """Library versions, devices and backend, recorded by runs, benchmarks, predictions and exports."""
+    import flax
+    import optax
+
+    return {
+        "jax": jax.__version__,
+        "flax": flax.__version__,
+        "optax": optax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+        "backend": jax.default_backend(),
+    }
+
+
+def peak_memory_bytes() -> int | None:
+    """Peak bytes in use on the first local device, if the backend reports it (GPU)."""
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_impl import distribute
 from jax_impl import model as model_mod
 from jax_impl import predict as predict_jax
 from shared_data.core.config import Config
@@ -55,10 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return export_mod.main(
         FRAMEWORK,
         argv,
-        banner=predict_jax.banner(),
+        banner=distribute.banner(),
         load_weights=predict_jax.load_weights,
         export=export,
-        versions=predict_jax.versions,
+        versions=distribute.versions,
     )
 
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_impl import distribute
 from jax_impl import model as model_mod
 from jax_impl.checkpoints import Checkpoints
 from shared_data.core.config import Config
@@ -32,20 +33,16 @@ def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[
     Raises:
         UserError: no checkpoint, or one that does not restore.
     """
-    from jax_impl import train
-
-    tx = train.make_optimizer(np.zeros(1, np.float32))
-    like = train.create_train_state(run_cfg, model_mod.init_params(run_cfg, 0), tx)
     absl = logging.getLogger("absl")
     level = absl.level
     absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager is read-only
     try:
-        checkpoints = Checkpoints(directory, run_cfg.keep_checkpoints, like, read_only=True)
+        checkpoints = Checkpoints(directory, run_cfg.keep_checkpoints, read_only=True)
     finally:
         absl.setLevel(level)
     epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
-    state = checkpoints.restore(epoch)
-    return model_mod.params_to_canonical(jax.device_get(state.params)), epoch
+    params = checkpoints.restore_params(epoch, jax.eval_shape(lambda: model_mod.init_params(run_cfg, 0)))
+    return model_mod.params_to_canonical(jax.device_get(params)), epoch
 
 
 def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple[dict[str, np.ndarray], str]:
@@ -62,20 +59,15 @@ def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply
     return lambda x: np.asarray(forward(params, jnp.asarray(x, jnp.float32)))
 
 
-def banner() -> str:
-    return f"JAX {jax.__version__} on {jax.default_backend()}"
-
-
-def versions() -> dict:
-    import flax
-
-    return {"jax": jax.__version__, "flax": flax.__version__, "backend": jax.default_backend()}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m jax_impl.predict``: the shared command line (:func:`shared_data.inference.predict.main`)."""
     return predict_mod.main(
-        FRAMEWORK, argv, banner=banner(), load_weights=load_weights, make_apply=make_apply, versions=versions
+        FRAMEWORK,
+        argv,
+        banner=distribute.banner(),
+        load_weights=load_weights,
+        make_apply=make_apply,
+        versions=distribute.versions,
     )
 
 

@@ -132,7 +132,7 @@ def train_step(state: TrainState, batch: dict, *, model, tx, cfg: Config) -> tup
         keep = functools.partial(jnp.where, finite)
         params = jax.tree.map(keep, params, state.params)
         opt_state = jax.tree.map(keep, opt_state, state.opt_state)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "finite": finite}
+    metrics = {"loss": loss, "finite": finite}
     if dyn is not None:
         metrics["loss_scale"] = dyn.scale
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state, dynamic_scale=dyn), metrics
@@ -166,24 +166,6 @@ def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict):
     return train_c, eval_c, t_train
 
 
-def versions() -> dict:
-    import flax
-
-    return {
-        "jax": jax.__version__,
-        "flax": flax.__version__,
-        "optax": optax.__version__,
-        "devices": [str(d) for d in jax.devices()],
-        "backend": jax.default_backend(),
-    }
-
-
-def peak_memory_bytes() -> int | None:
-    """Peak bytes in use on the first local device, if the backend reports it (GPU)."""
-    stats = jax.local_devices()[0].memory_stats() or {}
-    return stats.get("peak_bytes_in_use")
-
-
 def evaluate(eval_fn, params, val_in) -> float:
     """Mean validation loss over ``Nsamples_val`` crops."""
     sums = [eval_fn(params, batch) for batch in val_in.epoch(0)]
@@ -201,19 +183,19 @@ def train_and_evaluate(
     init_weights: str | None = None,
     stop_after_epoch: int | None = None,
     save_weights: str | None = None,
-) -> dict:
+) -> tuple[TrainState, dict]:
     """Train ``cfg`` in ``workdir`` (checkpoints, ``metrics.jsonl``, TensorBoard, ``out.log``); return the
-    last epoch's metrics (``train_loss``, ``val_loss``, ``samples_per_sec``, ``compile_sec``, ``epoch``)
-    and the final ``state``. ``stop_after_epoch`` ends this invocation early, as a job's time limit
+    final ``state`` and the last epoch's metrics (``train_loss``, ``val_loss``, ``samples_per_sec``,
+    ``compile_sec``, ``epoch``). ``stop_after_epoch`` ends this invocation early, as a job's time limit
     would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues the run."""
     mesh = distribute.make_mesh(num_devices)
-    banner = f"JAX {jax.__version__} on {jax.default_backend()}"
+    settings = configure_xla(cfg)
     run = run_mod.Run(
         cfg,
         workdir,
         FRAMEWORK,
-        banner,
-        configure_xla(cfg),
+        distribute.banner(),
+        settings,
         distribute.num_replicas(mesh),
         process_index=distribute.process_index(),
         resume=resume,
@@ -228,7 +210,7 @@ def train_and_evaluate(
         state = restored
     train_in, val_in = data_mod.make_input(cfg, "train", mesh, start), data_mod.make_input(cfg, "val", mesh)
     train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, data_mod.batch_spec(cfg, mesh))
-    run.begin(start, compile_s, versions(), lambda: evaluate(eval_fn, state.params, val_in))
+    run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, state.params, val_in))
 
     trace = (lambda: jax.profiler.start_trace(str(workdir / "profile")), jax.profiler.stop_trace)
     with run.profile(*trace, use_cuda=jax.default_backend() == "gpu"):
@@ -249,7 +231,7 @@ def train_and_evaluate(
 
     weights = lambda: model_mod.params_to_canonical(jax.device_get(state.params))
     run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())
-    return {**run.finish(peak_memory_bytes()), "state": state}
+    return state, run.finish(distribute.peak_memory_bytes())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,8 +18,8 @@ from shared_data.core.config import REPO_ROOT
 from shared_data.runtime.records import read_metrics
 
 
-def _params(result):
-    return M.params_to_canonical(jax.device_get(result["state"].params))
+def _params(state):
+    return M.params_to_canonical(jax.device_get(state.params))
 
 
 def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
@@ -27,23 +27,23 @@ def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     loss falls by about 40% and the validation loss by about 30%; asserted with margin: training at
     least 25%, validation at least 15%."""
     cfg = C.replace(tiny_cfg, Nsamples=20, num_epochs=6, start_lr=5e-3, tensorboard=True)
-    result = T.train_and_evaluate(cfg, tmp_path / "run")
+    _, metrics = T.train_and_evaluate(cfg, tmp_path / "run")
     hist = read_metrics(tmp_path / "run")
     assert [h["epoch"] for h in hist] == [1, 2, 3, 4, 5, 6] and hist[-1]["step"] == 30
     assert hist[-1]["train_loss"] < 0.75 * hist[0]["train_loss"], hist
     assert hist[-1]["val_loss"] < 0.85 * hist[0]["val_loss"], hist
-    assert result["samples_per_sec"] > 0 and (tmp_path / "run" / "checkpoints" / "6").is_dir()
+    assert metrics["samples_per_sec"] > 0 and (tmp_path / "run" / "checkpoints" / "6").is_dir()
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
 
 
 def test_resume_is_exact(tiny_cfg, tmp_path):
     cfg = C.replace(tiny_cfg, Nsamples=12, num_epochs=2)
-    straight = _params(T.train_and_evaluate(cfg, tmp_path / "straight"))
+    straight = _params(T.train_and_evaluate(cfg, tmp_path / "straight")[0])
     T.train_and_evaluate(cfg, tmp_path / "split", stop_after_epoch=1)
     with pytest.raises(Exception, match="already holds checkpoints"):
         T.train_and_evaluate(cfg, tmp_path / "split")
-    resumed = T.train_and_evaluate(cfg, tmp_path / "split", resume=True)
-    assert int(resumed["state"].step) == 6
+    resumed, _ = T.train_and_evaluate(cfg, tmp_path / "split", resume=True)
+    assert int(resumed.step) == 6
     for k, v in straight.items():
         np.testing.assert_array_equal(_params(resumed)[k], v, err_msg=k)
     hist = read_metrics(tmp_path / "split")

@@ -31,11 +31,11 @@ def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
 
 def test_resume_is_exact(tiny_cfg, tmp_path):
     cfg = C.replace(tiny_cfg, Nsamples=12, num_epochs=2)
-    straight = M.params_to_canonical(T.train_and_evaluate(cfg, tmp_path / "straight")["model"])
+    straight = M.params_to_canonical(T.train_and_evaluate(cfg, tmp_path / "straight")[0])
     T.train_and_evaluate(cfg, tmp_path / "split", stop_after_epoch=1)
     with pytest.raises(Exception, match="already holds checkpoints"):
         T.train_and_evaluate(cfg, tmp_path / "split")
-    resumed = M.params_to_canonical(T.train_and_evaluate(cfg, tmp_path / "split", resume=True)["model"])
+    resumed = M.params_to_canonical(T.train_and_evaluate(cfg, tmp_path / "split", resume=True)[0])
     for k, v in straight.items():
         np.testing.assert_array_equal(resumed[k], v, err_msg=k)
     assert [h["epoch"] for h in read_metrics(tmp_path / "split")] == [1, 2]

@@ -60,10 +60,10 @@ class Bench:
                 np.asarray(tf.reshape(part, [-1])[:1])
 
     def peak_memory_bytes(self) -> int | None:
-        return train_mod.peak_memory_bytes()
+        return distribute.peak_memory_bytes()
 
     def versions(self) -> dict:
-        return train_mod.versions()
+        return distribute.versions()
 
     def device_name(self) -> str:
         return f"{self.replicas} x {distribute.device_kind()}"

@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 
+import keras
 import tensorflow as tf
 
 from shared_data.core.errors import UserError
@@ -138,3 +139,28 @@ def split_cpu(n: int) -> None:
     Must run before TensorFlow initialises its devices."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+
+
+# --- device facts: what a record says about where it ran ---------------------------------------------
+
+
+def banner() -> str:
+    """The first log line's framework and version."""
+    return f"TensorFlow {tf.__version__} (Keras {keras.__version__})"
+
+
+def versions() -> dict:
+    """Library versions, devices and backend, recorded by runs, benchmarks, predictions and exports."""
+    return {
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "devices": [d.name for d in tf.config.list_logical_devices()],
+        "backend": "gpu" if tf.config.list_logical_devices("GPU") else "cpu",
+    }
+
+
+def peak_memory_bytes() -> int | None:
+    """Peak bytes in use on the first GPU, if there is one."""
+    if not tf.config.list_logical_devices("GPU"):
+        return None
+    return tf.config.experimental.get_memory_info("GPU:0")["peak"]

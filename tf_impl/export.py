@@ -31,6 +31,7 @@ from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
 from shared_data.core.files import atomic_dir, atomic_path
 from shared_data.inference import export as export_mod
+from tf_impl import distribute
 from tf_impl import model as model_mod
 from tf_impl import predict as predict_tf
 
@@ -60,10 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return export_mod.main(
         FRAMEWORK,
         argv,
-        banner=predict_tf.banner(),
+        banner=distribute.banner(),
         load_weights=predict_tf.load_weights,
         export=export,
-        versions=predict_tf.versions,
+        versions=distribute.versions,
     )
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -22,6 +21,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
 from shared_data.inference import predict as predict_mod
+from tf_impl import distribute
 from tf_impl import model as model_mod
 from tf_impl.checkpoints import Checkpoints
 
@@ -64,22 +64,15 @@ def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply
     return apply
 
 
-def banner() -> str:
-    return f"TensorFlow {tf.__version__} (Keras {keras.__version__})"
-
-
-def versions() -> dict:
-    return {
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "backend": "gpu" if tf.config.list_logical_devices("GPU") else "cpu",
-    }
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tf_impl.predict``: the shared command line (:func:`shared_data.inference.predict.main`)."""
     return predict_mod.main(
-        FRAMEWORK, argv, banner=banner(), load_weights=load_weights, make_apply=make_apply, versions=versions
+        FRAMEWORK,
+        argv,
+        banner=distribute.banner(),
+        load_weights=load_weights,
+        make_apply=make_apply,
+        versions=distribute.versions,
     )
 
 

@@ -193,22 +193,6 @@ def compile_steps(cfg: Config, strategy, model, optimizer, spec: dict):
     return train_fn, eval_fn, t_train
 
 
-def versions() -> dict:
-    return {
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "devices": [d.name for d in tf.config.list_logical_devices()],
-        "backend": "gpu" if tf.config.list_logical_devices("GPU") else "cpu",
-    }
-
-
-def peak_memory_bytes() -> int | None:
-    """Peak bytes in use on the first GPU, if there is one."""
-    if not tf.config.list_logical_devices("GPU"):
-        return None
-    return tf.config.experimental.get_memory_info("GPU:0")["peak"]
-
-
 def evaluate(eval_fn, val_in) -> float:
     """Mean validation loss over ``Nsamples_val`` crops."""
     loss_sum, count = 0.0, 0.0
@@ -229,19 +213,19 @@ def train_and_evaluate(
     init_weights: str | None = None,
     stop_after_epoch: int | None = None,
     save_weights: str | None = None,
-) -> dict:
+) -> tuple[keras.Model, dict]:
     """Train ``cfg`` in ``workdir`` (checkpoints, ``metrics.jsonl``, TensorBoard, ``out.log``); return the
-    last epoch's metrics (``train_loss``, ``val_loss``, ``samples_per_sec``, ``compile_sec``, ``epoch``)
-    and the ``model``. ``stop_after_epoch`` ends this invocation early, as a job's time limit
+    trained ``model`` and the last epoch's metrics (``train_loss``, ``val_loss``, ``samples_per_sec``,
+    ``compile_sec``, ``epoch``). ``stop_after_epoch`` ends this invocation early, as a job's time limit
     would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues the run."""
     strategy = distribute.make_strategy(num_devices)
-    banner = f"TensorFlow {tf.__version__} (Keras {keras.__version__})"
+    settings = configure_xla(cfg)
     run = run_mod.Run(
         cfg,
         workdir,
         FRAMEWORK,
-        banner,
-        configure_xla(cfg),
+        distribute.banner(),
+        settings,
         distribute.num_replicas(strategy),
         process_index=distribute.process_index(),
         resume=resume,
@@ -255,7 +239,7 @@ def train_and_evaluate(
     start, _ = run.resume(ckpt)
     train_in, val_in = data_mod.make_input(cfg, "train", strategy, start), data_mod.make_input(cfg, "val", strategy)
     train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, model, optimizer, data_mod.batch_spec(cfg, strategy))
-    run.begin(start, compile_s, versions(), lambda: evaluate(eval_fn, val_in))
+    run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, val_in))
 
     trace = (lambda: tf.profiler.experimental.start(str(workdir / "profile")), tf.profiler.experimental.stop)
     with run.profile(*trace, use_cuda=bool(tf.config.list_logical_devices("GPU"))):
@@ -276,7 +260,7 @@ def train_and_evaluate(
 
     weights = lambda: model_mod.params_to_canonical(model)
     run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())
-    return {**run.finish(peak_memory_bytes()), "model": model, "strategy": strategy}
+    return model, run.finish(distribute.peak_memory_bytes())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

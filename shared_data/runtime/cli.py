@@ -118,7 +118,7 @@ def benchy(framework: str, args: argparse.Namespace) -> int:
 
 def main(
     framework: str,
-    train_and_evaluate: Callable[..., dict],
+    train_and_evaluate: Callable[..., tuple],
     argv: Sequence[str] | None = None,
     *,
     initialize: Callable[[], None],
