@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dlas_compare.benchmark import FRAMEWORKS, MODES, run_process, table
 from shared_data.core.errors import run_cli
+from shared_data.runtime.cli import benchmark_command
 
 MODULES = {"jax": "jax", "tf": "tensorflow", "torch": "torch"}
 
@@ -56,22 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if why:
             notes.append(f"{fw}: skipped ({why})")
             continue
-        cmd = [
-            sys.executable,
-            "-m",
-            "dlas_compare.benchmark",
-            "--framework",
-            fw,
-            "--mode",
-            *args.modes,
-            "--config",
-            args.config,
-            "--label",
-            f"{fw} {args.config}",
-            "--out",
-            str(out),
-            *extra,
-        ]
+        cmd = benchmark_command(
+            fw, args.modes, ["--config", args.config], label=f"{fw} {args.config}", out=out, extra=extra
+        )
         print(f"[compare] {' '.join(cmd[1:])}", flush=True)
         new, failure, _ = run_process(cmd, out, args.timeout)
         if failure:

@@ -61,7 +61,7 @@ print(json.dumps({"version": d.__version__}))
     "dali-tf": """
 import os, json
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-import nvidia.dali.plugin.tf as p
+import nvidia.dali.plugin.tf as dali_tf
 print(json.dumps({"loaded": True}))
 """,
 }

@@ -57,6 +57,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.config import Config
 from shared_data.core.errors import DatasetError, UserError, run_cli
 from shared_data.core.files import atomic_path
+from shared_data.runtime.cli import benchmark_command
 from shared_data.runtime.xla_flags import DEFAULT_XLA_FLAGS, default_xla_flags_off
 
 BASELINE_WORKERS = 4  # the tutorial's baseline worker count
@@ -527,38 +528,19 @@ def forwarded_config_args(args: argparse.Namespace) -> list[str]:
     given = [k for k in LADDER_KEYS if getattr(args, k, None) is not None] + [k for k, _ in sets if k in LADDER_KEYS]
     if given:
         raise UserError(f"{given[0]} is set by the ladder's rungs; leave it out (they own {', '.join(LADDER_KEYS)})")
-    out = ["--yaml_config", args.yaml_config, "--config", args.config]
-    for key in config_mod.FLAG_KEYS:
-        value = getattr(args, key, None)
-        if value is not None:
-            out += ["--set", f"{key}={json.dumps(value)}"]
-    for text in args.set:
-        out += ["--set", text]
-    return out
+    return config_mod.config_argv(args)
 
 
-def run_step(step: Step, common: list[str], timeout: float) -> tuple[list[dict], str | None, str]:
+def run_step(step: Step, modes: Sequence[str], common: list[str], timeout: float) -> tuple[list[dict], str | None, str]:
     """Run one rung's benchmark process; return its records, why it failed (None: it did not) and
     the ``XLA_FLAGS`` it started with."""
     flags = xla_flags(step.settings)
     env = {**os.environ, "XLA_FLAGS": flags}
     with tempfile.TemporaryDirectory(prefix="ladder_") as tmp:
         out = Path(tmp) / "records.jsonl"
-        cmd = [
-            sys.executable,
-            "-m",
-            "dlas_compare.benchmark",
-            "--framework",
-            step.framework,
-            "--label",
-            f"{step.framework} {step.index}. {step.rung.title}",
-            *common,
-            *benchmark_args(step.settings),
-            "--out",
-            str(out),
-        ]
-        print(f"[ladder] {step.framework} {step.index}. {step.rung.title}: XLA_FLAGS={shlex.quote(flags)} "
-              f"{shlex.join(cmd[1:-2])}", flush=True)  # fmt: skip
+        label = f"{step.framework} {step.index}. {step.rung.title}"
+        cmd = benchmark_command(step.framework, modes, [*common, *benchmark_args(step.settings)], label=label, out=out)
+        print(f"[ladder] {label}: XLA_FLAGS={shlex.quote(flags)} {shlex.join(cmd[1:-2])}", flush=True)
         t0 = time.perf_counter()
         records, failure, output = run_process(cmd, out, timeout, env)
         if failure and output:
@@ -570,6 +552,7 @@ def run_step(step: Step, common: list[str], timeout: float) -> tuple[list[dict],
 
 def run_ladder(
     steps: dict[str, list[Step]],
+    modes: Sequence[str],
     common: list[str],
     out: Path,
     timeout: float,
@@ -577,7 +560,8 @@ def run_ladder(
     config: str,
     start: float | None = None,
 ) -> list:
-    """Run the planned ``steps`` rung by rung (every framework's rung 1, then rung 2, ...), appending
+    """Run the planned ``steps`` rung by rung (every framework's rung 1, then rung 2, ...), each in
+    ``modes`` with the benchmark flags ``common``, appending
     each rung's records and summary to ``out`` as it ends; return the summaries. Once ``budget``
     seconds have passed since ``start`` (``time.perf_counter()``; default now), the remaining rungs
     are skipped and a running one is stopped. ``config`` names the config in the summaries."""
@@ -594,7 +578,7 @@ def run_ladder(
                 reason = f"the ladder's time budget (--budget_sec {budget:.0f}) was spent"
             if reason is None:
                 limit = timeout if left is None else min(timeout, left)
-                records, reason, flags = run_step(step, common, limit)
+                records, reason, flags = run_step(step, modes, common, limit)
                 if reason and reason.startswith("timed out") and limit < timeout:
                     reason = f"stopped at the ladder's time budget (--budget_sec {budget:.0f})"
                 status = "failed" if reason else "ran"
@@ -681,7 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "full" not in args.modes:
         raise UserError("--modes must include full: the ladder's speedups are FULL samples/s")
     common = forwarded_config_args(args)
-    common += ["--mode", *args.modes, "--warmup", str(args.warmup), "--steps", str(args.steps)]
+    common += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
     common += ["--windows", str(args.windows)] + (["--window_sec", str(args.window_sec)] if args.window_sec else [])
     cfg = config_mod.config_from_args(args)
     train = cfg.data_file("train")
@@ -697,7 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         found = probe(fw)
         steps[fw] = plan(fw, found, cfg, args.more_workers, args.num_devices)
         print(f"[ladder] {fw}: {found.reason or f'{found.devices} device(s), {found.device}'}", flush=True)
-    summaries = run_ladder(steps, common, out, args.timeout, args.budget_sec, cfg.name, start)
+    summaries = run_ladder(steps, args.modes, common, out, args.timeout, args.budget_sec, cfg.name, start)
     print(table(summaries))
     print("\n".join([s["line"] for s in summaries if s["status"] == "ran"] + noise_lines(summaries)))
     ladder_figure(summaries, figure, figure_title(cfg.name, summaries))

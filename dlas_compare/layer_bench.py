@@ -45,10 +45,10 @@ def jax_layer_fn(s: LayerSpec, method: str, batch: int, dtype_name: str):
     import jax
     import jax.numpy as jnp
 
-    from jax_impl import model as M
+    from jax_impl import model as model_mod
 
-    dtype = M.COMPUTE_DTYPES[dtype_name]
-    conv = (M.DOWNCONV if s.kind == "down" else M.UPCONV)[method]
+    dtype = model_mod.COMPUTE_DTYPES[dtype_name]
+    conv = (model_mod.DOWNCONV if s.kind == "down" else model_mod.UPCONV)[method]
     kx, kw, kg = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(kx, (batch, s.in_size, s.in_size, s.in_size, s.c_in), jnp.float32).astype(dtype)
     w = 0.02 * jax.random.normal(kw, (KERNEL, KERNEL, KERNEL, s.c_in, s.c_out), jnp.float32)

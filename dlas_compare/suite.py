@@ -1,5 +1,5 @@
 """Run a named list of benchmarks, each in its own process, and print one table:
-``python -m dlas_compare.suite h200-compute --out results/h200/compute.jsonl``.
+``python -m dlas_compare.suite gpu --out results/gpu/compare.jsonl``.
 
 One process per entry keeps frameworks and their device memory apart (JAX preallocates, TF and
 torch cache). A failing entry is reported in the table and the suite goes on.
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from dlas_compare.benchmark import run_process, table
 from shared_data.core.errors import UserError, run_cli
+from shared_data.runtime.cli import benchmark_command
 
 # (label, framework, modes, config, extra arguments[, extra environment])
 SHORT = "short_opt"
@@ -55,23 +55,9 @@ def run_suite(entries: str | list[tuple], out: Path, extra: Sequence[str] = (), 
     out.parent.mkdir(parents=True, exist_ok=True)
     records = []
     for label, framework, modes, config, args, *env in entries:
-        cmd = [
-            sys.executable,
-            "-m",
-            "dlas_compare.benchmark",
-            "--framework",
-            framework,
-            "--mode",
-            *modes.split(),
-            "--config",
-            config,
-            "--label",
-            label,
-            "--out",
-            str(out),
-            *args,
-            *extra,
-        ]
+        cmd = benchmark_command(
+            framework, modes.split(), ["--config", config], label=label, out=out, extra=[*args, *extra]
+        )
         environ = {**os.environ, **(env[0] if env else {})}
         print(f"[suite] {label}: {' '.join(cmd[1:])} {env[0] if env else ''}", flush=True)
         t0 = time.perf_counter()

@@ -22,7 +22,7 @@ from jax_impl import distribute
 from shared_data.core import loader_kinds
 from shared_data.core.config import Config, batch_sizes
 from shared_data.data import dali_pipelines as dp
-from shared_data.data import dataset
+from shared_data.data import dataset, host_batches
 from shared_data.data.sampler import SPLITS
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def make_iterator(pipes: list, samples_per_pipe: int, sharding=None):
 class DaliInput:
     """Batches of one split from DALI: ``steps`` per epoch, ``epoch(e)`` an iterator of global arrays."""
 
-    def __init__(self, cfg: Config, split: str, mesh: Mesh, epoch_offset: int = 0):
+    def __init__(self, cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0):
         dp.require_dali()
         self.cfg, self.mesh = cfg, mesh
         path = cfg.data_file(split)
@@ -95,7 +95,7 @@ class DaliInput:
         host_volumes = dp.load_volumes(path, cfg) if kind.device_volumes else None
         pipes = []
         for group, device_id in groups:
-            plans = dp.EpochPlans(cfg, SPLITS[split], group, replicas, size, epoch_offset)
+            plans = dp.EpochPlans(cfg, SPLITS[split], group, replicas, size, first_epoch)
             sources = None
             if kind.device_volumes:
                 sources = dp.device_crop_sources(plans, crop_fns(host_volumes, device_id, cfg.crop_size), cfg)
@@ -105,11 +105,11 @@ class DaliInput:
         self.steps = len(plans(0))
         sharding = distribute.batch_sharding(mesh) if self.on_gpu else None
         self.iterator = make_iterator(pipes, self.steps * local_bs * len(groups[0][0]), sharding)
-        self._next_epoch = 0
+        self.cursor = host_batches.EpochCursor(SPLITS[split], first_epoch)
 
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
-        """The next epoch of the pipeline (DALI counts epochs itself; ``epoch`` must follow in order)."""
-        del epoch  # the pipeline's own epoch counter + epoch_offset selects the plan
+        """Batches of ``epoch``, the pipeline's next one (DALI counts epochs itself from ``first_epoch``)."""
+        self.cursor.advance(epoch)
         for batch in self.iterator:
             yield (
                 batch

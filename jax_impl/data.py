@@ -56,7 +56,8 @@ def prefetch_to_mesh(batches: Iterator[dict], mesh: Mesh, depth: int = 2) -> Ite
 
 def make_input(cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0):
     """The input pipeline of ``cfg.data_loader_config`` for ``split`` (``"train"`` / ``"val"``);
-    ``first_epoch`` is where a resumed run starts (DALI pipelines count epochs from there)."""
+    ``first_epoch`` is where a resumed run starts (the input protocol,
+    :class:`shared_data.data.host_batches.EpochCursor`; DALI inputs hold it)."""
     kind = loader_kinds.loader_kind(cfg)
     if kind.dali:
         from jax_impl.dali import DaliInput

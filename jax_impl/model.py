@@ -14,7 +14,7 @@ Down-convolution (``downconv``):
   padded input rearranged by space-to-depth (2x2x2 blocks -> 8 C_in channels), with the kernel
   regrouped as ``w[2a + r] -> w'[a, (r, c_in)]`` per axis. Identical FLOPs; its input gradient is a
   stride-1 convolution instead of XLA's slow input-dilated one, which makes the backward pass many
-  times faster (docs/perf_notes.md).
+  times faster (experiments/perf_notes.md).
 
 Up-convolution (``upconv``):
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")  # 2 CPU devices for JAX sharding tests
@@ -64,3 +66,18 @@ def tiny_argv(tiny_cfg):
         "--set",
         f"xla_cache_dir={tiny_cfg.xla_cache_dir}",
     ]
+
+
+def _has_gpu() -> bool:
+    """An NVIDIA GPU is visible (``nvidia-smi -L`` lists one); asked without starting a framework."""
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` are skipped, with the reason, where there is no GPU."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_items and not _has_gpu():
+        skip = pytest.mark.skip(reason="needs a GPU (the GPU machine runs them: pytest -m gpu)")
+        for item in gpu_items:
+            item.add_marker(skip)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from dlas_compare import benchmark
-from shared_data.core import config as C
+from shared_data.core import config as config_mod
 from shared_data.model import unet_spec
 from shared_data.runtime import nvtx
 
@@ -72,10 +72,10 @@ def test_analytic_flops_match_xla_cost_analysis():
     down-convs, input-dilated transposed convs): XLA's HLO cost analysis, which counts only taps
     that meet real voxels, agrees with our count of those within 2%; the dense count (MFU's) is
     the documented ~27.2 GFLOP forward, 81.5 per training step."""
-    from jax_impl import model as M
+    from jax_impl import model as model_mod
 
-    cfg = C.load_config("base", overrides={"upconv": "transpose", "downconv": "strided"})
-    model = M.build_model(cfg)
+    cfg = config_mod.load_config("base", overrides={"upconv": "transpose", "downconv": "strided"})
+    model = model_mod.build_model(cfg)
     x = jax.ShapeDtypeStruct((1, 64, 64, 64, 4), jnp.float32)
     params = jax.eval_shape(model.init, jax.random.key(0), x)
     cost = jax.jit(model.apply).lower(params, x).cost_analysis()
@@ -83,7 +83,7 @@ def test_analytic_flops_match_xla_cost_analysis():
     ours = unet_spec.forward_flops(cfg, count_padding=False)
     assert abs(cost["flops"] - ours) / ours < 0.02, (cost["flops"], ours)
     assert 27.1e9 < unet_spec.forward_flops(cfg) < 27.3e9
-    assert 81e9 < unet_spec.train_flops_per_sample(cfg) < 82e9  # DESIGN: about 82 GFLOP per sample and step
+    assert 81e9 < unet_spec.train_flops_per_sample(cfg) < 82e9  # the model contract: about 82 GFLOP per sample and step
 
 
 def test_capture_window_starts_and_stops_at_configured_steps(monkeypatch):
@@ -116,7 +116,7 @@ def test_layer_bench_times_each_formulation_and_counts_layer_flops(tmp_path):
     and per-layer model FLOPs that add up to the whole net's analytic training FLOPs."""
     from dlas_compare import layer_bench
 
-    cfg = C.load_config("cpu_tiny")
+    cfg = config_mod.load_config("cpu_tiny")
     out = tmp_path / "layers.jsonl"
     assert (
         layer_bench.main(

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from shared_data.core import config as C
+from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import DatasetError
 from shared_data.data import crop_readers, symmetry
@@ -147,9 +147,10 @@ def test_nan_is_found_at_load_and_at_read(tmp_path):
 def test_make_reader_follows_config(tiny_cfg):
     assert isinstance(crop_readers.make_reader(tiny_cfg), crop_readers.H5LowMemReader)
     assert isinstance(
-        crop_readers.make_reader(C.replace(tiny_cfg, data_loader_config="inmem"), "val"), crop_readers.InMemReader
+        crop_readers.make_reader(config_mod.replace(tiny_cfg, data_loader_config="inmem"), "val"),
+        crop_readers.InMemReader,
     )
-    syn = crop_readers.make_reader(C.replace(tiny_cfg, data_loader_config="synthetic"))
+    syn = crop_readers.make_reader(config_mod.replace(tiny_cfg, data_loader_config="synthetic"))
     assert isinstance(syn, crop_readers.SyntheticReader) and syn.size == tiny_cfg.synthetic_volume_size
 
 

@@ -2,13 +2,13 @@
 
 import numpy as np
 
-from shared_data.core import config as C
+from shared_data.core import config as config_mod
 from shared_data.data import crop_readers, host_batches
 from shared_data.data.sampler import TRAIN, VAL
 
 
 def test_threaded_loader_yields_the_plan_in_order_reproducibly(tiny_cfg):
-    cfg = C.replace(tiny_cfg, num_data_workers=2, Nsamples=24)
+    cfg = config_mod.replace(tiny_cfg, num_data_workers=2, Nsamples=24)
     r = crop_readers.make_reader(cfg)
     plan = host_batches.make_plan(cfg, TRAIN, 0, [0], 1, r.size)
     assert len(plan) == 6
@@ -34,7 +34,7 @@ def test_shards_split_the_global_batch_and_differ(tiny_cfg):
 
 
 def test_validation_pads_and_masks_the_last_batch(tiny_cfg):
-    cfg = C.replace(tiny_cfg, Nsamples_val=5)  # global batch 4: 2 steps, 3 padded samples
+    cfg = config_mod.replace(tiny_cfg, Nsamples_val=5)  # global batch 4: 2 steps, 3 padded samples
     r = crop_readers.make_reader(cfg, "val")
     plan = host_batches.make_plan(cfg, VAL, 3, [0, 1], 2, r.size)
     assert [m.tolist() for m in plan.masks] == [[1, 1, 1, 1], [1, 0, 0, 0]]

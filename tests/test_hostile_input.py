@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from shared_data.core import config as C
+from shared_data.core import config as config_mod
 from shared_data.core.errors import ConfigError, run_cli
 from shared_data.data import convert, dataset, inspect
 from shared_data.model import schedule, unet_spec
@@ -54,19 +54,19 @@ VALUES = st.one_of(
 
 
 @settings(max_examples=300, **SETTINGS)
-@given(key=st.sampled_from(sorted(C.FIELDS)), value=VALUES)
+@given(key=st.sampled_from(sorted(config_mod.FIELDS)), value=VALUES)
 @example(key="start_lr", value=3.4028235677973366e38)  # finite, but scaled beyond float32 in the LR table
 def test_config_values_load_or_name_the_key(key, value):
     """Any value for any key: a config, or a ConfigError naming the key; an accepted config's derived
     numbers (batches, steps, layers, LR table) compute or raise a ConfigError, nothing else."""
     try:
-        cfg = C.load_config("cpu_tiny", overrides={key: value})
+        cfg = config_mod.load_config("cpu_tiny", overrides={key: value})
     except ConfigError as err:
         assert repr(key) in str(err) or key in str(err), str(err)
         return
     try:
-        gb, _ = C.batch_sizes(cfg, 1)
-        steps = C.steps_per_epoch(cfg, 1)
+        gb, _ = config_mod.batch_sizes(cfg, 1)
+        steps = config_mod.steps_per_epoch(cfg, 1)
     except ConfigError:
         return
     assert gb >= 1 and steps >= 1
@@ -212,7 +212,7 @@ def test_npy_twins_that_do_not_match_are_refused(data_dir, tmp_path_factory, kin
         np.save(nbody, arr.astype(np.float64))
     elif kind == "channels_first":
         np.save(nbody, np.ascontiguousarray(np.moveaxis(arr, -1, 0)))
-    cfg = C.load_config(
+    cfg = config_mod.load_config(
         "cpu_tiny",
         overrides={"train_path": str(h5), "val_path": str(data_dir / "val_24.h5"), "data_loader_config": "dali-npy"},
     )

@@ -11,23 +11,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_impl import model as M
-from jax_impl import train as T
-from shared_data.core import config as C
+from jax_impl import model as model_mod
+from jax_impl import train as train_mod
+from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
 from shared_data.runtime.records import read_metrics
 
 
 def _params(state):
-    return M.params_to_canonical(jax.device_get(state.params))
+    return model_mod.params_to_canonical(jax.device_get(state.params))
 
 
 def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     """30 steps (6 epochs x 5) on the generated data, start_lr 5e-3: on CPU the epoch-mean training
     loss falls by about 40% and the validation loss by about 30%; asserted with margin: training at
     least 25%, validation at least 15%."""
-    cfg = C.replace(tiny_cfg, Nsamples=20, num_epochs=6, start_lr=5e-3, tensorboard=True)
-    _, metrics = T.train_and_evaluate(cfg, tmp_path / "run")
+    cfg = config_mod.replace(tiny_cfg, Nsamples=20, num_epochs=6, start_lr=5e-3, tensorboard=True)
+    _, metrics = train_mod.train_and_evaluate(cfg, tmp_path / "run")
     hist = read_metrics(tmp_path / "run")
     assert [h["epoch"] for h in hist] == [1, 2, 3, 4, 5, 6] and hist[-1]["step"] == 30
     assert hist[-1]["train_loss"] < 0.75 * hist[0]["train_loss"], hist
@@ -37,12 +37,12 @@ def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
 
 
 def test_resume_is_exact(tiny_cfg, tmp_path):
-    cfg = C.replace(tiny_cfg, Nsamples=12, num_epochs=2)
-    straight = _params(T.train_and_evaluate(cfg, tmp_path / "straight")[0])
-    T.train_and_evaluate(cfg, tmp_path / "split", stop_after_epoch=1)
+    cfg = config_mod.replace(tiny_cfg, Nsamples=12, num_epochs=2)
+    straight = _params(train_mod.train_and_evaluate(cfg, tmp_path / "straight")[0])
+    train_mod.train_and_evaluate(cfg, tmp_path / "split", stop_after_epoch=1)
     with pytest.raises(Exception, match="already holds checkpoints"):
-        T.train_and_evaluate(cfg, tmp_path / "split")
-    resumed, _ = T.train_and_evaluate(cfg, tmp_path / "split", resume=True)
+        train_mod.train_and_evaluate(cfg, tmp_path / "split")
+    resumed, _ = train_mod.train_and_evaluate(cfg, tmp_path / "split", resume=True)
     assert int(resumed.step) == 6
     for k, v in straight.items():
         np.testing.assert_array_equal(_params(resumed)[k], v, err_msg=k)
@@ -52,9 +52,9 @@ def test_resume_is_exact(tiny_cfg, tmp_path):
 
 
 def _step_fn(cfg):
-    model, tx = M.build_model(cfg), T.make_optimizer(np.full(8, 1e-3, np.float32))
-    state = T.create_train_state(cfg, M.init_params(cfg, 0), tx)
-    return state, jax.jit(functools.partial(T.train_step, model=model, tx=tx, cfg=cfg))
+    model, tx = model_mod.build_model(cfg), train_mod.make_optimizer(np.full(8, 1e-3, np.float32))
+    state = train_mod.create_train_state(cfg, model_mod.init_params(cfg, 0), tx)
+    return state, jax.jit(functools.partial(train_mod.train_step, model=model, tx=tx, cfg=cfg))
 
 
 def _batch(bad=False):
@@ -67,7 +67,9 @@ def _batch(bad=False):
 
 
 def test_fp16_nonfinite_gradient_skips_update_and_halves_scale(tiny_cfg):
-    cfg = C.replace(tiny_cfg, enable_amp=True, amp_dtype="float16", loss_scale_init=1024.0, loss_scale_period=2)
+    cfg = config_mod.replace(
+        tiny_cfg, enable_amp=True, amp_dtype="float16", loss_scale_init=1024.0, loss_scale_period=2
+    )
     state0, step = _step_fn(cfg)
     state1, m = step(state0, _batch(bad=True))
     assert not bool(m["finite"]) and float(state1.dynamic_scale.scale) == 512.0
@@ -85,7 +87,7 @@ def test_fp16_nonfinite_gradient_skips_update_and_halves_scale(tiny_cfg):
 
 def test_bf16_keeps_float32_params_and_tracks_fp32(tiny_cfg):
     s32, f32 = _step_fn(tiny_cfg)
-    s16, f16 = _step_fn(C.replace(tiny_cfg, enable_amp=True))
+    s16, f16 = _step_fn(config_mod.replace(tiny_cfg, enable_amp=True))
     assert s16.dynamic_scale is None
     (_, ma), (b, mb) = f32(s32, _batch()), f16(s16, _batch())
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(b.params))

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from dlas_compare import ladder
-from shared_data.core import config as C
+from shared_data.core import config as config_mod
 from shared_data.core.errors import run_cli
 
 BENCHMARK_KEYS = {
@@ -119,7 +119,7 @@ def test_plan_on_gpu_machines(tiny_cfg):
     assert steps[5].skip is None and steps[6].skip.startswith("1 GPU: ")
     assert ladder.plan("jax", two, tiny_cfg, num_devices=3)[6].skip == "--num_devices 3: jax sees 2 device(s)"
 
-    no_npy = C.replace(tiny_cfg, train_path_npy_data="/nonexistent/x.npy")
+    no_npy = config_mod.replace(tiny_cfg, train_path_npy_data="/nonexistent/x.npy")
     assert ladder.plan("jax", two, no_npy)[2].skip.startswith("no .npy twin /nonexistent/x.npy")
 
 

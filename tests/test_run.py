@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from shared_data.core import config as C
+from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import UserError
 from shared_data.runtime import cli, logs, records, run
@@ -49,7 +49,7 @@ def test_progress_bar_only_on_a_terminal(monkeypatch):
 def test_input_bound_run_says_so_once(tiny_cfg, tmp_path, caplog):
     """A loader that takes 30 ms per batch and an instant step: the share line shows ~100% input wait
     and, from the second epoch on, one sentence names the fix for the lowmem loader."""
-    cfg = C.replace(tiny_cfg, num_epochs=3)
+    cfg = config_mod.replace(tiny_cfg, num_epochs=3)
     r = run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
     r.begin(0, 0.0, {}, lambda: 0.0)
 
@@ -71,7 +71,7 @@ def test_input_bound_run_says_so_once(tiny_cfg, tmp_path, caplog):
 
 
 def test_a_finished_run_resumed_says_there_is_nothing_to_train(tiny_cfg, tmp_path, caplog):
-    r = run.Run(C.replace(tiny_cfg, num_epochs=2), tmp_path / "w", "jax", "test", {}, 1)
+    r = run.Run(config_mod.replace(tiny_cfg, num_epochs=2), tmp_path / "w", "jax", "test", {}, 1)
     with caplog.at_level(logging.INFO, logger="dlas"):
         assert list(r.epochs(1)) == [1] and "nothing to do" not in caplog.text
         assert list(r.epochs(2)) == []
@@ -138,9 +138,9 @@ def test_run_folder_records_and_tensorboard_tags(tmp_path, tiny_argv):
 def test_tutorial_flags(tiny_cfg, tmp_path):
     parser = cli.build_parser("jax")
     args = parser.parse_args(["--config", "cpu_tiny", "--enable_amp", "--no-enable_jit", "--enable_manual_profiling"])
-    cfg = C.config_from_args(args)
+    cfg = config_mod.config_from_args(args)
     assert cfg.enable_amp and not cfg.enable_jit and cfg.enable_manual_profiling
-    cfg = C.config_from_args(parser.parse_args(["--config", "short_opt", "--no-enable_amp"]))
+    cfg = config_mod.config_from_args(parser.parse_args(["--config", "short_opt", "--no-enable_amp"]))
     assert cfg.enable_amp is False
     for flag, words in (
         ("--noddp", "--num_devices 1"),
@@ -157,7 +157,7 @@ def test_tutorial_flags(tiny_cfg, tmp_path):
 def test_manual_profiling_window_is_the_tutorials(tiny_cfg, tmp_path):
     """--enable_manual_profiling without profile_steps: the capture window covers the first 60 steps
     of epoch 2 (the tutorial's ``epoch == 1 and i in [0, 59]``), clipped by the run's length."""
-    cfg = C.replace(tiny_cfg, enable_manual_profiling=True, num_epochs=3)
+    cfg = config_mod.replace(tiny_cfg, enable_manual_profiling=True, num_epochs=3)
     r = run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
     calls = []
     with r.profile(lambda: calls.append("start"), lambda: calls.append("stop"), use_cuda=False):

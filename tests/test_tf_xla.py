@@ -18,12 +18,12 @@ import pytest
 import tensorflow as tf
 
 from dlas_compare import benchmark
-from shared_data.core import config as C
+from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import UserError
 from shared_data.data import host_batches
 from shared_data.model import unet_spec
-from tf_impl import model as M
+from tf_impl import model as model_mod
 
 STUDY = REPO_ROOT / "experiments" / "h200_tf_xla"
 sys.path.insert(0, str(STUDY))
@@ -41,12 +41,12 @@ def _export(precision, tiny_cfg, tmp_path_factory):
     weights 5 x the canonical init (std 0.1: the tiny net's output is then of the targets' size, so
     the loss depends on the net, not only on the targets)."""
     if precision not in _EXPORTS:
-        cfg = C.replace(tiny_cfg, enable_amp=precision != "float32")
+        cfg = config_mod.replace(tiny_cfg, enable_amp=precision != "float32")
         folder = tmp_path_factory.mktemp(f"export_{precision}")
         built = export_hlo.build_steps(cfg)
         model, optimizer, train_fn, eval_fn, _ = built
         weights = {k: 5 * v for k, v in unet_spec.init_weights(cfg, 7).items()}
-        M.params_from_canonical(model, weights)
+        model_mod.params_from_canonical(model, weights)
         manifest = export_hlo.export(cfg, folder, built)
         batch = host_batches.synthetic_batch(cfg, cfg.global_batch_size, seed=1)
         tf_batch = {k: tf.constant(v) for k, v in batch.items()}
@@ -192,7 +192,7 @@ def test_gpu_check_comparison_accepts_keras_adam_and_flags_a_wrong_gradient():
     optax's on the same g (eps placed differently) passes; a 1% error in one layer's gradient, or an
     update of the wrong sign on 1% of one layer's entries, fails that layer alone."""
     check = _check_script()
-    cfg = C.load_config("cpu_tiny")
+    cfg = config_mod.load_config("cpu_tiny")
     rng = np.random.default_rng(0)
     w0 = unet_spec.init_weights(cfg, 0)
     lr, b1, b2, eps = 1e-3, 0.9, 0.999, 1e-8

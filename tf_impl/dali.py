@@ -34,7 +34,7 @@ class DaliInput:
     """Batches of one split from DALI, one ``DALIDatasetWithInputs`` per replica and epoch:
     ``steps`` per epoch, ``epoch(e)`` an iterator (the contract of :class:`tf_impl.data.Input`)."""
 
-    def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy):
+    def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0):
         dp.require_dali()
         import nvidia.dali.plugin.tf as dali_tf
 
@@ -52,6 +52,7 @@ class DaliInput:
         self.volumes = dp.load_volumes(self.path, cfg) if kind.device_volumes else None
         self.crops_outside = kind.crops_outside_dali
         self.steps = len(self.plan(0, self.shards))
+        self.cursor = host_batches.EpochCursor(self.split, first_epoch)
 
     def plan(self, epoch: int, shards: list[int]) -> host_batches.EpochPlan:
         return host_batches.make_plan(self.cfg, self.split, epoch, shards, self.replicas, self.reader.size)
@@ -91,6 +92,7 @@ class DaliInput:
 
     def epoch(self, epoch: int) -> Iterator:
         """Batches of ``epoch``: plain dicts with one replica, per-replica values with several."""
+        self.cursor.advance(epoch)
         iters = [iter(self.dataset(epoch, r)) for r in self.shards]
         return distribute.replica_batches(self.strategy, self.shards, iters, self.steps)
 

@@ -69,13 +69,13 @@ class Input:
 
 def make_input(cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0):
     """The input pipeline of ``cfg.data_loader_config`` for ``split`` (``"train"`` / ``"val"``);
-    ``first_epoch`` is accepted for symmetry with JAX (TF datasets are built per epoch)."""
-    del first_epoch
+    ``first_epoch`` is where a resumed run starts (the input protocol,
+    :class:`shared_data.data.host_batches.EpochCursor`; DALI inputs hold it)."""
     kind = loader_kinds.loader_kind(cfg)
     if kind.dali:
         from tf_impl.dali import DaliInput
 
-        return DaliInput(cfg, split, strategy)
+        return DaliInput(cfg, split, strategy, first_epoch)
     if kind.device_volumes:
         return DeviceInput(cfg, split, strategy)
     return Input(cfg, split, strategy)

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One call on one H200, DALI staged (scripts/gpu/stage_dali.sh): the GPU kernels checked bit for bit
+# One call on one H200, DALI staged (experiments/gpu_machine/stage_dali.sh): the GPU kernels checked bit for bit
 # (every DALI mode, the device loader), the per-stage cost of dali-device, then IO and FULL of the DALI
 # modes next to JAX SYNTHETIC and the device loader (batch 64, bf16), and the step breakdown of
 # dlas_compare.step_breakdown in bf16 and fp32. Everything lands in $OUT/results.tar.gz (+ summary.log).
 set -uo pipefail
+export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh
 source scripts/gpu/common.sh
 R=$OUT/r; mkdir -p $R; cp $OUT/device.txt $OUT/pip_freeze.txt $OUT/generate.log $R/ 2>/dev/null
 {
-timeout 150 python3 scripts/gpu/check_gpu.py 2>&1 | grep -v Warning | tail -8 | tee $R/check_gpu.log
+timeout 150 python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | grep -v Warning | tail -8 | tee $R/check_gpu.log
 timeout 180 python3 experiments/dali_full_speed/stages.py --config short_opt --out $R/dali_stages.jsonl 2>&1 | grep -E "^(cut|layout|axes|flips|channels) "
 B="python3 -m dlas_compare.benchmark --framework jax --config short_opt --out $R/dali_full.jsonl"
 timeout 100 $B --mode synthetic --label "jax bf16" 2>&1 | tail -1

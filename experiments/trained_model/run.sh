@@ -15,6 +15,7 @@ PY=${PY:-python3}
 WORK=${WORK:-/tmp/trained_model}
 mkdir -p "$OUT" "$WORK"
 if [[ $CONFIG == short ]]; then
+  export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh
   source scripts/gpu/common.sh  # environment, device and versions record, data/train_256.h5 and data/val_128.h5
   # 131072 crops x 4 epochs = 524k samples at ~3500 samples/s (batch 64): ~2.5 min of steps
   NSAMPLES=${NSAMPLES:-131072} EPOCHS=${EPOCHS:-4}

@@ -3,9 +3,10 @@
 # scaling (global batch 128) for JAX (one process, batch sharded over a 2-device mesh) and the
 # PyTorch reference (DDP, NCCL), SYNTHETIC, bf16; then both with the gradients summed in bfloat16
 # (grad_allreduce_dtype; DDP's bf16_compress_hook). Results: $OUT/scaling.jsonl, $OUT/scaling.log.
-#   bash scripts/gpu/scaling.sh
+#   OUT=results/gpu bash scripts/gpu/scaling.sh
 set -uo pipefail
-export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
+mkdir -p "$OUT"
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/device.txt
 nvidia-smi topo -m >> $OUT/device.txt 2>&1
 mkdir -p data

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import types
@@ -603,3 +604,17 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if value is not None:
             overrides[key] = value
     return load_config(args.config, args.yaml_config, overrides)
+
+
+def config_argv(args: argparse.Namespace) -> list[str]:
+    """The config flags of parsed ``args`` (:func:`add_config_args`) as a command line that selects the
+    same config in another process: ``--yaml_config``, ``--config``, then every flag given and every
+    ``--set``, each as ``--set KEY=VALUE`` (JSON values, so a ``False`` switch is passed on too)."""
+    out = ["--yaml_config", args.yaml_config, "--config", args.config]
+    for key in FLAG_KEYS:
+        value = getattr(args, key, None)
+        if value is not None:
+            out += ["--set", f"{key}={json.dumps(value)}"]
+    for text in args.set:
+        out += ["--set", text]
+    return out

@@ -39,7 +39,7 @@ non-parallel generators.
   augments as for ``dali-h5``. With JAX on a GPU the host does no per-voxel work. Memory: the whole
   volume per device (38.6 GB for the tutorial's 1024^3 x 9 channels, which fits an H200).
   (Feeding DALI the whole volume once per sample and cutting with ``fn.slice`` does not work on a
-  GPU: DALI packs GPU input batches contiguously, B copies of the volume: measured, docs/perf_notes.md.)
+  GPU: DALI packs GPU input batches contiguously, B copies of the volume: measured, experiments/perf_notes.md.)
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from shared_data.data import dataset
 from shared_data.data import host_batches
 from shared_data.core import loader_kinds
 from shared_data.data import symmetry
-from shared_data.core.config import Config
+from shared_data.core.config import CHOICES, Config
 from shared_data.core.errors import MissingDependencyError
 from shared_data.data.crop_readers import H5LowMemReader
 
@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 PARAMS = ("roi_start", "axis_order", "flip_d", "flip_h", "flip_w", "src_in", "sign_in", "src_out", "sign_out", "mask")
 AXIS_ORDERS = tuple(itertools.permutations(range(3)))  # spatial axis orders; index = ``axis_order``
 OUTPUTS = ("inputs", "targets", "mask")
-H5_MODES = ("parallel", "prefetch", "simple")
+H5_MODES = CHOICES["dali_h5_mode"]
 
 
 def param_names(kind: str) -> tuple[str, ...]:

@@ -8,6 +8,10 @@ with 2 devices equals the union of the batches of two one-device processes.
 Every batch is a dict of NumPy arrays: ``inputs`` float32 (B, s, s, s, N_in), ``targets`` float32
 (B, s, s, s, N_out), ``mask`` float32 (B,): 1 for real samples, 0 for the padding of the last
 validation batch (``Nsamples_val`` need not divide by the batch).
+
+The input protocol of both frameworks (``make_input(cfg, split, ..., first_epoch)``, an object with
+``steps`` and ``epoch(e)``) is :class:`EpochCursor`'s: training epochs are read in order from
+``first_epoch``.
 """
 
 from __future__ import annotations
@@ -88,6 +92,28 @@ def synthetic_batch(cfg: Config, batch_size: int, seed: int = 0) -> dict[str, np
         "targets": (0.1 * rng.standard_normal((batch_size, s, s, s, cfg.N_out_channels))).astype(np.float32),
         "mask": np.ones(batch_size, np.float32),
     }
+
+
+class EpochCursor:
+    """The input protocol: a training input is read epoch by epoch, in order, from ``first_epoch`` (a
+    resumed run's first epoch); a validation input reads the same ``Nsamples_val`` crops whatever
+    epoch is asked. DALI pipelines count epochs themselves, so an epoch read out of order would give
+    another epoch's crops without a sign; :meth:`advance` refuses it instead."""
+
+    def __init__(self, split: int, first_epoch: int = 0):
+        self.split, self.next = split, first_epoch
+
+    def advance(self, epoch: int) -> None:
+        """Record that ``epoch`` is read now.
+
+        Raises:
+            ValueError: a training epoch other than the next one.
+        """
+        if self.split == VAL:
+            return
+        if epoch != self.next:
+            raise ValueError(f"training epoch {epoch} asked for; the input reads epochs in order, next {self.next}")
+        self.next += 1
 
 
 def forever(inp) -> Iterator:

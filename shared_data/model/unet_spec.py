@@ -139,7 +139,7 @@ def conv_method(kind: str, n: int, method: str, plain_below: int) -> str:
     """The formulation of a ``kind`` (``"down"`` / ``"up"``) layer whose input has ``n`` voxels per
     side: the plain form (``"strided"`` / ``"transpose"``) when ``n < plain_below``, else ``method``
     (config keys ``downconv``, ``downconv_strided_below``, ``upconv``, ``upconv_transpose_below``). The
-    per-layer times on the H200 (``dlas_compare.layer_bench``, docs/perf_notes.md) favour the plain forms
+    per-layer times on the H200 (``dlas_compare.layer_bench``, experiments/perf_notes.md) favour the plain forms
     at the small levels."""
     if n < plain_below:
         return "strided" if kind == "down" else "transpose"

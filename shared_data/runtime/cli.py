@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import logging
 import shlex
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -102,18 +104,37 @@ def build_parser(framework: str) -> argparse.ArgumentParser:
     return parser
 
 
-def benchy(framework: str, args: argparse.Namespace) -> int:
-    """``--enable_benchy``: the tutorial's benchy modes are the benchmark command here; run it."""
-    from dlas_compare import benchmark
+#: The benchmark command (the tutorial's "benchy"), run by module name: the comparison package sits
+#: above this one, so the trainers reach it as a process, never as an import.
+BENCHMARK_MODULE = "dlas_compare.benchmark"
 
-    argv = ["--framework", framework, "--mode", "io", "synthetic", "full", "--config", args.config]
-    argv += ["--yaml_config", args.yaml_config] + [a for s in args.set for a in ("--set", s)]
-    for key in config_mod.FLAG_KEYS:
-        value = getattr(args, key, None)
-        if value is not None:
-            argv += [f"--{key}"] if value is True else ([] if value is False else [f"--{key}", str(value)])
-    log.info("--enable_benchy: python -m dlas_compare.benchmark %s", " ".join(shlex.quote(a) for a in argv))
-    return benchmark.main(argv)
+
+def benchmark_command(
+    framework: str,
+    modes: Sequence[str],
+    config_args: Sequence[str],
+    *,
+    label: str | None = None,
+    out: str | Path | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The command line that runs :data:`BENCHMARK_MODULE` in a new Python process: ``framework`` in
+    ``modes`` (``io``, ``synthetic``, ``full``) on the config that ``config_args`` select, named
+    ``label`` in its table, appending its records to ``out``, then the ``extra`` arguments."""
+    cmd = [sys.executable, "-m", BENCHMARK_MODULE, "--framework", framework, "--mode", *modes, *config_args]
+    if label is not None:
+        cmd += ["--label", label]
+    if out is not None:
+        cmd += ["--out", str(out)]
+    return cmd + list(extra)
+
+
+def benchy(framework: str, args: argparse.Namespace) -> int:
+    """``--enable_benchy``: the tutorial's benchy modes are the benchmark command here; run it on the
+    trainer's config and return its exit status (its errors are its own one ``error:`` line)."""
+    cmd = benchmark_command(framework, ("io", "synthetic", "full"), config_mod.config_argv(args))
+    log.info("--enable_benchy: python -m %s", shlex.join(cmd[2:]))
+    return subprocess.run(cmd).returncode
 
 
 def main(

@@ -8,7 +8,7 @@ opts out.
 * ``--xla_gpu_force_conv_nhwc=true``: every cuDNN convolution in NHWC (channels-last) layout.
   Without it XLA's layout assignment leaves some 3-D convolutions (or their gradients) in a
   channels-first layout with transposes around them, the effect ``channels_last_3d`` removes in
-  PyTorch; ``docs/perf_notes.md`` has the measured difference. It changes layouts only, not the
+  PyTorch; ``experiments/perf_notes.md`` has the measured difference. It changes layouts only, not the
   arithmetic. GPU-only: the CPU backend ignores it.
 
 Every default is a boolean switch written ``--name=true``, so :func:`default_xla_flags_off` can name

@@ -1,6 +1,6 @@
 """Crop-reader and generator benchmarks on this machine (one process, no framework):
 
-    python -m dlas_compare.bench_readers --out results/cpu/crop_readers.json
+    PYTHONPATH=. python experiments/input_pipeline/bench_readers.py --out results/readers_cpu.json
 
 Reads 64^3 crops of 4 + 5 channels at random places of a 256^3 volume with the ``lowmem`` and
 ``inmem`` readers, from the chunked file the generator writes and from a contiguous copy, with and
@@ -52,7 +52,9 @@ def time_reader(reader, cfg, n: int, transform: bool) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlas_compare.bench_readers", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python experiments/input_pipeline/bench_readers.py", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--volume", default="data/train_256.h5", help="256^3 dataset file (generated if missing)")
     p.add_argument("--samples", type=int, default=200)
     p.add_argument("--out", help="JSON file for the results")

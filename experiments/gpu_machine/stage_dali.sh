@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Bring NVIDIA DALI (CUDA 13 build, Python 3.12) to a GPU machine that reaches no package registry.
-#   here:  bash scripts/gpu/stage_dali.sh          -> ignored folders .dali/p0 .dali/p1 .dali/p2
+#   here:  bash experiments/gpu_machine/stage_dali.sh          -> ignored folders .dali/p0 .dali/p1 .dali/p2
 #   there: the three parts arrive in three calls (each call carries at most 64 MiB), then
 #          bash .dali/p2/install_dali.sh            -> DALI importable from /tmp/site
-# Every later command on that machine runs with PYTHONPATH=/tmp/site:. (scripts/gpu/common.sh sets it).
+# Every later command on that machine runs with PYTHONPATH=/tmp/site exported (scripts/gpu/common.sh adds .).
 # Idempotent: reuses .dali/ when it holds the same version.
 set -euo pipefail
 VERSION=${DALI_VERSION:-2.4.0}
