@@ -9,31 +9,12 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import BENCHMARK_KEYS
 
 from dlas_compare import benchmark
 from shared_data.core import config as config_mod
 from shared_data.model import unet_spec
 from shared_data.runtime import nvtx
-
-KEYS = {
-    "label",
-    "framework",
-    "mode",
-    "config",
-    "loader",
-    "precision",
-    "global_batch",
-    "samples_per_sec",
-    "step_ms_p50",
-    "step_ms_p90",
-    "compile_sec",
-    "mfu",
-    "peak_memory_gib",
-    "device",
-    "versions",
-    "command",
-    "date",
-}
 
 
 @pytest.mark.parametrize("framework", ["jax", "tf"])
@@ -42,7 +23,7 @@ def test_every_mode_writes_the_schema(tiny_cfg, framework, tmp_path):
     out = tmp_path / "r.jsonl"
     out.write_text("".join(json.dumps(r) + "\n" for r in records))
     for r, mode in zip(map(json.loads, out.read_text().splitlines()), benchmark.MODES):
-        assert set(r) >= KEYS and r["mode"] == mode and r["framework"] == framework
+        assert set(r) >= BENCHMARK_KEYS and r["mode"] == mode and r["framework"] == framework
         assert math.isfinite(r["samples_per_sec"]) and r["samples_per_sec"] > 0
         assert 0 < r["step_ms_p50"] <= r["step_ms_p90"] and r["global_batch"] == tiny_cfg.global_batch_size
         assert r["mfu"] is None  # no known peak for a CPU

@@ -56,28 +56,22 @@ def _base_with(tmp_path, extra):
     return _write(tmp_path, src + "\nbad:\n  <<: *base\n" + extra)
 
 
-def test_unknown_key_names_file_section_and_key(tmp_path):
-    p = _base_with(tmp_path, "  num_epoch: 3\n")
-    with pytest.raises(ConfigError, match=r"c\.yaml \[bad\]: unknown key 'num_epoch'"):
-        config_mod.load_config("bad", p)
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ("  num_epoch: 3\n", r"c\.yaml \[bad\]: unknown key 'num_epoch'"),
+        ("  num_epochs: three\n", r"\[bad\] key 'num_epochs': expected integer, got 'three'"),
+        ("  enable_amp: 1\n", r"key 'enable_amp': expected boolean"),
+        ("  unet_widths: 64\n", r"key 'unet_widths': expected list of integer"),
+        ("  data_loader_config: fast\n", r"'data_loader_config': expected one of synthetic, inmem"),
+    ],
+)
+def test_a_bad_key_or_value_names_file_section_and_key(tmp_path, extra, match):
+    with pytest.raises(ConfigError, match=match):
+        config_mod.load_config("bad", _base_with(tmp_path, extra))
 
 
-def test_wrong_type_names_key_and_expected_type(tmp_path):
-    p = _base_with(tmp_path, "  num_epochs: three\n")
-    with pytest.raises(ConfigError, match=r"\[bad\] key 'num_epochs': expected integer, got 'three'"):
-        config_mod.load_config("bad", p)
-    p = _base_with(tmp_path, "  enable_amp: 1\n")
-    with pytest.raises(ConfigError, match=r"key 'enable_amp': expected boolean"):
-        config_mod.load_config("bad", p)
-    p = _base_with(tmp_path, "  unet_widths: 64\n")
-    with pytest.raises(ConfigError, match=r"key 'unet_widths': expected list of integer"):
-        config_mod.load_config("bad", p)
-
-
-def test_bad_choice_missing_key_missing_name_missing_file(tmp_path):
-    p = _base_with(tmp_path, "  data_loader_config: fast\n")
-    with pytest.raises(ConfigError, match=r"'data_loader_config': expected one of synthetic, inmem"):
-        config_mod.load_config("bad", p)
+def test_missing_key_missing_name_missing_file(tmp_path):
     p = _write(tmp_path, "only:\n  num_epochs: 1\n")
     with pytest.raises(ConfigError, match=r"\[only\]: missing key 'train_path'"):
         config_mod.load_config("only", p)

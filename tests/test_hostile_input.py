@@ -5,8 +5,6 @@ wrong result."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 from pathlib import Path
@@ -14,11 +12,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from conftest import run_in_process
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shared_data.core import config as config_mod
-from shared_data.core.errors import ConfigError, run_cli
+from shared_data.core.errors import ConfigError
 from shared_data.data import convert, dataset, inspect
 from shared_data.model import schedule, unet_spec
 from shared_data.runtime import records, run
@@ -27,13 +26,12 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
 
 
 def cli(main, argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = run_cli(main, argv)
-    return code, out.getvalue(), err.getvalue()
+    res = run_in_process(main, argv)
+    return res.returncode, res.stdout, res.stderr
 
 
-def assert_one_error_line(code: int, err: str, *names: str) -> None:
+def assert_only_one_error_line(code: int, err: str, *names: str) -> None:
+    """stderr holds nothing but one ``error:`` line, which names one of ``names``."""
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), err
@@ -101,7 +99,7 @@ def test_trainer_with_generated_values(tmp_path_factory, key, value, tiny_argv):
     if code == 0:
         assert "Time taken for epoch 1 is" in out and records.read_metrics(work)
     else:
-        assert_one_error_line(code, err, key)
+        assert_only_one_error_line(code, err, key)
         assert "Time taken for epoch" not in out
 
 
@@ -178,7 +176,7 @@ def test_damaged_files_through_inspect_and_convert(data_dir, tmp_path_factory, k
                     np.testing.assert_array_equal(f[k][...], want[k], err_msg=f"{kind}: {k} changed yet accepted")
             assert kind not in must_fail[main], (main.__module__, kind)
         else:
-            assert_one_error_line(code, err, str(path), "damaged.h5")
+            assert_only_one_error_line(code, err, str(path), "damaged.h5")
 
 
 @settings(max_examples=25, **SETTINGS)

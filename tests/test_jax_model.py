@@ -6,16 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import rel_err
 
 from jax_impl import model as model_mod
 from shared_data.core import config as config_mod
 from shared_data.model import unet_spec
 
 RNG = np.random.default_rng(0)
-
-
-def rel_err(a, b):
-    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
 
 
 @pytest.mark.parametrize("method", ["subpixel", "phases", "transpose"])

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import run_in_process
 
 from jax_impl import model as model_mod
 from jax_impl import train as train_mod
@@ -95,9 +96,7 @@ def test_bf16_keeps_float32_params_and_tracks_fp32(tiny_cfg):
 
 
 def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "jax_impl.train", *args], capture_output=True, text=True, cwd=REPO_ROOT
-    )
+    return run_in_process(train_mod.main, list(args))
 
 
 def test_cli_help_and_user_errors(tiny_cfg, tmp_path):

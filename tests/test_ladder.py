@@ -8,33 +8,12 @@ import importlib.util
 import json
 
 import pytest
+from conftest import BENCHMARK_KEYS
 
 from dlas_compare import ladder
 from shared_data.core import config as config_mod
 from shared_data.core.errors import run_cli
 
-BENCHMARK_KEYS = {
-    "label",
-    "framework",
-    "mode",
-    "config",
-    "loader",
-    "precision",
-    "global_batch",
-    "samples_per_sec",
-    "samples_per_sec_min",
-    "samples_per_sec_max",
-    "step_ms_p50",
-    "step_ms_p90",
-    "compile_sec",
-    "mfu",
-    "peak_memory_gib",
-    "device",
-    "versions",
-    "command",
-    "date",
-    "config_values",
-}
 LADDER_KEYS = {"ladder_id", "ladder_step", "ladder_rung", "ladder_settings", "ladder_xla_flags"}
 NO_GPU = "no GPU: "
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 import time
 
 import pytest
+from conftest import run_module
 
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
@@ -79,9 +79,7 @@ def test_a_finished_run_resumed_says_there_is_nothing_to_train(tiny_cfg, tmp_pat
 
 
 def _train(*args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "jax_impl.train", *args], cwd=cwd, capture_output=True, text=True, timeout=600
-    )
+    return run_module("jax_impl.train", *args, cwd=cwd)
 
 
 def test_run_folder_records_and_tensorboard_tags(tmp_path, tiny_argv):

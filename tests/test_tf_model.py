@@ -5,16 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import rel_err
 
 from shared_data.core import config as config_mod
 from shared_data.model import unet_spec
 from tf_impl import model as model_mod
 
 RNG = np.random.default_rng(1)
-
-
-def rel_err(a, b):
-    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
 
 
 @pytest.mark.parametrize("method", ["subpixel", "phases", "transpose"])

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import run_in_process
 
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
@@ -113,7 +114,7 @@ def test_one_fp32_step_matches_jax(tiny_cfg):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "tf_impl.train", *args], capture_output=True, text=True, cwd=REPO_ROOT)
+    return run_in_process(train_mod.main, list(args))
 
 
 def test_cli_help_and_user_errors(tmp_path):

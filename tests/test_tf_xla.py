@@ -16,6 +16,7 @@ import types
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import assert_one_error_line
 
 from dlas_compare import benchmark
 from shared_data.core import config as config_mod
@@ -225,16 +226,10 @@ def _run(*args):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, env=env)
 
 
-def _one_error_line(res, *texts):
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    lines = [line for line in res.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and all(t in lines[0] for t in texts), res.stderr[-2000:]
-
-
-def test_missing_or_altered_export_is_one_error_line(fp32_export, tmp_path):
+def test_missing_or_altered_export_isassert_one_error_line(fp32_export, tmp_path):
     bench = [str(STUDY / "tf_xla.py"), "--config", "cpu_tiny", "--no-enable_amp"]
     missing = tmp_path / "nowhere"
-    _one_error_line(
+    assert_one_error_line(
         _run(*bench, "--tf_xla_export", str(missing)),
         f"no export folder {missing}",
         "python experiments/h200_tf_xla/export_hlo.py --config cpu_tiny --no-enable_amp --global_batch_size 4",
@@ -244,10 +239,10 @@ def test_missing_or_altered_export_is_one_error_line(fp32_export, tmp_path):
     for f in fp32_export.folder.iterdir():
         (altered / f.name).write_bytes(f.read_bytes())
     (altered / "train_step.mlir").write_text((altered / "train_step.mlir").read_text() + "\n")
-    _one_error_line(_run(*bench, "--tf_xla_export", str(altered)), "train_step.mlir is not the file", "re-export")
+    assert_one_error_line(_run(*bench, "--tf_xla_export", str(altered)), "train_step.mlir is not the file", "re-export")
     amp = [str(STUDY / "tf_xla.py"), "--config", "cpu_tiny", "--enable_amp"]
-    _one_error_line(_run(*amp, "--tf_xla_export", str(fp32_export.folder)), "exported for enable_amp=False")
-    _one_error_line(
+    assert_one_error_line(_run(*amp, "--tf_xla_export", str(fp32_export.folder)), "exported for enable_amp=False")
+    assert_one_error_line(
         _run(str(STUDY / "check_tf_xla.py"), "--config", "cpu_tiny", "--tf_xla_export", str(missing)),
         "no export folder",
     )
