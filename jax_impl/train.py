@@ -5,7 +5,7 @@ so compile time is measured and kept out of the epoch timings) with the state bu
 :func:`train_and_evaluate` is the whole loop, in the order of :mod:`tf_impl.train`: build the state,
 compile the steps, then per epoch train over ``Nsamples`` crops, validate on ``Nsamples_val`` and
 checkpoint. What is not JAX (run folder, resume rule, log lines, metrics, TensorBoard, the command
-line) is :mod:`shared_data.runtime.run`.
+line) is :mod:`shared_data.runtime`.
 """
 
 from __future__ import annotations

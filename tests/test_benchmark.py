@@ -17,6 +17,7 @@ from shared_data.model import unet_spec
 from shared_data.runtime import nvtx
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_every_mode_writes_the_schema(tiny_cfg, framework, tmp_path):
     records = [benchmark.run(framework, tiny_cfg, mode, warmup=1, steps=2, windows=2) for mode in benchmark.MODES]
@@ -92,6 +93,7 @@ def test_capture_window_starts_and_stops_at_configured_steps(monkeypatch):
     assert calls == ["cudaProfilerStart", "cudaProfilerStop"]
 
 
+@pytest.mark.slow
 def test_layer_bench_times_each_formulation_and_counts_layer_flops(tmp_path):
     """dlas_compare.layer_bench on two layers of the tiny net: one row per JAX formulation, positive times,
     and per-layer model FLOPs that add up to the whole net's analytic training FLOPs."""

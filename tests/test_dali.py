@@ -160,6 +160,7 @@ def _dali_matches_native(make_input, cfg, context, to_numpy):
     return first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dali-npy", "dali-h5", "dali-device"])
 def test_jax_dali_iterator_matches_native_loader_and_feeds_a_step(tiny_cfg, kind):
     import functools
@@ -180,6 +181,7 @@ def test_jax_dali_iterator_matches_native_loader_and_feeds_a_step(tiny_cfg, kind
     assert np.isfinite(float(m["loss"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dali-npy", "dali-h5", "dali-device"])
 def test_tf_dali_dataset_matches_native_loader_and_feeds_a_step(tiny_cfg, kind):
     import tensorflow as tf

@@ -20,6 +20,8 @@ from shared_data.core.config import REPO_ROOT
 from shared_data.data import crop_readers, host_batches
 from shared_data.data.sampler import TRAIN
 
+pytestmark = pytest.mark.slow
+
 RTOL, ATOL = 1e-4, 1e-6  # fp32, different reduction orders; updates are ~lr = 1e-3
 # bfloat16 compute, 1 vs 2 devices: batch-split bf16 reductions round differently and Adam turns a
 # changed near-zero gradient into a step of up to ~lr, so elements differ by up to 7e-4. Compared

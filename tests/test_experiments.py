@@ -9,7 +9,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from shared_data.core.config import REPO_ROOT
+
+pytestmark = pytest.mark.study
 
 
 def _run(script, tiny_argv, *args):

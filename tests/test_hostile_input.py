@@ -219,6 +219,7 @@ def test_npy_twins_that_do_not_match_are_refused(data_dir, tmp_path_factory, kin
     assert str(nbody) in str(err.value)
 
 
+@pytest.mark.slow
 def test_torn_run_records_neither_crash_summary_nor_resume(tmp_path, tiny_argv):
     """A torn last line of metrics.jsonl and an empty run.json (a kill during a write on another file
     system): summary shows the complete epochs and --resume continues, rewriting both whole."""
@@ -247,6 +248,7 @@ def test_torn_run_records_neither_crash_summary_nor_resume(tmp_path, tiny_argv):
     assert json.loads((work / "run.json").read_text())["framework"] == "jax"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_a_damaged_checkpoint_falls_back_to_the_previous_one(framework, tmp_path, caplog, tiny_argv):
     """The newest checkpoint damaged: --resume warns and continues from the one before; leftovers of a
@@ -283,6 +285,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(framework, tmp_path
         assert not (ckpts / "ckpt-3_temp").exists() and not (ckpts / "checkpoint.tmp123").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_resume_with_another_config_is_one_error_line(framework, tmp_path, tiny_argv):
     """A run folder of another net: one error line, and nothing else on stderr (orbax's background

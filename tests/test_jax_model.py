@@ -76,6 +76,7 @@ def test_full_size_net_shapes_dtypes_and_parameter_count():
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(half))
 
 
+@pytest.mark.slow
 def test_tiny_net_runs_and_modes_agree(tiny_cfg):
     params = model_mod.init_params(tiny_cfg, seed=3)
     x = jnp.asarray(RNG.standard_normal((2, 16, 16, 16, 4)).astype(np.float32))

@@ -23,6 +23,7 @@ def _params(state):
     return model_mod.params_to_canonical(jax.device_get(state.params))
 
 
+@pytest.mark.slow
 def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     """30 steps (6 epochs x 5) on the generated data, start_lr 5e-3: on CPU the epoch-mean training
     loss falls by about 40% and the validation loss by about 30%; asserted with margin: training at
@@ -37,6 +38,7 @@ def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 def test_resume_is_exact(tiny_cfg, tmp_path):
     cfg = config_mod.replace(tiny_cfg, Nsamples=12, num_epochs=2)
     straight = _params(train_mod.train_and_evaluate(cfg, tmp_path / "straight")[0])
@@ -67,6 +69,7 @@ def _batch(bad=False):
     return {"inputs": jnp.asarray(x), "targets": jnp.asarray(y), "mask": jnp.ones(2)}
 
 
+@pytest.mark.slow
 def test_fp16_nonfinite_gradient_skips_update_and_halves_scale(tiny_cfg):
     cfg = config_mod.replace(
         tiny_cfg, enable_amp=True, amp_dtype="float16", loss_scale_init=1024.0, loss_scale_period=2
@@ -86,6 +89,7 @@ def test_fp16_nonfinite_gradient_skips_update_and_halves_scale(tiny_cfg):
     assert state3.params["last"]["kernel"].dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_bf16_keeps_float32_params_and_tracks_fp32(tiny_cfg):
     s32, f32 = _step_fn(tiny_cfg)
     s16, f16 = _step_fn(config_mod.replace(tiny_cfg, enable_amp=True))
@@ -109,6 +113,7 @@ def test_cli_help_and_user_errors(tiny_cfg, tmp_path):
     assert res.returncode == 2 and "missing.h5 not found" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_jax_impl_runs_without_tensorflow(tmp_path):
     """As on the GPU machine: TensorFlow unimportable, jax_impl imports, and TensorBoard scalars are
     still written (tensorboard's own stub); nothing imports TensorFlow when it is installed either."""

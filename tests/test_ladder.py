@@ -24,6 +24,7 @@ def _config_args(cfg):
     ]
 
 
+@pytest.mark.slow
 def test_plan_on_this_machine(tiny_cfg):
     """No GPU here: rungs 1-5 planned for JAX and TF (DALI when its plugin imports), the
     GPU-resident and data-parallel rungs skipped for the missing GPU (the tests' 2 forced CPU devices
@@ -167,6 +168,7 @@ def test_spent_budget_skips_the_rungs(tiny_cfg, tmp_path):
     assert (tmp_path / "ladder.png").is_file()  # the figure beside --out by default
 
 
+@pytest.mark.slow
 def test_ci_sized_ladder_of_jax_on_cpu(tiny_cfg, tmp_path, capsys):
     """The real command, JAX only, 1 + 2 x 2 steps per mode: every rung that can run here writes IO,
     SYNTHETIC and FULL records in the benchmark schema with its cumulative settings, every rung a

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from shared_data.core.config import REPO_ROOT
 
 
@@ -14,6 +16,7 @@ def _run(cmd, cwd, env=None, timeout=600):
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow
 def test_wheel_installs_and_trains_from_another_folder(tmp_path):
     wheels, target, work = tmp_path / "wheels", tmp_path / "site", tmp_path / "work"
     work.mkdir()
@@ -86,6 +89,7 @@ sys.meta_path.insert(0, Block())
 """
 
 
+@pytest.mark.slow
 def test_a_missing_framework_is_one_error_line_also_for_help(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCK_TF)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO_ROOT}"}
@@ -108,6 +112,7 @@ def test_a_missing_framework_is_one_error_line_also_for_help(tmp_path):
     assert jax_help.returncode == 0 and "--run_num" in jax_help.stdout
 
 
+@pytest.mark.slow
 def test_doctor_reports_each_check_with_a_verdict(tmp_path):
     res = _run([sys.executable, "-m", "dlas_compare.doctor", "--json", str(tmp_path / "d.json")], cwd=REPO_ROOT)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -82,6 +82,7 @@ def _train(*args, cwd):
     return run_module("jax_impl.train", *args, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_run_folder_records_and_tensorboard_tags(tmp_path, tiny_argv):
     """A run and its resume in one folder: out.log holds everything both printed, run.json both
     invocations (command line, config, code version, library versions), TensorBoard the tutorial's
@@ -162,6 +163,7 @@ def test_manual_profiling_window_is_the_tutorials(tiny_cfg, tmp_path):
         assert (r._window.start, r._window.stop) == (r.steps_per_epoch, r.steps_per_epoch + 60)
 
 
+@pytest.mark.slow
 def test_enable_benchy_runs_the_benchmark_modes(tmp_path, tiny_argv):
     res = _train(
         *tiny_argv,

@@ -25,6 +25,7 @@ def _forward_flops(cfg, batch):
     return out
 
 
+@pytest.mark.slow
 def test_cpu_trace_of_the_tiny_net(tiny_cfg, tmp_path):
     cfg = config_mod.replace(tiny_cfg, local_batch_size=3)
     assert (

@@ -57,6 +57,7 @@ def test_shapes_and_dtypes_under_each_policy(tiny_cfg, precision, compute):
     assert model.get_layer("tanh").compute_dtype == "float32"
 
 
+@pytest.mark.slow
 def test_full_size_parameter_count_matches_spec():
     cfg = config_mod.load_config("base")
     model = model_mod.build_model(cfg)

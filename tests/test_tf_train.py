@@ -18,6 +18,7 @@ from tf_impl import model as model_mod
 from tf_impl import train as train_mod
 
 
+@pytest.mark.slow
 def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     """Same run as the JAX test (30 steps, 6 epochs x 5, start_lr 5e-3): on CPU the epoch-mean
     training loss falls by about 40%; asserted with margin: at least 25% (validation 15%)."""
@@ -30,6 +31,7 @@ def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 def test_resume_is_exact(tiny_cfg, tmp_path):
     cfg = config_mod.replace(tiny_cfg, Nsamples=12, num_epochs=2)
     straight = model_mod.params_to_canonical(train_mod.train_and_evaluate(cfg, tmp_path / "straight")[0])
@@ -58,6 +60,7 @@ def _batch(bad=False, seed=0):
     return {"inputs": tf.constant(x), "targets": tf.constant(y), "mask": tf.ones(2)}
 
 
+@pytest.mark.slow
 def test_mixed_float16_scale_adapts_and_nonfinite_skips(tiny_cfg):
     cfg = config_mod.replace(
         tiny_cfg, enable_amp=True, amp_dtype="float16", loss_scale_init=1024.0, loss_scale_period=2
@@ -76,6 +79,7 @@ def test_mixed_float16_scale_adapts_and_nonfinite_skips(tiny_cfg):
     assert all(v.dtype == "float32" for v in model.trainable_variables)
 
 
+@pytest.mark.slow
 def test_one_fp32_step_matches_jax(tiny_cfg):
     """Same weights, same batch, one Adam step at lr 1e-3 in each framework. The losses agree within
     1e-5 (relative). The updates are checked against Adam's first step written from JAX's gradient g:
@@ -127,6 +131,7 @@ def test_cli_help_and_user_errors(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_tf_impl_imports_without_jax():
     """With JAX made unimportable, every tf_impl module (and the shared inference modules) still
     imports (TensorFlow itself probes for JAX in tf.lite and tolerates its absence)."""

@@ -101,6 +101,7 @@ def _delta(stored, scale=14.0):
     return rho / rho.mean() - 1
 
 
+@pytest.mark.slow
 def test_spectra_and_r_match_numpy_and_the_noise_model(tmp_path, fields):
     pred_path, truth_path = _pair(tmp_path, fields)
     m = validate.validate_files(pred_path, truth_path, tmp_path / "out")
@@ -194,6 +195,7 @@ def test_missing_attribute_is_an_error_naming_the_flag(tmp_path, fields, drop, f
     assert m["side"] == L
 
 
+@pytest.mark.slow
 def test_files_that_disagree_and_cli_errors(tmp_path, fields, capsys):
     pred, truth = _pair(tmp_path, fields, _attrs(), _attrs(box=99.0))
     with pytest.raises(DatasetError, match="'box_size_mpc_h' differs between the files"):
@@ -218,6 +220,7 @@ def test_files_that_disagree_and_cli_errors(tmp_path, fields, capsys):
     assert run_cli(validate.main, argv) == 0
 
 
+@pytest.mark.slow
 def test_tf_and_jax_predictions_give_the_same_metrics(tiny_cfg, data_dir, tmp_path):
     """The same canonical weights in both frameworks: predictions within float32 round-off, so L1
     within 1e-5 relative, P ratio and r(k) within 1e-4 per bin, PDF distances within 2e-3 (a voxel

@@ -3,7 +3,7 @@
 Mirrors :mod:`jax_impl.train`: ``train_step`` and ``eval_step`` are ``tf.function``s compiled with
 XLA (``jit_compile=enable_jit``), run per replica by the ``tf.distribute`` strategy;
 :func:`train_and_evaluate` is the same loop in the same order, and what is not TensorFlow (run
-folder, resume rule, log lines, metrics, TensorBoard, the command line) is :mod:`shared_data.runtime.run`.
+folder, resume rule, log lines, metrics, TensorBoard, the command line) is :mod:`shared_data.runtime`.
 TensorFlow's GPU path follows TF's and DALI's documentation and runs on CPU in this kit's tests.
 """
 
