@@ -23,7 +23,7 @@ class Bench:
     framework = "jax"
 
     def __init__(self, cfg: Config, mode: str, num_devices: int | None = None):
-        train_mod.configure_xla(cfg)
+        distribute.configure_xla(cfg)
         self.cfg, self.mode = cfg, mode
         self.mesh = distribute.make_mesh(num_devices)
         self.replicas = distribute.num_replicas(self.mesh)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +30,7 @@ from jax_impl import model as model_mod
 from jax_impl.checkpoints import Checkpoints
 from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
-from shared_data.runtime import cli
+from shared_data.runtime import cli, logs
 from shared_data.runtime import run as run_mod
 from shared_data.runtime.nvtx import nvtx_range
 
@@ -46,22 +45,6 @@ class TrainState(struct.PyTreeNode):
     params: Any
     opt_state: Any
     dynamic_scale: DynamicScale | None
-
-
-def configure_xla(cfg: Config) -> dict:
-    """The one place that sets JAX/XLA options; returns what was set (logged by the run).
-
-    The persistent compilation cache makes a second run of the same config skip compilation.
-    """
-    settings = {}
-    if cfg.xla_cache_dir:
-        cache = str(cfg.resolve_path(cfg.xla_cache_dir))
-        jax.config.update("jax_compilation_cache_dir", cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-        settings["jax_compilation_cache_dir"] = cache
-    settings["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
-    return settings
 
 
 def make_optimizer(lr_table: np.ndarray) -> optax.GradientTransformation:
@@ -157,12 +140,7 @@ def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict):
     train_c = lowered.compile()
     t_train = time.perf_counter() - t0
     eval_c = eval_fn.lower(distribute.abstract(state.params), batch).compile()
-    log.info(
-        "compile: train step %.1f s (trace %.1f s), eval step %.1f s",
-        t_train,
-        t_trace,
-        time.perf_counter() - t0 - t_train,
-    )
+    log.info(logs.compile_line(t_train, t_trace, time.perf_counter() - t0 - t_train))
     return train_c, eval_c, t_train
 
 
@@ -189,7 +167,7 @@ def train_and_evaluate(
     ``compile_sec``, ``epoch``). ``stop_after_epoch`` ends this invocation early, as a job's time limit
     would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues the run."""
     mesh = distribute.make_mesh(num_devices)
-    settings = configure_xla(cfg)
+    settings = distribute.configure_xla(cfg)
     run = run_mod.Run(
         cfg,
         workdir,

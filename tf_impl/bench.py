@@ -24,7 +24,7 @@ class Bench:
     framework = "tf"
 
     def __init__(self, cfg: Config, mode: str, num_devices: int | None = None):
-        train_mod.configure_xla(cfg)
+        distribute.configure_xla(cfg)
         self.cfg, self.mode = cfg, mode
         self.strategy = distribute.make_strategy(num_devices)
         self.replicas = distribute.num_replicas(self.strategy)

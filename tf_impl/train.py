@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
-from shared_data.runtime import cli
+from shared_data.runtime import cli, logs
 from shared_data.runtime import run as run_mod
 from shared_data.runtime.nvtx import nvtx_range
 from tf_impl import data as data_mod
@@ -33,26 +33,6 @@ from tf_impl.checkpoints import Checkpoints
 
 log = logging.getLogger("dlas.tf")
 FRAMEWORK = "tf"
-
-
-def configure_xla(cfg: Config) -> dict:
-    """The one place that sets TF/XLA options; returns what was set (logged by the run).
-
-    XLA compiles only where asked (the steps' ``jit_compile=enable_jit``). TF's persistent
-    compilation cache (``--tf_xla_persistent_cache_directory``, read at the first compilation)
-    goes in ``<xla_cache_dir>/tf`` unless ``TF_XLA_FLAGS`` names one: a second run of the same
-    config loads its executables instead of compiling them.
-    """
-    tf.config.optimizer.set_jit(False)
-    flags = os.environ.get("TF_XLA_FLAGS", "")
-    if cfg.xla_cache_dir and "tf_xla_persistent_cache_directory" not in flags:
-        cache = cfg.resolve_path(cfg.xla_cache_dir) / "tf"
-        os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={cache}".strip()
-    return {
-        "jit_compile": cfg.enable_jit,
-        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
-        "TF_XLA_FLAGS": os.environ.get("TF_XLA_FLAGS", ""),
-    }
 
 
 class TableSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -182,12 +162,7 @@ def compile_steps(cfg: Config, strategy, model, optimizer, spec: dict):
     np.asarray(train_fn(batch)["loss"])
     t_train = time.perf_counter() - t0
     np.asarray(eval_fn(batch)["count"])
-    log.info(
-        "compile: train step %.1f s (trace %.1f s), eval step %.1f s",
-        t_train,
-        t_trace,
-        time.perf_counter() - t0 - t_train,
-    )
+    log.info(logs.compile_line(t_train, t_trace, time.perf_counter() - t0 - t_train))
     for v, value in zip(variables, saved):
         v.assign(value)
     return train_fn, eval_fn, t_train
@@ -219,7 +194,7 @@ def train_and_evaluate(
     ``compile_sec``, ``epoch``). ``stop_after_epoch`` ends this invocation early, as a job's time limit
     would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues the run."""
     strategy = distribute.make_strategy(num_devices)
-    settings = configure_xla(cfg)
+    settings = distribute.configure_xla(cfg)
     run = run_mod.Run(
         cfg,
         workdir,

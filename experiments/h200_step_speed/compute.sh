@@ -8,5 +8,5 @@ python3 -c "import jax, flax, optax, torch, numpy, h5py, nvidia.dali as d; print
 mkdir -p data
 ( time python3 -m shared_data.data.generate --out data/train_256.h5 --size 256 --seed 1 --npy --if-missing ) 2>&1 | tee $OUT/generate.log
 python3 -m shared_data.data.generate --out data/val_128.h5 --size 128 --seed 2 --npy --if-missing 2>&1 | tee -a $OUT/generate.log
-python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee $OUT/check_gpu.log
+python3 -m pytest -q -m gpu tests/test_gpu_jax.py 2>&1 | tee $OUT/check_gpu.log
 python3 experiments/h200_step_speed/suites.py h200-compute --out $OUT/compute.jsonl --timeout 240 2>&1 | tee $OUT/compute.log

@@ -42,13 +42,13 @@ import numpy as np
 import tensorflow as tf
 from shared_data.core import config
 from shared_data.model import unet_spec
-from tf_impl import model as M
+from tf_impl import model as model_mod
 cfg, work = config.load_config(sys.argv[1]), sys.argv[2]
 s = cfg.crop_size
 x = np.random.default_rng(0).uniform(-1, 1, (2, s, s, s, cfg.N_in_channels)).astype(np.float32)
 loaded = tf.saved_model.load(f"{work}/export/saved_model")  # kept: its variables live with it
 served = loaded.serve(tf.constant(x)).numpy()
-model = M.params_from_canonical(M.build_model(cfg), unet_spec.load_weights(f"{work}/weights.npz", cfg))
+model = model_mod.params_from_canonical(model_mod.build_model(cfg), unet_spec.load_weights(f"{work}/weights.npz", cfg))
 direct = model(tf.constant(x), training=False).numpy()
 err = float(np.abs(served - direct).max())
 print(f"exported SavedModel on {tf.config.list_logical_devices('GPU')[:1] or 'CPU'}: max |served - model| = {err:.2e}")

@@ -7,6 +7,7 @@
 # in .daltf/ (diagnose.sh says how). Results under $OUT; the table is printed last.
 #   bash experiments/tf_on_h200/run.sh
 set -uo pipefail
+export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh
 source scripts/gpu/common.sh
 source /tmp/tf-env.sh
 export TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2

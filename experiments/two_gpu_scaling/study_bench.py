@@ -50,7 +50,7 @@ class StudyBench:
     framework = "jax"
 
     def __init__(self, cfg: Config, num_devices: int, variant: str | None = None, compiler_options: dict | None = None):
-        train_mod.configure_xla(cfg)
+        distribute.configure_xla(cfg)
         self.cfg, self.mode = cfg, "synthetic"
         self.mesh = distribute.make_mesh(num_devices)
         self.replicas = distribute.num_replicas(self.mesh)

@@ -5,5 +5,5 @@
 #   OUT=results/gpu bash scripts/gpu/compare.sh
 set -uo pipefail
 source scripts/gpu/common.sh
-python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee $OUT/check_gpu.log
+python3 -m pytest -q -m gpu tests/test_gpu_jax.py 2>&1 | tee $OUT/check_gpu.log
 python3 -m dlas_compare.suite gpu --out $OUT/compare.jsonl --timeout 240 2>&1 | tee $OUT/compare.log

@@ -98,6 +98,11 @@ def epoch_lines(
     ]
 
 
+def compile_line(train_sec: float, trace_sec: float, eval_sec: float) -> str:
+    """The line after the steps are compiled: the train step's seconds (of which tracing), the eval step's."""
+    return f"compile: train step {train_sec:.1f} s (trace {trace_sec:.1f} s), eval step {eval_sec:.1f} s"
+
+
 def share_line(input_share: float, step_share: float) -> str:
     """The line after the epoch lines: shares of the epoch's wall time in input wait and in the step."""
     return f"  Input wait {100 * input_share:.1f}% of the epoch, train step {100 * step_share:.1f}%"
