@@ -1,4 +1,4 @@
-"""JAX side of the benchmark modes (the tutorial's "benchy"), driven by :mod:`compare.benchmark`.
+"""JAX side of the benchmark modes (the tutorial's "benchy"), driven by :mod:`dlas_compare.benchmark`.
 
 IO: the input pipeline alone, each batch ready on the devices. SYNTHETIC: train steps on one cached
 device batch. FULL: train steps on the real input pipeline.
@@ -12,8 +12,9 @@ from jax_impl import data as data_mod
 from jax_impl import distribute
 from jax_impl import model as model_mod
 from jax_impl import train as train_mod
-from shared_data import loader, schedule, unet_spec
-from shared_data.config import Config, batch_sizes
+from shared_data.core.config import Config, batch_sizes
+from shared_data.data import host_batches
+from shared_data.model import schedule, unet_spec
 
 
 class Bench:
@@ -22,7 +23,7 @@ class Bench:
     framework = "jax"
 
     def __init__(self, cfg: Config, mode: str, num_devices: int | None = None):
-        train_mod.configure_xla(cfg)
+        distribute.configure_xla(cfg)
         self.cfg, self.mode = cfg, mode
         self.mesh = distribute.make_mesh(num_devices)
         self.replicas = distribute.num_replicas(self.mesh)
@@ -30,7 +31,7 @@ class Bench:
         self.compile_sec = 0.0
         self._out = None
         if mode in ("io", "full"):
-            self.batches = loader.forever(data_mod.make_input(cfg, "train", self.mesh))
+            self.batches = host_batches.forever(data_mod.make_input(cfg, "train", self.mesh))
         if mode in ("synthetic", "full"):
             tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6))
             params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))
@@ -39,7 +40,7 @@ class Bench:
             model = model_mod.build_model(cfg)
             self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, model, tx, self.state, spec)
         if mode == "synthetic":
-            host = loader.synthetic_batch(cfg, self.global_batch)
+            host = host_batches.synthetic_batch(cfg, self.global_batch)
             self.batch = {k: jax.device_put(v, spec[k].sharding) for k, v in host.items()}
 
     def step(self) -> None:
@@ -53,10 +54,10 @@ class Bench:
         jax.block_until_ready(self._out)
 
     def peak_memory_bytes(self) -> int | None:
-        return train_mod.peak_memory_bytes()
+        return distribute.peak_memory_bytes()
 
     def versions(self) -> dict:
-        return train_mod.versions()
+        return distribute.versions()
 
     def device_name(self) -> str:
         d = jax.devices()[0]

@@ -1,4 +1,4 @@
-"""DALI input for JAX: the shared pipelines (:mod:`shared_data.dali_pipelines`) through DALI's JAX
+"""DALI input for JAX: the shared pipelines (:mod:`shared_data.data.dali_pipelines`) through DALI's JAX
 iterator (``nvidia.dali.plugin.jax.DALIGenericIterator``).
 
 On GPUs there is one pipeline per local device, each producing its replica's shard of the batch on
@@ -19,16 +19,17 @@ from jax import lax
 from jax.sharding import Mesh
 
 from jax_impl import distribute
-from shared_data import dali_pipelines as dp
-from shared_data import dataset, loaders
-from shared_data.config import Config, batch_sizes
-from shared_data.sampler import SPLITS
+from shared_data.core import loader_kinds
+from shared_data.core.config import Config, batch_sizes
+from shared_data.data import dali_pipelines as dp
+from shared_data.data import dataset, host_batches
+from shared_data.data.sampler import SPLITS
 
 log = logging.getLogger(__name__)
 
 
 def crop_fns(volumes: dict, device_id, size: int) -> dict:
-    """``dali-device`` crop functions by key (the :class:`shared_data.dali_pipelines.DeviceCropSource`
+    """``dali-device`` crop functions by key (the :class:`shared_data.data.dali_pipelines.DeviceCropSource`
     contract): draws of k steps, ``(starts, src, sign)`` (k, B, 3) int32, (k, B, C) int32,
     (k, B, C) float32 -> k arrays (B, C, s, s, s) float32 with output channel d = ``sign[..., d] *
     volume[src[..., d]]``. On GPU ``device_id`` the volume is put in that device's memory once and
@@ -77,7 +78,7 @@ def make_iterator(pipes: list, samples_per_pipe: int, sharding=None):
 class DaliInput:
     """Batches of one split from DALI: ``steps`` per epoch, ``epoch(e)`` an iterator of global arrays."""
 
-    def __init__(self, cfg: Config, split: str, mesh: Mesh, epoch_offset: int = 0):
+    def __init__(self, cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0):
         dp.require_dali()
         self.cfg, self.mesh = cfg, mesh
         path = cfg.data_file(split)
@@ -90,11 +91,11 @@ class DaliInput:
         else:
             log.info("DALI %s/%s: no GPU, CPU-only pipelines (device_id=None)", cfg.data_loader_config, split)
             groups = [(shards, None)]
-        kind = loaders.loader_kind(cfg)
+        kind = loader_kinds.loader_kind(cfg)
         host_volumes = dp.load_volumes(path, cfg) if kind.device_volumes else None
         pipes = []
         for group, device_id in groups:
-            plans = dp.EpochPlans(cfg, SPLITS[split], group, replicas, size, epoch_offset)
+            plans = dp.EpochPlans(cfg, SPLITS[split], group, replicas, size, first_epoch)
             sources = None
             if kind.device_volumes:
                 sources = dp.device_crop_sources(plans, crop_fns(host_volumes, device_id, cfg.crop_size), cfg)
@@ -104,11 +105,11 @@ class DaliInput:
         self.steps = len(plans(0))
         sharding = distribute.batch_sharding(mesh) if self.on_gpu else None
         self.iterator = make_iterator(pipes, self.steps * local_bs * len(groups[0][0]), sharding)
-        self._next_epoch = 0
+        self.cursor = host_batches.EpochCursor(SPLITS[split], first_epoch)
 
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
-        """The next epoch of the pipeline (DALI counts epochs itself; ``epoch`` must follow in order)."""
-        del epoch  # the pipeline's own epoch counter + epoch_offset selects the plan
+        """Batches of ``epoch``, the pipeline's next one (DALI counts epochs itself from ``first_epoch``)."""
+        self.cursor.advance(epoch)
         for batch in self.iterator:
             yield (
                 batch

@@ -17,10 +17,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jax_impl import distribute
-from shared_data import loader, loaders, readers
-from shared_data.config import Config, batch_sizes
-from shared_data.nvtx import nvtx_range
-from shared_data.sampler import SPLITS
+from shared_data.core import loader_kinds
+from shared_data.core.config import Config, batch_sizes
+from shared_data.data import crop_readers, host_batches
+from shared_data.data.sampler import SPLITS
+from shared_data.runtime.nvtx import nvtx_range
 
 
 class Input:
@@ -28,16 +29,16 @@ class Input:
 
     def __init__(self, cfg: Config, split: str, mesh: Mesh):
         self.cfg, self.split, self.mesh = cfg, SPLITS[split], mesh
-        self.reader = readers.make_reader(cfg, split)
+        self.reader = crop_readers.make_reader(cfg, split)
         self.shards = distribute.local_shards(mesh)
         self.replicas = distribute.num_replicas(mesh)
         self.steps = len(self.plan(0))
 
-    def plan(self, epoch: int) -> loader.EpochPlan:
-        return loader.make_plan(self.cfg, self.split, epoch, self.shards, self.replicas, self.reader.size)
+    def plan(self, epoch: int) -> host_batches.EpochPlan:
+        return host_batches.make_plan(self.cfg, self.split, epoch, self.shards, self.replicas, self.reader.size)
 
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
-        host = iter(loader.NumpyLoader(self.reader, self.plan(epoch), self.cfg))
+        host = iter(host_batches.NumpyLoader(self.reader, self.plan(epoch), self.cfg))
         return prefetch_to_mesh(host, self.mesh)
 
 
@@ -55,8 +56,9 @@ def prefetch_to_mesh(batches: Iterator[dict], mesh: Mesh, depth: int = 2) -> Ite
 
 def make_input(cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0):
     """The input pipeline of ``cfg.data_loader_config`` for ``split`` (``"train"`` / ``"val"``);
-    ``first_epoch`` is where a resumed run starts (DALI pipelines count epochs from there)."""
-    kind = loaders.loader_kind(cfg)
+    ``first_epoch`` is where a resumed run starts (the input protocol,
+    :class:`shared_data.data.host_batches.EpochCursor`; DALI inputs hold it)."""
+    kind = loader_kinds.loader_kind(cfg)
     if kind.dali:
         from jax_impl.dali import DaliInput
 
@@ -97,8 +99,8 @@ def gather_batch(
     ``volume`` (L^3, C) float32, channels last, C = N_in + N_out; ``starts`` int32 (B, 3);
     ``syms`` int32 (B,). Output voxel y of a sample reads the volume at ``start + w`` with
     ``w[perm[i]] = y_i`` (or ``crop - 1 - y_i`` where ``sign[i] < 0``), the gather form of
-    :func:`shared_data.symmetry.apply_spatial`; output channel d is ``chan_sign[g, d] *
-    volume[..., src[g, d]]`` (:func:`shared_data.symmetry.gather_tables`), so the channel turn is
+    :func:`shared_data.data.symmetry.apply_spatial`; output channel d is ``chan_sign[g, d] *
+    volume[..., src[g, d]]`` (:func:`shared_data.data.symmetry.gather_tables`), so the channel turn is
     folded into the same gather (one element per output value, values copied exactly), and inputs
     and targets are gathered separately, so each is written once.
     """
@@ -125,7 +127,7 @@ class DeviceInput(Input):
 
     def __init__(self, cfg: Config, split: str, mesh: Mesh):
         super().__init__(cfg, split, mesh)
-        host, static = loader.device_gather_setup(self.reader, cfg)
+        host, static = host_batches.device_gather_setup(self.reader, cfg)
         self.volume = distribute.put_replicated(host, mesh)
         sharding = distribute.batch_sharding(mesh)
         self.gather = jax.jit(

@@ -3,6 +3,10 @@ replicated, all inside the one jitted step (XLA inserts the gradient all-reduce)
 
 Replica ``r`` of the mesh is data shard ``r``; a process loads the shards of its own devices
 (:func:`local_shards`) and :func:`put_batch` assembles the global array from process-local data.
+
+The devices' other business lives here too: :func:`configure_xla`, the one place that sets XLA
+options, and the facts a record carries about the devices (:func:`banner`, :func:`versions`,
+:func:`peak_memory_bytes`), as in :mod:`tf_impl.distribute`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shared_data.errors import UserError
+from shared_data.core.config import Config
+from shared_data.core.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +104,55 @@ def put_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     """Global arrays, sharded on the batch axis, from this process's part of the batch."""
     sharding = batch_sharding(mesh)
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
+def abstract(tree):
+    """Shapes, dtypes and shardings of the arrays of ``tree`` (``jax.ShapeDtypeStruct``s)."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
+
+
+# --- compilation: the one place that sets XLA options -------------------------------------------
+
+
+def configure_xla(cfg: Config) -> dict:
+    """The one place that sets JAX/XLA options; returns what was set (logged by the run).
+
+    The persistent compilation cache makes a second run of the same config skip compilation.
+    """
+    settings = {}
+    if cfg.xla_cache_dir:
+        cache = str(cfg.resolve_path(cfg.xla_cache_dir))
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        settings["jax_compilation_cache_dir"] = cache
+    settings["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
+    return settings
+
+
+# --- device facts: what a record says about where it ran ---------------------------------------------
+
+
+def banner() -> str:
+    """The first log line's framework, version and backend."""
+    return f"JAX {jax.__version__} on {jax.default_backend()}"
+
+
+def versions() -> dict:
+    """Library versions, devices and backend, recorded by runs, benchmarks, predictions and exports."""
+    import flax
+    import optax
+
+    return {
+        "jax": jax.__version__,
+        "flax": flax.__version__,
+        "optax": optax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+        "backend": jax.default_backend(),
+    }
+
+
+def peak_memory_bytes() -> int | None:
+    """Peak bytes in use on the first local device, if the backend reports it (GPU)."""
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")

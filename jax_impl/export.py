@@ -9,7 +9,7 @@ CUDA. It runs with JAX alone, without this project's code::
     exported = jax.export.deserialize(open("DIR/unet.jax_export", "rb").read())
     y = np.asarray(exported.call(x))   # x: float32 (B, s, s, s, 4), any B
 
-Mirrors :mod:`tf_impl.export`; flags, weights and ``DIR/export.json`` are :mod:`shared_data.export`.
+Mirrors :mod:`tf_impl.export`; flags, weights and ``DIR/export.json`` are :mod:`shared_data.inference.export`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_impl import distribute
 from jax_impl import model as model_mod
 from jax_impl import predict as predict_jax
-from shared_data import export as export_mod
-from shared_data.config import Config
-from shared_data.errors import run_cli
-from shared_data.files import write_atomic
+from shared_data.core.config import Config
+from shared_data.core.errors import run_cli
+from shared_data.core.files import write_atomic
+from shared_data.inference import export as export_mod
 
 FRAMEWORK = "jax"
 FILE = "unet.jax_export"
@@ -51,14 +52,14 @@ def export(cfg: Config, weights: dict[str, np.ndarray], out: Path, size: int) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m jax_impl.export``: the shared command line (:func:`shared_data.export.main`)."""
+    """``python -m jax_impl.export``: the shared command line (:func:`shared_data.inference.export.main`)."""
     return export_mod.main(
         FRAMEWORK,
         argv,
-        banner=predict_jax.banner(),
+        banner=distribute.banner(),
         load_weights=predict_jax.load_weights,
         export=export,
-        versions=predict_jax.versions,
+        versions=distribute.versions,
     )
 
 

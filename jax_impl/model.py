@@ -1,4 +1,4 @@
-"""The U-Net in Flax (linen), channels-last NDHWC; see :mod:`shared_data.unet_spec` for the contract.
+"""The U-Net in Flax (linen), channels-last NDHWC; see :mod:`shared_data.model.unet_spec` for the contract.
 
 Why linen: parameters are a plain nested dict, which maps one-to-one onto the canonical weights file,
 optax and orbax, and keeps ``train_step`` a pure function of ``(state, batch)`` as in Flax's
@@ -14,7 +14,7 @@ Down-convolution (``downconv``):
   padded input rearranged by space-to-depth (2x2x2 blocks -> 8 C_in channels), with the kernel
   regrouped as ``w[2a + r] -> w'[a, (r, c_in)]`` per axis. Identical FLOPs; its input gradient is a
   stride-1 convolution instead of XLA's slow input-dilated one, which makes the backward pass many
-  times faster (docs/perf_notes.md).
+  times faster (experiments/perf_notes.md).
 
 Up-convolution (``upconv``):
 
@@ -46,8 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from shared_data.config import Config
-from shared_data.unet_spec import KERNEL, PHASE_TAPS, conv_method, encoder_widths
+from shared_data.core.config import Config
+from shared_data.model.unet_spec import KERNEL, PHASE_TAPS, conv_method, encoder_widths
 
 DIMS = ("NDHWC", "DHWIO", "NDHWC")
 KERNEL_INIT = nn.initializers.normal(stddev=0.02)
@@ -233,8 +233,8 @@ def build_model(cfg: Config) -> UNet:
 
 def init_params(cfg: Config, seed: int) -> dict:
     """Float32 parameters of ``build_model(cfg)`` from the canonical init (shared with TF via
-    :func:`shared_data.unet_spec.init_weights`), so both frameworks start from the same weights."""
-    from shared_data.unet_spec import init_weights
+    :func:`shared_data.model.unet_spec.init_weights`), so both frameworks start from the same weights."""
+    from shared_data.model.unet_spec import init_weights
 
     return params_from_canonical(init_weights(cfg, seed))
 

@@ -3,7 +3,7 @@
 
 Mirrors :mod:`tf_impl.predict`: only the JAX part lives here (load canonical weights or a run's
 latest orbax checkpoint, apply the Flax model to batches of windows); reading, padding, tiling,
-stitching, the output file and the log lines are :mod:`shared_data.predict`.
+stitching, the output file and the log lines are :mod:`shared_data.inference.predict`.
 """
 
 from __future__ import annotations
@@ -16,39 +16,37 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_impl import distribute
 from jax_impl import model as model_mod
-from shared_data import predict as predict_mod
-from shared_data.config import Config
-from shared_data.errors import run_cli
+from jax_impl.checkpoints import Checkpoints
+from shared_data.core.config import Config
+from shared_data.core.errors import run_cli
+from shared_data.inference import predict as predict_mod
 
 FRAMEWORK = "jax"
 
 
 def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[dict[str, np.ndarray], int]:
     """The canonical weights of the latest checkpoint in ``directory`` (restored with
-    :class:`jax_impl.train.Checkpoints`) and its epoch.
+    :class:`jax_impl.checkpoints.Checkpoints`) and its epoch.
 
     Raises:
         UserError: no checkpoint, or one that does not restore.
     """
-    from jax_impl import train
-
-    tx = train.make_optimizer(np.zeros(1, np.float32))
-    like = train.create_train_state(run_cfg, model_mod.init_params(run_cfg, 0), tx)
     absl = logging.getLogger("absl")
     level = absl.level
     absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager is read-only
     try:
-        checkpoints = train.Checkpoints(directory, run_cfg.keep_checkpoints, like, read_only=True)
+        checkpoints = Checkpoints(directory, run_cfg.keep_checkpoints, read_only=True)
     finally:
         absl.setLevel(level)
     epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
-    state = checkpoints.restore(epoch)
-    return model_mod.params_to_canonical(jax.device_get(state.params)), epoch
+    params = checkpoints.restore_params(epoch, jax.eval_shape(lambda: model_mod.init_params(run_cfg, 0)))
+    return model_mod.params_to_canonical(jax.device_get(params)), epoch
 
 
 def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple[dict[str, np.ndarray], str]:
-    """:func:`shared_data.predict.load_weights` with this framework's checkpoints."""
+    """:func:`shared_data.inference.predict.load_weights` with this framework's checkpoints."""
     return predict_mod.load_weights(cfg, weights, workdir, restore_checkpoint)
 
 
@@ -61,20 +59,15 @@ def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply
     return lambda x: np.asarray(forward(params, jnp.asarray(x, jnp.float32)))
 
 
-def banner() -> str:
-    return f"JAX {jax.__version__} on {jax.default_backend()}"
-
-
-def versions() -> dict:
-    import flax
-
-    return {"jax": jax.__version__, "flax": flax.__version__, "backend": jax.default_backend()}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m jax_impl.predict``: the shared command line (:func:`shared_data.predict.main`)."""
+    """``python -m jax_impl.predict``: the shared command line (:func:`shared_data.inference.predict.main`)."""
     return predict_mod.main(
-        FRAMEWORK, argv, banner=banner(), load_weights=load_weights, make_apply=make_apply, versions=versions
+        FRAMEWORK,
+        argv,
+        banner=distribute.banner(),
+        load_weights=load_weights,
+        make_apply=make_apply,
+        versions=distribute.versions,
     )
 
 

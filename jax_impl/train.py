@@ -5,14 +5,13 @@ so compile time is measured and kept out of the epoch timings) with the state bu
 :func:`train_and_evaluate` is the whole loop, in the order of :mod:`tf_impl.train`: build the state,
 compile the steps, then per epoch train over ``Nsamples`` crops, validate on ``Nsamples_val`` and
 checkpoint. What is not JAX (run folder, resume rule, log lines, metrics, TensorBoard, the command
-line) is :mod:`shared_data.run`.
+line) is :mod:`shared_data.runtime`.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,10 +27,12 @@ from flax.training.dynamic_scale import DynamicScale
 from jax_impl import data as data_mod
 from jax_impl import distribute
 from jax_impl import model as model_mod
-from shared_data import run as run_mod
-from shared_data.config import Config
-from shared_data.errors import UserError, run_cli
-from shared_data.nvtx import nvtx_range
+from jax_impl.checkpoints import Checkpoints
+from shared_data.core.config import Config
+from shared_data.core.errors import run_cli
+from shared_data.runtime import cli, logs
+from shared_data.runtime import run as run_mod
+from shared_data.runtime.nvtx import nvtx_range
 
 log = logging.getLogger("dlas.jax")
 FRAMEWORK = "jax"
@@ -44,22 +45,6 @@ class TrainState(struct.PyTreeNode):
     params: Any
     opt_state: Any
     dynamic_scale: DynamicScale | None
-
-
-def configure_xla(cfg: Config) -> dict:
-    """The one place that sets JAX/XLA options; returns what was set (logged by the run).
-
-    The persistent compilation cache makes a second run of the same config skip compilation.
-    """
-    settings = {}
-    if cfg.xla_cache_dir:
-        cache = str(cfg.resolve_path(cfg.xla_cache_dir))
-        jax.config.update("jax_compilation_cache_dir", cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-        settings["jax_compilation_cache_dir"] = cache
-    settings["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
-    return settings
 
 
 def make_optimizer(lr_table: np.ndarray) -> optax.GradientTransformation:
@@ -130,7 +115,7 @@ def train_step(state: TrainState, batch: dict, *, model, tx, cfg: Config) -> tup
         keep = functools.partial(jnp.where, finite)
         params = jax.tree.map(keep, params, state.params)
         opt_state = jax.tree.map(keep, opt_state, state.opt_state)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "finite": finite}
+    metrics = {"loss": loss, "finite": finite}
     if dyn is not None:
         metrics["loss_scale"] = dyn.scale
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state, dynamic_scale=dyn), metrics
@@ -150,95 +135,13 @@ def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict):
     t0 = time.perf_counter()
     train_fn = jax.jit(functools.partial(train_step, model=model, tx=tx, cfg=cfg), donate_argnums=0)
     eval_fn = jax.jit(functools.partial(eval_step, model=model, cfg=cfg))
-    lowered = train_fn.lower(abstract(state), batch)
+    lowered = train_fn.lower(distribute.abstract(state), batch)
     t_trace = time.perf_counter() - t0
     train_c = lowered.compile()
     t_train = time.perf_counter() - t0
-    eval_c = eval_fn.lower(abstract(state.params), batch).compile()
-    log.info(
-        "compile: train step %.1f s (trace %.1f s), eval step %.1f s",
-        t_train,
-        t_trace,
-        time.perf_counter() - t0 - t_train,
-    )
+    eval_c = eval_fn.lower(distribute.abstract(state.params), batch).compile()
+    log.info(logs.compile_line(t_train, t_trace, time.perf_counter() - t0 - t_train))
     return train_c, eval_c, t_train
-
-
-def abstract(tree):
-    """Shapes, dtypes and shardings of the arrays of ``tree`` (``jax.ShapeDtypeStruct``s)."""
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
-
-
-class Checkpoints:
-    """Orbax checkpoints of the train state, one per epoch (``step`` = epochs done), written atomically
-    (orbax renames a finished temporary folder; unfinished ones are removed at start). ``read_only``
-    (inference) creates and removes nothing, so a run that is saving meanwhile is left alone."""
-
-    def __init__(self, directory: Path, keep: int, like: TrainState, read_only: bool = False):
-        import orbax.checkpoint as ocp
-
-        self._ocp, self.directory, self._like = ocp, directory, abstract(like)
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only, read_only=read_only
-        )
-        self.manager = ocp.CheckpointManager(
-            directory.absolute(), item_handlers=ocp.StandardCheckpointHandler(), options=options
-        )
-
-    def epochs(self) -> list[int]:
-        return sorted(self.manager.all_steps())
-
-    def save(self, epoch: int, state: TrainState) -> None:
-        self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
-        self.manager.wait_until_finished()
-
-    def restore(self, epoch: int) -> TrainState:
-        """The state saved after ``epoch``. The stored arrays' shapes and dtypes are compared with this
-        config's state first, so a checkpoint of another net is refused before orbax starts its
-        (threaded) restore.
-
-        Raises:
-            UserError: the checkpoint is damaged or holds another config's state.
-        """
-        where = f"checkpoint {self.directory}/{epoch}"
-        try:
-            stored = self.manager.item_metadata(epoch)
-            have = sorted((tuple(m.shape), str(m.dtype)) for m in jax.tree.leaves(stored) if hasattr(m, "shape"))
-        except Exception as err:  # orbax raises many kinds for damaged files
-            raise UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite") from None
-        want = sorted((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(self._like))
-        if have != want:
-            diff = next(((w, h) for w, h in zip(want, have) if w != h), (len(want), len(have)))
-            raise UserError(
-                f"{where} does not match this config (arrays {diff[1]} stored where this config has "
-                f"{diff[0]}); use another --workdir or --overwrite"
-            )
-        try:
-            return self.manager.restore(epoch, args=self._ocp.args.StandardRestore(self._like))
-        except Exception as err:  # orbax raises many kinds for damaged files
-            raise UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite") from None
-
-
-def _first_line(err: BaseException) -> str:
-    return " ".join(str(err).split(". ")[0].split())[:200]
-
-
-def versions() -> dict:
-    import flax
-
-    return {
-        "jax": jax.__version__,
-        "flax": flax.__version__,
-        "optax": optax.__version__,
-        "devices": [str(d) for d in jax.devices()],
-        "backend": jax.default_backend(),
-    }
-
-
-def peak_memory_bytes() -> int | None:
-    """Peak bytes in use on the first local device, if the backend reports it (GPU)."""
-    stats = jax.local_devices()[0].memory_stats() or {}
-    return stats.get("peak_bytes_in_use")
 
 
 def evaluate(eval_fn, params, val_in) -> float:
@@ -258,19 +161,19 @@ def train_and_evaluate(
     init_weights: str | None = None,
     stop_after_epoch: int | None = None,
     save_weights: str | None = None,
-) -> dict:
+) -> tuple[TrainState, dict]:
     """Train ``cfg`` in ``workdir`` (checkpoints, ``metrics.jsonl``, TensorBoard, ``out.log``); return the
-    last epoch's metrics (``train_loss``, ``val_loss``, ``samples_per_sec``, ``compile_sec``, ``epoch``)
-    and the final ``state``. ``stop_after_epoch`` ends this invocation early, as a job's time limit
+    final ``state`` and the last epoch's metrics (``train_loss``, ``val_loss``, ``samples_per_sec``,
+    ``compile_sec``, ``epoch``). ``stop_after_epoch`` ends this invocation early, as a job's time limit
     would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues the run."""
     mesh = distribute.make_mesh(num_devices)
-    banner = f"JAX {jax.__version__} on {jax.default_backend()}"
+    settings = distribute.configure_xla(cfg)
     run = run_mod.Run(
         cfg,
         workdir,
         FRAMEWORK,
-        banner,
-        configure_xla(cfg),
+        distribute.banner(),
+        settings,
         distribute.num_replicas(mesh),
         process_index=distribute.process_index(),
         resume=resume,
@@ -285,7 +188,7 @@ def train_and_evaluate(
         state = restored
     train_in, val_in = data_mod.make_input(cfg, "train", mesh, start), data_mod.make_input(cfg, "val", mesh)
     train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, data_mod.batch_spec(cfg, mesh))
-    run.begin(start, compile_s, versions(), lambda: evaluate(eval_fn, state.params, val_in))
+    run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, state.params, val_in))
 
     trace = (lambda: jax.profiler.start_trace(str(workdir / "profile")), jax.profiler.stop_trace)
     with run.profile(*trace, use_cuda=jax.default_backend() == "gpu"):
@@ -306,12 +209,12 @@ def train_and_evaluate(
 
     weights = lambda: model_mod.params_to_canonical(jax.device_get(state.params))
     run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())
-    return {**run.finish(peak_memory_bytes()), "state": state}
+    return state, run.finish(distribute.peak_memory_bytes())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m jax_impl.train``: the shared command line (:func:`shared_data.run.main`)."""
-    return run_mod.main(
+    """``python -m jax_impl.train``: the shared command line (:func:`shared_data.runtime.cli.main`)."""
+    return cli.main(
         FRAMEWORK, train_and_evaluate, argv, initialize=distribute.initialize, process_index=distribute.process_index
     )
 

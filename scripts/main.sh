@@ -7,11 +7,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 PY=.venv/bin/python
 export TF_CPP_MIN_LOG_LEVEL=2
-$PY -m shared_data.generate --out data/train_128.h5 --size 128 --seed 1 --npy --if-missing
-$PY -m shared_data.generate --out data/val_64.h5 --size 64 --seed 2 --npy --if-missing
+$PY -m shared_data.data.generate --out data/train_128.h5 --size 128 --seed 1 --npy --if-missing
+$PY -m shared_data.data.generate --out data/val_64.h5 --size 64 --seed 2 --npy --if-missing
 mode=--resume
 [[ "${1:-}" == "--overwrite" ]] && mode=--overwrite
 $PY -m tf_impl.train --config cpu_default $mode --save_weights runs/cpu_default/tf/weights.npz
 $PY -m jax_impl.train --config cpu_default $mode --save_weights runs/cpu_default/jax/weights.npz
-$PY -m compare.plots --config cpu_default
-$PY -m compare.summary --config cpu_default
+$PY -m dlas_compare.plots --config cpu_default
+$PY -m dlas_compare.summary --config cpu_default

@@ -7,27 +7,27 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from shared_data.errors import MissingDependencyError, run_cli
+from shared_data.core.errors import MissingDependencyError, run_cli
 
 #: console script -> (module, the optional dependency it needs, the extra that installs it)
 COMMANDS = {
     "train_jax": ("jax_impl.train", "jax", "jax"),
     "train_tf": ("tf_impl.train", "tensorflow", "tf"),
-    "benchmark": ("compare.benchmark", None, None),
-    "compare": ("compare.compare", None, None),
-    "summary": ("compare.summary", None, None),
-    "plots": ("compare.plots", None, None),
-    "breakdown": ("compare.step_breakdown", "jax", "jax"),
-    "doctor": ("compare.doctor", None, None),
-    "generate": ("shared_data.generate", None, None),
-    "inspect": ("shared_data.inspect", None, None),
-    "convert": ("shared_data.convert", None, None),
-    "ladder": ("compare.ladder", None, None),
+    "benchmark": ("dlas_compare.benchmark", None, None),
+    "compare": ("dlas_compare.compare", None, None),
+    "summary": ("dlas_compare.summary", None, None),
+    "plots": ("dlas_compare.plots", None, None),
+    "breakdown": ("dlas_compare.step_breakdown", "jax", "jax"),
+    "doctor": ("dlas_compare.doctor", None, None),
+    "generate": ("shared_data.data.generate", None, None),
+    "inspect": ("shared_data.data.inspect", None, None),
+    "convert": ("shared_data.data.convert", None, None),
+    "ladder": ("dlas_compare.ladder", None, None),
     "predict_jax": ("jax_impl.predict", "jax", "jax"),
     "predict_tf": ("tf_impl.predict", "tensorflow", "tf"),
     "export_jax": ("jax_impl.export", "jax", "jax"),
     "export_tf": ("tf_impl.export", "tensorflow", "tf"),
-    "validate": ("shared_data.validate", None, None),
+    "validate": ("shared_data.inference.validate", None, None),
 }
 
 

@@ -1,16 +1,89 @@
-"""Shared fixtures: tiny generated dataset files and the tiny config that points at them."""
+"""Shared fixtures (tiny generated dataset files and the tiny config that points at them) and helpers
+(commands run in a fresh interpreter or in this one, the one-error-line check, relative error)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import os
+import shutil
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")  # 2 CPU devices for JAX sharding tests
 
+import numpy as np
 import pytest
 
-from shared_data import config as config_mod
-from shared_data import generate
+from shared_data.core import config as config_mod
+from shared_data.core.errors import run_cli
+from shared_data.data import generate
+
+REPO_ROOT = config_mod.REPO_ROOT
+#: The fields every benchmark record has (dlas_compare.benchmark.run_bench), ladder rungs' included.
+BENCHMARK_KEYS = {
+    "label",
+    "framework",
+    "mode",
+    "config",
+    "loader",
+    "precision",
+    "global_batch",
+    "samples_per_sec",
+    "samples_per_sec_min",
+    "samples_per_sec_max",
+    "step_ms_p50",
+    "step_ms_p90",
+    "compile_sec",
+    "mfu",
+    "peak_memory_gib",
+    "device",
+    "versions",
+    "command",
+    "date",
+    "config_values",
+}
+
+
+def run_module(*args: str, timeout: float = 600, cwd=REPO_ROOT, **kwargs) -> subprocess.CompletedProcess:
+    """``python -m ARGS`` in a fresh interpreter, from the checkout's root unless ``cwd``: what a user runs."""
+    cmd = [sys.executable, "-m", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, **kwargs)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What a command run in this process left: its exit code and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_in_process(main, argv) -> Outcome:
+    """A command's ``main(argv)`` run as its console script runs it (``run_cli``), in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = run_cli(main, argv)
+        except SystemExit as exit_:  # argparse's own errors and --help
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    return Outcome(code, out.getvalue(), err.getvalue())
+
+
+def assert_one_error_line(res, *texts: str) -> None:
+    """Exit code 2, no traceback, and one ``error:`` line on stderr that holds every one of ``texts``."""
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    lines = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and all(t in lines[0] for t in texts), res.stderr[-2000:]
+
+
+def rel_err(a, b) -> float:
+    """||a - b|| / ||b|| in float64."""
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
 
 
 def _generate(path, size, seed):
@@ -28,7 +101,7 @@ def data_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("data")
     _generate(d / "train_32.h5", 32, 1)
     _generate(d / "val_24.h5", 24, 2)
-    from shared_data.convert import convert_to_npy
+    from shared_data.data.convert import convert_to_npy
 
     convert_to_npy(d / "train_32.h5")
     convert_to_npy(d / "val_24.h5")
@@ -64,3 +137,18 @@ def tiny_argv(tiny_cfg):
         "--set",
         f"xla_cache_dir={tiny_cfg.xla_cache_dir}",
     ]
+
+
+def _has_gpu() -> bool:
+    """An NVIDIA GPU is visible (``nvidia-smi -L`` lists one); asked without starting a framework."""
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` are skipped, with the reason, where there is no GPU."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_items and not _has_gpu():
+        skip = pytest.mark.skip(reason="needs a GPU (the GPU machine runs them: pytest -m gpu)")
+        for item in gpu_items:
+            item.add_marker(skip)

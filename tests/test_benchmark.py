@@ -9,39 +9,22 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import BENCHMARK_KEYS
 
-from compare import benchmark
-from shared_data import config as C
-from shared_data import nvtx, unet_spec
-
-KEYS = {
-    "label",
-    "framework",
-    "mode",
-    "config",
-    "loader",
-    "precision",
-    "global_batch",
-    "samples_per_sec",
-    "step_ms_p50",
-    "step_ms_p90",
-    "compile_sec",
-    "mfu",
-    "peak_memory_gib",
-    "device",
-    "versions",
-    "command",
-    "date",
-}
+from dlas_compare import benchmark
+from shared_data.core import config as config_mod
+from shared_data.model import unet_spec
+from shared_data.runtime import nvtx
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_every_mode_writes_the_schema(tiny_cfg, framework, tmp_path):
     records = [benchmark.run(framework, tiny_cfg, mode, warmup=1, steps=2, windows=2) for mode in benchmark.MODES]
     out = tmp_path / "r.jsonl"
     out.write_text("".join(json.dumps(r) + "\n" for r in records))
     for r, mode in zip(map(json.loads, out.read_text().splitlines()), benchmark.MODES):
-        assert set(r) >= KEYS and r["mode"] == mode and r["framework"] == framework
+        assert set(r) >= BENCHMARK_KEYS and r["mode"] == mode and r["framework"] == framework
         assert math.isfinite(r["samples_per_sec"]) and r["samples_per_sec"] > 0
         assert 0 < r["step_ms_p50"] <= r["step_ms_p90"] and r["global_batch"] == tiny_cfg.global_batch_size
         assert r["mfu"] is None  # no known peak for a CPU
@@ -71,10 +54,10 @@ def test_analytic_flops_match_xla_cost_analysis():
     down-convs, input-dilated transposed convs): XLA's HLO cost analysis, which counts only taps
     that meet real voxels, agrees with our count of those within 2%; the dense count (MFU's) is
     the documented ~27.2 GFLOP forward, 81.5 per training step."""
-    from jax_impl import model as M
+    from jax_impl import model as model_mod
 
-    cfg = C.load_config("base", overrides={"upconv": "transpose", "downconv": "strided"})
-    model = M.build_model(cfg)
+    cfg = config_mod.load_config("base", overrides={"upconv": "transpose", "downconv": "strided"})
+    model = model_mod.build_model(cfg)
     x = jax.ShapeDtypeStruct((1, 64, 64, 64, 4), jnp.float32)
     params = jax.eval_shape(model.init, jax.random.key(0), x)
     cost = jax.jit(model.apply).lower(params, x).cost_analysis()
@@ -82,7 +65,7 @@ def test_analytic_flops_match_xla_cost_analysis():
     ours = unet_spec.forward_flops(cfg, count_padding=False)
     assert abs(cost["flops"] - ours) / ours < 0.02, (cost["flops"], ours)
     assert 27.1e9 < unet_spec.forward_flops(cfg) < 27.3e9
-    assert 81e9 < unet_spec.train_flops_per_sample(cfg) < 82e9  # DESIGN: about 82 GFLOP per sample and step
+    assert 81e9 < unet_spec.train_flops_per_sample(cfg) < 82e9  # the model contract: about 82 GFLOP per sample and step
 
 
 def test_capture_window_starts_and_stops_at_configured_steps(monkeypatch):
@@ -110,12 +93,13 @@ def test_capture_window_starts_and_stops_at_configured_steps(monkeypatch):
     assert calls == ["cudaProfilerStart", "cudaProfilerStop"]
 
 
+@pytest.mark.slow
 def test_layer_bench_times_each_formulation_and_counts_layer_flops(tmp_path):
-    """compare.layer_bench on two layers of the tiny net: one row per JAX formulation, positive times,
+    """dlas_compare.layer_bench on two layers of the tiny net: one row per JAX formulation, positive times,
     and per-layer model FLOPs that add up to the whole net's analytic training FLOPs."""
-    from compare import layer_bench
+    from dlas_compare import layer_bench
 
-    cfg = C.load_config("cpu_tiny")
+    cfg = config_mod.load_config("cpu_tiny")
     out = tmp_path / "layers.jsonl"
     assert (
         layer_bench.main(

@@ -8,10 +8,10 @@ import functools
 import numpy as np
 import pytest
 
-from shared_data import config as C
-from shared_data import dali_pipelines as dp
-from shared_data import loader, readers
-from shared_data.sampler import TRAIN, Draws
+from shared_data.core import config as config_mod
+from shared_data.data import crop_readers, host_batches
+from shared_data.data import dali_pipelines as dp
+from shared_data.data.sampler import TRAIN, Draws
 
 pytest.importorskip("nvidia.dali")
 
@@ -26,15 +26,15 @@ def _run(pipe, steps):
 
 
 def _reference(cfg, plan):
-    r = readers.H5LowMemReader(cfg.data_file("train"), 4, 5, cfg.crop_size)
-    return [readers.make_batch(r, d, cfg) for d in plan.draws]
+    r = crop_readers.H5LowMemReader(cfg.data_file("train"), 4, 5, cfg.crop_size)
+    return [crop_readers.make_batch(r, d, cfg) for d in plan.draws]
 
 
 def _signed_zero_volume(tmp_path):
     """A 16^3 file of the dataset contract holding random values, +0.0 and -0.0 (and its .npy twins)."""
     import h5py
 
-    from shared_data.convert import convert_to_npy
+    from shared_data.data.convert import convert_to_npy
 
     rng = np.random.default_rng(3)
     path = tmp_path / "zeros.h5"
@@ -53,7 +53,7 @@ def test_every_symmetry_through_dali_ops_is_bit_for_bit_numpy(tiny_cfg, tmp_path
     order, flips; dali-device with the channel part in the crop function) == ``symmetry.apply``,
     compared bit for bit, signed zeros included."""
     path = _signed_zero_volume(tmp_path)
-    cfg = C.replace(
+    cfg = config_mod.replace(
         tiny_cfg,
         global_batch_size=48,
         Nsamples=48,
@@ -63,7 +63,7 @@ def test_every_symmetry_through_dali_ops_is_bit_for_bit_numpy(tiny_cfg, tmp_path
         crop_size=8,
     )
     draws = Draws(np.tile(np.array([[1, 0, 7]]), (48, 1)), np.arange(48))
-    plan = loader.EpochPlan([draws], [np.ones(48, np.float32)])
+    plan = host_batches.EpochPlan([draws], [np.ones(48, np.float32)])
     plans = dp.EpochPlans(cfg, TRAIN, [0], 1, 16)
     plans._cache = {0: plan}
     sources = None
@@ -93,7 +93,9 @@ def test_every_symmetry_through_dali_ops_is_bit_for_bit_numpy(tiny_cfg, tmp_path
     ],
 )
 def test_dali_yields_the_numpy_readers_samples(tiny_cfg, kind, mode):
-    cfg = C.replace(tiny_cfg, data_loader_config=kind, dali_h5_mode=mode or "parallel", Nsamples=16, num_data_workers=2)
+    cfg = config_mod.replace(
+        tiny_cfg, data_loader_config=kind, dali_h5_mode=mode or "parallel", Nsamples=16, num_data_workers=2
+    )
     plans = dp.EpochPlans(cfg, TRAIN, [0], 1, 32)
     path = cfg.data_file("train")
     sources = dp.crop_sources(plans, path, cfg) if kind == "dali-h5" else None
@@ -114,12 +116,13 @@ def test_dali_yields_the_numpy_readers_samples(tiny_cfg, kind, mode):
 def test_missing_npy_names_the_converter(tiny_cfg, tmp_path):
     import shutil
 
-    from shared_data import run
+    from shared_data.runtime import run
 
     h5 = tmp_path / "only.h5"
     shutil.copy(tiny_cfg.data_file("train"), h5)
-    cfg = C.replace(tiny_cfg, train_path=str(h5), data_loader_config="dali-npy")
-    with pytest.raises(Exception, match=r"only_Nbody\.npy not found: .*python -m shared_data\.convert .*only\.h5"):
+    cfg = config_mod.replace(tiny_cfg, train_path=str(h5), data_loader_config="dali-npy")
+    converter = r"python -m shared_data\.data\.convert .*only\.h5"
+    with pytest.raises(Exception, match=r"only_Nbody\.npy not found: .*" + converter):
         run.check_data(cfg)
 
 
@@ -133,7 +136,7 @@ def test_missing_dali_names_the_extra(monkeypatch):
 
 def _cfg(tiny_cfg, kind):
     # Nsamples_val=6 with a global batch of 4: 2 validation steps, the last one half padding
-    return C.replace(tiny_cfg, data_loader_config=kind, Nsamples=12, Nsamples_val=6, dali_h5_mode="prefetch")
+    return config_mod.replace(tiny_cfg, data_loader_config=kind, Nsamples=12, Nsamples_val=6, dali_h5_mode="prefetch")
 
 
 def _dali_matches_native(make_input, cfg, context, to_numpy):
@@ -143,7 +146,7 @@ def _dali_matches_native(make_input, cfg, context, to_numpy):
     for split in ("train", "val"):
         dali, native = (
             make_input(cfg, split, context),
-            make_input(C.replace(cfg, data_loader_config="lowmem"), split, context),
+            make_input(config_mod.replace(cfg, data_loader_config="lowmem"), split, context),
         )
         assert dali.steps == native.steps == (3 if split == "train" else 2)
         for epoch in (0, 1):
@@ -157,39 +160,41 @@ def _dali_matches_native(make_input, cfg, context, to_numpy):
     return first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dali-npy", "dali-h5", "dali-device"])
 def test_jax_dali_iterator_matches_native_loader_and_feeds_a_step(tiny_cfg, kind):
     import functools
 
     import jax
 
-    from jax_impl import data as D
+    from jax_impl import data as data_mod
     from jax_impl import distribute
-    from jax_impl import model as M
-    from jax_impl import train as T
+    from jax_impl import model as model_mod
+    from jax_impl import train as train_mod
 
     cfg = _cfg(tiny_cfg, kind)
-    batch = _dali_matches_native(D.make_input, cfg, distribute.make_mesh(1), np.asarray)
-    tx = T.make_optimizer(np.full(4, 1e-3, np.float32))
-    state = T.create_train_state(cfg, M.init_params(cfg, 0), tx)
-    step = jax.jit(functools.partial(T.train_step, model=M.build_model(cfg), tx=tx, cfg=cfg))
+    batch = _dali_matches_native(data_mod.make_input, cfg, distribute.make_mesh(1), np.asarray)
+    tx = train_mod.make_optimizer(np.full(4, 1e-3, np.float32))
+    state = train_mod.create_train_state(cfg, model_mod.init_params(cfg, 0), tx)
+    step = jax.jit(functools.partial(train_mod.train_step, model=model_mod.build_model(cfg), tx=tx, cfg=cfg))
     _, m = step(state, batch)
     assert np.isfinite(float(m["loss"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dali-npy", "dali-h5", "dali-device"])
 def test_tf_dali_dataset_matches_native_loader_and_feeds_a_step(tiny_cfg, kind):
     import tensorflow as tf
 
-    from tf_impl import data as D
+    from tf_impl import data as data_mod
     from tf_impl import distribute
-    from tf_impl import model as M
-    from tf_impl import train as T
+    from tf_impl import model as model_mod
+    from tf_impl import train as train_mod
 
     cfg = _cfg(tiny_cfg, kind)
-    batch = _dali_matches_native(D.make_input, cfg, distribute.make_strategy(), lambda t: t.numpy())
-    model, opt = M.build_model(cfg), T.make_optimizer(cfg, np.full(4, 1e-3, np.float32))
-    m = tf.function(lambda b: T.train_step(model, opt, b, cfg, 1))(batch)
+    batch = _dali_matches_native(data_mod.make_input, cfg, distribute.make_strategy(), lambda t: t.numpy())
+    model, opt = model_mod.build_model(cfg), train_mod.make_optimizer(cfg, np.full(4, 1e-3, np.float32))
+    m = tf.function(lambda b: train_mod.train_step(model, opt, b, cfg, 1))(batch)
     assert np.isfinite(float(m["loss"]))
 
 
@@ -223,7 +228,7 @@ def test_jax_iterator_over_two_pipelines_keeps_each_shards_epochs(tiny_cfg):
 
     from jax_impl.dali import make_iterator
 
-    cfg = C.replace(tiny_cfg, data_loader_config="dali-npy", Nsamples=12)
+    cfg = config_mod.replace(tiny_cfg, data_loader_config="dali-npy", Nsamples=12)
 
     def pipes(shards):
         return [dp.build_pipeline(cfg, "train", 2, None, dp.EpochPlans(cfg, TRAIN, [r], 2, 32)) for r in shards]
@@ -245,7 +250,7 @@ def test_jax_iterator_over_two_pipelines_keeps_each_shards_epochs(tiny_cfg):
 def test_device_crop_source_cuts_several_steps_per_call(tiny_cfg):
     """dali_device_cut_steps=3 over a 5-step epoch: the crop function runs twice (steps 0-2, 3-4),
     and each step gets exactly its own crops, channels mapped, as cut one step at a time."""
-    cfg = C.replace(tiny_cfg, data_loader_config="dali-device", Nsamples=20, dali_device_cut_steps=3)
+    cfg = config_mod.replace(tiny_cfg, data_loader_config="dali-device", Nsamples=20, dali_device_cut_steps=3)
     plans = dp.EpochPlans(cfg, TRAIN, [0], 1, 32)
     vol = dp.load_volumes(cfg.data_file("train"), cfg)["Hydro"]
     calls = []

@@ -12,13 +12,15 @@ import jax
 import numpy as np
 import pytest
 
-from jax_impl import distribute as jd
-from jax_impl import model as JM
-from jax_impl import train as JT
-from shared_data import config as C
-from shared_data import loader, readers
-from shared_data.config import REPO_ROOT
-from shared_data.sampler import TRAIN
+from jax_impl import distribute as jax_distribute
+from jax_impl import model as jax_model
+from jax_impl import train as jax_train
+from shared_data.core import config as config_mod
+from shared_data.core.config import REPO_ROOT
+from shared_data.data import crop_readers, host_batches
+from shared_data.data.sampler import TRAIN
+
+pytestmark = pytest.mark.slow
 
 RTOL, ATOL = 1e-4, 1e-6  # fp32, different reduction orders; updates are ~lr = 1e-3
 # bfloat16 compute, 1 vs 2 devices: batch-split bf16 reductions round differently and Adam turns a
@@ -29,9 +31,9 @@ BF16_REL_UPDATE = 0.15
 
 
 def _global_batches(cfg, steps=3):
-    r = readers.make_reader(cfg)
-    plan = loader.make_plan(cfg, TRAIN, 0, [0, 1], 2, r.size)
-    src = loader.NumpyLoader(r, plan, cfg)
+    r = crop_readers.make_reader(cfg)
+    plan = host_batches.make_plan(cfg, TRAIN, 0, [0, 1], 2, r.size)
+    src = host_batches.NumpyLoader(r, plan, cfg)
     return [src.load(i) for i in range(steps)]
 
 
@@ -41,25 +43,27 @@ def test_jax_two_devices_match_one(tiny_cfg, reduce_dtype):
     with the gradients summed in bfloat16 against one device's bfloat16-compute step."""
     assert jax.device_count() >= 2  # conftest: --xla_force_host_platform_device_count=2
     batches = _global_batches(tiny_cfg)
-    tx = JT.make_optimizer(np.full(8, 1e-3, np.float32))
+    tx = jax_train.make_optimizer(np.full(8, 1e-3, np.float32))
     result = {}
     amp = reduce_dtype == "bfloat16"
     for n, dtype in ((1, "float32"), (2, reduce_dtype)):
-        cfg = C.replace(tiny_cfg, enable_amp=amp, amp_dtype="bfloat16", grad_allreduce_dtype=dtype)
-        model = JM.build_model(cfg)
-        mesh = jd.make_mesh(n)
-        state = jax.device_put(JT.create_train_state(cfg, JM.init_params(cfg, 0), tx), jd.replicated(mesh))
-        step = jax.jit(lambda s, b: JT.train_step(s, b, model=model, tx=tx, cfg=cfg))
+        cfg = config_mod.replace(tiny_cfg, enable_amp=amp, amp_dtype="bfloat16", grad_allreduce_dtype=dtype)
+        model = jax_model.build_model(cfg)
+        mesh = jax_distribute.make_mesh(n)
+        state = jax.device_put(
+            jax_train.create_train_state(cfg, jax_model.init_params(cfg, 0), tx), jax_distribute.replicated(mesh)
+        )
+        step = jax.jit(lambda s, b: jax_train.train_step(s, b, model=model, tx=tx, cfg=cfg))
         for b in batches:
-            state, _ = step(state, jd.put_batch(b, mesh))
+            state, _ = step(state, jax_distribute.put_batch(b, mesh))
         assert len(state.params["down1"]["kernel"].sharding.device_set) == n
         assert all(v.dtype == np.float32 for v in jax.tree.leaves(state.opt_state) if v.ndim)
-        result[n] = JM.params_to_canonical(jax.device_get(state.params))
+        result[n] = jax_model.params_to_canonical(jax.device_get(state.params))
     if reduce_dtype == "float32":
         for k in result[1]:
             np.testing.assert_allclose(result[2][k], result[1][k], rtol=RTOL, atol=ATOL, err_msg=k)
     else:
-        start = JM.params_to_canonical(JM.init_params(tiny_cfg, 0))
+        start = jax_model.params_to_canonical(jax_model.init_params(tiny_cfg, 0))
         diff = np.sqrt(sum(np.sum((result[2][k] - result[1][k]) ** 2) for k in start))
         update = np.sqrt(sum(np.sum((result[1][k] - start[k]) ** 2) for k in start))
         assert update > 0 and diff / update < BF16_REL_UPDATE, diff / update
@@ -70,19 +74,22 @@ import sys
 from tf_impl import distribute
 distribute.split_cpu(2)
 import numpy as np, tensorflow as tf
-from shared_data import config as C, loader, readers
-from tf_impl import data as D, model as M, train as T
-base = C.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1], val_path=sys.argv[2]))
+from shared_data.core import config as config_mod
+from shared_data.data import host_batches
+from shared_data.data import crop_readers
+from shared_data.model import unet_spec
+from tf_impl import data as data_mod, model as model_mod, train as train_mod
+base = config_mod.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1], val_path=sys.argv[2]))
 cfg = base
-r = readers.make_reader(cfg)
-plan = loader.make_plan(cfg, 0, 0, [0, 1], 2, r.size)
-batches = [loader.NumpyLoader(r, plan, cfg).load(i) for i in range(3)]
+r = crop_readers.make_reader(cfg)
+plan = host_batches.make_plan(cfg, 0, 0, [0, 1], 2, r.size)
+batches = [host_batches.NumpyLoader(r, plan, cfg).load(i) for i in range(3)]
 def run(strategy, cfg):
     n = strategy.num_replicas_in_sync
     with strategy.scope():
-        model, opt = M.build_model(cfg), T.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
-        M.params_from_canonical(model, __import__("shared_data.unet_spec", fromlist=["x"]).init_weights(cfg, 0))
-    train_fn, _, _ = T.compile_steps(cfg, strategy, model, opt, D.batch_spec(cfg, strategy))
+        model, opt = model_mod.build_model(cfg), train_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
+        model_mod.params_from_canonical(model, unet_spec.init_weights(cfg, 0))
+    train_fn, _, _ = train_mod.compile_steps(cfg, strategy, model, opt, data_mod.batch_spec(cfg, strategy))
     for b in batches:
         if n == 1:
             batch = {k: tf.constant(v) for k, v in b.items()}
@@ -91,7 +98,7 @@ def run(strategy, cfg):
             batch = strategy.experimental_distribute_values_from_function(
                 lambda ctx: {k: tf.constant(v[ctx.replica_id_in_sync_group * per:][:per]) for k, v in b.items()})
         train_fn(batch)
-    return M.params_to_canonical(model)
+    return model_mod.params_to_canonical(model)
 mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 one = run(tf.distribute.get_strategy(), base)
 two = run(mirrored, base)
@@ -99,8 +106,8 @@ for k in one:
     np.testing.assert_allclose(two[k], one[k], rtol=%g, atol=%g, err_msg=k)
 print("MirroredStrategy over 2 CPUs == 1 device")
 # the device loader on 2 replicas: each replica's batch is made on its device and equals the NumPy loader's
-dev = D.make_input(C.replace(base, data_loader_config="device"), "train", mirrored)
-nat = D.make_input(C.replace(base, data_loader_config="lowmem"), "train", mirrored)
+dev = data_mod.make_input(config_mod.replace(base, data_loader_config="device"), "train", mirrored)
+nat = data_mod.make_input(config_mod.replace(base, data_loader_config="lowmem"), "train", mirrored)
 for g, w in zip(dev.epoch(0), nat.epoch(0)):
     for k in ("inputs", "targets", "mask"):
         parts = mirrored.experimental_local_results(g[k])
@@ -109,10 +116,10 @@ for g, w in zip(dev.epoch(0), nat.epoch(0)):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
 print("device loader on 2 replicas == NumPy loader")
 # bfloat16 compute; 2 replicas sum their gradients in bfloat16 (see BF16_REL_UPDATE)
-amp = C.replace(base, enable_amp=True, amp_dtype="bfloat16")
+amp = config_mod.replace(base, enable_amp=True, amp_dtype="bfloat16")
 one = run(tf.distribute.get_strategy(), amp)
-two = run(mirrored, C.replace(amp, grad_allreduce_dtype="bfloat16"))
-start = __import__("shared_data.unet_spec", fromlist=["x"]).init_weights(base, 0)
+two = run(mirrored, config_mod.replace(amp, grad_allreduce_dtype="bfloat16"))
+start = __import__("shared_data.model.unet_spec", fromlist=["x"]).init_weights(base, 0)
 diff = np.sqrt(sum(np.sum((two[k] - one[k]) ** 2) for k in start))
 update = np.sqrt(sum(np.sum((one[k] - start[k]) ** 2) for k in start))
 print("bf16 gradient sum: relative update difference %%.3f" %% (diff / update))
@@ -136,11 +143,11 @@ TF_TRAIN_SCRIPT = r"""
 import sys
 from tf_impl import distribute
 distribute.split_cpu(2)
-from shared_data.run import read_metrics
-from tf_impl import train as T
+from shared_data.runtime.records import read_metrics
+from tf_impl import train as train_mod
 args = ["--config", "cpu_tiny", "--set", "train_path=" + sys.argv[1], "--set", "val_path=" + sys.argv[2],
         "--num_devices", "2", "--num_epochs", "2", "--data_loader_config", "device", "--workdir", sys.argv[3]]
-assert T.main(args + ["--stop_after_epoch", "1"]) == 0 and T.main(args + ["--resume"]) == 0
+assert train_mod.main(args + ["--stop_after_epoch", "1"]) == 0 and train_mod.main(args + ["--resume"]) == 0
 hist = read_metrics(sys.argv[3])
 assert [h["epoch"] for h in hist] == [1, 2] and hist[-1]["step"] == 2 * hist[0]["step"] > 0, hist
 """

@@ -9,7 +9,11 @@ import os
 import subprocess
 import sys
 
-from shared_data.config import REPO_ROOT
+import pytest
+
+from shared_data.core.config import REPO_ROOT
+
+pytestmark = pytest.mark.study
 
 
 def _run(script, tiny_argv, *args):
@@ -118,31 +122,34 @@ def test_study_pmean_step_in_shard_map_matches_one_device(tiny_cfg):
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
-    from jax_impl import distribute as jd
-    from jax_impl import model as JM
-    from jax_impl import train as JT
-    from shared_data import loader, readers
-    from shared_data.sampler import TRAIN
+    from jax_impl import distribute as jax_distribute
+    from jax_impl import model as jax_model
+    from jax_impl import train as jax_train
+    from shared_data.data import crop_readers, host_batches
+    from shared_data.data.sampler import TRAIN
 
     sys.path.insert(0, str(REPO_ROOT / "experiments" / "two_gpu_scaling"))
     from study_bench import step_with
 
-    r = readers.make_reader(tiny_cfg)
-    plan = loader.make_plan(tiny_cfg, TRAIN, 0, [0, 1], 2, r.size)
-    batches = [loader.NumpyLoader(r, plan, tiny_cfg).load(i) for i in range(3)]
-    tx = JT.make_optimizer(np.full(8, 1e-3, np.float32))
-    model = JM.build_model(tiny_cfg)
+    r = crop_readers.make_reader(tiny_cfg)
+    plan = host_batches.make_plan(tiny_cfg, TRAIN, 0, [0, 1], 2, r.size)
+    batches = [host_batches.NumpyLoader(r, plan, tiny_cfg).load(i) for i in range(3)]
+    tx = jax_train.make_optimizer(np.full(8, 1e-3, np.float32))
+    model = jax_model.build_model(tiny_cfg)
     result = {}
     for n, sync in ((1, None), (2, lambda t: jax.lax.pmean(t, "data")), ("local", lambda t: t)):
-        mesh = jd.make_mesh(1 if n == 1 else 2)
-        state = jax.device_put(JT.create_train_state(tiny_cfg, JM.init_params(tiny_cfg, 0), tx), jd.replicated(mesh))
+        mesh = jax_distribute.make_mesh(1 if n == 1 else 2)
+        state = jax.device_put(
+            jax_train.create_train_state(tiny_cfg, jax_model.init_params(tiny_cfg, 0), tx),
+            jax_distribute.replicated(mesh),
+        )
         step = step_with(tiny_cfg, model, tx, sync)
         if n != 1:
             step = jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data")), out_specs=(P(), P()), check_vma=False)
         step = jax.jit(step)
         for b in batches:
-            state, _ = step(state, jd.put_batch(b, mesh))
-        result[n] = JM.params_to_canonical(jax.device_get(state.params))
+            state, _ = step(state, jax_distribute.put_batch(b, mesh))
+        result[n] = jax_model.params_to_canonical(jax.device_get(state.params))
     for k in result[1]:
         np.testing.assert_allclose(result[2][k], result[1][k], rtol=1e-4, atol=1e-6, err_msg=k)
     assert max(np.max(np.abs(result["local"][k] - result[1][k])) for k in result[1]) > 1e-5

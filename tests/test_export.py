@@ -12,9 +12,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from shared_data import config as config_mod
-from shared_data import unet_spec
-from shared_data.errors import run_cli
+from shared_data.core import config as config_mod
+from shared_data.core.errors import run_cli
+from shared_data.model import unet_spec
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +44,7 @@ def _run_bare(code: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_jax_export_runs_without_the_project(setup):
     cfg, w, d, x = setup
     from jax_impl import export as jax_export
@@ -74,6 +75,7 @@ def test_jax_export_runs_without_the_project(setup):
     np.testing.assert_allclose(np.load(d / "y1.npy"), want[:1], atol=1e-6)  # the batch is symbolic
 
 
+@pytest.mark.slow
 def test_tf_savedmodel_and_keras_file_load_back(setup):
     cfg, w, d, x = setup
     import keras

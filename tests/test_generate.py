@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import h5py
 import numpy as np
 import pytest
+from conftest import run_in_process
 
-from shared_data import cosmology, generate
-from shared_data.config import REPO_ROOT
-from shared_data.dataset import npy_paths
+from shared_data.data import cosmology, generate, inspect
+from shared_data.data.dataset import npy_paths
 
 
 def test_deterministic_by_seed(tmp_path, data_dir):
@@ -81,12 +78,8 @@ def test_npy_conversion_is_dhwc_of_the_h5(data_dir):
         np.testing.assert_array_equal(np.load(hy), np.moveaxis(f["Hydro"][...], 0, -1))
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=REPO_ROOT)
-
-
 def test_inspect_cli_passes_good_and_fails_bad_files(data_dir, tmp_path):
-    good = _cli("shared_data.inspect", str(data_dir / "train_32.h5"))
+    good = run_in_process(inspect.main, [str(data_dir / "train_32.h5")])
     assert good.returncode == 0 and "contract: OK" in good.stdout and "gas_temperature" in good.stdout
     bad = tmp_path / "bad.h5"
     with h5py.File(bad, "w") as f:
@@ -94,15 +87,15 @@ def test_inspect_cli_passes_good_and_fails_bad_files(data_dir, tmp_path):
         h = np.zeros((5, 8, 8, 8), np.float32)
         h[1, 0, 0, 0] = np.inf
         f["Hydro"] = h
-    res = _cli("shared_data.inspect", str(bad))
+    res = run_in_process(inspect.main, [str(bad)])
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "bad.h5: Hydro channel ch1 has 1 NaN/inf values" in res.stderr
     with h5py.File(bad, "w") as f:
         f["Nbody"] = np.zeros((4, 8, 8, 8), np.float32)
         f["Hydro"] = np.full((5, 8, 8, 8), 1.5, np.float32)
-    res = _cli("shared_data.inspect", str(bad))
+    res = run_in_process(inspect.main, [str(bad)])
     assert res.returncode == 2 and "targets must lie inside tanh's (-1, 1)" in res.stderr
-    missing = _cli("shared_data.inspect", str(tmp_path / "none.h5"))
+    missing = run_in_process(inspect.main, [str(tmp_path / "none.h5")])
     assert (
         missing.returncode == 2
         and missing.stderr.startswith("error: dataset file")
@@ -112,15 +105,15 @@ def test_inspect_cli_passes_good_and_fails_bad_files(data_dir, tmp_path):
 
 def test_tutorial_layout_file_without_attributes_loads(tmp_path):
     """A file with only the two datasets (the tutorial's downsamp_*.h5 layout) reads unchanged."""
-    from shared_data import readers
+    from shared_data.data import crop_readers
 
     path = tmp_path / "downsamp_like.h5"
     rng = np.random.default_rng(0)
     nbody, hydro = rng.random((4, 32, 32, 32), np.float32), rng.random((5, 32, 32, 32), np.float32) - 0.5
     with h5py.File(path, "w") as f:
         f["Nbody"], f["Hydro"] = nbody, hydro
-    r = readers.InMemReader(path, 4, 5, 16)
+    r = crop_readers.InMemReader(path, 4, 5, 16)
     bi, bt = np.empty((4, 16, 16, 16), np.float32), np.empty((5, 16, 16, 16), np.float32)
     r.read((1, 2, 3), bi, bt)
     np.testing.assert_array_equal(bt, hydro[:, 1:17, 2:18, 3:19])
-    assert _cli("shared_data.inspect", str(path)).returncode == 0
+    assert run_in_process(inspect.main, [str(path)]).returncode == 0

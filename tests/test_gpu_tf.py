@@ -16,9 +16,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from shared_data import config as C  # noqa: E402
-from shared_data import unet_spec  # noqa: E402
-from shared_data.config import REPO_ROOT  # noqa: E402
+from shared_data.core import config as config_mod  # noqa: E402
+from shared_data.core.config import REPO_ROOT  # noqa: E402
+from shared_data.model import unet_spec  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,13 +48,13 @@ def rel_err(a, b):
 @pytest.mark.parametrize("method", ["subpixel", "phases", "transpose"])
 @pytest.mark.parametrize("n, c_in, c_out", [(1, 64, 32), (2, 64, 32), (16, 32, 16)])
 def test_upconv_on_gpu_equals_float64_reference(method, jit, n, c_in, c_out):
-    from tf_impl import model as M
+    from tf_impl import model as model_mod
 
     x = RNG.standard_normal((2, n, n, n, c_in)).astype(np.float32)
     w = RNG.standard_normal((4, 4, 4, c_in, c_out)).astype(np.float32)
     b = RNG.standard_normal(c_out).astype(np.float32)
     with tf.device("/GPU:0"):
-        layer = M.UpConv(c_out, method)
+        layer = model_mod.UpConv(c_out, method)
         layer.build(x.shape)
         layer.kernel.assign(w)
         layer.bias.assign(b)
@@ -67,13 +67,13 @@ def test_upconv_on_gpu_equals_float64_reference(method, jit, n, c_in, c_out):
 @pytest.mark.parametrize("method", ["space_to_depth", "strided"])
 @pytest.mark.parametrize("n, c_in, c_out", [(2, 64, 32), (32, 16, 32)])
 def test_downconv_on_gpu_equals_float64_reference(method, jit, n, c_in, c_out):
-    from tf_impl import model as M
+    from tf_impl import model as model_mod
 
     x = RNG.standard_normal((2, n, n, n, c_in)).astype(np.float32)
     w = RNG.standard_normal((4, 4, 4, c_in, c_out)).astype(np.float32)
     b = RNG.standard_normal(c_out).astype(np.float32)
     with tf.device("/GPU:0"):
-        layer = M.DownConv(c_out, method)
+        layer = model_mod.DownConv(c_out, method)
         layer.build(x.shape)
         layer.kernel.assign(w)
         layer.bias.assign(b)
@@ -85,16 +85,16 @@ def test_downconv_on_gpu_equals_float64_reference(method, jit, n, c_in, c_out):
 def test_mixed_precision_net_under_xla_is_close_to_fp32(tiny_cfg, precision):
     """The known failure class of TF's XLA with 3-D convolutions in half precision: the whole tiny
     net in bf16 / fp16 under XLA stays within the mantissa's error of its fp32 output."""
-    from tf_impl import model as M
+    from tf_impl import model as model_mod
 
     x = tf.constant(RNG.uniform(-1, 1, (2, 16, 16, 16, 4)).astype(np.float32))
     weights = unet_spec.init_weights(tiny_cfg, 3)
     out = {}
     for name, cfg in (
         ("float32", tiny_cfg),
-        (precision, C.replace(tiny_cfg, enable_amp=True, amp_dtype=precision)),
+        (precision, config_mod.replace(tiny_cfg, enable_amp=True, amp_dtype=precision)),
     ):
-        model = M.params_from_canonical(M.build_model(cfg), weights)
+        model = model_mod.params_from_canonical(model_mod.build_model(cfg), weights)
         out[name] = tf.function(lambda t, model=model: model(t, training=False), jit_compile=True)(x).numpy()
     assert np.isfinite(out[precision]).all()
     assert rel_err(out[precision], out["float32"]) < LOW_PRECISION_REL[precision]
@@ -103,8 +103,8 @@ def test_mixed_precision_net_under_xla_is_close_to_fp32(tiny_cfg, precision):
 def test_train_step_on_gpu_equals_cpu(tiny_cfg):
     """One XLA-compiled fp32 train step on the GPU and on the CPU: the same loss and updates."""
     from tf_impl import distribute
-    from tf_impl import model as M
-    from tf_impl import train as T
+    from tf_impl import model as model_mod
+    from tf_impl import train as train_mod
 
     batch = {
         "inputs": RNG.uniform(-1, 1, (4, 16, 16, 16, 4)).astype(np.float32),
@@ -114,12 +114,14 @@ def test_train_step_on_gpu_equals_cpu(tiny_cfg):
     result = {}
     for device in ("/CPU:0", "/GPU:0"):
         with tf.device(device):
-            model = M.params_from_canonical(M.build_model(tiny_cfg), unet_spec.init_weights(tiny_cfg, 0))
-            opt = T.make_optimizer(tiny_cfg, np.full(4, 1e-3, np.float32))
+            model = model_mod.params_from_canonical(
+                model_mod.build_model(tiny_cfg), unet_spec.init_weights(tiny_cfg, 0)
+            )
+            opt = train_mod.make_optimizer(tiny_cfg, np.full(4, 1e-3, np.float32))
             opt.build(model.trainable_variables)
-            train, _ = T.step_functions(tiny_cfg, distribute.make_strategy(), model, opt, jit=True)
+            train, _ = train_mod.step_functions(tiny_cfg, distribute.make_strategy(), model, opt, jit=True)
             loss = float(train({k: tf.constant(v) for k, v in batch.items()})["loss"])
-            result[device] = loss, M.params_to_canonical(model)
+            result[device] = loss, model_mod.params_to_canonical(model)
     (loss_cpu, w_cpu), (loss_gpu, w_gpu) = result["/CPU:0"], result["/GPU:0"]
     assert abs(loss_gpu - loss_cpu) < 1e-5 * abs(loss_cpu)
     for k in w_cpu:
@@ -137,16 +139,16 @@ def _batches_equal(got, want, split):
 def test_gpu_loaders_equal_the_numpy_reader_bit_for_bit(tiny_cfg, kind):
     """Every loader a TF user runs on a GPU yields the NumPy reader's batches bit for bit (the DALI
     ones through the TF plugin, pipelines on the GPU), each batch on the GPU."""
-    from tf_impl import data as D
+    from tf_impl import data as data_mod
     from tf_impl import distribute
 
     if kind.startswith("dali"):
         pytest.importorskip("nvidia.dali.plugin.tf")
-    cfg = C.replace(tiny_cfg, data_loader_config=kind, dali_h5_mode="simple", Nsamples=12, Nsamples_val=6)
+    cfg = config_mod.replace(tiny_cfg, data_loader_config=kind, dali_h5_mode="simple", Nsamples=12, Nsamples_val=6)
     strategy = distribute.make_strategy()
     for split in ("train", "val"):
-        got_in = D.make_input(cfg, split, strategy)
-        want_in = D.make_input(C.replace(cfg, data_loader_config="lowmem"), split, strategy)
+        got_in = data_mod.make_input(cfg, split, strategy)
+        want_in = data_mod.make_input(config_mod.replace(cfg, data_loader_config="lowmem"), split, strategy)
         for epoch in (0, 1):
             got = list(got_in.epoch(epoch))
             assert all("GPU" in b["inputs"].device for b in got)
@@ -159,24 +161,25 @@ from tf_impl import distribute
 import tensorflow as tf
 (distribute.split_gpu if tf.config.list_physical_devices("GPU") else distribute.split_cpu)(2)
 import numpy as np
-from shared_data import config as C, unet_spec
-from tf_impl import data as D, model as M, train as T
+from shared_data.core import config as config_mod
+from shared_data.model import unet_spec
+from tf_impl import data as data_mod, model as model_mod, train as train_mod
 tf.config.experimental.enable_tensor_float_32_execution(False)
-base = C.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1], val_path=sys.argv[2], Nsamples=12))
-cfg = C.replace(base, data_loader_config=sys.argv[3])
+base = config_mod.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1], val_path=sys.argv[2], Nsamples=12))
+cfg = config_mod.replace(base, data_loader_config=sys.argv[3])
 mirrored = distribute.make_strategy(2)
 assert mirrored.num_replicas_in_sync == 2, mirrored
 # the loader feeds each replica its shard; one replica gets the two shards concatenated: the same global batch
-per_replica = list(D.make_input(cfg, "train", mirrored).epoch(0))
+per_replica = list(data_mod.make_input(cfg, "train", mirrored).epoch(0))
 global_batches = [
     {k: tf.concat([t.numpy() for t in mirrored.experimental_local_results(b[k])], 0) for k in b} for b in per_replica
 ]
 def run(strategy, batches):
     with strategy.scope():
-        model, opt = M.build_model(cfg), T.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
-        M.params_from_canonical(model, unet_spec.init_weights(cfg, 0))
-    train_fn, _, _ = T.compile_steps(cfg, strategy, model, opt, D.batch_spec(cfg, strategy))
-    return [float(train_fn(b)["loss"]) for b in batches], M.params_to_canonical(model)
+        model, opt = model_mod.build_model(cfg), train_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
+        model_mod.params_from_canonical(model, unet_spec.init_weights(cfg, 0))
+    train_fn, _, _ = train_mod.compile_steps(cfg, strategy, model, opt, data_mod.batch_spec(cfg, strategy))
+    return [float(train_fn(b)["loss"]) for b in batches], model_mod.params_to_canonical(model)
 one, w1 = run(distribute.make_strategy(1), global_batches)
 two, w2 = run(mirrored, per_replica)
 print(cfg.data_loader_config, "1 replica losses", one, "2 replicas", two)

@@ -5,8 +5,6 @@ wrong result."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 from pathlib import Path
@@ -14,24 +12,26 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from conftest import run_in_process
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from shared_data import config as C
-from shared_data import convert, dataset, inspect, run, schedule, unet_spec
-from shared_data.errors import ConfigError, run_cli
+from shared_data.core import config as config_mod
+from shared_data.core.errors import ConfigError
+from shared_data.data import convert, dataset, inspect
+from shared_data.model import schedule, unet_spec
+from shared_data.runtime import records, run
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 def cli(main, argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = run_cli(main, argv)
-    return code, out.getvalue(), err.getvalue()
+    res = run_in_process(main, argv)
+    return res.returncode, res.stdout, res.stderr
 
 
-def assert_one_error_line(code: int, err: str, *names: str) -> None:
+def assert_only_one_error_line(code: int, err: str, *names: str) -> None:
+    """stderr holds nothing but one ``error:`` line, which names one of ``names``."""
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), err
@@ -52,19 +52,19 @@ VALUES = st.one_of(
 
 
 @settings(max_examples=300, **SETTINGS)
-@given(key=st.sampled_from(sorted(C.FIELDS)), value=VALUES)
+@given(key=st.sampled_from(sorted(config_mod.FIELDS)), value=VALUES)
 @example(key="start_lr", value=3.4028235677973366e38)  # finite, but scaled beyond float32 in the LR table
 def test_config_values_load_or_name_the_key(key, value):
     """Any value for any key: a config, or a ConfigError naming the key; an accepted config's derived
     numbers (batches, steps, layers, LR table) compute or raise a ConfigError, nothing else."""
     try:
-        cfg = C.load_config("cpu_tiny", overrides={key: value})
+        cfg = config_mod.load_config("cpu_tiny", overrides={key: value})
     except ConfigError as err:
         assert repr(key) in str(err) or key in str(err), str(err)
         return
     try:
-        gb, _ = C.batch_sizes(cfg, 1)
-        steps = C.steps_per_epoch(cfg, 1)
+        gb, _ = config_mod.batch_sizes(cfg, 1)
+        steps = config_mod.steps_per_epoch(cfg, 1)
     except ConfigError:
         return
     assert gb >= 1 and steps >= 1
@@ -97,9 +97,9 @@ def test_trainer_with_generated_values(tmp_path_factory, key, value, tiny_argv):
     ]
     code, out, err = cli(train.main, argv)
     if code == 0:
-        assert "Time taken for epoch 1 is" in out and run.read_metrics(work)
+        assert "Time taken for epoch 1 is" in out and records.read_metrics(work)
     else:
-        assert_one_error_line(code, err, key)
+        assert_only_one_error_line(code, err, key)
         assert "Time taken for epoch" not in out
 
 
@@ -176,7 +176,7 @@ def test_damaged_files_through_inspect_and_convert(data_dir, tmp_path_factory, k
                     np.testing.assert_array_equal(f[k][...], want[k], err_msg=f"{kind}: {k} changed yet accepted")
             assert kind not in must_fail[main], (main.__module__, kind)
         else:
-            assert_one_error_line(code, err, str(path), "damaged.h5")
+            assert_only_one_error_line(code, err, str(path), "damaged.h5")
 
 
 @settings(max_examples=25, **SETTINGS)
@@ -210,7 +210,7 @@ def test_npy_twins_that_do_not_match_are_refused(data_dir, tmp_path_factory, kin
         np.save(nbody, arr.astype(np.float64))
     elif kind == "channels_first":
         np.save(nbody, np.ascontiguousarray(np.moveaxis(arr, -1, 0)))
-    cfg = C.load_config(
+    cfg = config_mod.load_config(
         "cpu_tiny",
         overrides={"train_path": str(h5), "val_path": str(data_dir / "val_24.h5"), "data_loader_config": "dali-npy"},
     )
@@ -219,10 +219,11 @@ def test_npy_twins_that_do_not_match_are_refused(data_dir, tmp_path_factory, kin
     assert str(nbody) in str(err.value)
 
 
+@pytest.mark.slow
 def test_torn_run_records_neither_crash_summary_nor_resume(tmp_path, tiny_argv):
     """A torn last line of metrics.jsonl and an empty run.json (a kill during a write on another file
     system): summary shows the complete epochs and --resume continues, rewriting both whole."""
-    from compare import summary
+    from dlas_compare import summary
     from jax_impl import train
 
     work = tmp_path / "runs" / "cpu_tiny" / "jax"
@@ -243,10 +244,11 @@ def test_torn_run_records_neither_crash_summary_nor_resume(tmp_path, tiny_argv):
     assert code == 0 and "final train loss" in out, err
     code, out, err = cli(train.main, [*argv, "--resume"])
     assert code == 0, err
-    assert [r["epoch"] for r in run.read_metrics(work)] == [1, 2]
+    assert [r["epoch"] for r in records.read_metrics(work)] == [1, 2]
     assert json.loads((work / "run.json").read_text())["framework"] == "jax"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_a_damaged_checkpoint_falls_back_to_the_previous_one(framework, tmp_path, caplog, tiny_argv):
     """The newest checkpoint damaged: --resume warns and continues from the one before; leftovers of a
@@ -278,11 +280,12 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(framework, tmp_path
         code, out, err = cli(train.main, [*argv, "--resume"])
     assert code == 0, err
     assert "does not restore" in caplog.text and "epoch 1, the newest one that restores" in caplog.text
-    assert [r["epoch"] for r in run.read_metrics(work)] == [1, 2, 3]
+    assert [r["epoch"] for r in records.read_metrics(work)] == [1, 2, 3]
     if framework == "tf":
         assert not (ckpts / "ckpt-3_temp").exists() and not (ckpts / "checkpoint.tmp123").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_resume_with_another_config_is_one_error_line(framework, tmp_path, tiny_argv):
     """A run folder of another net: one error line, and nothing else on stderr (orbax's background

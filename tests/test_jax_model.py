@@ -6,16 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import rel_err
 
-from jax_impl import model as M
-from shared_data import config as C
-from shared_data import unet_spec
+from jax_impl import model as model_mod
+from shared_data.core import config as config_mod
+from shared_data.model import unet_spec
 
 RNG = np.random.default_rng(0)
-
-
-def rel_err(a, b):
-    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
 
 
 @pytest.mark.parametrize("method", ["subpixel", "phases", "transpose"])
@@ -25,7 +22,7 @@ def test_upconv_equals_float64_transposed_conv_definition(method, n, c_in, c_out
     w = RNG.standard_normal((4, 4, 4, c_in, c_out)).astype(np.float32)
     b = RNG.standard_normal(c_out).astype(np.float32)
     ref = unet_spec.conv_transpose_reference(x, w, b)
-    layer = M.UpConv(c_out, method)
+    layer = model_mod.UpConv(c_out, method)
     got = layer.apply({"params": {"kernel": jnp.asarray(w), "bias": jnp.asarray(b)}}, jnp.asarray(x))
     assert got.shape == (2, 2 * n, 2 * n, 2 * n, c_out) and got.dtype == jnp.float32
     assert rel_err(got, ref) < 1e-5
@@ -37,7 +34,9 @@ def test_downconv_equals_float64_reference(method, n):
     x = RNG.standard_normal((2, n, n, n, 3)).astype(np.float32)
     w = RNG.standard_normal((4, 4, 4, 3, 5)).astype(np.float32)
     b = RNG.standard_normal(5).astype(np.float32)
-    got = M.DownConv(5, method).apply({"params": {"kernel": jnp.asarray(w), "bias": jnp.asarray(b)}}, jnp.asarray(x))
+    got = model_mod.DownConv(5, method).apply(
+        {"params": {"kernel": jnp.asarray(w), "bias": jnp.asarray(b)}}, jnp.asarray(x)
+    )
     assert got.shape == (2, n // 2, n // 2, n // 2, 5)
     assert rel_err(got, unet_spec.conv_reference(x, w, b)) < 1e-5
 
@@ -56,35 +55,38 @@ def test_reference_itself_against_scatter_loop():
 
 
 def test_full_size_net_shapes_dtypes_and_parameter_count():
-    cfg = C.load_config("base")
-    model = M.build_model(cfg)
+    cfg = config_mod.load_config("base")
+    model = model_mod.build_model(cfg)
     x = jax.ShapeDtypeStruct((2, 64, 64, 64, 4), jnp.float32)
     variables = jax.eval_shape(model.init, jax.random.key(0), x)
     out = jax.eval_shape(model.apply, variables, x)
     assert out.shape == (2, 64, 64, 64, 5) and out.dtype == jnp.float32
     n = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(variables))
     assert n == unet_spec.num_params(cfg)
-    assert 116e6 < n < 118e6  # DESIGN: about 117 M
+    assert 116e6 < n < 118e6  # the model contract: about 117 M parameters
     shapes = {f"{l}/{k}": v.shape for l, d in variables["params"].items() for k, v in d.items()}
     assert shapes == {
         f"{s.name}/{leaf}": (s.kernel_shape if leaf == "kernel" else (s.c_out,))
         for s in unet_spec.layer_specs(cfg)
         for leaf in ("kernel", "bias")
     }
-    bf16 = M.build_model(C.replace(cfg, enable_amp=True))
+    bf16 = model_mod.build_model(config_mod.replace(cfg, enable_amp=True))
     assert jax.eval_shape(bf16.apply, variables, x).dtype == jnp.float32  # tanh output stays float32
     half = jax.eval_shape(bf16.init, jax.random.key(0), x)
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(half))
 
 
+@pytest.mark.slow
 def test_tiny_net_runs_and_modes_agree(tiny_cfg):
-    params = M.init_params(tiny_cfg, seed=3)
+    params = model_mod.init_params(tiny_cfg, seed=3)
     x = jnp.asarray(RNG.standard_normal((2, 16, 16, 16, 4)).astype(np.float32))
-    a = M.build_model(tiny_cfg).apply({"params": params}, x)
-    b = M.build_model(C.replace(tiny_cfg, upconv="transpose", downconv="strided")).apply({"params": params}, x)
+    a = model_mod.build_model(tiny_cfg).apply({"params": params}, x)
+    b = model_mod.build_model(config_mod.replace(tiny_cfg, upconv="transpose", downconv="strided")).apply(
+        {"params": params}, x
+    )
     assert a.shape == (2, 16, 16, 16, 5) and float(jnp.abs(a).max()) < 1
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    mixed = C.replace(tiny_cfg, upconv_transpose_below=4, downconv_strided_below=16)
+    mixed = config_mod.replace(tiny_cfg, upconv_transpose_below=4, downconv_strided_below=16)
     # tiny net: down-conv inputs 16, 8, 4 -> s2d, strided, strided;
     # up-conv inputs 2, 4, 8 -> transpose, subpixel, subpixel
     assert [unet_spec.conv_method("down", n, "space_to_depth", 16) for n in (16, 8, 4)] == [
@@ -93,8 +95,8 @@ def test_tiny_net_runs_and_modes_agree(tiny_cfg):
         "strided",
     ]
     assert [unet_spec.conv_method("up", n, "subpixel", 4) for n in (2, 4, 8)] == ["transpose", "subpixel", "subpixel"]
-    np.testing.assert_allclose(M.build_model(mixed).apply({"params": params}, x), a, rtol=1e-5, atol=1e-6)
-    half = M.build_model(C.replace(tiny_cfg, enable_amp=True)).apply({"params": params}, x)
+    np.testing.assert_allclose(model_mod.build_model(mixed).apply({"params": params}, x), a, rtol=1e-5, atol=1e-6)
+    half = model_mod.build_model(config_mod.replace(tiny_cfg, enable_amp=True)).apply({"params": params}, x)
     assert half.dtype == jnp.float32 and rel_err(half, np.asarray(a, np.float64)) < 5e-2
 
 
@@ -102,7 +104,9 @@ def test_canonical_round_trip(tiny_cfg, tmp_path):
     w = unet_spec.init_weights(tiny_cfg, 1)
     assert all(abs(v.std() - 0.02) < 0.005 for k, v in w.items() if k.endswith("kernel") and v.size > 1000)
     unet_spec.save_weights(tmp_path / "w.npz", w)
-    back = M.params_to_canonical(M.params_from_canonical(unet_spec.load_weights(tmp_path / "w.npz", tiny_cfg)))
+    back = model_mod.params_to_canonical(
+        model_mod.params_from_canonical(unet_spec.load_weights(tmp_path / "w.npz", tiny_cfg))
+    )
     assert set(back) == set(w) and all(np.array_equal(back[k], w[k]) for k in w)
     with pytest.raises(Exception, match=r"'down1/kernel' has shape \(4, 4, 4, 4, 4\), expected \(4, 4, 4, 4, 8\)"):
-        unet_spec.load_weights(tmp_path / "w.npz", C.replace(tiny_cfg, unet_widths=(8, 8, 8)))
+        unet_spec.load_weights(tmp_path / "w.npz", config_mod.replace(tiny_cfg, unet_widths=(8, 8, 8)))

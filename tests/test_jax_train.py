@@ -10,40 +10,43 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import run_in_process
 
-from jax_impl import model as M
-from jax_impl import train as T
-from shared_data import config as C
-from shared_data.config import REPO_ROOT
-from shared_data.run import read_metrics
-
-
-def _params(result):
-    return M.params_to_canonical(jax.device_get(result["state"].params))
+from jax_impl import model as model_mod
+from jax_impl import train as train_mod
+from shared_data.core import config as config_mod
+from shared_data.core.config import REPO_ROOT
+from shared_data.runtime.records import read_metrics
 
 
+def _params(state):
+    return model_mod.params_to_canonical(jax.device_get(state.params))
+
+
+@pytest.mark.slow
 def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     """30 steps (6 epochs x 5) on the generated data, start_lr 5e-3: on CPU the epoch-mean training
     loss falls by about 40% and the validation loss by about 30%; asserted with margin: training at
     least 25%, validation at least 15%."""
-    cfg = C.replace(tiny_cfg, Nsamples=20, num_epochs=6, start_lr=5e-3, tensorboard=True)
-    result = T.train_and_evaluate(cfg, tmp_path / "run")
+    cfg = config_mod.replace(tiny_cfg, Nsamples=20, num_epochs=6, start_lr=5e-3, tensorboard=True)
+    _, metrics = train_mod.train_and_evaluate(cfg, tmp_path / "run")
     hist = read_metrics(tmp_path / "run")
     assert [h["epoch"] for h in hist] == [1, 2, 3, 4, 5, 6] and hist[-1]["step"] == 30
     assert hist[-1]["train_loss"] < 0.75 * hist[0]["train_loss"], hist
     assert hist[-1]["val_loss"] < 0.85 * hist[0]["val_loss"], hist
-    assert result["samples_per_sec"] > 0 and (tmp_path / "run" / "checkpoints" / "6").is_dir()
+    assert metrics["samples_per_sec"] > 0 and (tmp_path / "run" / "checkpoints" / "6").is_dir()
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 def test_resume_is_exact(tiny_cfg, tmp_path):
-    cfg = C.replace(tiny_cfg, Nsamples=12, num_epochs=2)
-    straight = _params(T.train_and_evaluate(cfg, tmp_path / "straight"))
-    T.train_and_evaluate(cfg, tmp_path / "split", stop_after_epoch=1)
+    cfg = config_mod.replace(tiny_cfg, Nsamples=12, num_epochs=2)
+    straight = _params(train_mod.train_and_evaluate(cfg, tmp_path / "straight")[0])
+    train_mod.train_and_evaluate(cfg, tmp_path / "split", stop_after_epoch=1)
     with pytest.raises(Exception, match="already holds checkpoints"):
-        T.train_and_evaluate(cfg, tmp_path / "split")
-    resumed = T.train_and_evaluate(cfg, tmp_path / "split", resume=True)
-    assert int(resumed["state"].step) == 6
+        train_mod.train_and_evaluate(cfg, tmp_path / "split")
+    resumed, _ = train_mod.train_and_evaluate(cfg, tmp_path / "split", resume=True)
+    assert int(resumed.step) == 6
     for k, v in straight.items():
         np.testing.assert_array_equal(_params(resumed)[k], v, err_msg=k)
     hist = read_metrics(tmp_path / "split")
@@ -52,9 +55,9 @@ def test_resume_is_exact(tiny_cfg, tmp_path):
 
 
 def _step_fn(cfg):
-    model, tx = M.build_model(cfg), T.make_optimizer(np.full(8, 1e-3, np.float32))
-    state = T.create_train_state(cfg, M.init_params(cfg, 0), tx)
-    return state, jax.jit(functools.partial(T.train_step, model=model, tx=tx, cfg=cfg))
+    model, tx = model_mod.build_model(cfg), train_mod.make_optimizer(np.full(8, 1e-3, np.float32))
+    state = train_mod.create_train_state(cfg, model_mod.init_params(cfg, 0), tx)
+    return state, jax.jit(functools.partial(train_mod.train_step, model=model, tx=tx, cfg=cfg))
 
 
 def _batch(bad=False):
@@ -66,8 +69,11 @@ def _batch(bad=False):
     return {"inputs": jnp.asarray(x), "targets": jnp.asarray(y), "mask": jnp.ones(2)}
 
 
+@pytest.mark.slow
 def test_fp16_nonfinite_gradient_skips_update_and_halves_scale(tiny_cfg):
-    cfg = C.replace(tiny_cfg, enable_amp=True, amp_dtype="float16", loss_scale_init=1024.0, loss_scale_period=2)
+    cfg = config_mod.replace(
+        tiny_cfg, enable_amp=True, amp_dtype="float16", loss_scale_init=1024.0, loss_scale_period=2
+    )
     state0, step = _step_fn(cfg)
     state1, m = step(state0, _batch(bad=True))
     assert not bool(m["finite"]) and float(state1.dynamic_scale.scale) == 512.0
@@ -83,9 +89,10 @@ def test_fp16_nonfinite_gradient_skips_update_and_halves_scale(tiny_cfg):
     assert state3.params["last"]["kernel"].dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_bf16_keeps_float32_params_and_tracks_fp32(tiny_cfg):
     s32, f32 = _step_fn(tiny_cfg)
-    s16, f16 = _step_fn(C.replace(tiny_cfg, enable_amp=True))
+    s16, f16 = _step_fn(config_mod.replace(tiny_cfg, enable_amp=True))
     assert s16.dynamic_scale is None
     (_, ma), (b, mb) = f32(s32, _batch()), f16(s16, _batch())
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(b.params))
@@ -93,9 +100,7 @@ def test_bf16_keeps_float32_params_and_tracks_fp32(tiny_cfg):
 
 
 def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "jax_impl.train", *args], capture_output=True, text=True, cwd=REPO_ROOT
-    )
+    return run_in_process(train_mod.main, list(args))
 
 
 def test_cli_help_and_user_errors(tiny_cfg, tmp_path):
@@ -108,16 +113,18 @@ def test_cli_help_and_user_errors(tiny_cfg, tmp_path):
     assert res.returncode == 2 and "missing.h5 not found" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_jax_impl_runs_without_tensorflow(tmp_path):
     """As on the GPU machine: TensorFlow unimportable, jax_impl imports, and TensorBoard scalars are
     still written (tensorboard's own stub); nothing imports TensorFlow when it is installed either."""
     code = (
         "import sys; block = sys.argv[1] == 'block'\n"
         "if block: sys.modules['tensorflow'] = None\n"
-        "import jax_impl.train, jax_impl.data, jax_impl.model, jax_impl.distribute, shared_data.run\n"
-        "import jax_impl.predict, jax_impl.export, shared_data.predict, shared_data.export, shared_data.validate\n"
+        "import jax_impl.train, jax_impl.data, jax_impl.model, jax_impl.distribute, shared_data.runtime.records\n"
+        "import jax_impl.predict, jax_impl.export\n"
+        "import shared_data.inference.predict, shared_data.inference.export, shared_data.inference.validate\n"
         "from pathlib import Path\n"
-        "shared_data.run.ScalarWriter(Path(sys.argv[2]), True).scalars(1, {'a': 1.0})\n"
+        "shared_data.runtime.records.ScalarWriter(Path(sys.argv[2]), True).scalars(1, {'a': 1.0})\n"
         "assert block or 'tensorflow' not in sys.modules, 'tensorflow imported'"
     )
     for mode in ("block", "installed"):

@@ -8,33 +8,12 @@ import importlib.util
 import json
 
 import pytest
+from conftest import BENCHMARK_KEYS
 
-from compare import ladder
-from shared_data import config as C
-from shared_data.errors import run_cli
+from dlas_compare import ladder
+from shared_data.core import config as config_mod
+from shared_data.core.errors import run_cli
 
-BENCHMARK_KEYS = {
-    "label",
-    "framework",
-    "mode",
-    "config",
-    "loader",
-    "precision",
-    "global_batch",
-    "samples_per_sec",
-    "samples_per_sec_min",
-    "samples_per_sec_max",
-    "step_ms_p50",
-    "step_ms_p90",
-    "compile_sec",
-    "mfu",
-    "peak_memory_gib",
-    "device",
-    "versions",
-    "command",
-    "date",
-    "config_values",
-}
 LADDER_KEYS = {"ladder_id", "ladder_step", "ladder_rung", "ladder_settings", "ladder_xla_flags"}
 NO_GPU = "no GPU: "
 
@@ -45,6 +24,7 @@ def _config_args(cfg):
     ]
 
 
+@pytest.mark.slow
 def test_plan_on_this_machine(tiny_cfg):
     """No GPU here: rungs 1-5 planned for JAX and TF (DALI when its plugin imports), the
     GPU-resident and data-parallel rungs skipped for the missing GPU (the tests' 2 forced CPU devices
@@ -119,7 +99,7 @@ def test_plan_on_gpu_machines(tiny_cfg):
     assert steps[5].skip is None and steps[6].skip.startswith("1 GPU: ")
     assert ladder.plan("jax", two, tiny_cfg, num_devices=3)[6].skip == "--num_devices 3: jax sees 2 device(s)"
 
-    no_npy = C.replace(tiny_cfg, train_path_npy_data="/nonexistent/x.npy")
+    no_npy = config_mod.replace(tiny_cfg, train_path_npy_data="/nonexistent/x.npy")
     assert ladder.plan("jax", two, no_npy)[2].skip.startswith("no .npy twin /nonexistent/x.npy")
 
 
@@ -188,6 +168,7 @@ def test_spent_budget_skips_the_rungs(tiny_cfg, tmp_path):
     assert (tmp_path / "ladder.png").is_file()  # the figure beside --out by default
 
 
+@pytest.mark.slow
 def test_ci_sized_ladder_of_jax_on_cpu(tiny_cfg, tmp_path, capsys):
     """The real command, JAX only, 1 + 2 x 2 steps per mode: every rung that can run here writes IO,
     SYNTHETIC and FULL records in the benchmark schema with its cumulative settings, every rung a

@@ -7,13 +7,16 @@ import os
 import subprocess
 import sys
 
-from shared_data.config import REPO_ROOT
+import pytest
+
+from shared_data.core.config import REPO_ROOT
 
 
 def _run(cmd, cwd, env=None, timeout=600):
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow
 def test_wheel_installs_and_trains_from_another_folder(tmp_path):
     wheels, target, work = tmp_path / "wheels", tmp_path / "site", tmp_path / "work"
     work.mkdir()
@@ -40,14 +43,20 @@ def test_wheel_installs_and_trains_from_another_folder(tmp_path):
     assert inst.returncode == 0, inst.stderr[-2000:]
     env = {**os.environ, "PYTHONPATH": str(target), "TF_CPP_MIN_LOG_LEVEL": "2"}
     where = _run(
-        [sys.executable, "-c", "import jax_impl, configs; print(jax_impl.__file__); print(configs.__file__)"],
+        [
+            sys.executable,
+            "-c",
+            "import jax_impl, shared_data.core.config as c; print(jax_impl.__file__); print(c.DEFAULT_YAML)",
+        ],
         cwd=work,
         env=env,
     )
-    assert where.stdout.splitlines() == [
+    assert where.stdout.split() == [
         str(target / "jax_impl" / "__init__.py"),
-        str(target / "configs" / "__init__.py"),
+        str(target / "shared_data" / "configs" / "UNet.yaml"),
     ]
+    top_level = {p.name for p in target.iterdir() if p.is_dir() and not p.name.endswith((".dist-info", "bin"))}
+    assert top_level == {"shared_data", "tf_impl", "jax_impl", "dlas_compare"}  # no "configs", no "compare"
     bin_ = target / "bin"
     for out, size, seed in (("data/train_128.h5", 32, 1), ("data/val_64.h5", 24, 2)):
         gen = _run(
@@ -80,6 +89,7 @@ sys.meta_path.insert(0, Block())
 """
 
 
+@pytest.mark.slow
 def test_a_missing_framework_is_one_error_line_also_for_help(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCK_TF)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO_ROOT}"}
@@ -102,8 +112,9 @@ def test_a_missing_framework_is_one_error_line_also_for_help(tmp_path):
     assert jax_help.returncode == 0 and "--run_num" in jax_help.stdout
 
 
+@pytest.mark.slow
 def test_doctor_reports_each_check_with_a_verdict(tmp_path):
-    res = _run([sys.executable, "-m", "compare.doctor", "--json", str(tmp_path / "d.json")], cwd=REPO_ROOT)
+    res = _run([sys.executable, "-m", "dlas_compare.doctor", "--json", str(tmp_path / "d.json")], cwd=REPO_ROOT)
     assert res.returncode == 0, res.stdout + res.stderr
     import json
 
@@ -120,7 +131,7 @@ def test_doctor_reports_each_check_with_a_verdict(tmp_path):
 def test_doctor_compares_installed_versions_with_the_pins(tmp_path):
     from importlib import metadata
 
-    from compare.doctor import compare_pins
+    from dlas_compare.doctor import compare_pins
 
     pins = tmp_path / "c.txt"
     pins.write_text(f"# comment\nnumpy=={metadata.version('numpy')}\nh5py==0.0.1\nno-such-package==1.0\n")
@@ -149,3 +160,15 @@ def test_every_console_script_names_a_command_with_a_main():
         module, name = target.split(":")
         assert module == "shared_data.console" and callable(getattr(console, name)), script
         assert callable(importlib.import_module(console.COMMANDS[name][0]).main), script
+
+
+def test_pyproject_lists_every_package_folder():
+    import tomllib
+
+    listed = set(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(REPO_ROOT).parts)
+        for top in ("shared_data", "tf_impl", "jax_impl", "dlas_compare")
+        for init in (REPO_ROOT / top).rglob("__init__.py")
+    }
+    assert listed == found | {"shared_data.configs"}

@@ -15,10 +15,11 @@ import pytest
 
 from jax_impl import model as jax_model
 from jax_impl import predict as jax_predict
-from shared_data import config as config_mod
-from shared_data import generate, unet_spec
-from shared_data import predict as predict_mod
-from shared_data.errors import ConfigError, DatasetError, run_cli
+from shared_data.core import config as config_mod
+from shared_data.core.errors import ConfigError, DatasetError, run_cli
+from shared_data.data import generate
+from shared_data.inference import predict as predict_mod
+from shared_data.model import unet_spec
 
 
 def _weights(cfg, seed=1):
@@ -47,6 +48,7 @@ def weights_file(cfg, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_receptive_margin_is_the_networks_dependency_window(cfg):
     """The input voxels an output depends on (support of its gradient, all activations kept in
     their linear range by positive weights and inputs, so no dependency cancels or dies) equal
@@ -127,6 +129,7 @@ def test_plan_rejects_small_windows_and_chooses_by_memory(cfg):
     assert predict_mod.activation_bytes(cfg, 16) == 4 * 16**3 * 4 + 4 * acts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_tiled_prediction_equals_whole_volume(framework, cfg, vol64):
     """8 windows of 56^3 with the receptive margin as overlap reproduce the whole-volume result at
@@ -146,6 +149,7 @@ def test_tiled_prediction_equals_whole_volume(framework, cfg, vol64):
     np.testing.assert_allclose(whole[None], apply(x[None]), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_cli_writes_hydro_with_attributes_and_provenance(cfg, vol64, weights_file, tmp_path, caplog):
     out = tmp_path / "pred.h5"
     argv = ["--config", "cpu_tiny", "--weights", str(weights_file), "--input", str(vol64), "--out", str(out)]
@@ -190,9 +194,10 @@ def test_side_not_a_multiple_is_padded_and_cropped(cfg, weights_file, tmp_path, 
         np.testing.assert_allclose(np.moveaxis(f["Hydro"][...], 0, -1), expect, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_checkpoint_of_a_run_predicts_like_its_saved_weights(framework, tiny_cfg, data_dir, tmp_path):
-    """--workdir takes the run's latest checkpoint through the framework's train.Checkpoints, read-only."""
+    """--workdir takes the run's latest checkpoint through the framework's checkpoints.Checkpoints, read-only."""
     if framework == "tf":
         from tf_impl import predict as fw
         from tf_impl import train
@@ -256,11 +261,12 @@ def test_bad_inputs_give_one_error_line(vol64, weights_file, tmp_path, capsys):
     assert "is the --input file" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_error_is_one_line_without_traceback(weights_file, tmp_path):
     import subprocess
     import sys
 
-    from shared_data.config import REPO_ROOT
+    from shared_data.core.config import REPO_ROOT
 
     bad = _file(tmp_path / "c3.h5", np.zeros((3, 16, 16, 16), np.float32))
     out = tmp_path / "o.h5"

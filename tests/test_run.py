@@ -1,4 +1,4 @@
-"""The run around the trainers (shared_data/run.py): logs for batch jobs, out.log and run.json, the
+"""The run around the trainers (shared_data/runtime/run.py): logs for batch jobs, out.log and run.json, the
 progress bar only on a terminal, TensorBoard under the tutorial's tags, the input-bound sentence, the
 tutorial's flags."""
 
@@ -6,25 +6,25 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 import time
 
 import pytest
+from conftest import run_module
 
-from shared_data import config as C
-from shared_data import run
-from shared_data.config import REPO_ROOT
-from shared_data.errors import UserError
+from shared_data.core import config as config_mod
+from shared_data.core.config import REPO_ROOT
+from shared_data.core.errors import UserError
+from shared_data.runtime import cli, logs, records, run
 
 
 def test_other_ranks_log_warnings_only_with_a_rank_tag(capsys):
     log = logging.getLogger("dlas.test")
     try:
-        run.setup_logging(1)
+        logs.setup_logging(1)
         log.info("an epoch line")
         log.warning("a warning")
-        run.setup_logging(0)
+        logs.setup_logging(0)
         log.info("rank 0 info")
     finally:
         root = logging.getLogger()
@@ -38,18 +38,18 @@ def test_other_ranks_log_warnings_only_with_a_rank_tag(capsys):
 
 def test_progress_bar_only_on_a_terminal(monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
-    it = run.progress(range(3), 3, "epoch 1", enabled=True)
+    it = logs.progress(range(3), 3, "epoch 1", enabled=True)
     assert type(it).__name__ == "range_iterator"
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
-    it = run.progress(range(3), 3, "epoch 1", enabled=True)
+    it = logs.progress(range(3), 3, "epoch 1", enabled=True)
     assert type(it).__name__ != "range_iterator" and list(it) == [0, 1, 2]
-    assert type(run.progress(range(3), 3, "x", enabled=False)).__name__ == "range_iterator"
+    assert type(logs.progress(range(3), 3, "x", enabled=False)).__name__ == "range_iterator"
 
 
 def test_input_bound_run_says_so_once(tiny_cfg, tmp_path, caplog):
     """A loader that takes 30 ms per batch and an instant step: the share line shows ~100% input wait
     and, from the second epoch on, one sentence names the fix for the lowmem loader."""
-    cfg = C.replace(tiny_cfg, num_epochs=3)
+    cfg = config_mod.replace(tiny_cfg, num_epochs=3)
     r = run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
     r.begin(0, 0.0, {}, lambda: 0.0)
 
@@ -71,7 +71,7 @@ def test_input_bound_run_says_so_once(tiny_cfg, tmp_path, caplog):
 
 
 def test_a_finished_run_resumed_says_there_is_nothing_to_train(tiny_cfg, tmp_path, caplog):
-    r = run.Run(C.replace(tiny_cfg, num_epochs=2), tmp_path / "w", "jax", "test", {}, 1)
+    r = run.Run(config_mod.replace(tiny_cfg, num_epochs=2), tmp_path / "w", "jax", "test", {}, 1)
     with caplog.at_level(logging.INFO, logger="dlas"):
         assert list(r.epochs(1)) == [1] and "nothing to do" not in caplog.text
         assert list(r.epochs(2)) == []
@@ -79,11 +79,10 @@ def test_a_finished_run_resumed_says_there_is_nothing_to_train(tiny_cfg, tmp_pat
 
 
 def _train(*args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "jax_impl.train", *args], cwd=cwd, capture_output=True, text=True, timeout=600
-    )
+    return run_module("jax_impl.train", *args, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_run_folder_records_and_tensorboard_tags(tmp_path, tiny_argv):
     """A run and its resume in one folder: out.log holds everything both printed, run.json both
     invocations (command line, config, code version, library versions), TensorBoard the tutorial's
@@ -130,17 +129,17 @@ def test_run_folder_records_and_tensorboard_tags(tmp_path, tiny_argv):
     steps_per_epoch = 16 // 4
     assert [s for s, _ in series("Loss/valid")] == [0, steps_per_epoch, 2 * steps_per_epoch]
     assert [s for s, _ in series("Loss/train")] == [0, steps_per_epoch, 2 * steps_per_epoch]
-    metrics = run.read_metrics(folder)
+    metrics = records.read_metrics(folder)
     assert series("Loss/valid")[1][1] == pytest.approx(metrics[0]["val_loss"], rel=1e-6)
     assert series("Loss/train")[2][1] == pytest.approx(metrics[1]["train_loss"], rel=1e-6)
 
 
 def test_tutorial_flags(tiny_cfg, tmp_path):
-    parser = run.build_parser("jax")
+    parser = cli.build_parser("jax")
     args = parser.parse_args(["--config", "cpu_tiny", "--enable_amp", "--no-enable_jit", "--enable_manual_profiling"])
-    cfg = C.config_from_args(args)
+    cfg = config_mod.config_from_args(args)
     assert cfg.enable_amp and not cfg.enable_jit and cfg.enable_manual_profiling
-    cfg = C.config_from_args(parser.parse_args(["--config", "short_opt", "--no-enable_amp"]))
+    cfg = config_mod.config_from_args(parser.parse_args(["--config", "short_opt", "--no-enable_amp"]))
     assert cfg.enable_amp is False
     for flag, words in (
         ("--noddp", "--num_devices 1"),
@@ -150,20 +149,21 @@ def test_tutorial_flags(tiny_cfg, tmp_path):
     ):
         argv = [flag] + (["25"] if flag in ("--bucket_cap_mb", "--local_rank") else [])
         with pytest.raises(UserError, match=rf"{flag} is PyTorch DDP's; not needed here: .*{words}"):
-            run.check_run_args(parser.parse_args(argv), tmp_path / "w", "jax")
+            cli.check_run_args(parser.parse_args(argv), tmp_path / "w", "jax")
     assert run.workdir_for(tiny_cfg, "jax", None, "03").parts[-3:] == ("cpu_tiny", "03", "jax")
 
 
 def test_manual_profiling_window_is_the_tutorials(tiny_cfg, tmp_path):
     """--enable_manual_profiling without profile_steps: the capture window covers the first 60 steps
     of epoch 2 (the tutorial's ``epoch == 1 and i in [0, 59]``), clipped by the run's length."""
-    cfg = C.replace(tiny_cfg, enable_manual_profiling=True, num_epochs=3)
+    cfg = config_mod.replace(tiny_cfg, enable_manual_profiling=True, num_epochs=3)
     r = run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
     calls = []
     with r.profile(lambda: calls.append("start"), lambda: calls.append("stop"), use_cuda=False):
         assert (r._window.start, r._window.stop) == (r.steps_per_epoch, r.steps_per_epoch + 60)
 
 
+@pytest.mark.slow
 def test_enable_benchy_runs_the_benchmark_modes(tmp_path, tiny_argv):
     res = _train(
         *tiny_argv,
@@ -173,6 +173,6 @@ def test_enable_benchy_runs_the_benchmark_modes(tmp_path, tiny_argv):
         cwd=REPO_ROOT,
     )
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "--enable_benchy: python -m compare.benchmark --framework jax --mode io synthetic full" in res.stdout
+    assert "--enable_benchy: python -m dlas_compare.benchmark --framework jax --mode io synthetic full" in res.stdout
     for mode in ("io", "synthetic", "full"):
         assert f" {mode} " in res.stdout

@@ -1,6 +1,6 @@
 import numpy as np
 
-from shared_data.sampler import VAL, CropStream, StreamKey, epoch_draws
+from shared_data.data.sampler import VAL, CropStream, StreamKey, epoch_draws
 
 
 def test_same_key_same_stream_and_bounds():

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from compare import step_breakdown as sb
-from shared_data import config as C
-from shared_data import unet_spec
+from dlas_compare import step_breakdown
+from shared_data.core import config as config_mod
+from shared_data.model import unet_spec
 
 
 def _forward_flops(cfg, batch):
@@ -25,15 +25,16 @@ def _forward_flops(cfg, batch):
     return out
 
 
+@pytest.mark.slow
 def test_cpu_trace_of_the_tiny_net(tiny_cfg, tmp_path):
-    cfg = C.replace(tiny_cfg, local_batch_size=3)
+    cfg = config_mod.replace(tiny_cfg, local_batch_size=3)
     assert (
-        sb.main(
+        step_breakdown.main(
             [
                 "--config",
                 "cpu_tiny",
                 "--yaml_config",
-                str(C.DEFAULT_YAML),
+                str(config_mod.DEFAULT_YAML),
                 "--local_batch_size",
                 "3",
                 "--set",
@@ -55,13 +56,13 @@ def test_cpu_trace_of_the_tiny_net(tiny_cfg, tmp_path):
     result = json.loads((tmp_path / "breakdown.json").read_text())
     assert (tmp_path / "trace.json.gz").stat().st_size > 0 and "ENTRY" in (tmp_path / "hlo.txt").read_text()
     hlo = (tmp_path / "hlo.txt").read_text()
-    instrs = sb.parse_hlo(hlo)
-    convs = [i for i in instrs.values() if sb.is_conv(i)]
+    instrs = step_breakdown.parse_hlo(hlo)
+    convs = [i for i in instrs.values() if step_breakdown.is_conv(i)]
     want = _forward_flops(cfg, 3)
     got = {}
     for ins in convs:
-        flops, role = sb.conv_flops_and_role(ins, instrs, 3)
-        layer = sb.layer_of(ins, list(want))
+        flops, role = step_breakdown.conv_flops_and_role(ins, instrs, 3)
+        layer = step_breakdown.layer_of(ins, list(want))
         if role == "fwd":
             got[layer] = got.get(layer, 0) + flops
     assert got == want
@@ -72,11 +73,11 @@ def test_cpu_trace_of_the_tiny_net(tiny_cfg, tmp_path):
     # --from_dir re-reads the saved trace and HLO (also gzipped) to the same breakdown
     (tmp_path / "hlo.txt.gz").write_bytes(gzip.compress(hlo.encode()))
     (tmp_path / "hlo.txt").unlink()
-    assert sb.main(["--from_dir", str(tmp_path)]) == 0
+    assert step_breakdown.main(["--from_dir", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "breakdown.json").read_text())["totals"] == pytest.approx(t)
     assert result["layers"]["down1"]["dgrad"]["ms"] == 0  # no input gradient for the first layer
     assert result["kinds"]["Adam"]["ms"] > 0 and result["kinds"]["depth-to-space shuffles"]["ms"] > 0
-    again = sb.main(["--from_dir", str(tmp_path)])
+    again = step_breakdown.main(["--from_dir", str(tmp_path)])
     assert again == 0 and json.loads((tmp_path / "breakdown.json").read_text())["layers"] == result["layers"]
 
 
@@ -148,8 +149,8 @@ def _gpu_trace():
 
 
 def test_gpu_style_module_roles_flops_and_kinds():
-    cfg = C.load_config("base")
-    result = sb.breakdown(GPU_HLO, _gpu_trace(), 2, cfg, 64, "1 x NVIDIA H200")
+    cfg = config_mod.load_config("base")
+    result = step_breakdown.breakdown(GPU_HLO, _gpu_trace(), 2, cfg, 64, "1 x NVIDIA H200")
     down3 = result["layers"]["down3"]
     # forward output 64 x 8^3 x 128, kernel 2^3 x 256 x 128: 2 x 4194304 x 262144 / 128 FLOPs
     flops = 2 * (64 * 8**3 * 128) * (8 * 256 * 128) / 128
@@ -164,14 +165,14 @@ def test_gpu_style_module_roles_flops_and_kinds():
     t = result["totals"]
     assert t["span_ms"] == pytest.approx(0.95) and t["busy_ms"] == pytest.approx(0.9)
     assert t["kernel_ms"] == pytest.approx(0.9) and t["unmatched_ms"] == 0
-    assert "| down3 | 0.30 | 0.20 | 0.25 |" in sb.tables(result)
+    assert "| down3 | 0.30 | 0.20 | 0.25 |" in step_breakdown.tables(result)
 
 
 def test_a_trace_without_hlo_ops_is_one_error():
-    from shared_data.errors import UserError
+    from shared_data.core.errors import UserError
 
     with pytest.raises(UserError, match="no kernel events naming an HLO instruction"):
-        sb.kernel_times([{"ph": "X", "pid": 1, "ts": 0, "dur": 1, "name": "python"}], 1)
+        step_breakdown.kernel_times([{"ph": "X", "pid": 1, "ts": 0, "dur": 1, "name": "python"}], 1)
 
 
 def test_kernels_inside_a_command_buffer_map_to_their_fusions():
@@ -187,7 +188,7 @@ def test_kernels_inside_a_command_buffer_map_to_their_fusions():
     events = [meta, k("fwd", "cudnn_conv", 0, 300), k("command_buffer_2", "loop_add_fusion_3", 300, 40)]
     events += [k("command_buffer_2", "input_reduce_fusion_1", 340, 20), k("command_buffer_2", "memset", 360, 10)]
     instructions = {"fwd": None, "loop_add_fusion.3": None, "input_reduce_fusion.1": None}
-    per_op, totals = sb.kernel_times(events, 2, instructions)
+    per_op, totals = step_breakdown.kernel_times(events, 2, instructions)
     assert per_op == pytest.approx(
         {"fwd": 150e-6, "loop_add_fusion.3": 20e-6, "input_reduce_fusion.1": 10e-6, "command_buffer_2": 5e-6}
     )

@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared_data import config as C
-from tf_impl import data as D
+from shared_data.core import config as config_mod
+from tf_impl import data as data_mod
 from tf_impl import distribute
 
 
 def test_device_loader_matches_numpy_loader(tiny_cfg):
     # Nsamples_val=6 with a global batch of 4: 2 validation steps, the last one half padding
-    cfg = C.replace(tiny_cfg, data_loader_config="device", Nsamples=12, Nsamples_val=6)
+    cfg = config_mod.replace(tiny_cfg, data_loader_config="device", Nsamples=12, Nsamples_val=6)
     strategy = distribute.make_strategy()
     for split in ("train", "val"):
         dev, native = (
-            D.make_input(cfg, split, strategy),
-            D.make_input(C.replace(cfg, data_loader_config="lowmem"), split, strategy),
+            data_mod.make_input(cfg, split, strategy),
+            data_mod.make_input(config_mod.replace(cfg, data_loader_config="lowmem"), split, strategy),
         )
-        assert isinstance(dev, D.DeviceInput) and dev.steps == native.steps == (3 if split == "train" else 2)
+        assert isinstance(dev, data_mod.DeviceInput) and dev.steps == native.steps == (3 if split == "train" else 2)
         for epoch in (0, 1):
             got, want = list(dev.epoch(epoch)), list(native.epoch(epoch))
             assert len(got) == len(want)
@@ -27,4 +27,4 @@ def test_device_loader_matches_numpy_loader(tiny_cfg):
                 for k in ("inputs", "targets", "mask"):
                     np.testing.assert_array_equal(g[k].numpy(), w[k].numpy(), err_msg=f"{split} {epoch} {k}")
     assert w["mask"].numpy().tolist() == [1, 1, 0, 0]
-    assert len(set(D.make_input(cfg, "train", strategy).plan(0).draws[0].symmetries.tolist())) > 1
+    assert len(set(data_mod.make_input(cfg, "train", strategy).plan(0).draws[0].symmetries.tolist())) > 1

@@ -8,20 +8,22 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import run_in_process
 
-from shared_data import config as C
-from shared_data import unet_spec
-from shared_data.config import REPO_ROOT
-from shared_data.run import read_metrics
-from tf_impl import model as M
-from tf_impl import train as T
+from shared_data.core import config as config_mod
+from shared_data.core.config import REPO_ROOT
+from shared_data.model import unet_spec
+from shared_data.runtime.records import read_metrics
+from tf_impl import model as model_mod
+from tf_impl import train as train_mod
 
 
+@pytest.mark.slow
 def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     """Same run as the JAX test (30 steps, 6 epochs x 5, start_lr 5e-3): on CPU the epoch-mean
     training loss falls by about 40%; asserted with margin: at least 25% (validation 15%)."""
-    cfg = C.replace(tiny_cfg, Nsamples=20, num_epochs=6, start_lr=5e-3, tensorboard=True)
-    T.train_and_evaluate(cfg, tmp_path / "run")
+    cfg = config_mod.replace(tiny_cfg, Nsamples=20, num_epochs=6, start_lr=5e-3, tensorboard=True)
+    train_mod.train_and_evaluate(cfg, tmp_path / "run")
     hist = read_metrics(tmp_path / "run")
     assert [h["epoch"] for h in hist] == [1, 2, 3, 4, 5, 6] and hist[-1]["step"] == 30
     assert hist[-1]["train_loss"] < 0.75 * hist[0]["train_loss"], hist
@@ -29,23 +31,24 @@ def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 def test_resume_is_exact(tiny_cfg, tmp_path):
-    cfg = C.replace(tiny_cfg, Nsamples=12, num_epochs=2)
-    straight = M.params_to_canonical(T.train_and_evaluate(cfg, tmp_path / "straight")["model"])
-    T.train_and_evaluate(cfg, tmp_path / "split", stop_after_epoch=1)
+    cfg = config_mod.replace(tiny_cfg, Nsamples=12, num_epochs=2)
+    straight = model_mod.params_to_canonical(train_mod.train_and_evaluate(cfg, tmp_path / "straight")[0])
+    train_mod.train_and_evaluate(cfg, tmp_path / "split", stop_after_epoch=1)
     with pytest.raises(Exception, match="already holds checkpoints"):
-        T.train_and_evaluate(cfg, tmp_path / "split")
-    resumed = M.params_to_canonical(T.train_and_evaluate(cfg, tmp_path / "split", resume=True)["model"])
+        train_mod.train_and_evaluate(cfg, tmp_path / "split")
+    resumed = model_mod.params_to_canonical(train_mod.train_and_evaluate(cfg, tmp_path / "split", resume=True)[0])
     for k, v in straight.items():
         np.testing.assert_array_equal(resumed[k], v, err_msg=k)
     assert [h["epoch"] for h in read_metrics(tmp_path / "split")] == [1, 2]
 
 
 def _setup(cfg, weights):
-    model, opt = M.build_model(cfg), T.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
-    M.params_from_canonical(model, weights)
+    model, opt = model_mod.build_model(cfg), train_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
+    model_mod.params_from_canonical(model, weights)
     opt.build(model.trainable_variables)
-    return model, opt, tf.function(lambda b: T.train_step(model, opt, b, cfg, 1))
+    return model, opt, tf.function(lambda b: train_mod.train_step(model, opt, b, cfg, 1))
 
 
 def _batch(bad=False, seed=0):
@@ -57,22 +60,26 @@ def _batch(bad=False, seed=0):
     return {"inputs": tf.constant(x), "targets": tf.constant(y), "mask": tf.ones(2)}
 
 
+@pytest.mark.slow
 def test_mixed_float16_scale_adapts_and_nonfinite_skips(tiny_cfg):
-    cfg = C.replace(tiny_cfg, enable_amp=True, amp_dtype="float16", loss_scale_init=1024.0, loss_scale_period=2)
+    cfg = config_mod.replace(
+        tiny_cfg, enable_amp=True, amp_dtype="float16", loss_scale_init=1024.0, loss_scale_period=2
+    )
     model, opt, step = _setup(cfg, unet_spec.init_weights(cfg, 0))
-    before = M.params_to_canonical(model)
+    before = model_mod.params_to_canonical(model)
     m = step(_batch(bad=True))
     assert float(m["loss_scale"]) == 512.0
-    after = M.params_to_canonical(model)
+    after = model_mod.params_to_canonical(model)
     assert all(np.array_equal(after[k], before[k]) for k in before)
     step(_batch())
-    assert not np.array_equal(M.params_to_canonical(model)["last/kernel"], before["last/kernel"])
+    assert not np.array_equal(model_mod.params_to_canonical(model)["last/kernel"], before["last/kernel"])
     assert float(opt.dynamic_scale) == 512.0
     step(_batch())  # the 2nd consecutive finite step doubles the scale
     assert float(opt.dynamic_scale) == 1024.0
     assert all(v.dtype == "float32" for v in model.trainable_variables)
 
 
+@pytest.mark.slow
 def test_one_fp32_step_matches_jax(tiny_cfg):
     """Same weights, same batch, one Adam step at lr 1e-3 in each framework. The losses agree within
     1e-5 (relative). The updates are checked against Adam's first step written from JAX's gradient g:
@@ -82,24 +89,24 @@ def test_one_fp32_step_matches_jax(tiny_cfg):
     import jax
     import jax.numpy as jnp
 
-    from jax_impl import model as JM
-    from jax_impl import train as JT
+    from jax_impl import model as jax_model
+    from jax_impl import train as jax_train
 
     lr, eps, b2 = 1e-3, 1e-8, 0.999
     weights = unet_spec.init_weights(tiny_cfg, 5)
     batch = _batch(seed=3)
     model, _, step = _setup(tiny_cfg, weights)
     loss_tf = float(step(batch)["loss"])
-    new_tf = M.params_to_canonical(model)
-    jmodel = JM.build_model(tiny_cfg)
-    tx = JT.make_optimizer(np.full(8, lr, np.float32))
-    params = JM.params_from_canonical(weights)
-    state = JT.create_train_state(tiny_cfg, params, tx)
+    new_tf = model_mod.params_to_canonical(model)
+    jmodel = jax_model.build_model(tiny_cfg)
+    tx = jax_train.make_optimizer(np.full(8, lr, np.float32))
+    params = jax_model.params_from_canonical(weights)
+    state = jax_train.create_train_state(tiny_cfg, params, tx)
     jbatch = {k: jnp.asarray(v.numpy()) for k, v in batch.items()}
-    state, m = jax.jit(lambda s, b: JT.train_step(s, b, model=jmodel, tx=tx, cfg=tiny_cfg))(state, jbatch)
-    new_jax = JM.params_to_canonical(jax.device_get(state.params))
-    grads = JM.params_to_canonical(
-        jax.grad(lambda p: JT.loss_fn(jmodel.apply({"params": p}, jbatch["inputs"]), jbatch, tiny_cfg))(params)
+    state, m = jax.jit(lambda s, b: jax_train.train_step(s, b, model=jmodel, tx=tx, cfg=tiny_cfg))(state, jbatch)
+    new_jax = jax_model.params_to_canonical(jax.device_get(state.params))
+    grads = jax_model.params_to_canonical(
+        jax.grad(lambda p: jax_train.loss_fn(jmodel.apply({"params": p}, jbatch["inputs"]), jbatch, tiny_cfg))(params)
     )
     assert abs(loss_tf - float(m["loss"])) < 1e-5 * abs(loss_tf)
     for k, g in grads.items():
@@ -111,7 +118,7 @@ def test_one_fp32_step_matches_jax(tiny_cfg):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "tf_impl.train", *args], capture_output=True, text=True, cwd=REPO_ROOT)
+    return run_in_process(train_mod.main, list(args))
 
 
 def test_cli_help_and_user_errors(tmp_path):
@@ -124,12 +131,14 @@ def test_cli_help_and_user_errors(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_tf_impl_imports_without_jax():
     """With JAX made unimportable, every tf_impl module (and the shared inference modules) still
     imports (TensorFlow itself probes for JAX in tf.lite and tolerates its absence)."""
     code = (
         "import sys; sys.modules['jax'] = None\nimport tf_impl.train, tf_impl.data, tf_impl.model, tf_impl.distribute\n"
-        "import tf_impl.predict, tf_impl.export, shared_data.predict, shared_data.export, shared_data.validate"
+        "import tf_impl.predict, tf_impl.export\n"
+        "import shared_data.inference.predict, shared_data.inference.export, shared_data.inference.validate"
     )
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

@@ -1,4 +1,5 @@
-"""TF's steps exported as StableHLO and run by JAX's XLA (tf_impl.export_hlo -> compare.tf_xla): the
+"""The study experiments/h200_tf_xla: TF's steps exported as StableHLO and run by JAX's XLA
+(export_hlo.py -> tf_xla.py there): the
 exported train and eval steps equal TF's own, fp32 and bf16; the SYNTHETIC bench feeds the donated
 variables back; the benchmark record has the other rows' schema; the GPU check script passes on CPU;
 a missing or altered export is one error line."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import types
@@ -14,15 +16,23 @@ import types
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import assert_one_error_line
 
-from compare import benchmark, tf_xla
-from shared_data import config as C
-from shared_data import loader, unet_spec
-from shared_data import xla_export as fmt
-from shared_data.config import REPO_ROOT
-from shared_data.errors import UserError
-from tf_impl import export_hlo
-from tf_impl import model as M
+from dlas_compare import benchmark
+from shared_data.core import config as config_mod
+from shared_data.core.config import REPO_ROOT
+from shared_data.core.errors import UserError
+from shared_data.data import host_batches
+from shared_data.model import unet_spec
+from tf_impl import model as model_mod
+
+STUDY = REPO_ROOT / "experiments" / "h200_tf_xla"
+sys.path.insert(0, str(STUDY))
+import export_hlo  # noqa: E402
+import tf_xla  # noqa: E402
+import xla_export as fmt  # noqa: E402
+
+pytestmark = pytest.mark.study
 
 _EXPORTS: dict[str, types.SimpleNamespace] = {}
 
@@ -32,14 +42,14 @@ def _export(precision, tiny_cfg, tmp_path_factory):
     weights 5 x the canonical init (std 0.1: the tiny net's output is then of the targets' size, so
     the loss depends on the net, not only on the targets)."""
     if precision not in _EXPORTS:
-        cfg = C.replace(tiny_cfg, enable_amp=precision != "float32")
+        cfg = config_mod.replace(tiny_cfg, enable_amp=precision != "float32")
         folder = tmp_path_factory.mktemp(f"export_{precision}")
         built = export_hlo.build_steps(cfg)
         model, optimizer, train_fn, eval_fn, _ = built
         weights = {k: 5 * v for k, v in unet_spec.init_weights(cfg, 7).items()}
-        M.params_from_canonical(model, weights)
+        model_mod.params_from_canonical(model, weights)
         manifest = export_hlo.export(cfg, folder, built)
-        batch = loader.synthetic_batch(cfg, cfg.global_batch_size, seed=1)
+        batch = host_batches.synthetic_batch(cfg, cfg.global_batch_size, seed=1)
         tf_batch = {k: tf.constant(v) for k, v in batch.items()}
         tf_eval = {k: float(v) for k, v in eval_fn(tf_batch).items()}
         tf_loss = float(train_fn(tf_batch)["loss"])
@@ -150,8 +160,8 @@ class _NoWork:
 def test_benchmark_record_has_the_schema_of_the_other_rows(fp32_export, tmp_path):
     ex = fp32_export
     out = tmp_path / "r.jsonl"
-    argv = ["--framework", "tf-xla", "--config", "cpu_tiny", "--no-enable_amp", "--tf_xla_export", str(ex.folder)]
-    assert benchmark.main([*argv, "--warmup", "1", "--steps", "2", "--windows", "2", "--out", str(out)]) == 0
+    argv = ["--config", "cpu_tiny", "--no-enable_amp", "--tf_xla_export", str(ex.folder)]
+    assert tf_xla.main([*argv, "--warmup", "1", "--steps", "2", "--windows", "2", "--out", str(out)]) == 0
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert set(record) == set(benchmark.run_bench(_NoWork(), ex.cfg, "synthetic", 0, 1, 1))
     assert (record["framework"], record["mode"], record["loader"]) == ("tf-xla", "synthetic", "cached device batch")
@@ -161,7 +171,7 @@ def test_benchmark_record_has_the_schema_of_the_other_rows(fp32_export, tmp_path
 
 
 def _check_script():
-    spec = importlib.util.spec_from_file_location("check_tf_xla", REPO_ROOT / "scripts" / "gpu" / "check_tf_xla.py")
+    spec = importlib.util.spec_from_file_location("check_tf_xla", STUDY / "check_tf_xla.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -183,7 +193,7 @@ def test_gpu_check_comparison_accepts_keras_adam_and_flags_a_wrong_gradient():
     optax's on the same g (eps placed differently) passes; a 1% error in one layer's gradient, or an
     update of the wrong sign on 1% of one layer's entries, fails that layer alone."""
     check = _check_script()
-    cfg = C.load_config("cpu_tiny")
+    cfg = config_mod.load_config("cpu_tiny")
     rng = np.random.default_rng(0)
     w0 = unet_spec.init_weights(cfg, 0)
     lr, b1, b2, eps = 1e-3, 0.9, 0.999, 1e-8
@@ -212,49 +222,43 @@ def test_gpu_check_comparison_accepts_keras_adam_and_flags_a_wrong_gradient():
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, env=env)
 
 
-def _one_error_line(res, *texts):
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    lines = [line for line in res.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and all(t in lines[0] for t in texts), res.stderr[-2000:]
-
-
-def test_missing_or_altered_export_is_one_error_line(fp32_export, tmp_path):
-    bench = ["-m", "compare.benchmark", "--framework", "tf-xla", "--config", "cpu_tiny", "--no-enable_amp"]
+def test_missing_or_altered_export_isassert_one_error_line(fp32_export, tmp_path):
+    bench = [str(STUDY / "tf_xla.py"), "--config", "cpu_tiny", "--no-enable_amp"]
     missing = tmp_path / "nowhere"
-    _one_error_line(
+    assert_one_error_line(
         _run(*bench, "--tf_xla_export", str(missing)),
         f"no export folder {missing}",
-        "python -m tf_impl.export_hlo --config cpu_tiny --no-enable_amp --global_batch_size 4",
-    )
-    _one_error_line(_run(*bench, "--mode", "io", "--tf_xla_export", str(fp32_export.folder)), "only synthetic")
-    _one_error_line(
-        _run("-m", "compare.benchmark", "--framework", "jax", "--tf_xla_export", "x"), "option of --framework tf-xla"
+        "python experiments/h200_tf_xla/export_hlo.py --config cpu_tiny --no-enable_amp --global_batch_size 4",
     )
     altered = tmp_path / "altered"
     altered.mkdir()
     for f in fp32_export.folder.iterdir():
         (altered / f.name).write_bytes(f.read_bytes())
     (altered / "train_step.mlir").write_text((altered / "train_step.mlir").read_text() + "\n")
-    _one_error_line(_run(*bench, "--tf_xla_export", str(altered)), "train_step.mlir is not the file", "re-export")
-    amp = ["-m", "compare.benchmark", "--framework", "tf-xla", "--config", "cpu_tiny", "--enable_amp"]
-    _one_error_line(_run(*amp, "--tf_xla_export", str(fp32_export.folder)), "exported for enable_amp=False")
-    _one_error_line(
-        _run("scripts/gpu/check_tf_xla.py", "--config", "cpu_tiny", "--tf_xla_export", str(missing)), "no export folder"
+    assert_one_error_line(_run(*bench, "--tf_xla_export", str(altered)), "train_step.mlir is not the file", "re-export")
+    amp = [str(STUDY / "tf_xla.py"), "--config", "cpu_tiny", "--enable_amp"]
+    assert_one_error_line(_run(*amp, "--tf_xla_export", str(fp32_export.folder)), "exported for enable_amp=False")
+    assert_one_error_line(
+        _run(str(STUDY / "check_tf_xla.py"), "--config", "cpu_tiny", "--tf_xla_export", str(missing)),
+        "no export folder",
     )
 
 
 def test_the_jax_side_imports_no_tensorflow_and_the_tf_side_no_jax():
-    """compare.tf_xla and the check script run where only JAX is installed; the exporter where only TF is."""
+    """tf_xla.py and the check script run where only JAX is installed; the exporter where only TF is."""
     no_tf = (
-        "import sys, runpy; sys.modules['tensorflow'] = None; import compare.tf_xla, compare.benchmark; "
-        "sys.argv = ['check', '--help']; runpy.run_path('scripts/gpu/check_tf_xla.py', run_name='__main__')"
+        f"import sys, runpy; sys.path.insert(0, {str(STUDY)!r}); sys.modules['tensorflow'] = None; "
+        "import tf_xla, dlas_compare.benchmark; "
+        f"sys.argv = ['check', '--help']; runpy.run_path({str(STUDY / 'check_tf_xla.py')!r}, run_name='__main__')"
     )
     res = _run("-c", no_tf)
     assert res.returncode == 0 and "--tf_xla_export" in res.stdout, res.stderr[-2000:]
-    res = _run("-c", "import sys; sys.modules['jax'] = None; import tf_impl.export_hlo, shared_data.xla_export")
+    no_jax = f"import sys; sys.path.insert(0, {str(STUDY)!r}); sys.modules['jax'] = None; import export_hlo, xla_export"
+    res = _run("-c", no_jax)
     assert res.returncode == 0, res.stderr[-2000:]
 
 

@@ -9,7 +9,11 @@ import os
 import subprocess
 import sys
 
-from shared_data.config import REPO_ROOT
+import pytest
+
+from shared_data.core.config import REPO_ROOT
+
+pytestmark = pytest.mark.slow
 
 
 def test_recipe_smoke_on_cpu(tmp_path):

@@ -10,9 +10,9 @@ import h5py
 import numpy as np
 import pytest
 
-from shared_data import cosmology, generate
-from shared_data import validate as V
-from shared_data.errors import DatasetError, run_cli
+from shared_data.core.errors import DatasetError, run_cli
+from shared_data.data import cosmology, generate
+from shared_data.inference import validate
 
 L, VOXEL, T0, GAMMA = 32, 0.5, 1.0e4, 1.6
 NOISE = 0.1  # std of the white noise added to rho / <rho> in the "prediction"
@@ -101,9 +101,10 @@ def _delta(stored, scale=14.0):
     return rho / rho.mean() - 1
 
 
+@pytest.mark.slow
 def test_spectra_and_r_match_numpy_and_the_noise_model(tmp_path, fields):
     pred_path, truth_path = _pair(tmp_path, fields)
-    m = V.validate_files(pred_path, truth_path, tmp_path / "out")
+    m = validate.validate_files(pred_path, truth_path, tmp_path / "out")
     s = m["power"]["gas_density"]
     with h5py.File(truth_path) as f, h5py.File(pred_path) as g:
         dt, dp = _delta(f["Hydro"][0]), _delta(g["Hydro"][0])
@@ -157,10 +158,10 @@ def test_spectra_and_r_match_numpy_and_the_noise_model(tmp_path, fields):
 
 def test_units_come_from_the_attributes(tmp_path, fields):
     """A box twice as large: k halves, P (in (Mpc/h)^3) grows 8 times, r and the ratio are unchanged."""
-    a = V.validate_files(*_pair(tmp_path, fields), tmp_path / "a", plot=False)
+    a = validate.validate_files(*_pair(tmp_path, fields), tmp_path / "a", plot=False)
     big = _attrs(box=2 * L * VOXEL)
     (tmp_path / "b").mkdir()
-    b = V.validate_files(*_pair(tmp_path / "b", fields, big, big), tmp_path / "b", plot=False)
+    b = validate.validate_files(*_pair(tmp_path / "b", fields, big, big), tmp_path / "b", plot=False)
     sa, sb = a["power"]["gas_density"], b["power"]["gas_density"]
     np.testing.assert_allclose(sb["k"], np.asarray(sa["k"]) / 2, rtol=1e-12)
     np.testing.assert_allclose(sb["P_true"], np.asarray(sa["P_true"]) * 8, rtol=1e-12)
@@ -169,7 +170,7 @@ def test_units_come_from_the_attributes(tmp_path, fields):
     # the temperature scale of a file that states it only in its transforms text
     old = _attrs(drop=("temperature_scale", "velocity_scale_km_s"))
     (tmp_path / "c").mkdir()
-    c = V.validate_files(*_pair(tmp_path / "c", fields, old, old), tmp_path / "c", plot=False)
+    c = validate.validate_files(*_pair(tmp_path / "c", fields, old, old), tmp_path / "c", plot=False)
     assert c["units_sources"]["temperature_scale"] == "truth.h5:transforms['temperature']"
     assert c["power"]["gas_temperature"]["r_pred"] == a["power"]["gas_temperature"]["r_pred"]
 
@@ -188,42 +189,44 @@ def test_missing_attribute_is_an_error_naming_the_flag(tmp_path, fields, drop, f
     bare = _attrs(drop=drop)
     pred, truth = _pair(tmp_path, fields, bare, bare)
     with pytest.raises(DatasetError, match=f"no attribute '{drop[0]}' .*--{flag.replace('temperature_T0', 'T0')}"):
-        V.validate_files(pred, truth, tmp_path / "out", plot=False)
-    m = V.validate_files(pred, truth, tmp_path / "out", {flag: value}, plot=False)
+        validate.validate_files(pred, truth, tmp_path / "out", plot=False)
+    m = validate.validate_files(pred, truth, tmp_path / "out", {flag: value}, plot=False)
     assert m["units_sources"][flag] == f"flag --{flag.replace('temperature_T0', 'T0')}"
     assert m["side"] == L
 
 
+@pytest.mark.slow
 def test_files_that_disagree_and_cli_errors(tmp_path, fields, capsys):
     pred, truth = _pair(tmp_path, fields, _attrs(), _attrs(box=99.0))
     with pytest.raises(DatasetError, match="'box_size_mpc_h' differs between the files"):
-        V.validate_files(pred, truth, tmp_path / "out", plot=False)
+        validate.validate_files(pred, truth, tmp_path / "out", plot=False)
     pred, truth = _pair(tmp_path, fields)
     with h5py.File(pred, "r+") as f:
         hydro = f["Hydro"][:4]
         del f["Hydro"]
         f.create_dataset("Hydro", data=hydro)
     with pytest.raises(DatasetError, match=r"Hydro \(4, 32, 32, 32\) differs from the truth's \(5, 32, 32, 32\)"):
-        V.validate_files(pred, truth, tmp_path / "out", plot=False)
+        validate.validate_files(pred, truth, tmp_path / "out", plot=False)
     gamma_less = _attrs(drop=("igm_gamma",))
     pred, truth = _pair(tmp_path, fields, gamma_less, gamma_less)
-    m = V.validate_files(pred, truth, tmp_path / "out", plot=False)
+    m = validate.validate_files(pred, truth, tmp_path / "out", plot=False)
     assert m["l1"]["gas_temperature"]["baseline"] is None and "r_baseline" not in m["power"]["gas_temperature"]
     bare = _attrs(drop=("box_size_mpc_h",))
     pred, truth = _pair(tmp_path, fields, bare, bare)
-    assert run_cli(V.main, ["--pred", str(pred), "--truth", str(truth), "--out", str(tmp_path / "o")]) == 2
+    assert run_cli(validate.main, ["--pred", str(pred), "--truth", str(truth), "--out", str(tmp_path / "o")]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(err) == 1 and "no attribute 'box_size_mpc_h'" in err[0] and "--voxel_size" in err[0]
     argv = ["--pred", str(pred), "--truth", str(truth), "--out", str(tmp_path / "o"), "--voxel_size", "0.5"]
-    assert run_cli(V.main, argv) == 0
+    assert run_cli(validate.main, argv) == 0
 
 
+@pytest.mark.slow
 def test_tf_and_jax_predictions_give_the_same_metrics(tiny_cfg, data_dir, tmp_path):
     """The same canonical weights in both frameworks: predictions within float32 round-off, so L1
     within 1e-5 relative, P ratio and r(k) within 1e-4 per bin, PDF distances within 2e-3 (a voxel
     or two may land in a neighbouring histogram bin)."""
     from jax_impl import predict as jax_predict
-    from shared_data import unet_spec
+    from shared_data.model import unet_spec
     from tf_impl import predict as tf_predict
 
     w = {k: v * 8 if k.endswith("kernel") else v + 0.01 for k, v in unet_spec.init_weights(tiny_cfg, 3).items()}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from shared_data.config import REPO_ROOT
-from shared_data.xla_flags import DEFAULT_XLA_FLAGS, apply_default_xla_flags, default_xla_flags_off
+from shared_data.core.config import REPO_ROOT
+from shared_data.runtime.xla_flags import DEFAULT_XLA_FLAGS, apply_default_xla_flags, default_xla_flags_off
 
 
 def test_defaults_are_appended_once_and_user_values_win():

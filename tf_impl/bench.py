@@ -1,4 +1,4 @@
-"""TensorFlow side of the benchmark modes (the tutorial's "benchy"), driven by :mod:`compare.benchmark`.
+"""TensorFlow side of the benchmark modes (the tutorial's "benchy"), driven by :mod:`dlas_compare.benchmark`.
 
 IO: the input pipeline alone, each batch ready on the devices. SYNTHETIC: train steps on one cached
 device batch. FULL: train steps on the real input pipeline.
@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from shared_data import loader, schedule, unet_spec
-from shared_data.config import Config, batch_sizes
+from shared_data.core.config import Config, batch_sizes
+from shared_data.data import host_batches
+from shared_data.model import schedule, unet_spec
 from tf_impl import data as data_mod
 from tf_impl import distribute
 from tf_impl import model as model_mod
@@ -23,7 +24,7 @@ class Bench:
     framework = "tf"
 
     def __init__(self, cfg: Config, mode: str, num_devices: int | None = None):
-        train_mod.configure_xla(cfg)
+        distribute.configure_xla(cfg)
         self.cfg, self.mode = cfg, mode
         self.strategy = distribute.make_strategy(num_devices)
         self.replicas = distribute.num_replicas(self.strategy)
@@ -31,7 +32,7 @@ class Bench:
         self.compile_sec = 0.0
         self._out = None
         if mode in ("io", "full"):
-            self.batches = loader.forever(data_mod.make_input(cfg, "train", self.strategy))
+            self.batches = host_batches.forever(data_mod.make_input(cfg, "train", self.strategy))
         if mode in ("synthetic", "full"):
             with self.strategy.scope():
                 model = model_mod.build_model(cfg)
@@ -41,7 +42,7 @@ class Bench:
             spec = data_mod.batch_spec(cfg, self.strategy)
             self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, self.strategy, model, optimizer, spec)
         if mode == "synthetic":
-            host = loader.synthetic_batch(cfg, local_batch)
+            host = host_batches.synthetic_batch(cfg, local_batch)
             self.batch = distribute.per_replica(self.strategy, lambda: {k: tf.constant(v) for k, v in host.items()})
 
     def step(self) -> None:
@@ -59,10 +60,10 @@ class Bench:
                 np.asarray(tf.reshape(part, [-1])[:1])
 
     def peak_memory_bytes(self) -> int | None:
-        return train_mod.peak_memory_bytes()
+        return distribute.peak_memory_bytes()
 
     def versions(self) -> dict:
-        return train_mod.versions()
+        return distribute.versions()
 
     def device_name(self) -> str:
         return f"{self.replicas} x {distribute.device_kind()}"

@@ -1,4 +1,4 @@
-"""DALI input for TensorFlow: the shared pipelines (:mod:`shared_data.dali_pipelines`) through
+"""DALI input for TensorFlow: the shared pipelines (:mod:`shared_data.data.dali_pipelines`) through
 ``nvidia.dali.plugin.tf.experimental.DALIDatasetWithInputs``, one dataset per replica.
 
 The per-step crop starts and symmetry parameters enter as ``tf.data`` input datasets made from the
@@ -19,11 +19,12 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow as tf
 
-from shared_data import dali_pipelines as dp
-from shared_data import dataset, loader, loaders
-from shared_data.config import Config, batch_sizes
-from shared_data.readers import H5LowMemReader
-from shared_data.sampler import SPLITS
+from shared_data.core import loader_kinds
+from shared_data.core.config import Config, batch_sizes
+from shared_data.data import dali_pipelines as dp
+from shared_data.data import dataset, host_batches
+from shared_data.data.crop_readers import H5LowMemReader
+from shared_data.data.sampler import SPLITS
 from tf_impl import distribute
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class DaliInput:
     """Batches of one split from DALI, one ``DALIDatasetWithInputs`` per replica and epoch:
     ``steps`` per epoch, ``epoch(e)`` an iterator (the contract of :class:`tf_impl.data.Input`)."""
 
-    def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy):
+    def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0):
         dp.require_dali()
         import nvidia.dali.plugin.tf as dali_tf
 
@@ -47,13 +48,14 @@ class DaliInput:
         self.gpus = tf.config.list_logical_devices("GPU")
         if not self.gpus:
             log.info("DALI %s/%s: no GPU, CPU-only pipelines (device_id=None)", cfg.data_loader_config, split)
-        kind = loaders.loader_kind(cfg)
+        kind = loader_kinds.loader_kind(cfg)
         self.volumes = dp.load_volumes(self.path, cfg) if kind.device_volumes else None
         self.crops_outside = kind.crops_outside_dali
         self.steps = len(self.plan(0, self.shards))
+        self.cursor = host_batches.EpochCursor(self.split, first_epoch)
 
-    def plan(self, epoch: int, shards: list[int]) -> loader.EpochPlan:
-        return loader.make_plan(self.cfg, self.split, epoch, shards, self.replicas, self.reader.size)
+    def plan(self, epoch: int, shards: list[int]) -> host_batches.EpochPlan:
+        return host_batches.make_plan(self.cfg, self.split, epoch, shards, self.replicas, self.reader.size)
 
     def dataset(self, epoch: int, shard: int) -> Iterator[dict]:
         """One replica's batches of ``epoch`` from a DALI pipeline fed by its plan."""
@@ -90,6 +92,7 @@ class DaliInput:
 
     def epoch(self, epoch: int) -> Iterator:
         """Batches of ``epoch``: plain dicts with one replica, per-replica values with several."""
+        self.cursor.advance(epoch)
         iters = [iter(self.dataset(epoch, r)) for r in self.shards]
         return distribute.replica_batches(self.strategy, self.shards, iters, self.steps)
 

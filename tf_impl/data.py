@@ -3,7 +3,7 @@ device-resident ``device`` loader, and DALI.
 
 ``make_input(cfg, split, strategy)`` returns an :class:`Input` whose ``epoch(e)`` iterates that
 epoch's batches, distributed over the strategy's replicas. The crop and symmetry logic is the
-shared one (:func:`shared_data.loader.NumpyLoader.load`), run in parallel by ``tf.data``'s map.
+shared one (:func:`shared_data.data.host_batches.NumpyLoader.load`), run in parallel by ``tf.data``'s map.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow as tf
 
-from shared_data import loader, loaders, readers
-from shared_data.config import Config, batch_sizes
-from shared_data.sampler import SPLITS
+from shared_data.core import loader_kinds
+from shared_data.core.config import Config, batch_sizes
+from shared_data.data import crop_readers, host_batches
+from shared_data.data.sampler import SPLITS
 from tf_impl import distribute
 
 
@@ -25,17 +26,19 @@ class Input:
 
     def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy):
         self.cfg, self.split, self.strategy = cfg, SPLITS[split], strategy
-        self.reader = readers.make_reader(cfg, split)
+        self.reader = crop_readers.make_reader(cfg, split)
         self.shards = distribute.local_shards(strategy)
         self.replicas = distribute.num_replicas(strategy)
         self.steps = len(self.plan(0))
 
-    def plan(self, epoch: int, shards: list[int] | None = None) -> loader.EpochPlan:
-        return loader.make_plan(self.cfg, self.split, epoch, shards or self.shards, self.replicas, self.reader.size)
+    def plan(self, epoch: int, shards: list[int] | None = None) -> host_batches.EpochPlan:
+        return host_batches.make_plan(
+            self.cfg, self.split, epoch, shards or self.shards, self.replicas, self.reader.size
+        )
 
     def dataset(self, epoch: int, shard: int) -> tf.data.Dataset:
         """One replica's batches of ``epoch``: (B_local, s, s, s, C) dicts, read in parallel, prefetched."""
-        source = loader.NumpyLoader(self.reader, self.plan(epoch, [shard]), self.cfg)
+        source = host_batches.NumpyLoader(self.reader, self.plan(epoch, [shard]), self.cfg)
         cfg, s = self.cfg, self.cfg.crop_size
 
         def load(step):
@@ -66,13 +69,13 @@ class Input:
 
 def make_input(cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0):
     """The input pipeline of ``cfg.data_loader_config`` for ``split`` (``"train"`` / ``"val"``);
-    ``first_epoch`` is accepted for symmetry with JAX (TF datasets are built per epoch)."""
-    del first_epoch
-    kind = loaders.loader_kind(cfg)
+    ``first_epoch`` is where a resumed run starts (the input protocol,
+    :class:`shared_data.data.host_batches.EpochCursor`; DALI inputs hold it)."""
+    kind = loader_kinds.loader_kind(cfg)
     if kind.dali:
         from tf_impl.dali import DaliInput
 
-        return DaliInput(cfg, split, strategy)
+        return DaliInput(cfg, split, strategy, first_epoch)
     if kind.device_volumes:
         return DeviceInput(cfg, split, strategy)
     return Input(cfg, split, strategy)
@@ -131,7 +134,7 @@ class DeviceInput(Input):
 
     def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy):
         super().__init__(cfg, split, strategy)
-        host, static = loader.device_gather_setup(self.reader, cfg)
+        host, static = host_batches.device_gather_setup(self.reader, cfg)
         self.devices = list(strategy.extended.worker_devices) if self.replicas > 1 else [_default_device()]
         self.volumes = []
         for d in self.devices:

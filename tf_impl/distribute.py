@@ -4,6 +4,10 @@ One host: ``MirroredStrategy`` over its GPUs (or logical CPU devices for tests).
 ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` or the SLURM cluster resolver. A single device
 uses the default strategy, so the same loop runs everywhere. Replica ``r`` of the strategy is data
 shard ``r``, as in :mod:`jax_impl.distribute`.
+
+The devices' other business lives here too: :func:`configure_xla`, the one place that sets XLA
+options, and the facts a record carries about the devices (:func:`banner`, :func:`versions`,
+:func:`peak_memory_bytes`), as in :mod:`jax_impl.distribute`.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 
+import keras
 import tensorflow as tf
 
-from shared_data.errors import UserError
+from shared_data.core.config import Config
+from shared_data.core.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -138,3 +144,51 @@ def split_cpu(n: int) -> None:
     Must run before TensorFlow initialises its devices."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+
+
+# --- compilation: the one place that sets XLA options -------------------------------------------
+
+
+def configure_xla(cfg: Config) -> dict:
+    """The one place that sets TF/XLA options; returns what was set (logged by the run).
+
+    XLA compiles only where asked (the steps' ``jit_compile=enable_jit``). TF's persistent
+    compilation cache (``--tf_xla_persistent_cache_directory``, read at the first compilation)
+    goes in ``<xla_cache_dir>/tf`` unless ``TF_XLA_FLAGS`` names one: a second run of the same
+    config loads its executables instead of compiling them.
+    """
+    tf.config.optimizer.set_jit(False)
+    flags = os.environ.get("TF_XLA_FLAGS", "")
+    if cfg.xla_cache_dir and "tf_xla_persistent_cache_directory" not in flags:
+        cache = cfg.resolve_path(cfg.xla_cache_dir) / "tf"
+        os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={cache}".strip()
+    return {
+        "jit_compile": cfg.enable_jit,
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+        "TF_XLA_FLAGS": os.environ.get("TF_XLA_FLAGS", ""),
+    }
+
+
+# --- device facts: what a record says about where it ran ---------------------------------------------
+
+
+def banner() -> str:
+    """The first log line's framework and version."""
+    return f"TensorFlow {tf.__version__} (Keras {keras.__version__})"
+
+
+def versions() -> dict:
+    """Library versions, devices and backend, recorded by runs, benchmarks, predictions and exports."""
+    return {
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "devices": [d.name for d in tf.config.list_logical_devices()],
+        "backend": "gpu" if tf.config.list_logical_devices("GPU") else "cpu",
+    }
+
+
+def peak_memory_bytes() -> int | None:
+    """Peak bytes in use on the first GPU, if there is one."""
+    if not tf.config.list_logical_devices("GPU"):
+        return None
+    return tf.config.experimental.get_memory_info("GPU:0")["peak"]

@@ -12,7 +12,7 @@ Writes, for input float32 (B, s, s, s, N_in) NDHWC with a free batch ``B`` and `
 * ``DIR/unet.keras``: the Keras model file; ``keras.models.load_model("DIR/unet.keras")`` loads it
   once :mod:`tf_impl.model` is imported (its layers are registered as serializable there).
 
-Mirrors :mod:`jax_impl.export`; flags, weights and ``DIR/export.json`` are :mod:`shared_data.export`.
+Mirrors :mod:`jax_impl.export`; flags, weights and ``DIR/export.json`` are :mod:`shared_data.inference.export`.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import numpy as np
 
-from shared_data import config as config_mod
-from shared_data import export as export_mod
-from shared_data.config import Config
-from shared_data.errors import run_cli
-from shared_data.files import atomic_dir, atomic_path
+from shared_data.core import config as config_mod
+from shared_data.core.config import Config
+from shared_data.core.errors import run_cli
+from shared_data.core.files import atomic_dir, atomic_path
+from shared_data.inference import export as export_mod
+from tf_impl import distribute
 from tf_impl import model as model_mod
 from tf_impl import predict as predict_tf
 
@@ -56,14 +57,14 @@ def export(cfg: Config, weights: dict[str, np.ndarray], out: Path, size: int) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tf_impl.export``: the shared command line (:func:`shared_data.export.main`)."""
+    """``python -m tf_impl.export``: the shared command line (:func:`shared_data.inference.export.main`)."""
     return export_mod.main(
         FRAMEWORK,
         argv,
-        banner=predict_tf.banner(),
+        banner=distribute.banner(),
         load_weights=predict_tf.load_weights,
         export=export,
-        versions=predict_tf.versions,
+        versions=distribute.versions,
     )
 
 

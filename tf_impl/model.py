@@ -1,4 +1,4 @@
-"""The U-Net in Keras 3 (TensorFlow backend), channels-last NDHWC; see :mod:`shared_data.unet_spec`.
+"""The U-Net in Keras 3 (TensorFlow backend), channels-last NDHWC; see :mod:`shared_data.model.unet_spec`.
 
 Mirrors :mod:`jax_impl.model` function by function: the same layer names (``down1`` ... ``last``),
 the same canonical (4, 4, 4, C_in, C_out) kernels, the same ``downconv`` (``space_to_depth`` /
@@ -18,8 +18,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shared_data.config import Config
-from shared_data.unet_spec import KERNEL, PHASE_TAPS, conv_method, encoder_widths
+from shared_data.core.config import Config
+from shared_data.model.unet_spec import KERNEL, PHASE_TAPS, conv_method, encoder_widths
 
 #: Keras' registered-name prefix of the custom layers (``dlas_cosmo>DownConv``): a ``.keras`` file of
 #: the model loads with ``keras.models.load_model`` once this module is imported.

@@ -3,7 +3,7 @@
 
 Mirrors :mod:`jax_impl.predict`: only the TensorFlow part lives here (load canonical weights or a
 run's latest checkpoint, apply the Keras model to batches of windows); reading, padding, tiling,
-stitching, the output file and the log lines are :mod:`shared_data.predict`.
+stitching, the output file and the log lines are :mod:`shared_data.inference.predict`.
 """
 
 from __future__ import annotations
@@ -14,37 +14,36 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras
 import numpy as np
 import tensorflow as tf
 
-from shared_data import config as config_mod
-from shared_data import predict as predict_mod
-from shared_data.config import Config
-from shared_data.errors import run_cli
+from shared_data.core import config as config_mod
+from shared_data.core.config import Config
+from shared_data.core.errors import run_cli
+from shared_data.inference import predict as predict_mod
+from tf_impl import distribute
 from tf_impl import model as model_mod
+from tf_impl.checkpoints import Checkpoints
 
 FRAMEWORK = "tf"
 
 
 def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[dict[str, np.ndarray], int]:
     """The canonical weights of the latest checkpoint in ``directory`` (restored with
-    :class:`tf_impl.train.Checkpoints`, model variables only) and its epoch.
+    :class:`tf_impl.checkpoints.Checkpoints`, model variables only) and its epoch.
 
     Raises:
         UserError: no checkpoint, or one that does not restore.
     """
-    from tf_impl import train
-
     model = model_mod.build_model(run_cfg)
-    checkpoints = train.Checkpoints(directory, run_cfg.keep_checkpoints, model, read_only=True)
+    checkpoints = Checkpoints(directory, run_cfg.keep_checkpoints, model, read_only=True)
     epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
     checkpoints.restore(epoch)
     return model_mod.params_to_canonical(model), epoch
 
 
 def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple[dict[str, np.ndarray], str]:
-    """:func:`shared_data.predict.load_weights` with this framework's checkpoints."""
+    """:func:`shared_data.inference.predict.load_weights` with this framework's checkpoints."""
     return predict_mod.load_weights(cfg, weights, workdir, restore_checkpoint)
 
 
@@ -65,22 +64,15 @@ def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply
     return apply
 
 
-def banner() -> str:
-    return f"TensorFlow {tf.__version__} (Keras {keras.__version__})"
-
-
-def versions() -> dict:
-    return {
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "backend": "gpu" if tf.config.list_logical_devices("GPU") else "cpu",
-    }
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tf_impl.predict``: the shared command line (:func:`shared_data.predict.main`)."""
+    """``python -m tf_impl.predict``: the shared command line (:func:`shared_data.inference.predict.main`)."""
     return predict_mod.main(
-        FRAMEWORK, argv, banner=banner(), load_weights=load_weights, make_apply=make_apply, versions=versions
+        FRAMEWORK,
+        argv,
+        banner=distribute.banner(),
+        load_weights=load_weights,
+        make_apply=make_apply,
+        versions=distribute.versions,
     )
 
 

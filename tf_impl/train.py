@@ -3,7 +3,7 @@
 Mirrors :mod:`jax_impl.train`: ``train_step`` and ``eval_step`` are ``tf.function``s compiled with
 XLA (``jit_compile=enable_jit``), run per replica by the ``tf.distribute`` strategy;
 :func:`train_and_evaluate` is the same loop in the same order, and what is not TensorFlow (run
-folder, resume rule, log lines, metrics, TensorBoard, the command line) is :mod:`shared_data.run`.
+folder, resume rule, log lines, metrics, TensorBoard, the command line) is :mod:`shared_data.runtime`.
 TensorFlow's GPU path follows TF's and DALI's documentation and runs on CPU in this kit's tests.
 """
 
@@ -21,36 +21,18 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from shared_data import run as run_mod
-from shared_data.config import Config
-from shared_data.errors import UserError, run_cli
-from shared_data.nvtx import nvtx_range
+from shared_data.core.config import Config
+from shared_data.core.errors import run_cli
+from shared_data.runtime import cli, logs
+from shared_data.runtime import run as run_mod
+from shared_data.runtime.nvtx import nvtx_range
 from tf_impl import data as data_mod
 from tf_impl import distribute
 from tf_impl import model as model_mod
+from tf_impl.checkpoints import Checkpoints
 
 log = logging.getLogger("dlas.tf")
 FRAMEWORK = "tf"
-
-
-def configure_xla(cfg: Config) -> dict:
-    """The one place that sets TF/XLA options; returns what was set (logged by the run).
-
-    XLA compiles only where asked (the steps' ``jit_compile=enable_jit``). TF's persistent
-    compilation cache (``--tf_xla_persistent_cache_directory``, read at the first compilation)
-    goes in ``<xla_cache_dir>/tf`` unless ``TF_XLA_FLAGS`` names one: a second run of the same
-    config loads its executables instead of compiling them.
-    """
-    tf.config.optimizer.set_jit(False)
-    flags = os.environ.get("TF_XLA_FLAGS", "")
-    if cfg.xla_cache_dir and "tf_xla_persistent_cache_directory" not in flags:
-        cache = cfg.resolve_path(cfg.xla_cache_dir) / "tf"
-        os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={cache}".strip()
-    return {
-        "jit_compile": cfg.enable_jit,
-        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
-        "TF_XLA_FLAGS": os.environ.get("TF_XLA_FLAGS", ""),
-    }
 
 
 class TableSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -180,83 +162,10 @@ def compile_steps(cfg: Config, strategy, model, optimizer, spec: dict):
     np.asarray(train_fn(batch)["loss"])
     t_train = time.perf_counter() - t0
     np.asarray(eval_fn(batch)["count"])
-    log.info(
-        "compile: train step %.1f s (trace %.1f s), eval step %.1f s",
-        t_train,
-        t_trace,
-        time.perf_counter() - t0 - t_train,
-    )
+    log.info(logs.compile_line(t_train, t_trace, time.perf_counter() - t0 - t_train))
     for v, value in zip(variables, saved):
         v.assign(value)
     return train_fn, eval_fn, t_train
-
-
-class Checkpoints:
-    """``tf.train.CheckpointManager`` checkpoints of model, optimizer (with loss scale) and epoch;
-    a checkpoint becomes visible only once its index file is written, so a crash leaves the last
-    complete one. What a killed save leaves behind (``*_temp`` folders, ``checkpoint.tmp*``) is
-    removed at start. Without an ``optimizer`` (inference) :meth:`restore` loads the model alone;
-    ``read_only`` (inference) removes and rewrites nothing, so a run that is saving meanwhile is left
-    alone."""
-
-    def __init__(self, directory: Path, keep: int, model, optimizer=None, read_only: bool = False):
-        self.directory = directory
-        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
-        parts = {"model": model, "epoch": self.epoch} | ({"optimizer": optimizer} if optimizer is not None else {})
-        self.ckpt = tf.train.Checkpoint(**parts)
-        self._partial = optimizer is None
-        if read_only:
-            self.manager = None  # restore() needs only the ckpt-N files (epochs() lists them)
-            return
-        if distribute.is_main_process():
-            run_mod.remove_partial_saves(directory, ("ckpt-*_temp*", "checkpoint.tmp*"))
-        try:
-            self.manager = tf.train.CheckpointManager(self.ckpt, str(directory), max_to_keep=keep)
-        except Exception:
-            log.warning("%s/checkpoint is damaged: the list of checkpoints is rebuilt from the ckpt-N files", directory)
-            (directory / "checkpoint").unlink()
-            self.manager = tf.train.CheckpointManager(self.ckpt, str(directory), max_to_keep=keep)
-
-    def epochs(self) -> list[int]:
-        if not self.directory.is_dir():
-            return []
-        return sorted(int(p.name[5:-6]) for p in self.directory.glob("ckpt-*.index") if p.name[5:-6].isdigit())
-
-    def save(self, epoch: int) -> None:
-        self.epoch.assign(epoch)
-        self.manager.save(checkpoint_number=epoch)
-
-    def restore(self, epoch: int) -> None:
-        """Load the variables saved after ``epoch`` into the model and optimizer.
-
-        Raises:
-            UserError: the checkpoint is damaged or holds another config's variables.
-        """
-        try:
-            status = self.ckpt.restore(str(self.directory / f"ckpt-{epoch}")).assert_existing_objects_matched()
-            if self._partial:
-                status.expect_partial()  # the optimizer's slots stay in the file
-        except Exception as err:  # TF raises many kinds for damaged or foreign files
-            raise UserError(
-                f"checkpoint {self.directory}/ckpt-{epoch} does not match this config or is damaged "
-                f"({str(err).splitlines()[0][:200]}); use another --workdir or --overwrite"
-            ) from None
-
-
-def versions() -> dict:
-    return {
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "devices": [d.name for d in tf.config.list_logical_devices()],
-        "backend": "gpu" if tf.config.list_logical_devices("GPU") else "cpu",
-    }
-
-
-def peak_memory_bytes() -> int | None:
-    """Peak bytes in use on the first GPU, if there is one."""
-    if not tf.config.list_logical_devices("GPU"):
-        return None
-    return tf.config.experimental.get_memory_info("GPU:0")["peak"]
 
 
 def evaluate(eval_fn, val_in) -> float:
@@ -279,19 +188,19 @@ def train_and_evaluate(
     init_weights: str | None = None,
     stop_after_epoch: int | None = None,
     save_weights: str | None = None,
-) -> dict:
+) -> tuple[keras.Model, dict]:
     """Train ``cfg`` in ``workdir`` (checkpoints, ``metrics.jsonl``, TensorBoard, ``out.log``); return the
-    last epoch's metrics (``train_loss``, ``val_loss``, ``samples_per_sec``, ``compile_sec``, ``epoch``)
-    and the ``model``. ``stop_after_epoch`` ends this invocation early, as a job's time limit
+    trained ``model`` and the last epoch's metrics (``train_loss``, ``val_loss``, ``samples_per_sec``,
+    ``compile_sec``, ``epoch``). ``stop_after_epoch`` ends this invocation early, as a job's time limit
     would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues the run."""
     strategy = distribute.make_strategy(num_devices)
-    banner = f"TensorFlow {tf.__version__} (Keras {keras.__version__})"
+    settings = distribute.configure_xla(cfg)
     run = run_mod.Run(
         cfg,
         workdir,
         FRAMEWORK,
-        banner,
-        configure_xla(cfg),
+        distribute.banner(),
+        settings,
         distribute.num_replicas(strategy),
         process_index=distribute.process_index(),
         resume=resume,
@@ -305,7 +214,7 @@ def train_and_evaluate(
     start, _ = run.resume(ckpt)
     train_in, val_in = data_mod.make_input(cfg, "train", strategy, start), data_mod.make_input(cfg, "val", strategy)
     train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, model, optimizer, data_mod.batch_spec(cfg, strategy))
-    run.begin(start, compile_s, versions(), lambda: evaluate(eval_fn, val_in))
+    run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, val_in))
 
     trace = (lambda: tf.profiler.experimental.start(str(workdir / "profile")), tf.profiler.experimental.stop)
     with run.profile(*trace, use_cuda=bool(tf.config.list_logical_devices("GPU"))):
@@ -326,12 +235,12 @@ def train_and_evaluate(
 
     weights = lambda: model_mod.params_to_canonical(model)
     run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())
-    return {**run.finish(peak_memory_bytes()), "model": model, "strategy": strategy}
+    return model, run.finish(distribute.peak_memory_bytes())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tf_impl.train``: the shared command line (:func:`shared_data.run.main`)."""
-    return run_mod.main(
+    """``python -m tf_impl.train``: the shared command line (:func:`shared_data.runtime.cli.main`)."""
+    return cli.main(
         FRAMEWORK, train_and_evaluate, argv, initialize=distribute.initialize, process_index=distribute.process_index
     )
 

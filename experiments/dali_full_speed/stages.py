@@ -26,11 +26,11 @@ import numpy as np
 
 from jax_impl import dali as jdali
 from jax_impl import distribute
-from shared_data import config as config_mod
-from shared_data import dali_pipelines as dp
-from shared_data import dataset
-from shared_data.errors import run_cli
-from shared_data.sampler import TRAIN
+from shared_data.core import config as config_mod
+from shared_data.core.errors import run_cli
+from shared_data.data import dali_pipelines as dp
+from shared_data.data import dataset
+from shared_data.data.sampler import TRAIN
 
 STAGES = ("cut", "layout", "axes", "flips", "channels")
 

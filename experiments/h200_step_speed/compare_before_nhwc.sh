@@ -9,8 +9,8 @@ export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/device.txt
 BEST=$(cat /tmp/best_jax_args 2>/dev/null)
 echo "JAX formulation args: [$BEST]" | tee $OUT/compare.log
-python3 -m compare.compare --config short_opt --out $OUT/compare.jsonl --data_loader_config dali-npy --set dali_threads=16 $BEST 2>&1 | tee -a $OUT/compare.log
-python3 -m compare.compare --config short_opt --frameworks jax --modes io full --out $OUT/compare.jsonl --data_loader_config device $BEST 2>&1 | tee -a $OUT/compare.log
+python3 -m dlas_compare.compare --config short_opt --out $OUT/compare.jsonl --data_loader_config dali-npy --set dali_threads=16 $BEST 2>&1 | tee -a $OUT/compare.log
+python3 -m dlas_compare.compare --config short_opt --frameworks jax --modes io full --out $OUT/compare.jsonl --data_loader_config device $BEST 2>&1 | tee -a $OUT/compare.log
 python3 experiments/h200_step_speed/suites.py h200-loaders --out $OUT/loaders.jsonl --timeout 60 2>&1 | tee $OUT/loaders.log
 for p in fp32 bf16; do
   amp=(); [[ $p == bf16 ]] && amp=(--enable_amp)

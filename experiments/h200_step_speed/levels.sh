@@ -4,6 +4,7 @@
 # the GPU-resident DALI input (dali-device, IO and FULL). Writes the fastest JAX variant's --set
 # arguments to /tmp/best_jax_args for call 2 (scripts/gpu/h200_compare.sh). Results under $OUT.
 set -uo pipefail
+export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh
 source scripts/gpu/common.sh
 python3 experiments/h200_step_speed/suites.py h200-levels --out $OUT/levels.jsonl --timeout 120 2>&1 | tee $OUT/levels.log
 python3 - "$OUT/levels.jsonl" > /tmp/best_jax_args <<'PY'

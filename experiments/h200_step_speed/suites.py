@@ -1,4 +1,4 @@
-"""The benchmark suites of this study, each one device call (``compare.suite.run_suite`` runs the
+"""The benchmark suites of this study, each one device call (``dlas_compare.suite.run_suite`` runs the
 entries, one process each, and prints one table):
 
     PYTHONPATH=. python3 experiments/h200_step_speed/suites.py h200-final --out $OUT/final.jsonl
@@ -8,9 +8,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from compare.benchmark import table
-from compare.suite import run_suite
-from shared_data.errors import run_cli
+from dlas_compare.benchmark import table
+from dlas_compare.suite import run_suite
+from shared_data.core.errors import run_cli
 
 SHORT = "short_opt"
 # (label, framework, modes, config, extra arguments[, extra environment])
@@ -24,7 +24,7 @@ SUITES: dict[str, list[tuple]] = {
         ("jax bf16 subpixel+s2d b128", "jax", "synthetic", SHORT, ["--global_batch_size", "128"]),
         ("jax fp32 subpixel+s2d", "jax", "synthetic", SHORT, ["--set", "enable_amp=false"]),
     ],
-    # H200: the formulation per level (compare.layer_bench: plain strided / transposed convs are faster
+    # H200: the formulation per level (dlas_compare.layer_bench: plain strided / transposed convs are faster
     # at the small levels) and the GPU-resident DALI input, in one call
     "h200-levels": [
         ("torch bf16 channels_last", "torch", "synthetic", SHORT, []),
@@ -75,7 +75,7 @@ SUITES: dict[str, list[tuple]] = {
             ["--data_loader_config", "synthetic", "--num_data_workers", "8"],
         ),
     ],
-    # H200, final call: the reference and JAX with the kit's defaults (XLA flags of shared_data.xla_flags)
+    # H200, final call: the reference and JAX with the kit's defaults (XLA flags of shared_data.runtime.xla_flags)
     # side by side: SYNTHETIC, warm-cache compile, FULL with the device loader and with dali-device
     "h200-final": [
         ("torch bf16 channels_last", "torch", "synthetic", SHORT, []),

@@ -16,7 +16,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from shared_data import dataset, readers
+from shared_data.data import crop_readers, dataset
 
 
 def copy(src: Path, dst: Path, fletcher32: bool) -> None:
@@ -29,7 +29,7 @@ def copy(src: Path, dst: Path, fletcher32: bool) -> None:
 
 
 def crops_per_sec(path: Path, crop: int, crops: int, seed: int) -> float:
-    r = readers.H5LowMemReader(path, 4, 5, crop)
+    r = crop_readers.H5LowMemReader(path, 4, 5, crop)
     bi, bt = np.empty((4, crop, crop, crop), np.float32), np.empty((5, crop, crop, crop), np.float32)
     starts = np.random.default_rng(seed).integers(0, r.size - crop + 1, (crops, 3))
     r.read(tuple(starts[0]), bi, bt)  # open the file, warm the page cache

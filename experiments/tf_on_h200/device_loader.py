@@ -16,8 +16,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from shared_data import config as config_mod
-from shared_data import loader
+from shared_data.core import config as config_mod
+from shared_data.data import host_batches
 from tf_impl import bench as bench_mod
 from tf_impl import data as data_mod
 from tf_impl import distribute
@@ -73,7 +73,7 @@ def main() -> None:
     cfg = config_mod.replace(cfg, data_loader_config="device")
     strategy = distribute.make_strategy(1)
     dev_in = data_mod.DeviceInput(cfg, "train", strategy)
-    host, static = loader.device_gather_setup(dev_in.reader, cfg)
+    host, static = host_batches.device_gather_setup(dev_in.reader, cfg)
     records = []
 
     def record(name, host_ms, device_ms, **extra):

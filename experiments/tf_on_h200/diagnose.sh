@@ -4,6 +4,7 @@
 # built against the CUDA build of TF carried in .daltf/. Results under $OUT.
 #   bash experiments/tf_on_h200/diagnose.sh
 set -uo pipefail
+export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh
 source scripts/gpu/common.sh
 source /tmp/tf-env.sh
 export TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2

@@ -7,6 +7,7 @@
 # in .daltf/ (diagnose.sh says how). Results under $OUT; the table is printed last.
 #   bash experiments/tf_on_h200/run.sh
 set -uo pipefail
+export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh
 source scripts/gpu/common.sh
 source /tmp/tf-env.sh
 export TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2
@@ -16,7 +17,7 @@ timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_tf.py
   | tee $OUT/gpu_check_tf_dali.log | tail -4
 rm -rf .cache/xla
 bench() {
-  timeout 150 python3 -m compare.benchmark --config short_opt --warmup 5 --steps 40 --windows 5 --window_sec 2 \
+  timeout 150 python3 -m dlas_compare.benchmark --config short_opt --warmup 5 --steps 40 --windows 5 --window_sec 2 \
     --out $OUT/compare.jsonl "$@" 2>&1 | grep -v "^W0000\|^I0000" | tail -3
 }
 bench --framework tf --mode synthetic --label "tf synthetic"

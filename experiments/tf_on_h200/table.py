@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from compare.benchmark import table
+from dlas_compare.benchmark import table
 
 
 def main(path: str) -> None:

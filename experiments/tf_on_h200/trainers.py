@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from shared_data.run import read_metrics
+from shared_data.runtime.records import read_metrics
 
 LOADERS = ("inmem", "lowmem", "device", "dali-npy", "dali-h5", "dali-device")
 # (label, framework, extra flags): bf16 with every loader, then precision and XLA on the device loader

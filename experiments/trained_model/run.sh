@@ -15,6 +15,7 @@ PY=${PY:-python3}
 WORK=${WORK:-/tmp/trained_model}
 mkdir -p "$OUT" "$WORK"
 if [[ $CONFIG == short ]]; then
+  export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh
   source scripts/gpu/common.sh  # environment, device and versions record, data/train_256.h5 and data/val_128.h5
   # 131072 crops x 4 epochs = 524k samples at ~3500 samples/s (batch 64): ~2.5 min of steps
   NSAMPLES=${NSAMPLES:-131072} EPOCHS=${EPOCHS:-4}
@@ -23,12 +24,12 @@ if [[ $CONFIG == short ]]; then
 else
   export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
   NSAMPLES=${NSAMPLES:-16} EPOCHS=${EPOCHS:-1}
-  $PY -m shared_data.generate --out "$WORK/train_32.h5" --size 32 --seed 1 --chunk 16 --if-missing
-  $PY -m shared_data.generate --out "$WORK/val_32.h5" --size 32 --seed 2 --chunk 16 --if-missing
+  $PY -m shared_data.data.generate --out "$WORK/train_32.h5" --size 32 --seed 1 --chunk 16 --if-missing
+  $PY -m shared_data.data.generate --out "$WORK/val_32.h5" --size 32 --seed 2 --chunk 16 --if-missing
   TRAIN=(--set "train_path=$WORK/train_32.h5" --set "val_path=$WORK/val_32.h5" --set "xla_cache_dir=$WORK/xla")
   VAL=$WORK/val_32.h5
 fi
-CROP=$($PY -c "from shared_data.config import load_config; print(load_config('$CONFIG').crop_size)")
+CROP=$($PY -c "from shared_data.core.config import load_config; print(load_config('$CONFIG').crop_size)")
 set -e
 date -u +"%F %T UTC start" | tee "$OUT/timeline.txt"
 $PY -m jax_impl.train --config "$CONFIG" "${TRAIN[@]}" --Nsamples "$NSAMPLES" --num_epochs "$EPOCHS" \
@@ -43,7 +44,7 @@ for variant in fp32 bf16 crops; do
   esac
   $PY -m jax_impl.predict --config "$CONFIG" --weights "$WORK/weights.npz" --input "$VAL" \
     --out "$WORK/pred_$variant.h5" "${flags[@]}" 2>&1 | tee "$OUT/predict_$variant.log"
-  $PY -m shared_data.validate --pred "$WORK/pred_$variant.h5" --truth "$VAL" --out "$OUT/validate_$variant" \
+  $PY -m shared_data.inference.validate --pred "$WORK/pred_$variant.h5" --truth "$VAL" --out "$OUT/validate_$variant" \
     2>&1 | tee "$OUT/validate_$variant.log"
   date -u +"%F %T UTC $variant validated" | tee -a "$OUT/timeline.txt"
 done

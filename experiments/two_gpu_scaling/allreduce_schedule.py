@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from compare.benchmark import int_at_least
-from shared_data import config as config_mod
-from shared_data.errors import run_cli
+from dlas_compare.benchmark import int_at_least
+from shared_data.core import config as config_mod
+from shared_data.core.errors import run_cli
 
 BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4}
 

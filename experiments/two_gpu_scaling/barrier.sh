@@ -17,5 +17,5 @@ NCCL_MAX_NCHANNELS=8 XLA_FLAGS="$E" $S --variants barrier --label_suffix ", earl
 NCCL_MIN_NCHANNELS=32 XLA_FLAGS="$E" $S --variants barrier --label_suffix ", early, NCCL 32ch"
 } 2>&1 | grep -v "^\s*$" | grep -v "^run \|^----\|^W1130\|^I1130" | tee $OUT/barrier.log
 python3 -c "
-import json; from compare.benchmark import table
+import json; from dlas_compare.benchmark import table
 print(table([json.loads(l) for l in open('$R')]))"

@@ -11,7 +11,7 @@
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 R=$OUT/early.jsonl
-J="python3 -m compare.benchmark --framework jax --config short_opt --out $R --mode synthetic --local_batch_size 64"
+J="python3 -m dlas_compare.benchmark --framework jax --config short_opt --out $R --mode synthetic --local_batch_size 64"
 E="--xla_gpu_experimental_collective_start_as_early_as_possible=true"
 declare -A FLAGS=(
   [default]=""
@@ -30,5 +30,5 @@ XLA_FLAGS="$E" python3 experiments/two_gpu_scaling/allreduce_schedule.py --confi
 python3 experiments/two_gpu_scaling/manual_pgle.py --config short_opt --num_devices 2 --local_batch_size 64 --out $R
 } 2>&1 | grep -v "^\s*$" | grep -v "^run \|^----" | tee $OUT/early.log
 python3 -c "
-import json; from compare.benchmark import table
+import json; from dlas_compare.benchmark import table
 print(table([json.loads(l) for l in open('$R')]))"

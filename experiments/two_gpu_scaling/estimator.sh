@@ -6,7 +6,7 @@
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 R=$OUT/estimator.jsonl
-J="python3 -m compare.benchmark --framework jax --config short_opt --out $R --mode synthetic --local_batch_size 64"
+J="python3 -m dlas_compare.benchmark --framework jax --config short_opt --out $R --mode synthetic --local_batch_size 64"
 AN="--xla_gpu_enable_analytical_latency_estimator=true"
 {
 XLA_FLAGS=$AN python3 experiments/two_gpu_scaling/allreduce_schedule.py --config short_opt --num_devices 2 --local_batch_size 64 2>&1 | grep -v "^\s*$" | tail -12

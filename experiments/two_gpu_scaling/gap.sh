@@ -8,7 +8,7 @@
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 R=$OUT/gap.jsonl
-J="python3 -m compare.benchmark --framework jax --config short_opt --mode synthetic --num_devices 1 --local_batch_size 64 --steps 20 --windows 60"
+J="python3 -m dlas_compare.benchmark --framework jax --config short_opt --mode synthetic --num_devices 1 --local_batch_size 64 --steps 20 --windows 60"
 {
 python3 experiments/two_gpu_scaling/scaling_gap.py --config short_opt --local_batch_size 64 --out $R
 CUDA_VISIBLE_DEVICES=0 $J --label "jax 1 GPU b64, GPU 0 with GPU 1 busy" --out $OUT/gpu0.jsonl &
@@ -17,5 +17,5 @@ wait
 cat $OUT/gpu0.jsonl $OUT/gpu1.jsonl >> $R
 } 2>&1 | grep -v "^\s*$" | grep -v "^run \|^----" | tee $OUT/gap.log
 python3 -c "
-import json; from compare.benchmark import table
+import json; from dlas_compare.benchmark import table
 print(table([json.loads(l) for l in open('$R')]))"

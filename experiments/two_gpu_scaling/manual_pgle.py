@@ -19,10 +19,10 @@ from pathlib import Path
 
 from study_bench import StudyBench
 
-from compare import benchmark
-from compare.benchmark import int_at_least
-from shared_data import config as config_mod
-from shared_data.errors import run_cli
+from dlas_compare import benchmark
+from dlas_compare.benchmark import int_at_least
+from shared_data.core import config as config_mod
+from shared_data.core.errors import run_cli
 
 NO_OVERLAP = "--xla_gpu_enable_latency_hiding_scheduler=false --xla_gpu_disable_async_collectives=allreduce"
 

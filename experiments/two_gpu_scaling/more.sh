@@ -6,8 +6,8 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 R=$OUT/more.jsonl
-J="python3 -m compare.benchmark --framework jax --config short_opt --out $R"
-python3 scripts/gpu/check_gpu.py 2>&1 | tail -20 | tee $OUT/check_gpu.log
+J="python3 -m dlas_compare.benchmark --framework jax --config short_opt --out $R"
+python3 -m pytest -q -m gpu tests/test_gpu_jax.py 2>&1 | tail -20 | tee $OUT/check_gpu.log
 for dt in float32 bfloat16; do
   python3 experiments/two_gpu_scaling/allreduce_schedule.py --config short_opt --num_devices 2 --local_batch_size 64 \
     --set grad_allreduce_dtype=$dt 2>&1 | grep -v "^\s*$" | tail -40
@@ -19,5 +19,5 @@ $J --mode io full --num_devices 1 --local_batch_size 64 --data_loader_config dal
 $J --mode io full --num_devices 2 --local_batch_size 64 --data_loader_config dali-device --label "jax 2 GPUs dali-device"
 } 2>&1 | grep -v "^\s*$" | tee $OUT/more.log
 python3 -c "
-import json; from compare.benchmark import table
+import json; from dlas_compare.benchmark import table
 print(table([json.loads(l) for l in open('$R')]))"

@@ -7,7 +7,7 @@
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 R=$OUT/nccl.jsonl
-J="python3 -m compare.benchmark --framework jax --config short_opt --out $R --mode synthetic --local_batch_size 64"
+J="python3 -m dlas_compare.benchmark --framework jax --config short_opt --out $R --mode synthetic --local_batch_size 64"
 {
 $J --num_devices 1 --label "jax 1 GPU b64"
 $J --num_devices 2 --label "jax 2 GPUs local 64"

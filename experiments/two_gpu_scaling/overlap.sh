@@ -7,7 +7,7 @@ set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 XLA_FLAGS=--help python3 -c "import jax; jax.numpy.zeros(1)" 2>&1 | grep -E "latency_hiding|combine_threshold|highest_priority|pipelined_all_reduce" | cut -c1-220 > $OUT/flags_help.txt
 R=$OUT/overlap.jsonl
-J="python3 -m compare.benchmark --framework jax --config short_opt --out $R --mode synthetic --local_batch_size 64"
+J="python3 -m dlas_compare.benchmark --framework jax --config short_opt --out $R --mode synthetic --local_batch_size 64"
 LHS="--xla_gpu_enable_latency_hiding_scheduler=true"
 declare -A FLAGS=(
   [default]=""
@@ -27,5 +27,5 @@ for v in default lhs lhs_nocombine lhs_prio; do
 done
 } 2>&1 | grep -v "^\s*$" | tee $OUT/overlap.log
 python3 -c "
-import json; from compare.benchmark import table
+import json; from dlas_compare.benchmark import table
 print(table([json.loads(l) for l in open('$R')]))"

@@ -24,11 +24,11 @@ from collections.abc import Sequence
 
 from study_bench import StudyBench
 
-from compare import benchmark
-from compare.benchmark import int_at_least
+from dlas_compare import benchmark
+from dlas_compare.benchmark import int_at_least
 from jax_impl import distribute
-from shared_data import config as config_mod
-from shared_data.errors import run_cli
+from shared_data.core import config as config_mod
+from shared_data.core.errors import run_cli
 
 VARIANTS = ("1device", "sharded", "pmean", "local", "barrier")
 

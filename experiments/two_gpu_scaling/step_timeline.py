@@ -19,9 +19,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from compare.benchmark import int_at_least
-from shared_data import config as config_mod
-from shared_data.errors import run_cli
+from dlas_compare.benchmark import int_at_least
+from shared_data.core import config as config_mod
+from shared_data.core.errors import run_cli
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

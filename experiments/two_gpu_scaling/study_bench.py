@@ -1,6 +1,6 @@
 """The SYNTHETIC bench of this study: the kit's train step or a variant of it, built from the public
 pieces of :mod:`jax_impl.train` (model, optimizer, state, ``loss_fn``), compiled with optional XLA
-compiler options, and timed by :func:`compare.benchmark.run_bench`.
+compiler options, and timed by :func:`dlas_compare.benchmark.run_bench`.
 
 The variants need what the production step does not offer: the gradients passed through a function
 before the update (an explicit ``lax.pmean`` inside ``shard_map``, or an ``optimization_barrier``),
@@ -20,8 +20,9 @@ from jax_impl import data as data_mod
 from jax_impl import distribute
 from jax_impl import model as model_mod
 from jax_impl import train as train_mod
-from shared_data import loader, schedule, unet_spec
-from shared_data.config import Config, batch_sizes
+from shared_data.core.config import Config, batch_sizes
+from shared_data.data import host_batches
+from shared_data.model import schedule, unet_spec
 
 
 def step_with(cfg: Config, model, tx, sync: Callable | None):
@@ -49,7 +50,7 @@ class StudyBench:
     framework = "jax"
 
     def __init__(self, cfg: Config, num_devices: int, variant: str | None = None, compiler_options: dict | None = None):
-        train_mod.configure_xla(cfg)
+        distribute.configure_xla(cfg)
         self.cfg, self.mode = cfg, "synthetic"
         self.mesh = distribute.make_mesh(num_devices)
         self.replicas = distribute.num_replicas(self.mesh)
@@ -71,9 +72,9 @@ class StudyBench:
 
         t0 = time.perf_counter()
         jitted = jax.jit(step, donate_argnums=0)
-        self.train_fn = jitted.lower(train_mod.abstract(self.state), spec).compile(compiler_options)
+        self.train_fn = jitted.lower(distribute.abstract(self.state), spec).compile(compiler_options)
         self.compile_sec = time.perf_counter() - t0
-        host = loader.synthetic_batch(cfg, self.global_batch)
+        host = host_batches.synthetic_batch(cfg, self.global_batch)
         self.batch = {k: jax.device_put(v, spec[k].sharding) for k, v in host.items()}
         self._out = None
 
@@ -84,10 +85,10 @@ class StudyBench:
         jax.block_until_ready(self._out)
 
     def peak_memory_bytes(self):
-        return train_mod.peak_memory_bytes()
+        return distribute.peak_memory_bytes()
 
     def versions(self) -> dict:
-        return train_mod.versions()
+        return distribute.versions()
 
     def device_name(self) -> str:
         d = jax.devices()[0]

@@ -1,10 +1,11 @@
 # Sourced by the GPU recipes (run from the checkout's root on the GPU machine, $OUT set): the
-# environment (DALI from /tmp/site, see stage_dali.sh), a record of the device and of every installed
+# environment (the checkout first on PYTHONPATH), a record of the device and of every installed
 # version, and the data (generated there; the 256^3 training volume takes ~30 s).
-export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
+mkdir -p "$OUT"
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/device.txt
 python3 -c "import jax, flax, optax, torch, nvidia.dali as d; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'torch', torch.__version__, 'dali', d.__version__)" | tee -a $OUT/device.txt
 python3 -m pip list --format=freeze 2>/dev/null > $OUT/pip_freeze.txt
 mkdir -p data
-python3 -m shared_data.generate --out data/train_256.h5 --size 256 --seed 1 --npy --if-missing > $OUT/generate.log 2>&1
-python3 -m shared_data.generate --out data/val_128.h5 --size 128 --seed 2 --npy --if-missing >> $OUT/generate.log 2>&1
+python3 -m shared_data.data.generate --out data/train_256.h5 --size 256 --seed 1 --npy --if-missing > $OUT/generate.log 2>&1
+python3 -m shared_data.data.generate --out data/val_128.h5 --size 128 --seed 2 --npy --if-missing >> $OUT/generate.log 2>&1

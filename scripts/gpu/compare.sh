@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
-# The comparison on one GPU (DALI staged by scripts/gpu/stage_dali.sh): the GPU kernels checked
-# against the NumPy reader and float64 references, TF's exported train step against JAX's first
-# step, then the PyTorch reference, TF's XLA graph (exports/tf_xla/) and JAX SYNTHETIC, and
+# The comparison on one GPU (JAX, DALI and the PyTorch reference installed): the GPU kernels checked
+# against the NumPy reader and float64 references, then the PyTorch reference and JAX SYNTHETIC, and
 # JAX FULL on the GPU-resident loaders and on DALI's file reader, one table. Results under $OUT.
-#   bash scripts/gpu/compare.sh
+#   OUT=results/gpu bash scripts/gpu/compare.sh
 set -uo pipefail
 source scripts/gpu/common.sh
-python3 scripts/gpu/check_gpu.py 2>&1 | tee $OUT/check_gpu.log
-python3 scripts/gpu/check_tf_xla.py --config short_opt --out $OUT/check_tf_xla.jsonl 2>&1 | tee $OUT/check_tf_xla.log
-python3 -m compare.suite gpu --out $OUT/compare.jsonl --timeout 240 2>&1 | tee $OUT/compare.log
+python3 -m pytest -q -m gpu tests/test_gpu_jax.py 2>&1 | tee $OUT/check_gpu.log
+python3 -m dlas_compare.suite gpu --out $OUT/compare.jsonl --timeout 240 2>&1 | tee $OUT/compare.log

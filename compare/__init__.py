@@ -1,1 +1,0 @@
-"""Side-by-side comparison and benchmarks of the TF, JAX and PyTorch-reference implementations."""

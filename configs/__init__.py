@@ -1,1 +1,0 @@
-"""The kit's named run configurations (``UNet.yaml``), shipped as package data."""

@@ -1,0 +1,1 @@
+"""Side-by-side comparison and benchmarks of the TF, JAX and PyTorch-reference implementations (imports both)."""

@@ -1,0 +1,75 @@
+"""The comparison command: TF, JAX and the PyTorch reference on one config, every mode, one table.
+
+    python -m dlas_compare.compare --config cpu_default                       # TF and JAX rows on a CPU
+    python -m dlas_compare.compare --config short_opt --data_loader_config dali-npy --out results/h200/cmp.jsonl
+
+Each framework runs in its own process (``dlas_compare.benchmark``) over IO, SYNTHETIC and FULL. A
+framework that is not installed (TF on the GPU machine) or cannot run here (the PyTorch reference
+needs a GPU) gets a note instead of a row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dlas_compare.benchmark import FRAMEWORKS, MODES, run_process, table
+from shared_data.core.errors import run_cli
+from shared_data.runtime.cli import benchmark_command
+
+MODULES = {"jax": "jax", "tf": "tensorflow", "torch": "torch"}
+
+
+def availability(framework: str) -> str | None:
+    """None if ``framework`` can run here, else why not."""
+    if importlib.util.find_spec(MODULES[framework]) is None:
+        return f"{MODULES[framework]} is not installed"
+    if framework == "torch":
+        ok = (
+            subprocess.run(
+                [sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+                capture_output=True,
+            ).returncode
+            == 0
+        )
+        if not ok:
+            return "the PyTorch reference runs on a GPU only"
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dlas_compare.compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="cpu_default")
+    p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--out", default="results/compare.jsonl", help="JSON lines file the records are appended to")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per framework")
+    args, extra = p.parse_known_args(argv)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    records, notes = [], []
+    for fw in args.frameworks:
+        why = availability(fw)
+        if why:
+            notes.append(f"{fw}: skipped ({why})")
+            continue
+        cmd = benchmark_command(
+            fw, args.modes, ["--config", args.config], label=f"{fw} {args.config}", out=out, extra=extra
+        )
+        print(f"[compare] {' '.join(cmd[1:])}", flush=True)
+        new, failure, _ = run_process(cmd, out, args.timeout)
+        if failure:
+            notes.append(f"{fw}: failed ({failure})")
+        records += new
+    print(table(records))
+    for note in notes:
+        print(note)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

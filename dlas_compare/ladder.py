@@ -1,0 +1,693 @@
+"""The ladder command: the tutorial's lessons one rung at a time, IO / SYNTHETIC / FULL at each rung.
+
+    python -m dlas_compare.ladder --frameworks jax tf --config cpu_default --out runs/ladder/cpu_default.jsonl
+    dlas-ladder --frameworks jax torch --config short_opt --steps 40 --windows 3 --window_sec 1.5
+    python -m dlas_compare.ladder --replot runs/ladder/cpu_default.jsonl --figure ladder.png    # table + figure again
+
+The tutorial's README takes one training from a baseline up one lesson at a time and prints IO,
+SYNTHETIC and FULL at each step. Here each rung is a benchmark of the same config
+(:mod:`dlas_compare.benchmark`, one process per rung and framework, so device memory stays apart and XLA
+flags take effect), with the settings of the rung before plus one change:
+
+    #  rung                change                                      lesson
+    1  baseline            lowmem loader, 4 workers, fp32, TF without  the tutorial's starting point
+                           XLA, the kit's XLA flags off
+    2  more workers        8 workers (--more_workers)                  more workers hide the read latency
+    3  DALI                dali-npy                                    DALI moves decode/augment off the workers
+    4  mixed precision     AMP (amp_dtype: bfloat16 by default)        AMP halves the math
+    5  compilation         TF: XLA (enable_jit); JAX, which compiles   compilation fuses
+                           every rung: the kit's XLA flags
+    6  GPU-resident input  device loader                               the host leaves the input path
+    7  data parallel       all GPUs (--num_devices), local batch =     data parallel multiplies
+                           the config's global batch
+
+A rung that cannot run here (no GPU, no DALI or no ``.npy`` twins, one device, a lesson the PyTorch
+reference has no switch for) is listed as skipped with the reason, and the next rung builds on the
+last one that ran. The PyTorch reference (``torch``) runs on a GPU only.
+
+Each rung reports IO, SYNTHETIC and FULL samples/s, the FULL speedup over the baseline and over the
+previous rung, and a verdict: **input-bound** when FULL < 0.8 x SYNTHETIC and IO < SYNTHETIC (the
+pipeline alone cannot feed the step), **compute-bound** otherwise.
+
+Output: the table on stdout; JSON lines appended to ``--out``, per rung that ran its benchmark
+records (the schema of :func:`dlas_compare.benchmark.run_bench`, plus ``ladder_id``, ``ladder_step``,
+``ladder_rung``, ``ladder_settings``, ``ladder_xla_flags``), and for every rung, skipped ones too, one
+summary record (``"record": "ladder_summary"``, no ``mode`` key); and a figure (``--figure``): FULL
+samples/s relative to each framework's baseline per rung, min-max bars over the timed windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from dlas_compare.benchmark import FRAMEWORKS, MODES, append_records, int_at_least, positive_float, run_process
+from shared_data.core import config as config_mod
+from shared_data.core.config import Config
+from shared_data.core.errors import DatasetError, UserError, run_cli
+from shared_data.core.files import atomic_path
+from shared_data.runtime.cli import benchmark_command
+from shared_data.runtime.xla_flags import DEFAULT_XLA_FLAGS, default_xla_flags_off
+
+BASELINE_WORKERS = 4  # the tutorial's baseline worker count
+MORE_WORKERS = 8
+INPUT_BOUND = 0.8  # FULL below this fraction of SYNTHETIC (and IO below SYNTHETIC): input-bound
+SAME = 0.05  # a FULL ratio within 1 +- SAME over the previous rung counts as no change
+#: the settings the rungs own; a user's value for them would break the ladder's steps
+LADDER_KEYS = ("data_loader_config", "num_data_workers", "enable_amp", "enable_jit", "local_batch_size")
+DALI_PLUGINS = {"jax": "nvidia.dali.plugin.jax", "tf": "nvidia.dali.plugin.tf", "torch": "nvidia.dali.plugin.pytorch"}
+MODULES = {"jax": "jax", "tf": "tensorflow", "torch": "torch"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rung:
+    """One lesson: ``name`` (records), ``title`` (table and figure), ``lesson`` (its one line)."""
+
+    name: str
+    title: str
+    lesson: str
+
+
+RUNGS = (
+    Rung("baseline", "baseline", "the tutorial's starting point"),
+    Rung("workers", "more workers", "more workers hide the read latency"),
+    Rung("dali", "DALI", "DALI moves decode and augmentation off the Python workers"),
+    Rung("amp", "mixed precision", "AMP halves the math (half-precision tensor cores, half the bytes)"),
+    Rung("compile", "compilation", "compilation fuses kernels and picks layouts"),
+    Rung("device", "GPU-resident input", "GPU-resident input takes the host out of the input path"),
+    Rung("data_parallel", "data parallel", "data parallel multiplies the samples per step"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What a rung's benchmark runs with: config keys, whether the kit's XLA flags are on
+    (:data:`shared_data.runtime.xla_flags.DEFAULT_XLA_FLAGS`), devices and the per-device batch (samples;
+    None: the config's global batch on one device)."""
+
+    data_loader_config: str = "lowmem"
+    num_data_workers: int = BASELINE_WORKERS
+    enable_amp: bool = False
+    enable_jit: bool = False
+    kit_xla_flags: bool = False
+    num_devices: int = 1
+    local_batch_size: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """What one framework finds on this machine (:func:`probe`).
+
+    Attributes:
+        framework: ``jax``, ``tf`` or ``torch``.
+        reason: why the framework cannot run here at all; None when it can.
+        gpus: GPUs it sees.
+        devices: devices it sees (GPUs, else its CPU devices).
+        device: the first device's name.
+        dali: why DALI's plugin for it does not import; None when it does.
+    """
+
+    framework: str
+    reason: str | None = None
+    gpus: int = 0
+    devices: int = 0
+    device: str = ""
+    dali: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """Rung ``index`` (1-based) of ``framework``'s ladder: its cumulative settings (for a skipped
+    rung, the ones it would have had), why it is skipped (None: it runs) and a note on what it
+    shows on this machine."""
+
+    framework: str
+    index: int
+    rung: Rung
+    settings: Settings
+    skip: str | None = None
+    note: str = ""
+
+
+_PROBE_CODE = {
+    "jax": (
+        "import jax\nds = jax.devices()\n"
+        "info = dict(gpus=sum(d.platform == 'gpu' for d in ds), devices=len(ds),"
+        " device=getattr(ds[0], 'device_kind', ds[0].platform))\n"
+    ),
+    "tf": (
+        "import tensorflow as tf\ngpus = tf.config.list_physical_devices('GPU')\n"
+        "info = dict(gpus=len(gpus), devices=len(gpus) or len(tf.config.list_logical_devices('CPU')),"
+        " device='GPU' if gpus else 'CPU')\n"
+    ),
+    "torch": (
+        "import torch\nn = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
+        "info = dict(gpus=n, devices=n, device=torch.cuda.get_device_name(0) if n else 'cpu')\n"
+    ),
+}
+
+
+def probe(framework: str, timeout: int = 180) -> Probe:
+    """Ask ``framework`` in a fresh process (frameworks never share the ladder's process) which
+    devices it sees and whether DALI's plugin for it imports.
+
+    Raises:
+        UserError: ``framework`` is not one of :data:`dlas_compare.benchmark.FRAMEWORKS`.
+    """
+    if framework not in _PROBE_CODE:
+        raise UserError(f"framework {framework!r}: expected one of {', '.join(FRAMEWORKS)}")
+    import importlib.util
+
+    if importlib.util.find_spec(MODULES[framework]) is None:
+        return Probe(framework, reason=f"{MODULES[framework]} is not installed")
+    code = (
+        "import importlib, json\n"
+        + _PROBE_CODE[framework]
+        + "try:\n"
+        + f"    importlib.import_module({DALI_PLUGINS[framework]!r})\n"
+        + "    info['dali'] = None\n"
+        + "except Exception as err:\n"
+        + "    info['dali'] = f'{type(err).__name__}: {err}'\n"
+        + "print(json.dumps(info))\n"
+    )
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return Probe(framework, reason=f"its device probe timed out after {timeout} s")
+    lines = res.stdout.strip().splitlines()
+    if res.returncode or not lines:
+        tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        return Probe(framework, reason=f"its device probe failed ({tail})")
+    info = json.loads(lines[-1])
+    dali = info["dali"] and f"DALI's {framework} plugin does not import here ({info['dali']})"
+    if framework == "torch" and not info["gpus"]:
+        return Probe(framework, reason="the PyTorch reference runs on a GPU only, and torch sees none", dali=dali)
+    return Probe(framework, None, info["gpus"], info["devices"], info["device"], dali)
+
+
+def _change(
+    rung: Rung,
+    framework: str,
+    found: Probe,
+    cfg: Config,
+    current: Settings,
+    more_workers: int,
+    num_devices: int | None,
+    cpu_count: int,
+) -> tuple[dict, str | None, str]:
+    """The settings ``rung`` changes, why it cannot run (None: it can), and a note for its line."""
+    gpu = found.gpus > 0
+    torch = framework == "torch"
+    if rung.name == "baseline":
+        if torch:
+            return {}, None, "the reference runs channels_last_3d, cudnn.benchmark, fused Adam and TF32 in every rung"
+        return {}, None, ""
+    if rung.name == "workers":
+        note = f"{more_workers} worker threads on {cpu_count} cores" if cpu_count < more_workers else ""
+        return {"num_data_workers": more_workers}, None, note
+    if rung.name == "dali":
+        change = {"data_loader_config": "dali-npy"}
+        missing = [p for p in cfg.npy_files("train") if not p.is_file()]
+        if found.dali:
+            return change, found.dali, ""
+        if missing:
+            train = cfg.data_file("train")
+            return change, f"no .npy twin {missing[0]} (python -m shared_data.data.convert {train})", ""
+        where = "" if gpu else "CPU-only pipeline, "
+        return change, None, f"{where}dali_threads={cfg.dali_threads}"
+    if rung.name == "amp":
+        note = "" if gpu else "on a CPU, which has no GPU tensor cores"
+        return {"enable_amp": True}, None, note
+    if rung.name == "compile":
+        if torch:
+            return (
+                {},
+                "the reference has no switch: channels_last_3d, cudnn.benchmark and fused Adam are on from "
+                "the baseline, and the benchmark does not run torch.compile",
+                "",
+            )
+        flags = " ".join(DEFAULT_XLA_FLAGS)
+        on_cpu = "" if gpu else ", which act on GPU convolutions only"
+        if framework == "jax":
+            note = f"JAX compiles every rung; this rung adds the kit's XLA flags ({flags}){on_cpu}"
+        else:
+            note = f"XLA for the train step (jit_compile) and the kit's XLA flags ({flags}){on_cpu}"
+        return {"enable_jit": True, "kit_xla_flags": True}, None, note
+    if rung.name == "device":
+        change = {"data_loader_config": "device"}
+        if torch:
+            return change, "the reference has no GPU-resident loader (device is JAX's and TF's)", ""
+        if not gpu:
+            return change, "no GPU: the lesson is volumes in GPU memory (on a CPU device means host memory)", ""
+        return change, None, "volumes in GPU memory, crops and symmetries by one compiled gather"
+    # data parallel
+    n = num_devices or found.gpus
+    change = {"num_devices": n, "local_batch_size": cfg.global_batch_size}
+    if torch:
+        return change, "the reference's data parallel is dlas_compare.torch_ddp (torchrun, SYNTHETIC only)", ""
+    if num_devices is None and found.gpus < 2:
+        why = "no GPU" if not gpu else "1 GPU"
+        return change, f"{why}: data parallel needs several GPUs (--num_devices N runs it on N of any devices)", ""
+    if n > found.devices:
+        return change, f"--num_devices {n}: {framework} sees {found.devices} device(s)", ""
+    return change, None, f"global batch {n} x {cfg.global_batch_size}"
+
+
+def plan(
+    framework: str,
+    found: Probe,
+    cfg: Config,
+    more_workers: int = MORE_WORKERS,
+    num_devices: int | None = None,
+    cpu_count: int | None = None,
+) -> list[Step]:
+    """``framework``'s ladder on this machine: one :class:`Step` per rung of :data:`RUNGS`, each with
+    the settings of the last rung that ran plus its own change, or the reason it is skipped.
+
+    ``found`` is the framework's :func:`probe`; ``cpu_count`` defaults to ``os.cpu_count()``.
+    """
+    cpu_count = cpu_count or os.cpu_count() or 1
+    steps, current = [], Settings()
+    for index, rung in enumerate(RUNGS, 1):
+        if found.reason:
+            steps.append(Step(framework, index, rung, current, skip=found.reason))
+            continue
+        change, skip, note = _change(rung, framework, found, cfg, current, more_workers, num_devices, cpu_count)
+        settings = dataclasses.replace(current, **change)
+        if skip is None:
+            current = settings
+        steps.append(Step(framework, index, rung, settings, skip, note))
+    return steps
+
+
+def benchmark_args(settings: Settings) -> list[str]:
+    """The :mod:`dlas_compare.benchmark` flags of ``settings``."""
+    args = [
+        "--data_loader_config",
+        settings.data_loader_config,
+        "--num_data_workers",
+        str(settings.num_data_workers),
+        "--enable_amp" if settings.enable_amp else "--no-enable_amp",
+        "--enable_jit" if settings.enable_jit else "--no-enable_jit",
+        "--num_devices",
+        str(settings.num_devices),
+    ]
+    if settings.local_batch_size is not None:
+        args += ["--local_batch_size", str(settings.local_batch_size)]
+    return args
+
+
+def xla_flags(settings: Settings, environ: dict | None = None) -> str:
+    """The ``XLA_FLAGS`` a rung's process starts with: the caller's, with the kit's defaults named
+    off before the compilation rung (the frameworks add the defaults at import unless named)."""
+    flags = (os.environ if environ is None else environ).get("XLA_FLAGS", "")
+    return flags if settings.kit_xla_flags else default_xla_flags_off(flags)
+
+
+def verdict(io: float | None, synthetic: float | None, full: float | None) -> tuple[str | None, str]:
+    """The bottleneck of a rung from its samples/s, and why in words.
+
+    ``input-bound`` when FULL < :data:`INPUT_BOUND` x SYNTHETIC and IO < SYNTHETIC (or IO was not
+    measured); ``compute-bound`` otherwise; None without SYNTHETIC or FULL.
+    """
+    if synthetic is None or full is None:
+        return None, "no verdict without SYNTHETIC and FULL"
+    low = full < INPUT_BOUND * synthetic
+    if low and (io is None or io < synthetic):
+        io_text = "IO not measured" if io is None else f"IO {io:.1f} < SYNTHETIC"
+        return "input-bound", f"FULL {full:.1f} < {INPUT_BOUND} x SYNTHETIC {synthetic:.1f} and {io_text}"
+    if low:
+        return "compute-bound", (
+            f"IO {io:.1f} >= SYNTHETIC {synthetic:.1f}, yet FULL {full:.1f} < {INPUT_BOUND} x SYNTHETIC: "
+            "input and step contend for the host"
+        )
+    return "compute-bound", f"FULL {full:.1f} >= {INPUT_BOUND} x SYNTHETIC {synthetic:.1f}"
+
+
+def effect(ratio: float) -> str:
+    """Words for a FULL ratio over the previous rung (:data:`SAME` is the band of no change)."""
+    if ratio > 1 + SAME:
+        return "faster"
+    if ratio < 1 - SAME:
+        return "this rung slowed FULL down here"
+    return f"no change beyond {100 * SAME:.0f}%"
+
+
+def summarize(step: Step, records: list[dict], status: str, reason: str | None, ran: list[dict]) -> dict:
+    """The summary record of one rung from its benchmark ``records``; ``ran`` holds the summaries of
+    the rungs of the same framework that ran before it (the first is the baseline when it ran)."""
+    by_mode = {r["mode"]: r for r in records}
+    rate = lambda mode: by_mode[mode]["samples_per_sec"] if mode in by_mode else None
+    io, synthetic, full = rate("io"), rate("synthetic"), rate("full")
+    base = ran[0] if ran and ran[0]["ladder_rung"] == "baseline" else None
+    prev = ran[-1] if ran else None
+    ratio = lambda other: full / other["full_samples_per_sec"] if (full and other) else None
+    is_base = step.rung.name == "baseline" and full is not None
+    bound, why = verdict(io, synthetic, full) if status == "ran" else (None, "")
+    summary = {
+        "record": "ladder_summary",
+        "framework": step.framework,
+        "ladder_step": step.index,
+        "ladder_rung": step.rung.name,
+        "rung_title": step.rung.title,
+        "status": status,
+        "reason": reason,
+        "ladder_settings": dataclasses.asdict(step.settings),
+        "io_samples_per_sec": io,
+        "synthetic_samples_per_sec": synthetic,
+        "full_samples_per_sec": full,
+        "full_samples_per_sec_min": by_mode["full"]["samples_per_sec_min"] if "full" in by_mode else None,
+        "full_samples_per_sec_max": by_mode["full"]["samples_per_sec_max"] if "full" in by_mode else None,
+        "speedup_vs_baseline": 1.0 if is_base else ratio(base),
+        "speedup_vs_previous": ratio(prev),
+        "previous_rung": prev["ladder_rung"] if prev else None,
+        "verdict": bound,
+        "verdict_reason": why,
+        "note": step.note,
+        "device": next((r["device"] for r in records), None),
+        "global_batch": next((r["global_batch"] for r in records), None),
+    }
+    summary["line"] = lesson_line(summary, step, prev)
+    return summary
+
+
+def lesson_line(summary: dict, step: Step, prev: dict | None) -> str:
+    """One line: the rung's lesson, what FULL did, the bottleneck and where it moved."""
+    head = f"{step.framework} {step.index}. {step.rung.title}: {step.rung.lesson}"
+    if summary["status"] != "ran":
+        return f"{head}; {summary['status']}: {summary['reason']}"
+    parts = [head]
+    full = summary["full_samples_per_sec"]
+    if step.rung.name == "baseline":
+        s = step.settings
+        xla = {"tf": ", no XLA, the kit's XLA flags off", "jax": ", the kit's XLA flags off"}.get(step.framework, "")
+        parts.append(f"{s.data_loader_config}, {s.num_data_workers} workers, fp32{xla}: FULL {full:.1f} samples/s")
+    elif summary["speedup_vs_previous"] is not None:
+        base = summary["speedup_vs_baseline"]
+        parts.append(
+            f"FULL {full:.1f} samples/s, x{summary['speedup_vs_previous']:.2f} over {prev['rung_title']} "
+            f"({effect(summary['speedup_vs_previous'])})"
+            + (f", x{base:.2f} over the baseline" if base and prev["ladder_rung"] != "baseline" else "")
+        )
+    if summary["verdict"]:
+        moved = ""
+        if prev and prev["verdict"] and step.rung.name != "baseline":
+            before, after = prev["verdict"], summary["verdict"]
+            moved = f" (was {before}: the bottleneck moved)" if before != after else " (as before)"
+        parts.append(f"{summary['verdict']}{moved}: {summary['verdict_reason']}")
+    if step.note:
+        parts.append(step.note)
+    return "; ".join(parts)
+
+
+def table(summaries: list[dict]) -> str:
+    """Framework, rung, IO / SYNTHETIC / FULL samples/s, FULL x baseline, x previous, verdict; a
+    framework skipped at every rung for one reason gets one row."""
+    head = f"{'framework':<10}{'rung':<22}{'IO':>10}{'SYNTHETIC':>11}{'FULL':>10}{'x base':>8}{'x prev':>8}  verdict"
+    lines = [head, "-" * len(head)]
+    num = lambda v, fmt="{:.1f}": fmt.format(v) if v is not None else "-"
+    shown = set()
+    for s in summaries:
+        fw = s["framework"]
+        same = [t for t in summaries if t["framework"] == fw]
+        if all(t["status"] == "skipped" and t["reason"] == s["reason"] for t in same) and len(same) == len(RUNGS):
+            if fw not in shown:
+                lines.append(f"{fw:<10}{'(every rung)':<22}skipped: {s['reason']}")
+                shown.add(fw)
+            continue
+        rung = f"{s['ladder_step']} {s['rung_title']}"
+        if s["status"] != "ran":
+            lines.append(f"{fw:<10}{rung:<22}{s['status']}: {s['reason']}")
+            continue
+        lines.append(
+            f"{fw:<10}{rung:<22}{num(s['io_samples_per_sec']):>10}{num(s['synthetic_samples_per_sec']):>11}"
+            f"{num(s['full_samples_per_sec']):>10}{num(s['speedup_vs_baseline'], '{:.2f}'):>8}"
+            f"{num(s['speedup_vs_previous'], '{:.2f}'):>8}  {s['verdict'] or '-'}"
+        )
+    return "\n".join(lines)
+
+
+STEP_KEYS = ("enable_amp", "enable_jit", "kit_xla_flags", "num_devices", "local_batch_size")
+
+
+def noise_lines(summaries: list[dict]) -> list[str]:
+    """Per framework, the spread of SYNTHETIC over the rungs that ran the baseline's train step
+    (settings equal in :data:`STEP_KEYS`; only the input differs, which SYNTHETIC does not use): the
+    same measurement repeated, so FULL ratios within that spread are noise of this machine."""
+    lines = []
+    for fw in dict.fromkeys(s["framework"] for s in summaries):
+        ran = [s for s in summaries if s["framework"] == fw and s["status"] == "ran" and s["synthetic_samples_per_sec"]]
+        if not ran or ran[0]["ladder_rung"] != "baseline":
+            continue
+        key = lambda s: [s["ladder_settings"][k] for k in STEP_KEYS]
+        same = [s for s in ran if key(s) == key(ran[0])]
+        if len(same) < 2:
+            continue
+        rates = [s["synthetic_samples_per_sec"] for s in same]
+        rungs = ", ".join(str(s["ladder_step"]) for s in same)
+        lines.append(
+            f"{fw}: SYNTHETIC of rungs {rungs} (one train step, only the input differs) spans "
+            f"{min(rates):.1f}-{max(rates):.1f} samples/s (x{max(rates) / min(rates):.2f}): "
+            "ratios within that spread are this machine's noise"
+        )
+    return lines
+
+
+def ladder_figure(summaries: list[dict], path: str | Path, title: str = "") -> None:
+    """Bars of FULL samples/s relative to each framework's baseline per rung (linear axis, one colour
+    per framework, min-max bars over the timed windows, "skipped" where a rung did not run); written
+    atomically to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    frameworks = list(dict.fromkeys(s["framework"] for s in summaries))
+    ran = [f for f in frameworks if any(s["speedup_vs_baseline"] for s in summaries if s["framework"] == f)]
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    width = 0.8 / max(len(ran), 1)
+    x = np.arange(len(RUNGS))
+    for j, fw in enumerate(ran):
+        rows = {s["ladder_step"]: s for s in summaries if s["framework"] == fw}
+        base = next(s["full_samples_per_sec"] for s in rows.values() if s["ladder_rung"] == "baseline")
+        xs = x - 0.4 + width * (j + 0.5)
+        for i, xi in zip(range(1, len(RUNGS) + 1), xs):
+            s = rows.get(i)
+            if not s or not s["speedup_vs_baseline"]:
+                ax.text(xi, 0.03, "skipped" if s and s["status"] == "skipped" else "-", rotation=90, ha="center",
+                        va="bottom", fontsize=6, color=f"C{j}", transform=ax.get_xaxis_transform())  # fmt: skip
+                continue
+            v = s["speedup_vs_baseline"]
+            lo, hi = s["full_samples_per_sec_min"] / base, s["full_samples_per_sec_max"] / base
+            ax.bar(xi, v, width, color=f"C{j}", label=fw if i == 1 else None)
+            ax.errorbar(xi, v, yerr=[[max(v - lo, 0)], [max(hi - v, 0)]], color="k", capsize=3, lw=0.8)
+            ax.text(xi, hi, f"{v:.2f}", ha="center", va="bottom", fontsize=6)
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.set_xticks(x, [f"{i}. {r.title}" for i, r in enumerate(RUNGS, 1)], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("FULL samples/s relative to the baseline")
+    ax.set_ylim(bottom=0)
+    if ran:
+        ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path, suffix=path.suffix or ".png") as tmp:
+        fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+
+
+def figure_title(cfg_name: str, summaries: list[dict]) -> str:
+    devices = sorted({f"{s['framework']}: {s['device']}" for s in summaries if s.get("device")})
+    batch = next((s["global_batch"] for s in summaries if s.get("global_batch")), None)
+    return f"ladder, config {cfg_name}, batch {batch} ({'; '.join(devices)}); bars: min-max over timed windows"
+
+
+def forwarded_config_args(args: argparse.Namespace) -> list[str]:
+    """The config options of the ladder's command line for every rung's benchmark, as ``--set``
+    (so they never conflict with the rungs' flags).
+
+    Raises:
+        UserError: a setting the rungs own (:data:`LADDER_KEYS`) was given.
+    """
+    sets = [config_mod.parse_override(s) for s in args.set]
+    given = [k for k in LADDER_KEYS if getattr(args, k, None) is not None] + [k for k, _ in sets if k in LADDER_KEYS]
+    if given:
+        raise UserError(f"{given[0]} is set by the ladder's rungs; leave it out (they own {', '.join(LADDER_KEYS)})")
+    return config_mod.config_argv(args)
+
+
+def run_step(step: Step, modes: Sequence[str], common: list[str], timeout: float) -> tuple[list[dict], str | None, str]:
+    """Run one rung's benchmark process; return its records, why it failed (None: it did not) and
+    the ``XLA_FLAGS`` it started with."""
+    flags = xla_flags(step.settings)
+    env = {**os.environ, "XLA_FLAGS": flags}
+    with tempfile.TemporaryDirectory(prefix="ladder_") as tmp:
+        out = Path(tmp) / "records.jsonl"
+        label = f"{step.framework} {step.index}. {step.rung.title}"
+        cmd = benchmark_command(step.framework, modes, [*common, *benchmark_args(step.settings)], label=label, out=out)
+        print(f"[ladder] {label}: XLA_FLAGS={shlex.quote(flags)} {shlex.join(cmd[1:-2])}", flush=True)
+        t0 = time.perf_counter()
+        records, failure, output = run_process(cmd, out, timeout, env)
+        if failure and output:
+            print("\n".join(output.splitlines()[-15:]), flush=True)
+    print(f"[ladder] {step.framework} {step.index}. {step.rung.title}: {failure or 'ok'} in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+    return records, failure, flags
+
+
+def run_ladder(
+    steps: dict[str, list[Step]],
+    modes: Sequence[str],
+    common: list[str],
+    out: Path,
+    timeout: float,
+    budget: float | None,
+    config: str,
+    start: float | None = None,
+) -> list:
+    """Run the planned ``steps`` rung by rung (every framework's rung 1, then rung 2, ...), each in
+    ``modes`` with the benchmark flags ``common``, appending
+    each rung's records and summary to ``out`` as it ends; return the summaries. Once ``budget``
+    seconds have passed since ``start`` (``time.perf_counter()``; default now), the remaining rungs
+    are skipped and a running one is stopped. ``config`` names the config in the summaries."""
+    ladder_id = f"{platform.node()} {datetime.datetime.now().isoformat(timespec='seconds')}"
+    ran: dict[str, list[dict]] = {fw: [] for fw in steps}
+    summaries = []
+    t0 = time.perf_counter() if start is None else start
+    for i in range(len(RUNGS)):
+        for fw, plan_ in steps.items():
+            step = plan_[i]
+            records, status, reason = [], "skipped", step.skip
+            left = None if budget is None else budget - (time.perf_counter() - t0)
+            if reason is None and left is not None and left <= 0:
+                reason = f"the ladder's time budget (--budget_sec {budget:.0f}) was spent"
+            if reason is None:
+                limit = timeout if left is None else min(timeout, left)
+                records, reason, flags = run_step(step, modes, common, limit)
+                if reason and reason.startswith("timed out") and limit < timeout:
+                    reason = f"stopped at the ladder's time budget (--budget_sec {budget:.0f})"
+                status = "failed" if reason else "ran"
+                for r in records:
+                    r.update(ladder_id=ladder_id, ladder_step=step.index, ladder_rung=step.rung.name)
+                    r.update(ladder_settings=dataclasses.asdict(step.settings), ladder_xla_flags=flags)
+            summary = summarize(step, records, status, reason, ran[fw])
+            summary.update(
+                config=config,
+                ladder_id=ladder_id,
+                command=shlex.join(sys.argv),
+                date=datetime.datetime.now().isoformat(timespec="seconds"),
+            )
+            if status == "ran":
+                ran[fw].append(summary)
+            summaries.append(summary)
+            append_records(out, records + [summary])
+            print(f"[ladder] {summary['line']}", flush=True)
+    return summaries
+
+
+def read_summaries(path: Path) -> list[dict]:
+    """The summary records of the last ladder in the JSON lines file ``path``.
+
+    Raises:
+        UserError: the file is missing, not JSON lines, or holds no ladder summary.
+    """
+    try:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserError(f"--replot {path}: expected a JSON lines file written by the ladder ({err})") from None
+    summaries = [r for r in records if isinstance(r, dict) and r.get("record") == "ladder_summary"]
+    if not summaries:
+        raise UserError(f'--replot {path}: no ladder summary records ("record": "ladder_summary") in it')
+    last = summaries[-1]["ladder_id"]
+    return [s for s in summaries if s["ladder_id"] == last]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dlas_compare.ladder", description=__doc__.split("\n\n")[0])
+    config_mod.add_config_args(p)
+    p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="FULL is required (the speedups)")
+    p.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed steps per mode")
+    p.add_argument(
+        "--steps", type=int_at_least(1), default=10, help="steps per timed window (at most, with --window_sec)"
+    )
+    p.add_argument("--windows", type=int_at_least(1), default=3, help="timed windows per mode")
+    p.add_argument("--window_sec", type=positive_float, help="timed windows of about this many seconds")
+    p.add_argument(
+        "--more_workers",
+        type=int_at_least(BASELINE_WORKERS + 1),
+        default=MORE_WORKERS,
+        help="workers of the 'more workers' rung (default: %(default)s; the baseline has 4)",
+    )
+    p.add_argument(
+        "--num_devices",
+        type=int_at_least(2),
+        help="devices of the data-parallel rung (default: all GPUs; a number runs it on CPU devices too)",
+    )
+    p.add_argument("--out", help="JSON lines file appended to (default: runs/ladder/<config>.jsonl)")
+    p.add_argument("--figure", help="PNG of the relative speedups (default: --out with .png)")
+    p.add_argument("--timeout", type=positive_float, default=600, help="seconds per rung and framework")
+    p.add_argument(
+        "--budget_sec",
+        type=positive_float,
+        help="seconds for the whole ladder (probes included): later rungs are skipped, a running one stopped",
+    )
+    p.add_argument("--replot", metavar="JSONL", help="print the table and draw the figure of the last ladder in JSONL")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    start = time.perf_counter()
+    args = build_parser().parse_args(argv)
+    if args.replot:
+        summaries = read_summaries(Path(args.replot))
+        print(table(summaries))
+        print("\n".join([s["line"] for s in summaries] + noise_lines(summaries)))
+        figure = Path(args.figure or Path(args.replot).with_suffix(".png"))
+        ladder_figure(summaries, figure, figure_title(summaries[0]["config"], summaries))
+        print(f"wrote {figure}")
+        return 0
+    if "full" not in args.modes:
+        raise UserError("--modes must include full: the ladder's speedups are FULL samples/s")
+    common = forwarded_config_args(args)
+    common += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+    common += ["--windows", str(args.windows)] + (["--window_sec", str(args.window_sec)] if args.window_sec else [])
+    cfg = config_mod.config_from_args(args)
+    train = cfg.data_file("train")
+    if not train.is_file():
+        raise DatasetError(
+            f"config {cfg.name!r} reads {train}, which does not exist "
+            f"(python -m shared_data.data.generate --out {train} --size 128 --seed 1 --npy)"
+        )
+    out = Path(args.out or f"runs/ladder/{cfg.name}.jsonl")
+    figure = Path(args.figure or out.with_suffix(".png"))
+    steps = {}
+    for fw in args.frameworks:
+        found = probe(fw)
+        steps[fw] = plan(fw, found, cfg, args.more_workers, args.num_devices)
+        print(f"[ladder] {fw}: {found.reason or f'{found.devices} device(s), {found.device}'}", flush=True)
+    summaries = run_ladder(steps, args.modes, common, out, args.timeout, args.budget_sec, cfg.name, start)
+    print(table(summaries))
+    print("\n".join([s["line"] for s in summaries if s["status"] == "ran"] + noise_lines(summaries)))
+    ladder_figure(summaries, figure, figure_title(cfg.name, summaries))
+    print(f"wrote {out} and {figure}")
+    return 1 if any(s["status"] == "failed" for s in summaries) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

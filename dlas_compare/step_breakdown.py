@@ -1,0 +1,456 @@
+"""Where the time of one JAX training step goes: per layer, the forward, input-gradient and
+weight-gradient convolutions with their achieved TFLOP/s against the peak; the rest by kind (bias and
+activations, pads, concatenations, depth-to-space shuffles, casts, loss, Adam, ...), each with the
+bytes it moves against the copy rate.
+
+    python -m dlas_compare.step_breakdown --config short_opt --out runs/breakdown       # bf16 (short_opt)
+    python -m dlas_compare.step_breakdown --config short_opt --no-enable_amp --out runs/breakdown_fp32
+    python -m dlas_compare.step_breakdown --from_dir runs/breakdown                     # re-read a saved trace
+
+How: ``--steps`` SYNTHETIC steps of the kit's compiled train step are traced with
+``jax.profiler.trace`` (a Perfetto trace); every kernel event names the HLO instruction it runs
+(``hlo_op``), and the optimized HLO of the step (``Compiled.as_text()``) gives each instruction's
+shapes, convolution window and the Python source (function names) it came from. Convolutions are
+``convolution`` ops or cuDNN custom-calls; their executed FLOPs are ``2 x elements(forward output) x
+elements(kernel) / C_out`` (each output element is a dot product over the kernel's window and input
+channels). The bytes of any other op are its operands plus its result, read and written once.
+Writes ``trace.json.gz``, ``hlo.txt``, ``breakdown.json`` (atomically) into ``--out`` and prints the
+tables. JAX only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import gzip
+import json
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from dlas_compare.benchmark import peak_tflops
+from shared_data.core import config as config_mod
+from shared_data.core.errors import UserError, run_cli
+from shared_data.core.files import write_atomic
+from shared_data.model import unet_spec
+
+DTYPE_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s64": 8, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
+#: Copy rate (bytes read + written per second) the memory-bound ops are measured against, by device.
+PEAK_COPY_TBPS = {"H200": 4.3, "H100": 2.9}
+KINDS = (
+    "bias and activations",
+    "pads",
+    "concatenations",
+    "depth-to-space shuffles",
+    "space-to-depth shuffles",
+    "kernel regrouping",
+    "casts",
+    "loss",
+    "Adam",
+    "gradient norm",
+    "loss scale",
+    "layout copies",
+    "other",
+)
+
+
+@dataclasses.dataclass
+class Instruction:
+    """One HLO instruction: name, opcode, result shapes ``[(dtype, dims)]``, operand names, the
+    called computation, attributes text, metadata ``op_name`` and source function names (innermost first)."""
+
+    name: str
+    opcode: str
+    shapes: list
+    operands: list
+    calls: str | None
+    attrs: str
+    op_name: str
+    functions: list
+
+
+def _shapes(text: str) -> list:
+    return [(t, [int(d) for d in dims.split(",") if d]) for t, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", text)]
+
+
+def _nbytes(shapes) -> int:
+    return sum(DTYPE_BYTES.get(t, 4) * math.prod(d) for t, d in shapes if t in DTYPE_BYTES)
+
+
+_INSTR = re.compile(r"^\s+(?:ROOT )?%(\S+) = (.+?) ([a-z][\w-]*)\((.*?)\)(.*)$")
+
+
+def parse_hlo(text: str) -> dict[str, Instruction]:
+    """Every instruction of an optimized HLO module (its ``as_text()``), by name, with the source
+    function names of its stack frame (the module's FileLocations / StackFrames tables)."""
+    functions = dict(re.findall(r"^(\d+) \"(.*)\"$", _section(text, "FunctionNames"), re.M))
+    locations = {
+        k: v
+        for k, v in re.findall(
+            r"^(\d+) \{file_name_id=\d+ function_name_id=(\d+)", _section(text, "FileLocations"), re.M
+        )
+    }
+    frames = dict(
+        (k, (loc, parent))
+        for k, loc, parent in re.findall(
+            r"^(\d+) \{file_location_id=(\d+) parent_frame_id=(\d+)", _section(text, "StackFrames"), re.M
+        )
+    )
+
+    def chain(frame: str | None) -> list:
+        out, seen = [], set()
+        while frame and frame in frames and frame not in seen:
+            seen.add(frame)
+            loc, parent = frames[frame]
+            out.append(functions.get(locations.get(loc, ""), "?"))
+            frame = parent if parent != frame else None
+        return out
+
+    instrs = {}
+    for line in text.splitlines():
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        name, shape_text, opcode, operand_text, attrs = m.groups()
+        calls = re.search(r"calls=%([\w.-]+)", attrs)
+        op_name = re.search(r'op_name="([^"]*)"', attrs)
+        frame = re.search(r"stack_frame_id=(\d+)", attrs)
+        instrs[name] = Instruction(
+            name,
+            opcode,
+            _shapes(shape_text),
+            re.findall(r"%([\w.-]+)", operand_text),
+            calls.group(1) if calls else None,
+            attrs,
+            op_name.group(1) if op_name else "",
+            chain(frame.group(1) if frame else None),
+        )
+    return instrs
+
+
+def _section(text: str, title: str) -> str:
+    m = re.search(rf"^{title}\n(.*?)(?:\n\n|\Z)", text, re.M | re.S)
+    return m.group(1) if m else ""
+
+
+def computations(text: str) -> dict[str, list[str]]:
+    """Instruction names of each computation of the module, by computation name."""
+    out, current = {}, None
+    for line in text.splitlines():
+        head = re.match(r"^(?:ENTRY )?%([\w.-]+) .*\{$", line)
+        if head:
+            current = head.group(1)
+            out[current] = []
+            continue
+        m = _INSTR.match(line)
+        if m and current:
+            out[current].append(m.group(1))
+    return out
+
+
+def is_conv(ins: Instruction) -> bool:
+    return ins.opcode == "convolution" or (
+        ins.opcode == "custom-call" and "conv" in ins.attrs.split("custom_call_target=")[-1][:40]
+    )
+
+
+def layer_of(ins: Instruction, layers: Sequence[str]) -> str | None:
+    """The U-Net layer (``down1`` ... ``last``) an instruction belongs to, from its ``op_name`` scope."""
+    for part in ins.op_name.split("/"):
+        if part in layers:
+            return part
+    return None
+
+
+def conv_flops_and_role(ins: Instruction, instrs: dict, batch: int) -> tuple[float, str]:
+    """Executed FLOPs of a convolution and its role: ``fwd``, ``dgrad`` (input gradient) or
+    ``wgrad`` (weight gradient).
+
+    A cuDNN custom-call names its role (``__cudnn$convBackwardInput`` / ``...Filter``) and describes
+    the forward convolution: FLOPs = 2 x elements(forward output) x elements(kernel) / C_out. A plain
+    ``convolution`` op is counted as written: 2 x elements(result) x elements(rhs) / rhs C_out; it is
+    forward-mode unless its scope is under ``transpose(`` (or it has no scope, as XLA's rewritten
+    gradients may), and of the backward ones the one whose result has no batch axis is the weight
+    gradient.
+    """
+    result = next(d for t, d in ins.shapes if t != "u8")
+    operands = [next((d for t, d in instrs[o].shapes if t != "u8"), []) for o in ins.operands if o in instrs]
+    labels = re.search(r"dim_labels=\w+_(\w+)->\w+", ins.attrs)
+    rhs_labels = labels.group(1) if labels else ""
+    target = re.search(r'custom_call_target="([^"]+)"', ins.attrs)
+    target = target.group(1) if target else ""
+    if target:
+        if "BackwardFilter" in target:
+            role, fwd_out, kernel = "wgrad", operands[1], result
+        elif "BackwardInput" in target:
+            role, fwd_out, kernel = "dgrad", operands[0], operands[1]
+        else:
+            role, fwd_out, kernel = "fwd", result, operands[1]
+        c_out = kernel[rhs_labels.index("o")] if "o" in rhs_labels else kernel[-1]
+        return 2.0 * math.prod(fwd_out) * math.prod(kernel) / max(c_out, 1), role
+    rhs = operands[1]
+    c_out = rhs[rhs_labels.index("o")] if "o" in rhs_labels else rhs[-1]
+    backward = "transpose(" in ins.op_name or not ins.op_name
+    role = "fwd" if not backward else ("dgrad" if result[:1] == [batch] else "wgrad")
+    return 2.0 * math.prod(result) * math.prod(rhs) / max(c_out, 1), role
+
+
+def formulation_kernels(cfg) -> dict[str, list]:
+    """Per layer, the sorted dims of the kernel its convolutions use (the formulation's: space-to-depth
+    (2, 2, 2, 8 C_in, C_out), sub-pixel (2, 2, 2, C_in, 8 C_out), else (4, 4, 4, C_in, C_out)), to find
+    the layer of a convolution XLA left without a scope."""
+    out = {}
+    for s in unet_spec.layer_specs(cfg):
+        if s.kind == "down":
+            method = unet_spec.conv_method("down", s.in_size, cfg.downconv, cfg.downconv_strided_below)
+            dims = [2, 2, 2, 8 * s.c_in, s.c_out] if method == "space_to_depth" else [4, 4, 4, s.c_in, s.c_out]
+        else:
+            method = unet_spec.conv_method("up", s.in_size, cfg.upconv, cfg.upconv_transpose_below)
+            dims = {"subpixel": [2, 2, 2, s.c_in, 8 * s.c_out], "phases": [2, 2, 2, s.c_in, s.c_out]}.get(
+                method, [4, 4, 4, s.c_in, s.c_out]
+            )
+        out[s.name] = sorted(dims)
+    return out
+
+
+def kind_of(ins: Instruction, fused: list) -> str:
+    """The kind of a non-convolution op, from the source functions and primitives of it and of the
+    instructions fused into it."""
+    names = " ".join(ins.op_name.split("/")[-1:] + [f.op_name.split("/")[-1] for f in fused])
+    funcs = set(ins.functions + [fn for f in fused for fn in f.functions])
+    text = " ".join(funcs)
+    if "scale_by_adam" in text or "apply_updates" in text or "bias_correction" in text or "update_moment" in text:
+        return "Adam"
+    if "tree_norm" in text:
+        return "gradient norm"
+    if "dynamic_scale" in text.lower() or "DynamicScale" in text:
+        return "loss scale"
+    if "loss_fn" in text:
+        return "loss"
+    if "depth_to_space" in text:
+        return "depth-to-space shuffles"
+    if "phase_kernel" in text or ("conv_space_to_depth" in text and "gather" in names):
+        return "kernel regrouping"
+    if "conv_space_to_depth" in text and "pad" not in names:
+        return "space-to-depth shuffles"
+    if "pad" in names:
+        return "pads"
+    if "concatenate" in names:
+        return "concatenations"
+    if any(k in names for k in ("select_n", "max", "add", "leaky_relu", "relu", "tanh")):
+        return "bias and activations"
+    if "convert" in names:
+        return "casts"
+    if ins.opcode in ("copy", "transpose") or not ins.op_name:
+        return "layout copies"
+    return "other"
+
+
+def kernel_times(events: list, steps: int, instructions: dict | None = None) -> tuple[dict, dict]:
+    """Per HLO instruction, the kernel seconds per step, and the device totals (``busy_s``: the union of
+    kernel intervals, ``span_s``: first start to last end, both per step). Device (GPU) kernel events
+    are used when the trace has them, else the host's XLA thunk events (CPU). A kernel run inside an
+    XLA command buffer (a CUDA graph) names the buffer as its ``hlo_op``; its own name is its fusion's
+    with ``.`` written ``_`` (``loop_add_fusion_3`` for ``loop_add_fusion.3``), which ``instructions``
+    (:func:`parse_hlo`) maps back."""
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    gpu = {pid for pid, n in names.items() if "GPU" in n or "/device:" in n}
+    ops = [
+        e
+        for e in events
+        if e.get("ph") == "X"
+        and isinstance(e.get("args"), dict)
+        and "hlo_op" in e["args"]
+        and (e["pid"] in gpu if gpu else not e["name"].startswith("end:"))
+    ]
+    if not ops:
+        raise UserError("the trace has no kernel events naming an HLO instruction (hlo_op); nothing to attribute")
+    by_kernel_name = {name.replace(".", "_"): name for name in instructions or {}}
+    per_op = collections.defaultdict(float)
+    for e in ops:
+        op = e["args"]["hlo_op"]
+        if instructions is not None and op not in instructions:
+            op = by_kernel_name.get(e["name"], op)
+        per_op[op] += e["dur"] * 1e-6 / steps
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in ops)
+    busy, end = 0.0, -math.inf
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return dict(per_op), {"busy_s": busy * 1e-6 / steps, "span_s": (spans[-1][1] - spans[0][0]) * 1e-6 / steps}
+
+
+def breakdown(hlo_text: str, events: list, steps: int, cfg, batch: int, device: str) -> dict:
+    """The breakdown of one step from its HLO and trace: ``layers`` (per layer and role: ms, GFLOP,
+    TFLOP/s, share of peak), ``kinds`` (per kind: ms, GB moved, TB/s, share of the copy rate),
+    ``totals``."""
+    instrs, comps = parse_hlo(hlo_text), computations(hlo_text)
+    per_op, totals = kernel_times(events, steps, instrs)
+    layers_names = [s.name for s in unet_spec.layer_specs(cfg)]
+    peak, copy = peak_tflops(device), next((v for k, v in PEAK_COPY_TBPS.items() if k in device), None)
+    kernels = formulation_kernels(cfg)
+    layers = {
+        n: {r: {"ms": 0.0, "gflop": 0.0} for r in ("fwd", "dgrad", "wgrad")} for n in [*layers_names, "unidentified"]
+    }
+    kinds = {k: {"ms": 0.0, "gb": 0.0} for k in KINDS}
+    unmatched = 0.0
+    for name, seconds in per_op.items():
+        ins = instrs.get(name)
+        if ins is None:
+            unmatched += seconds
+            continue
+        fused = [instrs[n] for n in comps.get(ins.calls or "", []) if n in instrs]
+        conv = ins if is_conv(ins) else next((f for f in fused if is_conv(f)), None)
+        layer = layer_of(conv, layers_names) if conv else None
+        if conv is not None and layer is None:  # no scope: the layer whose kernel has these dims, if one
+            dims = sorted(next(d for t, d in conv.shapes if t != "u8"))
+            match = [n for n, k in kernels.items() if k == dims]
+            layer = match[0] if len(match) == 1 else "unidentified"
+        if conv is not None:
+            flops, role = conv_flops_and_role(conv, instrs, batch)
+            layers[layer][role]["ms"] += seconds * 1e3
+            layers[layer][role]["gflop"] += flops / 1e9
+            continue
+        kind = kind_of(ins, fused)
+        operand_bytes = sum(_nbytes([s for s in instrs[o].shapes if s[0] != "u8"]) for o in ins.operands if o in instrs)
+        kinds[kind]["ms"] += seconds * 1e3
+        kinds[kind]["gb"] += (operand_bytes + _nbytes([s for s in ins.shapes if s[0] != "u8"])) / 1e9
+    for row in (r for lay in layers.values() for r in lay.values()):
+        row["tflops"] = row["gflop"] / row["ms"] if row["ms"] else 0.0
+        row["peak_share"] = row["tflops"] / peak if peak else None
+    for row in kinds.values():
+        row["tbps"] = row["gb"] / row["ms"] if row["ms"] else 0.0
+        row["copy_share"] = row["tbps"] / copy if copy else None
+    conv_ms = sum(r["ms"] for lay in layers.values() for r in lay.values())
+    conv_gflop = sum(r["gflop"] for lay in layers.values() for r in lay.values())
+    model_gflop = unet_spec.train_flops_per_sample(cfg) * batch / 1e9
+    totals.update(
+        kernel_ms=sum(per_op.values()) * 1e3,
+        conv_ms=conv_ms,
+        other_ms=sum(k["ms"] for k in kinds.values()),
+        unmatched_ms=unmatched * 1e3,
+        conv_gflop_executed=conv_gflop,
+        model_gflop=model_gflop,
+        floor_ms_at_peak=model_gflop / peak if peak else None,
+        busy_ms=totals.pop("busy_s") * 1e3,
+        span_ms=totals.pop("span_s") * 1e3,
+    )
+    return {
+        "layers": layers,
+        "kinds": kinds,
+        "totals": totals,
+        "device": device,
+        "peak_tflops": peak,
+        "copy_tbps": copy,
+        "batch": batch,
+        "precision": cfg.precision,
+        "config": cfg.name,
+    }
+
+
+def tables(result: dict) -> str:
+    """The two tables of a breakdown as Markdown (ms per step)."""
+    t = result["totals"]
+    lines = [
+        f"{result['config']}, {result['precision']}, batch {result['batch']}, {result['device']}: "
+        f"span {t['span_ms']:.2f} ms per step, kernels busy {t['busy_ms']:.2f} ms, convolutions "
+        f"{t['conv_ms']:.2f} ms, other {t['other_ms']:.2f} ms",
+        "",
+        "| layer | fwd ms | dgrad ms | wgrad ms | GFLOP executed | TFLOP/s | % of peak |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, roles in result["layers"].items():
+        ms = sum(r["ms"] for r in roles.values())
+        if name == "unidentified" and not ms:
+            continue
+        gflop = sum(r["gflop"] for r in roles.values())
+        share = f"{100 * gflop / ms / result['peak_tflops']:.0f}%" if ms and result["peak_tflops"] else "-"
+        lines.append(
+            f"| {name} | {roles['fwd']['ms']:.2f} | {roles['dgrad']['ms']:.2f} | {roles['wgrad']['ms']:.2f} | "
+            f"{gflop:.3g} | {gflop / ms if ms else 0:.3g} | {share} |"
+        )
+    lines += ["", "| other kernels, by kind | ms | GB moved | TB/s | % of copy rate |", "|---|---|---|---|---|"]
+    for kind, row in sorted(result["kinds"].items(), key=lambda kv: -kv[1]["ms"]):
+        if row["ms"]:
+            share = f"{100 * row['copy_share']:.0f}%" if row["copy_share"] is not None else "-"
+            lines.append(f"| {kind} | {row['ms']:.2f} | {row['gb']:.2f} | {row['tbps']:.2f} | {share} |")
+    if t["floor_ms_at_peak"]:
+        lines.append(
+            f"\nmodel FLOPs {t['model_gflop']:.0f} GFLOP per step: {t['floor_ms_at_peak']:.2f} ms at "
+            f"{result['peak_tflops']:.0f} TFLOP/s; executed convolution FLOPs {t['conv_gflop_executed']:.0f} GFLOP"
+        )
+    return "\n".join(lines)
+
+
+def trace_steps(cfg, steps: int, warmup: int, out: Path) -> tuple[str, list, str, float]:
+    """Trace ``steps`` SYNTHETIC steps of the kit's JAX step; return (HLO text, trace events, device, step seconds)."""
+    import tempfile
+    import time
+
+    import jax
+
+    from jax_impl.bench import Bench
+
+    bench = Bench(cfg, "synthetic")
+    for _ in range(warmup):
+        bench.step()
+    bench.sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        bench.step()
+    bench.sync()
+    step_s = (time.perf_counter() - t0) / steps
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp, create_perfetto_trace=True):
+            for _ in range(steps):
+                bench.step()
+            bench.sync()
+        trace = sorted(Path(tmp).glob("plugins/profile/*/perfetto_trace.json.gz"))[-1]
+        raw = trace.read_bytes()
+    write_atomic(out / "trace.json.gz", raw)
+    hlo = bench.train_fn.as_text()
+    write_atomic(out / "hlo.txt", hlo)
+    return hlo, json.loads(gzip.decompress(raw))["traceEvents"], bench.device_name(), step_s
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dlas_compare.step_breakdown", description=__doc__.split("\n\n")[0])
+    config_mod.add_config_args(p)
+    p.add_argument("--steps", type=int, default=5, help="traced steps (after the timed ones)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--out", help="folder for trace.json.gz, hlo.txt and breakdown.json")
+    p.add_argument("--from_dir", help="re-read the trace and HLO (hlo.txt or hlo.txt.gz) saved in this folder")
+    args = p.parse_args(argv)
+    if args.from_dir:
+        folder = Path(args.from_dir)
+        meta = json.loads((folder / "breakdown.json").read_text())
+        cfg = config_mod.make_config(meta["config_values"], meta["config"], str(folder / "breakdown.json"))
+        hlo_file = folder / "hlo.txt"
+        hlo = (
+            hlo_file.read_text()
+            if hlo_file.is_file()
+            else gzip.decompress((folder / "hlo.txt.gz").read_bytes()).decode()
+        )
+        events = json.loads(gzip.decompress((folder / "trace.json.gz").read_bytes()))["traceEvents"]
+        device, step_s, steps = meta["device"], meta["step_s"], meta["steps"]
+    else:
+        if not args.out:
+            raise UserError("--out: give a folder for the trace and the breakdown (or --from_dir to re-read one)")
+        cfg = config_mod.config_from_args(args)
+        folder, steps = Path(args.out), args.steps
+        folder.mkdir(parents=True, exist_ok=True)
+        hlo, events, device, step_s = trace_steps(cfg, steps, args.warmup, folder)
+    batch = config_mod.batch_sizes(cfg, 1)[0]
+    result = breakdown(hlo, events, steps, cfg, batch, device)
+    result.update(step_s=step_s, steps=steps, config_values=config_mod.config_dict(cfg), samples_per_sec=batch / step_s)
+    write_atomic(folder / "breakdown.json", json.dumps(result, indent=1))
+    print(tables(result))
+    print(f"\ntimed step (untraced): {1e3 * step_s:.2f} ms, {batch / step_s:.1f} samples/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

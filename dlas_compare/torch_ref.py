@@ -1,0 +1,209 @@
+"""PyTorch reference: the tutorial's U-Net and training step with the tutorial's GPU practices
+(AMP autocast, ``channels_last_3d``, fused Adam, ``cudnn.benchmark``; optional ``torch.compile``).
+
+It exists to be measured against (``dlas_compare.benchmark --framework torch``), and loads the canonical
+weights file, so its outputs can be checked against TF and JAX. Imports torch only inside functions
+that need it, so the comparison tools import without torch and skip its row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shared_data.core import loader_kinds
+from shared_data.core.config import Config
+from shared_data.core.errors import MissingDependencyError, UserError
+from shared_data.model.unet_spec import encoder_widths, layer_specs
+
+
+def build_model(cfg: Config):
+    """The tutorial's ``UNet`` in PyTorch (NCDHW), layer names ``down1`` ... ``last`` as the spec."""
+    import torch
+    from torch import nn
+
+    class UNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            specs = layer_specs(cfg)
+            self.n = len(encoder_widths(cfg))
+            self.convs = nn.ModuleDict()
+            for s in specs:
+                conv = nn.Conv3d if s.kind == "down" else nn.ConvTranspose3d
+                self.convs[s.name] = conv(s.c_in, s.c_out, 4, 2, 1)
+                nn.init.normal_(self.convs[s.name].weight, 0.0, 0.02)
+                nn.init.zeros_(self.convs[s.name].bias)
+
+        def forward(self, x):
+            skips = []
+            for i in range(self.n):
+                x = nn.functional.leaky_relu(self.convs[f"down{i + 1}"](x), 0.01)
+                skips.append(x)
+            for j in range(self.n - 1):
+                x = torch.relu(self.convs[f"up{self.n - 1 - j}"](x))
+                x = torch.cat([x, skips[self.n - 2 - j]], dim=1)
+            return torch.tanh(self.convs["last"](x).float())
+
+    return UNet()
+
+
+def params_from_canonical(model, weights: dict[str, np.ndarray]) -> None:
+    """Load canonical arrays: conv (k, k, k, in, out) -> (out, in, k, k, k); transposed conv
+    (k, k, k, in, out) -> (in, out, k, k, k) (PyTorch's ``ConvTranspose3d`` weight layout)."""
+    import torch
+
+    with torch.no_grad():
+        for name, conv in model.convs.items():
+            w = weights[f"{name}/kernel"]
+            perm = (4, 3, 0, 1, 2) if name.startswith("down") else (3, 4, 0, 1, 2)
+            conv.weight.copy_(torch.from_numpy(np.ascontiguousarray(w.transpose(perm))))
+            conv.bias.copy_(torch.from_numpy(weights[f"{name}/bias"]))
+
+
+def make_train_step(cfg: Config, model, lr: float = 2e-4, compile_model: bool = False, channels_last: bool = True):
+    """A training step ``step(x, y) -> loss`` (x, y NCDHW on the GPU): bf16/fp16 autocast when
+    ``cfg.enable_amp`` (GradScaler for fp16), fused Adam, L1 loss (+ lambda_rho term)."""
+    import torch
+
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(cfg.precision)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last_3d)
+    net = torch.compile(model) if compile_model else model
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+            pred = net(x)
+            loss = torch.mean(torch.abs(pred.float() - y))
+            if cfg.lambda_rho:
+                d, s = cfg.density_channel, cfg.density_scale
+                loss = loss + cfg.lambda_rho * torch.mean(
+                    torch.abs(torch.exp(s * pred[:, d].float()) - torch.exp(s * y[:, d]))
+                )
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    return step
+
+
+def require_torch():
+    """Import torch or raise :class:`MissingDependencyError` naming the extra to install."""
+    try:
+        import torch
+    except ImportError:
+        raise MissingDependencyError("the PyTorch reference needs torch: pip install -e '.[torch]'") from None
+    return torch
+
+
+def versions() -> dict | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+    }
+
+
+class Bench:
+    """The PyTorch reference in the benchmark modes (see :mod:`dlas_compare.benchmark`). FULL and IO read
+    through the same shared DALI pipelines (``nvidia.dali.plugin.pytorch``) or the NumPy loader."""
+
+    framework = "torch"
+
+    def __init__(self, cfg: Config, mode: str, num_devices: int | None = None, compile_model: bool = False):
+        import time
+
+        kind = loader_kinds.loader_kind(cfg)
+        if kind.dali and kind.device_volumes and mode != "synthetic":
+            raise UserError(
+                "the PyTorch reference has no dali-device input (its crop callback is JAX's and "
+                "TF's); use dali-npy, dali-h5 or a native loader"
+            )
+        torch = require_torch()
+        from shared_data.model.unet_spec import init_weights
+
+        if not torch.cuda.is_available():
+            raise UserError("the PyTorch reference is measured on a GPU only, and torch sees none")
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        self.torch, self.cfg, self.mode = torch, cfg, mode
+        self.global_batch = cfg.local_batch_size or cfg.global_batch_size
+        self.compile_sec = 0.0
+        self._out = None
+        s, b = cfg.crop_size, self.global_batch
+        if mode in ("io", "full"):
+            self.batches = self._batches()
+        if mode in ("synthetic", "full"):
+            model = build_model(cfg).cuda()
+            params_from_canonical(model, init_weights(cfg, cfg.seed))
+            self.train_step = make_train_step(cfg, model, compile_model=compile_model)
+            x = torch.randn(b, cfg.N_in_channels, s, s, s, device="cuda").to(memory_format=torch.channels_last_3d) * 0.1
+            y = (
+                torch.randn(b, cfg.N_out_channels, s, s, s, device="cuda").to(memory_format=torch.channels_last_3d)
+                * 0.1
+            )
+            self.batch = (x, y)
+            t0 = time.perf_counter()
+            for _ in range(3):  # cudnn.benchmark autotuning (and torch.compile) happen in the first steps
+                self.train_step(x, y)
+            torch.cuda.synchronize()
+            self.compile_sec = time.perf_counter() - t0
+
+    def _batches(self):
+        import itertools
+
+        torch, cfg = self.torch, self.cfg
+        if loader_kinds.loader_kind(cfg).dali:
+            from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+            from shared_data.data import dali_pipelines as dp
+            from shared_data.data import dataset
+            from shared_data.data.sampler import TRAIN
+
+            path = cfg.data_file("train")
+            size = dataset.validate(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size).size
+            plans = dp.EpochPlans(cfg, TRAIN, [0], 1, size)
+            sources = dp.crop_sources(plans, path, cfg) if loader_kinds.loader_kind(cfg).crops_outside_dali else None
+            pipe = dp.build_pipeline(cfg, "train", self.global_batch, 0, plans, sources)
+            it = DALIGenericIterator([pipe], list(dp.OUTPUTS), auto_reset=True)
+            for _ in itertools.count():
+                for out in it:
+                    yield out[0]["inputs"].permute(0, 4, 1, 2, 3), out[0]["targets"].permute(0, 4, 1, 2, 3)
+        from shared_data.data import crop_readers, host_batches
+        from shared_data.data.sampler import TRAIN
+
+        reader = crop_readers.make_reader(cfg)
+        for epoch in itertools.count():
+            for b in host_batches.NumpyLoader(
+                reader, host_batches.make_plan(cfg, TRAIN, epoch, [0], 1, reader.size), cfg
+            ):
+                x = torch.from_numpy(b["inputs"]).pin_memory().cuda(non_blocking=True)
+                y = torch.from_numpy(b["targets"]).pin_memory().cuda(non_blocking=True)
+                yield x.permute(0, 4, 1, 2, 3), y.permute(0, 4, 1, 2, 3)
+
+    def step(self) -> None:
+        if self.mode == "io":
+            self._out = next(self.batches)
+            return
+        x, y = self.batch if self.mode == "synthetic" else next(self.batches)
+        self._out = self.train_step(x, y)
+
+    def sync(self) -> None:
+        self.torch.cuda.synchronize()
+
+    def peak_memory_bytes(self) -> int | None:
+        return int(self.torch.cuda.max_memory_allocated())
+
+    def versions(self) -> dict:
+        return versions() or {}
+
+    def device_name(self) -> str:
+        return f"1 x {self.torch.cuda.get_device_name(0)}"

@@ -1,0 +1,90 @@
+"""Orbax checkpoints of the JAX train state, one per epoch: the counterpart of :mod:`tf_impl.checkpoints`.
+
+The run's resume rule (:meth:`shared_data.runtime.run.Run.resume`) calls :meth:`Checkpoints.epochs`
+and :meth:`Checkpoints.restore`; the trainer calls :meth:`Checkpoints.save` after each epoch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+
+from jax_impl import distribute
+from shared_data.core.errors import UserError
+
+
+class Checkpoints:
+    """Orbax checkpoints of the train state, one per epoch (``step`` = epochs done), written atomically
+    (orbax renames a finished temporary folder; unfinished ones are removed at start). ``like`` is a
+    state of this config (its arrays' shapes, dtypes and shardings are the restore template); without
+    it only :meth:`restore_params` restores. ``read_only`` (inference) creates and removes nothing, so
+    a run that is saving meanwhile is left alone."""
+
+    def __init__(self, directory: Path, keep: int, like=None, read_only: bool = False):
+        import orbax.checkpoint as ocp
+
+        self._ocp, self.directory = ocp, directory
+        self._like = None if like is None else distribute.abstract(like)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only, read_only=read_only
+        )
+        self.manager = ocp.CheckpointManager(
+            directory.absolute(), item_handlers=ocp.StandardCheckpointHandler(), options=options
+        )
+
+    def epochs(self) -> list[int]:
+        """The epochs with a finished checkpoint, oldest first."""
+        return sorted(self.manager.all_steps())
+
+    def save(self, epoch: int, state) -> None:
+        """Write ``state`` as the checkpoint of ``epoch`` and wait until it is on disk."""
+        self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
+        self.manager.wait_until_finished()
+
+    def restore(self, epoch: int):
+        """The state saved after ``epoch``. The stored arrays' shapes and dtypes are compared with this
+        config's state first, so a checkpoint of another net is refused before orbax starts its
+        (threaded) restore.
+
+        Raises:
+            UserError: the checkpoint is damaged or holds another config's state.
+        """
+        self._check(epoch, lambda stored: stored, self._like)
+        return self._restore(epoch, self._ocp.args.StandardRestore(self._like))
+
+    def restore_params(self, epoch: int, like_params) -> dict:
+        """Only the parameters saved after ``epoch`` (inference needs no optimizer for a template),
+        checked against ``like_params`` (arrays or ``jax.ShapeDtypeStruct``s of this config's params).
+
+        Raises:
+            UserError: the checkpoint is damaged or holds another config's parameters.
+        """
+        self._check(epoch, lambda stored: stored["params"], like_params)
+        return self._restore(epoch, self._ocp.args.StandardRestore())["params"]
+
+    def _check(self, epoch: int, part, like) -> None:
+        where = f"checkpoint {self.directory}/{epoch}"
+        try:
+            stored = part(self.manager.item_metadata(epoch))
+            have = sorted((tuple(m.shape), str(m.dtype)) for m in jax.tree.leaves(stored) if hasattr(m, "shape"))
+        except Exception as err:  # orbax raises many kinds for damaged files
+            raise UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite") from None
+        want = sorted((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(like))
+        if have != want:
+            diff = next(((w, h) for w, h in zip(want, have) if w != h), (len(want), len(have)))
+            raise UserError(
+                f"{where} does not match this config (arrays {diff[1]} stored where this config has "
+                f"{diff[0]}); use another --workdir or --overwrite"
+            )
+
+    def _restore(self, epoch: int, args):
+        try:
+            return self.manager.restore(epoch, args=args)
+        except Exception as err:  # orbax raises many kinds for damaged files
+            where = f"checkpoint {self.directory}/{epoch}"
+            raise UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite") from None
+
+
+def _first_line(err: BaseException) -> str:
+    return " ".join(str(err).split(". ")[0].split())[:200]

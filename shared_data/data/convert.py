@@ -1,0 +1,78 @@
+"""Convert a dataset file to the DHWC ``.npy`` twins DALI's numpy reader crops with ROI.
+
+``python -m shared_data.data.convert data/train_128.h5`` writes ``data/train_128_Nbody.npy``
+(L, L, L, 4) and ``data/train_128_Hydro.npy`` (L, L, L, 5), float32, channels last (the tutorial's
+``convert_to_npy``), each with a ``.source.json`` record of the HDF5 file it was made from. The source
+is checked against the dataset contract first (channel-first, cubic, float32), so a channels-last or
+otherwise foreign file is refused instead of being transposed wrongly. Slabs along x are copied one
+at a time, so volumes larger than memory convert; each ``.npy`` is written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from shared_data.data import dataset
+from shared_data.core.errors import run_cli
+from shared_data.core.files import atomic_path
+
+SLAB = 16
+
+
+def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existing: bool = False) -> tuple[Path, Path]:
+    """Write the DHWC ``.npy`` twins of HDF5 file ``path`` (atomically); return their paths.
+
+    ``skip_existing`` keeps twins that already match ``path`` (:func:`shared_data.data.dataset.check_npy_twins`).
+
+    Raises:
+        DatasetError: ``path`` is missing, damaged, not of the dataset contract (``n_in``/``n_out``
+            channels first, a cube, float32) or holds NaN/inf.
+    """
+    path = Path(path)
+    info = dataset.validate(path, n_in, n_out)
+    outs = dataset.npy_paths(path)
+    if skip_existing and all(p.exists() for p in outs):
+        try:
+            dataset.check_npy_twins(info, outs)
+            print(f"{outs[0].name}, {outs[1].name} match {path.name}; not reconverted")
+            return outs
+        except dataset.DatasetError as err:
+            print(f"reconverting: {err}")
+    with dataset.open_h5(path) as f:
+        for key, out in zip(dataset.KEYS, outs):
+            ds = f[key]
+            c, size = ds.shape[0], ds.shape[1]
+            checksum = dataset.ChannelChecksum(info.path, info.attrs, key)
+            with atomic_path(out, suffix=".npy") as tmp:
+                mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(*ds.shape[1:], c))
+                for x0 in range(0, size, SLAB):
+                    with dataset.reading(path, f"{key} (x from {x0})"):
+                        slab = ds[:, x0 : x0 + SLAB].astype(np.float32)
+                    dataset.check_finite(slab, f"{path} {key} (x from {x0})")
+                    checksum.update(slab)
+                    mm[x0 : x0 + SLAB] = np.moveaxis(slab, 0, -1)
+                mm.flush()
+                del mm
+                checksum.verify()  # before the .npy replaces anything
+            dataset.write_source_record(out, path)
+            print(f"wrote {out}: shape {(*ds.shape[1:], c)} float32 (DHWC)")
+    return outs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m shared_data.data.convert", description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="+", help="HDF5 dataset files")
+    p.add_argument("--n_in", type=int, default=4, help="Nbody channels (default: %(default)s)")
+    p.add_argument("--n_out", type=int, default=5, help="Hydro channels (default: %(default)s)")
+    args = p.parse_args(argv)
+    for path in args.files:
+        convert_to_npy(path, args.n_in, args.n_out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

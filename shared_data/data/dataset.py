@@ -1,0 +1,339 @@
+"""The dataset contract: HDF5 volumes of the NERSC tutorial's layout, and their validation.
+
+A dataset file holds two float32 datasets, channel-first, spatial axes 0, 1, 2 = x, y, z:
+
+* ``Nbody`` (N_in, L, L, L): dark matter [density transform, vx, vy, vz] in our generator.
+* ``Hydro`` (N_out, L, L, L): gas [density transform, temperature transform, vx, vy, vz].
+
+This is the layout of the tutorial's ``downsamp_2048crop_train.h5`` / ``downsamp_1024crop_valid.h5``,
+which load unchanged. Our generator adds attributes (channel names, transforms, units, box size,
+cosmology, seed); files without them are accepted. The DHWC ``.npy`` twins for DALI's numpy reader
+are ``<stem>_Nbody.npy`` (L, L, L, N_in) and ``<stem>_Hydro.npy`` (L, L, L, N_out) beside the file
+(or the tutorial's ``*_data.npy`` / ``*_label.npy``, named by config keys); :func:`check_npy_twins`
+checks that they hold the same values as their HDF5 file.
+
+Every read of a file goes through :func:`reading`, so a damaged file (bad metadata, a damaged
+compressed chunk) ends in a :class:`~shared_data.core.errors.DatasetError` naming the file, never in
+h5py's traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from shared_data.core.errors import DatasetError
+
+KEYS = ("Nbody", "Hydro")
+SAMPLE_VOXELS = 16  # voxels compared between an HDF5 file and its .npy twins
+
+
+@dataclasses.dataclass(frozen=True)
+class VolumeInfo:
+    """What :func:`validate` learned about a file: side ``size`` (voxels) and channel counts."""
+
+    path: Path
+    size: int
+    n_in: int
+    n_out: int
+    chunks: tuple | None
+    attrs: dict
+
+
+def _h5py():
+    import h5py  # imported here so that config-only tools start fast
+
+    return h5py
+
+
+def open_h5(path: str | Path):
+    """Open ``path`` read-only with h5py.
+
+    Raises:
+        DatasetError: the file does not exist or is not an HDF5 file.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise DatasetError(f"dataset file {path} is a folder, expected an HDF5 file")
+    if not path.is_file():
+        raise DatasetError(f"dataset file {path} not found (generate one with: python -m shared_data.data.generate --help)")
+    h5py = _h5py()
+    try:
+        return h5py.File(path, "r")
+    except (OSError, RuntimeError, ValueError) as err:
+        raise DatasetError(f"dataset file {path} is not a readable HDF5 file ({_short(err)})") from None
+
+
+def _short(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text[:200] + ("..." if len(text) > 200 else "")
+
+
+@contextlib.contextmanager
+def reading(path: str | Path, what: str) -> Iterator[None]:
+    """Turn h5py's and NumPy's errors inside the body into a :class:`DatasetError` naming ``path``
+    and ``what`` was being read: a damaged file reaches the user as one line."""
+    try:
+        yield
+    except DatasetError:
+        raise
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError) as err:
+        raise DatasetError(
+            f"{path}: cannot read {what} ({_short(err)}); the file is damaged or not of the dataset contract"
+        ) from None
+
+
+def validate(path: str | Path, n_in: int, n_out: int, crop_size: int = 1) -> VolumeInfo:
+    """Check ``path`` against the contract (keys, ndim, channels, cubic, size >= crop, float32).
+
+    Values are not scanned here (see :func:`check_finite`). The result is cached per file version
+    (path, size and modification time), so the loaders of one run check a file once.
+
+    Raises:
+        DatasetError: naming the file, the key and what was expected.
+    """
+    path = Path(path).absolute()
+    try:
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns, n_in, n_out)
+    except OSError:
+        key = None
+    if key is not None and key in _VALIDATED:
+        info = _VALIDATED[key]
+    else:
+        with reading(path, "the dataset layout"):
+            info = _validate(path, n_in, n_out)
+        if key is not None:
+            _VALIDATED[key] = info
+    if info.size < crop_size:
+        raise DatasetError(f"{path}: volume side {info.size} is smaller than crop_size {crop_size}")
+    return info
+
+
+_VALIDATED: dict[tuple, VolumeInfo] = {}
+
+
+def _validate(path: Path, n_in: int, n_out: int) -> VolumeInfo:
+    with open_h5(path) as f:
+        shapes = {}
+        for key, n in zip(KEYS, (n_in, n_out)):
+            if key not in f:
+                raise DatasetError(
+                    f"{path}: missing dataset {key!r} (expected {key} of shape ({n}, L, L, L); "
+                    f"found keys: {sorted(f.keys())})"
+                )
+            ds = f[key]
+            if not hasattr(ds, "shape"):
+                raise DatasetError(f"{path}: {key!r} is a group, expected a dataset of shape ({n}, L, L, L)")
+            if ds.ndim != 4:
+                raise DatasetError(
+                    f"{path}: {key!r} has shape {ds.shape}, expected 4 axes ({n}, L, L, L), channel-first"
+                )
+            if ds.shape[0] != n:
+                raise DatasetError(f"{path}: {key!r} has {ds.shape[0]} channels (shape {ds.shape}), expected {n}")
+            if ds.dtype != np.float32:
+                raise DatasetError(
+                    f"{path}: {key!r} has dtype {ds.dtype}, expected float32 (the dataset "
+                    f"contract; convert the file, e.g. with h5py: f[key][...].astype('float32'))"
+                )
+            if len(set(ds.shape[1:])) != 1:
+                raise DatasetError(f"{path}: {key!r} has spatial shape {ds.shape[1:]}, expected a cube (L, L, L)")
+            shapes[key] = ds.shape[1:]
+        if shapes["Nbody"] != shapes["Hydro"]:
+            raise DatasetError(f"{path}: Nbody spatial shape {shapes['Nbody']} differs from Hydro {shapes['Hydro']}")
+        size = shapes["Nbody"][0]
+        attrs = plain_attrs(f.attrs)
+        return VolumeInfo(path, size, n_in, n_out, f["Nbody"].chunks, attrs)
+
+
+def plain_attrs(attrs) -> dict:
+    """An HDF5 attribute set as plain Python values (bytes -> str, arrays -> lists, NumPy scalars ->
+    Python numbers), for JSON and comparisons."""
+    return {k: _plain(v) for k, v in attrs.items()}
+
+
+def _plain(value):
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def check_finite(array: np.ndarray, what: str) -> None:
+    """Raise :class:`DatasetError` naming ``what`` if ``array`` holds NaN or inf."""
+    if not np.isfinite(array).all():
+        bad = np.argwhere(~np.isfinite(array))[0]
+        raise DatasetError(
+            f"{what}: non-finite value {array[tuple(bad)]} at index {tuple(int(i) for i in bad)}; "
+            "expected finite floats"
+        )
+
+
+def json_attr(attrs: dict, key: str, path: str | Path) -> object | None:
+    """The attribute ``key`` of a file, parsed as JSON when it is a string (None when absent).
+
+    Raises:
+        DatasetError: the attribute is a string that is not valid JSON.
+    """
+    value = attrs.get(key)
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        raise DatasetError(f"{path}: attribute {key!r} = {value[:80]!r} is not valid JSON") from None
+
+
+def npy_paths(path: str | Path) -> tuple[Path, Path]:
+    """The DHWC ``.npy`` files that :mod:`shared_data.data.convert` writes for HDF5 file ``path``."""
+    path = Path(path)
+    stem = path.with_suffix("")
+    return Path(f"{stem}_Nbody.npy"), Path(f"{stem}_Hydro.npy")
+
+
+def source_record(npy: Path) -> Path:
+    """The file beside a ``.npy`` twin that records what it was made from (written by the converter)."""
+    return npy.with_name(npy.name + ".source.json")
+
+
+def sample_voxels(size: int, n: int = SAMPLE_VOXELS) -> np.ndarray:
+    """``n`` voxel indices (n, 3) spread over a volume of side ``size``, the same every time."""
+    return np.random.default_rng(size).integers(0, size, size=(n, 3))
+
+
+def check_npy_twins(info: VolumeInfo, npys: tuple[Path, Path]) -> None:
+    """Check that the DHWC ``.npy`` twins of ``info``'s HDF5 file exist, have its shape as (L, L, L, C)
+    float32, C order, and hold its values, so DALI's numpy reader trains on the same data as the
+    HDF5 loaders: the values at :data:`SAMPLE_VOXELS` voxels must equal the HDF5 file's, and a twin
+    that records its conversion (:func:`write_source_record`) and was modified since must still
+    have the recorded CRC-32.
+
+    Raises:
+        DatasetError: a twin is missing (the message names the converter), unreadable, of another
+            shape, dtype or layout, holds other values (a regenerated or other volume), or was
+            changed after its conversion.
+    """
+    fix = f"re-create it with: python -m shared_data.data.convert {info.path}"
+    for key, npy, n in zip(KEYS, npys, (info.n_in, info.n_out)):
+        if not npy.is_file():
+            raise DatasetError(
+                f"{npy} not found: the DALI numpy reader reads the DHWC .npy twin of {info.path}; "
+                f"create it with: python -m shared_data.data.convert {info.path}"
+            )
+        try:
+            arr = np.load(npy, mmap_mode="r")
+        except (ValueError, OSError, EOFError) as err:
+            raise DatasetError(f"{npy} is not a readable .npy file ({_short(err)}); {fix}") from None
+        want = (info.size,) * 3 + (n,)
+        if arr.shape != want or arr.dtype != np.float32 or not arr.flags.c_contiguous:
+            layout = "Fortran order" if arr.flags.f_contiguous and not arr.flags.c_contiguous else "C order"
+            raise DatasetError(
+                f"{npy} has shape {arr.shape} {arr.dtype} in {layout}, expected {want} float32 in "
+                f"C order (channels last, the DHWC twin of {info.path}); {fix}"
+            )
+        record = _read_record(npy)
+        with open_h5(info.path) as f, reading(info.path, f"{key} values"):
+            for x, y, z in sample_voxels(info.size):
+                h5 = f[key][:, x, y, z]
+                if not np.array_equal(h5, arr[x, y, z], equal_nan=True):
+                    made_from = f" (it records being made from {record['source']})" if record.get("source") else ""
+                    raise DatasetError(
+                        f"{npy} does not match {info.path}{made_from}: {key} at voxel ({x}, {y}, {z}) "
+                        f"is {h5.tolist()} in the HDF5 file and {arr[x, y, z].tolist()} in the .npy; "
+                        f"{fix}"
+                    )
+        st = npy.stat()
+        modified = (st.st_size, st.st_mtime_ns) != (record.get("bytes"), record.get("mtime_ns"))
+        if record.get("crc32") is not None and modified and file_crc32(npy) != record["crc32"]:
+            raise DatasetError(
+                f"{npy} changed after it was converted from {info.path} (its CRC-32 differs from "
+                f"the one recorded in {source_record(npy).name}); {fix}"
+            )
+
+
+def channel_crc32(volume: np.ndarray, start: list[int] | None = None) -> list[int]:
+    """CRC-32 (zlib) of each channel's float32 values in C order: ``volume`` (C, ...); with ``start``
+    (one running CRC per channel), continued from those, so slabs read in order give the whole
+    channel's CRC."""
+    import zlib
+
+    start = start or [0] * volume.shape[0]
+    return [zlib.crc32(np.ascontiguousarray(volume[c], np.float32).tobytes(), start[c]) for c in range(len(start))]
+
+
+class ChannelChecksum:
+    """Checks the per-channel CRC-32 that file ``path`` records in its attributes ``attrs``
+    (``<key>_crc32``) against values read in order, slab by slab along the first spatial axis (or
+    whole): :meth:`update` with each (C, n, L, L) float32 slab, then :meth:`verify`. Files without
+    the attribute (the tutorial's) are not checked.
+
+    Raises:
+        DatasetError: the attribute is not JSON (at construction).
+    """
+
+    def __init__(self, path: Path, attrs, key: str):
+        self.path, self.key = path, key
+        recorded = json_attr(attrs, f"{key}_crc32", path)
+        self.recorded = list(recorded) if isinstance(recorded, list) else None
+        self.crc = [0] * len(self.recorded or [])
+
+    def update(self, slab: np.ndarray) -> None:
+        n = min(len(self.crc), slab.shape[0])
+        if self.recorded is not None and n:
+            self.crc[:n] = channel_crc32(slab[:n], self.crc[:n])
+
+    def verify(self) -> None:
+        """Raises: DatasetError: a channel's values differ from what was written."""
+        if self.recorded is None:
+            return
+        for c, (got, want) in enumerate(zip(self.crc, self.recorded)):
+            if got != want:
+                raise DatasetError(
+                    f"{self.path}: {self.key} channel {c} does not match its recorded CRC-32 (the file "
+                    f"was damaged or changed after it was written); regenerate or restore it"
+                )
+
+
+def file_crc32(path: Path, block: int = 1 << 24) -> int:
+    """CRC-32 (zlib) of a file's bytes, read in 16 MiB blocks."""
+    import zlib
+
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _read_record(npy: Path) -> dict:
+    path = source_record(npy)
+    try:
+        record = json.loads(path.read_text()) if path.is_file() else {}
+    except (ValueError, OSError):
+        record = {}
+    return record if isinstance(record, dict) else {}
+
+
+def write_source_record(npy: Path, source: Path) -> None:
+    """Record beside ``npy`` which HDF5 file (path, size, modification time) it was made from, and
+    the ``.npy`` file's own size, modification time and CRC-32."""
+    from shared_data.core.files import write_atomic
+
+    src, st = source.stat(), npy.stat()
+    record = {
+        "source": str(source.absolute()),
+        "source_bytes": src.st_size,
+        "source_mtime_ns": src.st_mtime_ns,
+        "bytes": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "crc32": file_crc32(npy),
+    }
+    write_atomic(source_record(npy), json.dumps(record))

@@ -1,0 +1,177 @@
+"""Epoch plans (which crops each step reads) and the native NumPy batch iterator both frameworks wrap.
+
+A data-parallel run has ``num_replicas`` replicas; replica ``r`` is data *shard* ``r`` and draws its
+local batches from its own streams (:mod:`shared_data.data.sampler`). A process loads the shards of its
+local devices and concatenates them in replica order, so the process batch of a one-process run
+with 2 devices equals the union of the batches of two one-device processes.
+
+Every batch is a dict of NumPy arrays: ``inputs`` float32 (B, s, s, s, N_in), ``targets`` float32
+(B, s, s, s, N_out), ``mask`` float32 (B,): 1 for real samples, 0 for the padding of the last
+validation batch (``Nsamples_val`` need not divide by the batch).
+
+The input protocol of both frameworks (``make_input(cfg, split, ..., first_epoch)``, an object with
+``steps`` and ``epoch(e)``) is :class:`EpochCursor`'s: training epochs are read in order from
+``first_epoch``.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from shared_data.core import config as config_mod
+from shared_data.data import symmetry
+from shared_data.core.config import Config
+from shared_data.data.crop_readers import make_batch
+from shared_data.data.sampler import TRAIN, VAL, Draws, epoch_draws  # noqa: F401 (TRAIN/VAL re-exported)
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochPlan:
+    """The draws of each step of one epoch for one process, and the sample masks."""
+
+    draws: list[Draws]
+    masks: list[np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.draws)
+
+
+def _concat(parts: Sequence[Draws]) -> Draws:
+    return Draws(np.concatenate([p.starts for p in parts]), np.concatenate([p.symmetries for p in parts]))
+
+
+def make_plan(
+    cfg: Config, split: int, epoch: int, shards: Sequence[int], num_replicas: int, volume_size: int
+) -> EpochPlan:
+    """Plan ``epoch`` of ``split`` (TRAIN or VAL) for the process holding replicas ``shards``.
+
+    TRAIN: ``steps_per_epoch`` steps, symmetries from ``cfg.symmetry_group``. VAL: ``val_steps``
+    steps over the same ``Nsamples_val`` crops each epoch, no symmetry, padding masked.
+    """
+    global_bs, local_bs = config_mod.batch_sizes(cfg, num_replicas)
+    steps = config_mod.steps_per_epoch(cfg, num_replicas) if split == TRAIN else config_mod.val_steps(cfg, num_replicas)
+    per_shard = {
+        r: epoch_draws(
+            cfg.seed,
+            epoch,
+            r,
+            cfg.num_data_workers,
+            steps,
+            local_bs,
+            volume_size,
+            cfg.crop_size,
+            cfg.symmetry_group,
+            split,
+        )
+        for r in shards
+    }
+    draws, masks = [], []
+    for s in range(steps):
+        draws.append(_concat([per_shard[r][s] for r in shards]))
+        if split == TRAIN:
+            masks.append(np.ones(local_bs * len(shards), np.float32))
+        else:
+            index = np.concatenate([s * global_bs + r * local_bs + np.arange(local_bs) for r in shards])
+            masks.append((index < cfg.Nsamples_val).astype(np.float32))
+    return EpochPlan(draws, masks)
+
+
+def synthetic_batch(cfg: Config, batch_size: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A random batch of ``cfg``'s shapes (inputs and targets N(0, 0.1^2) float32, mask ones): the
+    one cached batch of the benchmarks' SYNTHETIC mode (random, not zeros, so no kernel sees
+    unrealistically uniform data)."""
+    rng = np.random.default_rng(seed)
+    s = cfg.crop_size
+    return {
+        "inputs": (0.1 * rng.standard_normal((batch_size, s, s, s, cfg.N_in_channels))).astype(np.float32),
+        "targets": (0.1 * rng.standard_normal((batch_size, s, s, s, cfg.N_out_channels))).astype(np.float32),
+        "mask": np.ones(batch_size, np.float32),
+    }
+
+
+class EpochCursor:
+    """The input protocol: a training input is read epoch by epoch, in order, from ``first_epoch`` (a
+    resumed run's first epoch); a validation input reads the same ``Nsamples_val`` crops whatever
+    epoch is asked. DALI pipelines count epochs themselves, so an epoch read out of order would give
+    another epoch's crops without a sign; :meth:`advance` refuses it instead."""
+
+    def __init__(self, split: int, first_epoch: int = 0):
+        self.split, self.next = split, first_epoch
+
+    def advance(self, epoch: int) -> None:
+        """Record that ``epoch`` is read now.
+
+        Raises:
+            ValueError: a training epoch other than the next one.
+        """
+        if self.split == VAL:
+            return
+        if epoch != self.next:
+            raise ValueError(f"training epoch {epoch} asked for; the input reads epochs in order, next {self.next}")
+        self.next += 1
+
+
+def forever(inp) -> Iterator:
+    """Batches of epoch 0, 1, 2, ... of an input (anything with ``epoch(e)``) without end (benchmarks)."""
+    epoch = 0
+    while True:
+        yield from inp.epoch(epoch)
+        epoch += 1
+
+
+class NumpyLoader:
+    """Iterate a plan's batches in order, read by ``num_workers`` threads, ``prefetch`` batches ahead.
+
+    NumPy copies and h5py reads release the GIL for their bulk work, so threads overlap reading with
+    the training step without the fork/spawn cost of processes (the DALI loaders use processes).
+    """
+
+    def __init__(
+        self, reader, plan: EpochPlan, cfg: Config, num_workers: int | None = None, prefetch: int | None = None
+    ):
+        self.reader, self.plan, self.cfg = reader, plan, cfg
+        self.num_workers = num_workers or cfg.num_data_workers
+        self.prefetch = prefetch or self.num_workers + 1
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def load(self, step: int) -> dict[str, np.ndarray]:
+        """The batch of ``step`` (synchronously)."""
+        x, y = make_batch(self.reader, self.plan.draws[step], self.cfg)
+        return {"inputs": x, "targets": y, "mask": self.plan.masks[step]}
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        with cf.ThreadPoolExecutor(self.num_workers, thread_name_prefix="crops") as pool:
+            pending: collections.deque = collections.deque()
+            for step in range(len(self.plan)):
+                pending.append(pool.submit(self.load, step))
+                if len(pending) >= self.prefetch:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+
+
+def device_gather_setup(reader, cfg: Config) -> tuple[np.ndarray, dict]:
+    """What both frameworks' ``device`` loaders put on the device: the volumes of ``reader`` (an
+    in-memory reader) as one channels-last (L^3, N_in + N_out) float32 array, and the static keyword
+    arguments of their ``gather_batch`` (``size``, ``crop``, ``n_in`` and the tables of
+    :func:`shared_data.data.symmetry.gather_tables`, vector channels of the targets shifted by N_in)."""
+    nbody, hydro = reader.volumes()
+    host = np.concatenate([np.moveaxis(nbody, 0, -1), np.moveaxis(hydro, 0, -1)], axis=-1).reshape(reader.size**3, -1)
+    vectors = list(cfg.nbody_vector_channels) + [[c + cfg.N_in_channels for c in t] for t in cfg.hydro_vector_channels]
+    perms, signs, src, chan_sign = symmetry.gather_tables(host.shape[1], vectors)
+    return host, dict(
+        size=reader.size,
+        crop=cfg.crop_size,
+        n_in=cfg.N_in_channels,
+        perms=perms,
+        signs=signs,
+        src=src,
+        chan_sign=chan_sign,
+    )

@@ -1,0 +1,177 @@
+"""The trainers' command line, identical for TF and JAX: the config flags, the run flags, the tutorial's
+flags (``--run_num``, ``--enable_benchy``, ``--enable_apex``) and its DDP-only flags, each refused
+with what does the job here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from shared_data.core import config as config_mod
+from shared_data.core.errors import UserError
+from shared_data.runtime.logs import close_log_file, log_to_file_only, setup_logging
+from shared_data.runtime.records import read_run_info
+from shared_data.runtime.run import workdir_for
+
+log = logging.getLogger("dlas")
+
+
+#: The tutorial's DDP-only flags, each answered with what does the job here.
+DDP_ONLY = {
+    "--local_rank": "the process's devices come from the launcher (jax.distributed or TF_CONFIG / SLURM); "
+    "see scripts/launch",
+    "--bucket_cap_mb": "XLA combines and schedules the gradient all-reduces itself; its combining threshold "
+    "is the XLA flag --xla_gpu_all_reduce_combine_threshold_bytes (XLA_FLAGS)",
+    "--disable_broadcast_buffers": "the U-Net has no buffers to broadcast; parameters are replicated by the "
+    "JAX mesh or the TF strategy",
+    "--noddp": "a run without gradient all-reduce is a one-device run: --num_devices 1",
+}
+
+
+def add_run_args(parser: argparse.ArgumentParser, framework: str) -> None:
+    """The trainers' run flags (both frameworks take the same): run folder, resume, devices, weights,
+    the tutorial's ``--run_num``, ``--enable_benchy``, ``--enable_apex``, and its DDP-only flags
+    (refused with the equivalent here)."""
+    run = parser.add_argument_group("run")
+    run.add_argument("--workdir", help=f"run folder (default: <exp_dir>/<config>[/<run_num>]/{framework})")
+    run.add_argument("--run_num", help="tag of this run: the run folder is <exp_dir>/<config>/<run_num>/<framework>")
+    run.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run folder")
+    run.add_argument("--overwrite", action="store_true", help="delete the run folder's checkpoints and start again")
+    run.add_argument("--num_devices", type=int, help="use the first N devices (default: all)")
+    run.add_argument("--init_weights", help="canonical weights file (.npz) to start from")
+    run.add_argument(
+        "--stop_after_epoch",
+        type=int,
+        help="end this invocation after that epoch (like a job time limit); --resume continues",
+    )
+    run.add_argument("--save_weights", help="write the final weights to this canonical .npz file")
+    run.add_argument(
+        "--enable_benchy",
+        action="store_true",
+        help="instead of training, run the benchmark's IO, SYNTHETIC and FULL modes on this config",
+    )
+    run.add_argument(
+        "--enable_apex",
+        action="store_true",
+        help="accepted for the tutorial's commands: Adam already runs fused inside the compiled step",
+    )
+    for flag in DDP_ONLY:
+        run.add_argument(flag, nargs="?", const=True, help=argparse.SUPPRESS)
+
+
+def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> None:
+    """Reject run flags that cannot work before any training starts.
+
+    Raises:
+        UserError: a DDP-only flag; ``--resume`` with ``--overwrite``; a run folder that is a file or
+            belongs to the other framework; ``--num_devices`` below 1; a ``--save_weights`` folder
+            that does not exist.
+    """
+    for flag, instead in DDP_ONLY.items():
+        if getattr(args, flag.lstrip("-")) is not None:
+            raise UserError(f"{flag} is PyTorch DDP's; not needed here: {instead}")
+    if args.resume and args.overwrite:
+        raise UserError("--resume and --overwrite conflict: give one")
+    if workdir.exists() and not workdir.is_dir():
+        raise UserError(f"--workdir {workdir} is a file, expected a folder")
+    other = read_run_info(workdir).get("framework") if workdir.is_dir() else None
+    if other and other != framework:
+        raise UserError(f"{workdir} holds a {other} run; use another --workdir for {framework}")
+    if args.num_devices is not None and args.num_devices < 1:
+        raise UserError(f"--num_devices {args.num_devices}: expected at least 1")
+    if args.stop_after_epoch is not None and args.stop_after_epoch < 1:
+        raise UserError(f"--stop_after_epoch {args.stop_after_epoch}: expected at least 1")
+    if args.save_weights:
+        folder = Path(args.save_weights).absolute().parent
+        if not folder.is_dir() and folder != workdir.absolute():  # the run folder itself is made by the run
+            raise UserError(f"--save_weights {args.save_weights}: folder {folder} does not exist")
+
+
+def build_parser(framework: str) -> argparse.ArgumentParser:
+    """The trainer's parser: the config flags (:func:`shared_data.core.config.add_config_args`) and the run flags."""
+    name = {"jax": "JAX", "tf": "TensorFlow"}[framework]
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {framework}_impl.train", description=f"Train the cosmology U-Net with {name}."
+    )
+    config_mod.add_config_args(parser)
+    add_run_args(parser, framework)
+    return parser
+
+
+#: The benchmark command (the tutorial's "benchy"), run by module name: the comparison package sits
+#: above this one, so the trainers reach it as a process, never as an import.
+BENCHMARK_MODULE = "dlas_compare.benchmark"
+
+
+def benchmark_command(
+    framework: str,
+    modes: Sequence[str],
+    config_args: Sequence[str],
+    *,
+    label: str | None = None,
+    out: str | Path | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The command line that runs :data:`BENCHMARK_MODULE` in a new Python process: ``framework`` in
+    ``modes`` (``io``, ``synthetic``, ``full``) on the config that ``config_args`` select, named
+    ``label`` in its table, appending its records to ``out``, then the ``extra`` arguments."""
+    cmd = [sys.executable, "-m", BENCHMARK_MODULE, "--framework", framework, "--mode", *modes, *config_args]
+    if label is not None:
+        cmd += ["--label", label]
+    if out is not None:
+        cmd += ["--out", str(out)]
+    return cmd + list(extra)
+
+
+def benchy(framework: str, args: argparse.Namespace) -> int:
+    """``--enable_benchy``: the tutorial's benchy modes are the benchmark command here; run it on the
+    trainer's config and return its exit status (its errors are its own one ``error:`` line)."""
+    cmd = benchmark_command(framework, ("io", "synthetic", "full"), config_mod.config_argv(args))
+    log.info("--enable_benchy: python -m %s", shlex.join(cmd[2:]))
+    return subprocess.run(cmd).returncode
+
+
+def main(
+    framework: str,
+    train_and_evaluate: Callable[..., tuple],
+    argv: Sequence[str] | None = None,
+    *,
+    initialize: Callable[[], None],
+    process_index: Callable[[], int],
+) -> int:
+    """The trainers' command line: parse, join a multi-process run (``initialize``), set up logging for
+    this rank, train in the run folder, write ``--save_weights`` (main process)."""
+    args = build_parser(framework).parse_args(argv)
+    setup_logging()
+    if args.enable_apex:
+        log.info("--enable_apex: Adam already runs fused inside the compiled step; nothing to enable")
+    cfg = config_mod.config_from_args(args)
+    if args.enable_benchy:
+        return benchy(framework, args)
+    workdir = workdir_for(cfg, framework, args.workdir, args.run_num)
+    check_run_args(args, workdir, framework)
+    initialize()
+    setup_logging(process_index())
+    try:
+        train_and_evaluate(
+            cfg,
+            workdir,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            num_devices=args.num_devices,
+            init_weights=args.init_weights,
+            stop_after_epoch=args.stop_after_epoch,
+            save_weights=args.save_weights,
+        )
+    except UserError as err:
+        log_to_file_only(logging.ERROR, f"error: {err}")  # run_cli prints the one line on stderr
+        raise
+    finally:
+        close_log_file()
+    return 0

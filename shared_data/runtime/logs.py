@@ -1,0 +1,128 @@
+"""What a run prints: the console and ``out.log`` handlers, the progress bar, the tutorial's per-epoch
+lines and the input-bound advice, identical for TF and JAX.
+
+Process 0 logs at INFO; every other process logs warnings and errors only, each line tagged with its
+rank. The epoch lines are the tutorial's, followed by the share of the epoch the host waited for input::
+
+      Time taken for epoch 1 is 12.3 sec, avg 166.4 samples/sec
+        Avg train loss=0.051234
+        Avg val loss=0.049876
+        Total validation time: 0.8 sec
+        Input wait 3.2% of the epoch, train step 96.5%
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from shared_data.core import loader_kinds
+
+log = logging.getLogger("dlas")
+
+
+#: A run is called input-bound when the host waits for input this share of an epoch or more.
+INPUT_BOUND_SHARE = 0.3
+
+
+def setup_logging(process_index: int = 0, level: int = logging.INFO) -> None:
+    """One stream handler on stdout (idempotent). Process 0 logs at ``level``; every other process
+    logs warnings and errors only, each line tagged with its rank."""
+    root = logging.getLogger()
+    for h in _handlers("stream"):
+        root.removeHandler(h)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(_formatter(process_index))
+    handler._dlas = "stream"  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level if process_index == 0 else logging.WARNING)
+    for noisy in ("absl", "jax._src", "orbax", "tensorflow", "h5py"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _handlers(kind: str) -> list[logging.Handler]:
+    """The root logger's handlers this module added: ``"stream"`` (the console) or ``"file"`` (out.log)."""
+    return [h for h in logging.getLogger().handlers if getattr(h, "_dlas", False) == kind]
+
+
+def _formatter(process_index: int) -> logging.Formatter:
+    tag = "" if process_index == 0 else f"[rank {process_index}] %(levelname)s "
+    return logging.Formatter(f"%(asctime)s {tag}%(message)s", "%H:%M:%S")
+
+
+def log_to_file(path: Path, process_index: int = 0) -> None:
+    """Append every log line of this process to ``path`` (``out.log``) from now on; one file handler."""
+    close_log_file()
+    root = logging.getLogger()
+    handler = logging.FileHandler(path, mode="a")
+    handler.setFormatter(_formatter(process_index))
+    handler._dlas = "file"  # type: ignore[attr-defined]
+    root.addHandler(handler)
+
+
+def log_to_file_only(level: int, message: str) -> None:
+    """Write ``message`` to the run's ``out.log`` alone (not to the console), if one is open."""
+    record = log.makeRecord(log.name, level, __file__, 0, message, (), None)
+    for h in _handlers("file"):
+        h.handle(record)
+
+
+def close_log_file() -> None:
+    """Stop writing log lines to the run's ``out.log``."""
+    for h in _handlers("file"):
+        logging.getLogger().removeHandler(h)
+        h.close()
+
+
+def progress(iterable: Iterable, total: int, desc: str, enabled: bool) -> Iterator:
+    """A tqdm progress bar over ``iterable`` when ``enabled`` and tqdm's stream (stderr) is a terminal;
+    a batch job's log (a SLURM ``.out`` file) gets no carriage-return updates."""
+    if not (enabled and sys.stderr.isatty()):
+        return iter(iterable)
+    from tqdm import tqdm
+
+    return iter(tqdm(iterable, total=total, desc=desc, leave=False, dynamic_ncols=True, mininterval=1.0))
+
+
+def epoch_lines(
+    epoch: int, seconds: float, samples: int, train_loss: float, val_loss: float, val_seconds: float
+) -> list[str]:
+    """The tutorial's per-epoch log lines (``epoch`` counted from 1)."""
+    return [
+        f"Time taken for epoch {epoch} is {seconds:.1f} sec, avg {samples / seconds:.1f} samples/sec",
+        f"  Avg train loss={train_loss:.6f}",
+        f"  Avg val loss={val_loss:.6f}",
+        f"  Total validation time: {val_seconds:.1f} sec",
+    ]
+
+
+def compile_line(train_sec: float, trace_sec: float, eval_sec: float) -> str:
+    """The line after the steps are compiled: the train step's seconds (of which tracing), the eval step's."""
+    return f"compile: train step {train_sec:.1f} s (trace {trace_sec:.1f} s), eval step {eval_sec:.1f} s"
+
+
+def share_line(input_share: float, step_share: float) -> str:
+    """The line after the epoch lines: shares of the epoch's wall time in input wait and in the step."""
+    return f"  Input wait {100 * input_share:.1f}% of the epoch, train step {100 * step_share:.1f}%"
+
+
+def input_bound_advice(loader: str) -> str:
+    """What would feed an input-bound run with ``loader`` faster (the tutorial's lesson 2)."""
+    kind = loader_kinds.loader_kind(loader)
+    if kind.device_volumes and not kind.dali:
+        return (
+            "the volumes are already in device memory, so the host itself is the limit "
+            "(check for other work on the machine)"
+        )
+    if kind.device_volumes:
+        return "data_loader_config: device (one compiled gather, no DALI kernels beside the step)"
+    if kind.dali:
+        return (
+            "more dali_threads / num_data_workers, or data_loader_config: dali-device or device "
+            "(volumes in GPU memory, no host copies)"
+        )
+    return (
+        "more num_data_workers, data_loader_config: dali-npy (DALI), or device / dali-device (volumes in device memory)"
+    )

@@ -1,0 +1,378 @@
+"""The run around a training loop, identical for TF and JAX: everything in ``train.py`` that is not
+framework code.
+
+A :class:`Run` owns the run folder and what a run prints and records:
+
+* the set-up log lines (framework settings, precision, data-parallel layout, input), the data check
+  (before anything in the run folder is touched), the resume rule and the checkpoint fallback;
+* the tutorial's per-epoch log lines (:mod:`shared_data.runtime.logs`) and, once per run, a sentence
+  when the run is input-bound;
+* ``metrics.jsonl``, ``run.json``, ``out.log`` and TensorBoard scalars
+  (:mod:`shared_data.runtime.records`), the divergence check and the peak memory line.
+
+Only the main process (process 0) prints epoch lines and writes files; the others log warnings and
+errors with a rank tag. The command line of both trainers is :mod:`shared_data.runtime.cli`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import platform
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from shared_data.core import config as config_mod
+from shared_data.core import loader_kinds
+from shared_data.core.config import Config, batch_sizes, config_dict
+from shared_data.core.errors import UserError
+from shared_data.core.files import write_atomic
+from shared_data.model import schedule, unet_spec
+from shared_data.runtime.logs import (
+    INPUT_BOUND_SHARE,
+    close_log_file,
+    epoch_lines,
+    input_bound_advice,
+    log_to_file,
+    progress,
+    share_line,
+)
+from shared_data.runtime.nvtx import CaptureWindow, nvtx_range
+from shared_data.runtime.records import MetricsLog, ScalarWriter, code_version, read_run_info
+
+log = logging.getLogger("dlas")
+
+
+def workdir_for(cfg: Config, framework: str, workdir: str | None = None, run_num: str | None = None) -> Path:
+    """The run folder: ``workdir`` if given, else ``<exp_dir>/<config>[/<run_num>]/<framework>``
+    (``exp_dir`` relative to the current folder, as every relative run path)."""
+    if workdir:
+        return Path(workdir)
+    root = cfg.resolve_path(cfg.exp_dir) / cfg.name
+    return (root / run_num if run_num else root) / framework
+
+
+def check_data(cfg: Config) -> None:
+    """Check, before anything in a run folder is touched, that the data of ``cfg`` exist and follow the
+    contract: both split files (unless ``synthetic``) and, for the DALI numpy reader, their ``.npy``
+    twins. Raises the :class:`shared_data.core.errors.DatasetError` naming the file and the fix."""
+    from shared_data.data import dataset
+
+    kind = loader_kinds.loader_kind(cfg)
+    if not kind.uses_files:
+        return
+    for split in ("train", "val"):
+        info = dataset.validate(cfg.data_file(split), cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
+        if kind.reads_npy:
+            dataset.check_npy_twins(info, cfg.npy_files(split))
+
+
+class Run:
+    """The bookkeeping of one training run in ``workdir``; the trainers call it in this order:
+
+    ``Run(...)`` -> :meth:`resume` -> :meth:`begin` -> :meth:`epochs` (per epoch: :meth:`steps`,
+    :meth:`end_epoch`) -> :meth:`finish`.
+
+    Args:
+        cfg: the frozen config.
+        workdir: the run folder (created; ``out.log`` there receives every log line from here on).
+        framework: ``"tf"`` or ``"jax"``.
+        banner: the framework, its version and backend (the first log line).
+        settings: what the framework's ``configure_xla`` set (logged).
+        replicas: data-parallel replicas.
+        process_index: this process's rank; process 0 alone logs epoch lines and writes files.
+        resume, overwrite: the ``--resume`` / ``--overwrite`` flags.
+
+    Raises:
+        UserError: bad data (before ``--overwrite`` deletes anything), a batch that does not divide
+            over the replicas, a run folder holding another framework's run.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        workdir: Path,
+        framework: str,
+        banner: str,
+        settings: dict,
+        replicas: int,
+        *,
+        process_index: int = 0,
+        resume: bool = False,
+        overwrite: bool = False,
+    ):
+        self.cfg, self.workdir, self.framework = cfg, Path(workdir), framework
+        self.main = process_index == 0
+        self.resume_requested, self.overwrite = resume, overwrite
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log_to_file(self.workdir / "out.log", process_index)
+        log.info("%s; config %r from %s", banner, cfg.name, cfg.source)
+        self.global_batch, self.local_batch = log_setup(cfg, settings, replicas)
+        self.steps_per_epoch = config_mod.steps_per_epoch(cfg, replicas)
+        self.lr_table = schedule.lr_table(cfg, self.global_batch, self.steps_per_epoch * cfg.num_epochs)
+        check_data(cfg)  # bad data must fail before --overwrite clears anything
+        if overwrite and (self.workdir / "checkpoints").exists():
+            shutil.rmtree(self.workdir / "checkpoints", ignore_errors=not self.main)
+        self.metrics = MetricsLog(self.workdir, enabled=self.main)
+        self.writer: ScalarWriter | None = None
+        self.compile_sec = 0.0
+        self.last: dict = {}
+        self._said_input_bound = False
+        self._epoch_start = 0.0
+        self._input_wait = 0.0
+        self._window: CaptureWindow | None = None
+
+    def initial_weights(self, init_weights: str | None) -> dict[str, np.ndarray]:
+        """Canonical weights to start from: the file ``init_weights`` or the contract's init from ``seed``."""
+        cfg = self.cfg
+        return unet_spec.load_weights(init_weights, cfg) if init_weights else unet_spec.init_weights(cfg, cfg.seed)
+
+    def resume(self, checkpoints) -> tuple[int, object]:
+        """Apply the resume rule to ``checkpoints`` (``epochs()`` newest last; ``restore(epoch)``) and
+        return ``(start_epoch, restored)``: ``(0, None)`` for a fresh run, else the newest checkpoint
+        that restores. A checkpoint that fails to restore (a damaged file) is skipped with a warning.
+
+        Raises:
+            UserError: the folder holds checkpoints and neither ``--resume`` nor ``--overwrite`` was
+                given; no checkpoint restores (the newest one's error, e.g. a config mismatch).
+        """
+        epochs = list(checkpoints.epochs())
+        if not epochs:
+            if self.resume_requested:
+                log.info("no checkpoint in %s: starting from scratch", self.workdir)
+            return 0, None
+        if not self.resume_requested:
+            raise UserError(
+                f"{self.workdir} already holds checkpoints (epoch {epochs[-1]}); pass --resume to continue, "
+                f"--overwrite to start again, or --workdir for a new run"
+            )
+        first_error = None
+        for epoch in reversed(epochs):
+            try:
+                restored = checkpoints.restore(epoch)
+            except UserError as err:
+                first_error = first_error or err
+                log.warning("checkpoint of epoch %d does not restore (%s); trying an older one", epoch, err)
+                continue
+            if epoch != epochs[-1]:
+                log.warning("resuming from the checkpoint of epoch %d, the newest one that restores", epoch)
+            log.info("resumed from %s at epoch %d", checkpoints.directory, epoch)
+            return epoch, restored
+        raise first_error
+
+    def begin(self, start_epoch: int, compile_sec: float, versions: dict, val_loss: Callable[[], float]) -> None:
+        """Record the invocation in ``run.json``, drop metrics after ``start_epoch`` and open TensorBoard;
+        a fresh run writes its step-0 validation loss (``val_loss()``, one pass) there."""
+        self.compile_sec = compile_sec
+        self.last = {"epoch": start_epoch, "compile_sec": compile_sec}
+        if not self.main:
+            return
+        self.metrics.truncate_after(start_epoch)
+        self._record_invocation(start_epoch, versions)
+        self.writer = ScalarWriter(self.workdir / "tb", self.cfg.tensorboard)
+        if start_epoch == 0 and self.writer._writer is not None:
+            self.writer.scalars(0, {"Loss/valid": val_loss(), "Learning Rate": float(self.lr_table[0])})
+
+    def _record_invocation(self, start_epoch: int, versions: dict) -> None:
+        info = read_run_info(self.workdir)
+        invocations = info.get("invocations") if isinstance(info.get("invocations"), list) else []
+        invocations.append(
+            {
+                "command": " ".join(shlex.quote(a) for a in sys.argv),
+                "cwd": os.getcwd(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "start_epoch": start_epoch,
+                "host": platform.node(),
+                "python": platform.python_version(),
+                "code": code_version(),
+                "versions": versions,
+            }
+        )
+        info.update(
+            framework=self.framework,
+            config=self.cfg.name,
+            config_source=self.cfg.source,
+            config_values=config_dict(self.cfg),
+            invocations=invocations,
+        )
+        write_atomic(self.workdir / "run.json", json.dumps(info, indent=1))
+
+    @contextlib.contextmanager
+    def profile(self, start_trace: Callable[[], object], stop_trace: Callable[[], object], use_cuda: bool):
+        """The capture window of ``profile_steps`` (or of ``enable_manual_profiling``: the tutorial's
+        first 60 steps of epoch 2) around the body: the framework's trace and the CUDA profiler API."""
+        steps = self.cfg.profile_steps
+        if steps is None and self.cfg.enable_manual_profiling:
+            steps = (self.steps_per_epoch, self.steps_per_epoch + 60)
+        self._window = CaptureWindow(steps, on_start=[start_trace], on_stop=[stop_trace], use_cuda=use_cuda)
+        try:
+            yield
+        finally:
+            self._window.close()
+
+    def epochs(self, start_epoch: int, stop_after_epoch: int | None = None) -> range:
+        """The epochs this invocation trains (``stop_after_epoch`` ends it early, as a job's time limit);
+        a resumed run that has trained all ``num_epochs`` says so."""
+        end = self.cfg.num_epochs if stop_after_epoch is None else min(stop_after_epoch, self.cfg.num_epochs)
+        if start_epoch >= self.cfg.num_epochs:
+            log.info(
+                "all %d epochs of this run are trained: nothing to do (--set num_epochs=N to continue it)",
+                self.cfg.num_epochs,
+            )
+        return range(start_epoch, end)
+
+    def steps(self, batches: Iterator, epoch: int) -> Iterator:
+        """The training batches of ``epoch``, timed: the wait for each batch (``data wait``) is counted
+        as input time; the progress bar and the capture window advance with them."""
+        self._epoch_start, self._input_wait = time.perf_counter(), 0.0
+        manual = self.cfg.enable_manual_profiling
+        for i in progress(
+            range(self.steps_per_epoch), self.steps_per_epoch, f"epoch {epoch + 1}", self.cfg.progress_bar
+        ):
+            step = epoch * self.steps_per_epoch + i
+            if self._window is not None:
+                self._window.before_step(step)
+            with nvtx_range(f"step {step}", "purple") if manual else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                with nvtx_range("data wait", "yellow"):
+                    batch = next(batches)
+                self._input_wait += time.perf_counter() - t0
+                yield batch
+
+    def end_epoch(
+        self,
+        epoch: int,
+        train_losses,
+        evaluate: Callable[[], float],
+        step: int,
+        loss_scale: float | None = None,
+    ) -> dict:
+        """Close epoch ``epoch`` (0-based): ``train_losses`` are its per-step losses (on the host, so
+        the epoch's device work is done), ``evaluate()`` the validation loss; log, record and return
+        the epoch's metrics.
+
+        Raises:
+            UserError: a non-finite training loss (without fp16 loss scaling, which skips such steps).
+        """
+        seconds = time.perf_counter() - self._epoch_start
+        losses = np.asarray(train_losses, np.float64)
+        cfg, steps = self.cfg, self.steps_per_epoch
+        if not np.isfinite(losses).all() and cfg.precision != "float16":
+            bad = int(np.argmax(~np.isfinite(losses)))
+            raise UserError(
+                f"training diverged: loss is {losses[bad]} at step {epoch * steps + bad} of config "
+                f"{cfg.name!r}; lower start_lr or enable loss scaling"
+            )
+        t0 = time.perf_counter()
+        val_loss = float(evaluate())
+        val_seconds = time.perf_counter() - t0
+        train_loss = float(np.mean(losses[np.isfinite(losses)])) if np.isfinite(losses).any() else float("nan")
+        input_share = min(self._input_wait / seconds, 1.0)
+        for line in epoch_lines(epoch + 1, seconds, steps * self.global_batch, train_loss, val_loss, val_seconds):
+            log.info(line)
+        log.info(share_line(input_share, 1.0 - input_share))
+        self._advise(epoch, input_share)
+        lr = float(self.lr_table[min(step, len(self.lr_table)) - 1])
+        self.last = dict(
+            epoch=epoch + 1,
+            step=step,
+            train_loss=train_loss,
+            val_loss=val_loss,
+            lr=lr,
+            samples_per_sec=steps * self.global_batch / seconds,
+            epoch_sec=seconds,
+            val_sec=val_seconds,
+            compile_sec=self.compile_sec,
+            input_wait_share=input_share,
+        )
+        if loss_scale is not None:
+            self.last["loss_scale"] = float(loss_scale)
+        self.metrics.append(self.last)
+        if self.writer is not None:
+            if step == steps * (epoch + 1) and epoch == 0:  # a fresh run: the first step's loss is the step-0 loss
+                self.writer.scalars(0, {"Loss/train": float(losses[0])})
+            self.writer.scalars(
+                step,
+                {
+                    "Loss/train": train_loss,
+                    "Loss/valid": val_loss,
+                    "Learning Rate": lr,
+                    "Avg iters per sec": steps / seconds,
+                },
+            )
+        return self.last
+
+    def _advise(self, epoch: int, input_share: float) -> None:
+        """Say once per run that it is input-bound, from the second epoch on (the first one includes
+        the loaders' start-up) or in a one-epoch run."""
+        if self._said_input_bound or input_share < INPUT_BOUND_SHARE:
+            return
+        if epoch == 0 and self.cfg.num_epochs > 1:
+            return
+        self._said_input_bound = True
+        log.info(
+            "This run is input-bound: the host waited for input %.0f%% of epoch %d, so the %s loader, not "
+            "the step, sets the speed (the tutorial's first finding). What would fix it: %s.",
+            100 * input_share,
+            epoch + 1,
+            self.cfg.data_loader_config,
+            input_bound_advice(self.cfg.data_loader_config),
+        )
+
+    def finish(self, peak_memory_bytes: int | None) -> dict:
+        """Log the peak device memory and return the last epoch's metrics (``epoch``, ``train_loss``,
+        ``val_loss``, ``samples_per_sec``, ``compile_sec``, ...)."""
+        if peak_memory_bytes:
+            log.info("peak device memory: %.2f GiB", peak_memory_bytes / 2**30)
+            self.last["peak_memory_bytes"] = peak_memory_bytes
+        close_log_file()
+        return dict(self.last)
+
+
+def log_setup(cfg: Config, settings: dict, replicas: int) -> tuple[int, int]:
+    """Log a run's framework settings (``configure_xla``'s), precision policy, data-parallel layout,
+    input and paths, the same lines in TF and JAX; return ``(global, local)`` batch sizes (raises the
+    :func:`shared_data.core.config.batch_sizes` error when the batch does not divide over ``replicas``)."""
+    for note in cfg.notes:
+        log.info("config: %s", note)
+    for key, value in settings.items():
+        log.info("  %s = %s", key, "(unset)" if value == "" else value)
+    global_bs, local_bs = batch_sizes(cfg, replicas)
+    log.info(
+        "precision: %s compute, float32 parameters%s",
+        cfg.precision,
+        ", dynamic loss scaling" if cfg.precision == "float16" else "",
+    )
+    log.info("data parallel: %d replicas, global batch %d, local batch %d", replicas, global_bs, local_bs)
+    log.info("input: %s loader, %d^3 crops, symmetries %s", cfg.data_loader_config, cfg.crop_size, cfg.symmetry_group)
+    if loader_kinds.loader_kind(cfg).uses_files:
+        log.info("data: %s, %s", cfg.data_file("train"), cfg.data_file("val"))
+    return global_bs, local_bs
+
+
+def remove_partial_saves(directory: Path, patterns: Sequence[str]) -> None:
+    """Delete what a killed checkpoint save left in ``directory`` (files or folders matching ``patterns``)."""
+    if not directory.is_dir():
+        return
+    for pattern in patterns:
+        for path in directory.glob(pattern):
+            log.info("removing %s, left by an unfinished checkpoint save", path)
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
+def save_final_weights(path: str | None, weights: Callable[[], dict], main_process: bool) -> None:
+    """Write ``weights()`` (canonical arrays) to ``path`` (atomic) on the main process, if a path is given."""
+    if path and main_process:
+        unet_spec.save_weights(path, weights())
+        log.info("wrote %s", path)

@@ -1,0 +1,41 @@
+"""The XLA flags this kit sets by default, in one place, for both frameworks.
+
+``apply_default_xla_flags()`` runs when :mod:`jax_impl` or :mod:`tf_impl` is imported, before either
+framework starts its XLA backend; the trainers log the resulting ``XLA_FLAGS``. A flag the user has
+already named in ``XLA_FLAGS`` (with any value) is left alone, so ``XLA_FLAGS=--xla_gpu_force_conv_nhwc=false``
+opts out.
+
+* ``--xla_gpu_force_conv_nhwc=true``: every cuDNN convolution in NHWC (channels-last) layout.
+  Without it XLA's layout assignment leaves some 3-D convolutions (or their gradients) in a
+  channels-first layout with transposes around them, the effect ``channels_last_3d`` removes in
+  PyTorch; ``experiments/perf_notes.md`` has the measured difference. It changes layouts only, not the
+  arithmetic. GPU-only: the CPU backend ignores it.
+
+Every default is a boolean switch written ``--name=true``, so :func:`default_xla_flags_off` can name
+each one ``=false`` for a run without them (the ladder's rungs before compilation).
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_XLA_FLAGS = ("--xla_gpu_force_conv_nhwc=true",)
+
+
+def apply_default_xla_flags(environ: dict | None = None) -> str:
+    """Append each of :data:`DEFAULT_XLA_FLAGS` to ``environ["XLA_FLAGS"]`` (default ``os.environ``)
+    unless the flag's name is already there; return the resulting value."""
+    env = os.environ if environ is None else environ
+    flags = env.get("XLA_FLAGS", "")
+    present = {item.split("=")[0] for item in flags.split()}
+    added = [f for f in DEFAULT_XLA_FLAGS if f.split("=")[0] not in present]
+    env["XLA_FLAGS"] = " ".join([flags.strip(), *added]).strip()
+    return env["XLA_FLAGS"]
+
+
+def default_xla_flags_off(flags: str = "") -> str:
+    """``flags`` (an ``XLA_FLAGS`` value) with each of :data:`DEFAULT_XLA_FLAGS` set to ``false``:
+    a value of the flag already in ``flags`` is replaced, the other flags are kept in order."""
+    off = {f.split("=")[0]: f.split("=")[0] + "=false" for f in DEFAULT_XLA_FLAGS}
+    kept = [item for item in flags.split() if item.split("=")[0] not in off]
+    return " ".join([*kept, *off.values()])

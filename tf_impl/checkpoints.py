@@ -1,0 +1,71 @@
+"""``tf.train.CheckpointManager`` checkpoints of model, optimizer and epoch: the counterpart of
+:mod:`jax_impl.checkpoints`.
+
+The run's resume rule (:meth:`shared_data.runtime.run.Run.resume`) calls :meth:`Checkpoints.epochs`
+and :meth:`Checkpoints.restore`; the trainer calls :meth:`Checkpoints.save` after each epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import tensorflow as tf
+
+from shared_data.core.errors import UserError
+from shared_data.runtime import run as run_mod
+from tf_impl import distribute
+
+log = logging.getLogger("dlas.tf")
+
+
+class Checkpoints:
+    """``tf.train.CheckpointManager`` checkpoints of model, optimizer (with loss scale) and epoch;
+    a checkpoint becomes visible only once its index file is written, so a crash leaves the last
+    complete one. What a killed save leaves behind (``*_temp`` folders, ``checkpoint.tmp*``) is
+    removed at start. Without an ``optimizer`` (inference) :meth:`restore` loads the model alone;
+    ``read_only`` (inference) removes and rewrites nothing, so a run that is saving meanwhile is left
+    alone."""
+
+    def __init__(self, directory: Path, keep: int, model, optimizer=None, read_only: bool = False):
+        self.directory = directory
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        parts = {"model": model, "epoch": self.epoch} | ({"optimizer": optimizer} if optimizer is not None else {})
+        self.ckpt = tf.train.Checkpoint(**parts)
+        self._partial = optimizer is None
+        if read_only:
+            self.manager = None  # restore() needs only the ckpt-N files (epochs() lists them)
+            return
+        if distribute.is_main_process():
+            run_mod.remove_partial_saves(directory, ("ckpt-*_temp*", "checkpoint.tmp*"))
+        try:
+            self.manager = tf.train.CheckpointManager(self.ckpt, str(directory), max_to_keep=keep)
+        except Exception:
+            log.warning("%s/checkpoint is damaged: the list of checkpoints is rebuilt from the ckpt-N files", directory)
+            (directory / "checkpoint").unlink()
+            self.manager = tf.train.CheckpointManager(self.ckpt, str(directory), max_to_keep=keep)
+
+    def epochs(self) -> list[int]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(p.name[5:-6]) for p in self.directory.glob("ckpt-*.index") if p.name[5:-6].isdigit())
+
+    def save(self, epoch: int) -> None:
+        self.epoch.assign(epoch)
+        self.manager.save(checkpoint_number=epoch)
+
+    def restore(self, epoch: int) -> None:
+        """Load the variables saved after ``epoch`` into the model and optimizer.
+
+        Raises:
+            UserError: the checkpoint is damaged or holds another config's variables.
+        """
+        try:
+            status = self.ckpt.restore(str(self.directory / f"ckpt-{epoch}")).assert_existing_objects_matched()
+            if self._partial:
+                status.expect_partial()  # the optimizer's slots stay in the file
+        except Exception as err:  # TF raises many kinds for damaged or foreign files
+            raise UserError(
+                f"checkpoint {self.directory}/ckpt-{epoch} does not match this config or is damaged "
+                f"({str(err).splitlines()[0][:200]}); use another --workdir or --overwrite"
+            ) from None
