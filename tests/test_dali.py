@@ -221,6 +221,50 @@ def test_jax_device_crop_fn_equals_numpy_crops():
     np.testing.assert_array_equal(np.asarray(got)[1][1], -vol["Nbody"][3, 7:12, 3:8, 5:10])
 
 
+def test_tf_device_crop_fn_equals_numpy_crops():
+    """The XLA gather behind TF's dali-device on a GPU (run here on the CPU device) cuts exactly the
+    NumPy crops with their channels mapped, the volume's edges included, and hands them over as
+    DLPack capsules."""
+    import tensorflow as tf
+
+    from tf_impl.dali import crop_fns
+
+    rng = np.random.default_rng(5)
+    vol = {"Nbody": rng.standard_normal((4, 12, 12, 12)).astype(np.float32)}
+    starts = np.array([[0, 0, 0], [7, 3, 5], [7, 7, 7]], np.int32)
+    src = np.array([[0, 1, 2, 3], [0, 3, 1, 2], [0, 2, 3, 1]], np.int32)
+    sign = np.array([[1, 1, 1, 1], [1, -1, 1, -1], [1, -1, -1, -1]], np.float32)
+    capsules = crop_fns(vol, "/CPU:0", 5)["Nbody"](
+        np.stack([starts, starts[::-1]]), np.stack([src, src]), np.stack([sign, sign])
+    )  # two steps in one call
+    got, second = (tf.experimental.dlpack.from_dlpack(c).numpy() for c in capsules)
+    assert got.shape == (3, 4, 5, 5, 5)
+    np.testing.assert_array_equal(second, dp.numpy_crops(vol["Nbody"], starts[::-1], src, sign, size=5))
+    want = dp.numpy_crops(vol["Nbody"], starts, src, sign, size=5)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(got[0], vol["Nbody"][:, 0:5, 0:5, 0:5])
+    np.testing.assert_array_equal(got[1][1], -vol["Nbody"][3, 7:12, 3:8, 5:10])
+
+
+def test_tf_pipelines_run_from_python_match_native_loader(tiny_cfg):
+    """TF's dali-device on GPUs runs its pipelines from Python (no tf.data): here CPU-only, two
+    epochs of each split equal the NumPy loader's batches bit for bit."""
+    from tf_impl import dali, distribute
+    from tf_impl import data as data_mod
+
+    cfg = _cfg(tiny_cfg, "dali-device")
+    strategy = distribute.make_strategy()
+    for split in ("train", "val"):
+        got_in = dali.DaliDeviceInput(cfg, split, strategy)
+        want_in = data_mod.make_input(config_mod.replace(cfg, data_loader_config="lowmem"), split, strategy)
+        for epoch in (0, 1):
+            got, want = list(got_in.epoch(epoch)), list(want_in.epoch(epoch))
+            assert len(got) == len(want) == got_in.steps > 0
+            for g, w in zip(got, want):
+                for k in ("inputs", "targets", "mask"):
+                    np.testing.assert_array_equal(g[k].numpy(), w[k].numpy(), err_msg=f"{split} {epoch} {k}")
+
+
 def test_jax_iterator_over_two_pipelines_keeps_each_shards_epochs(tiny_cfg):
     """Two pipelines (what two GPUs get), three epochs: each batch is shard 0's and shard 1's batch of
     the same step, as the single-pipeline iterators give them (DALI needs the epoch size here)."""

@@ -1,18 +1,23 @@
-"""DALI input for TensorFlow: the shared pipelines (:mod:`shared_data.data.dali_pipelines`) through
-``nvidia.dali.plugin.tf.experimental.DALIDatasetWithInputs``, one dataset per replica.
+"""DALI input for TensorFlow: the shared pipelines (:mod:`shared_data.data.dali_pipelines`).
 
+:class:`DaliInput` runs them through DALI's TF plugin
+(``nvidia.dali.plugin.tf.experimental.DALIDatasetWithInputs``), one dataset per replica and epoch.
 The per-step crop starts and symmetry parameters enter as ``tf.data`` input datasets made from the
-epoch's plan (the TF plugin runs Python callbacks only as non-parallel generators); for ``dali-h5``
+epoch's plan (the TF plugin runs Python callbacks only as generators of CPU data); for ``dali-h5``
 the channel-first crops come from a ``tf.data`` map over the shared HDF5 reader; for ``dali-device``
-they are sliced from the volumes loaded once into memory, fed the same way (so TF's ``dali-device``
-crops on the host: the GPU-resident form needs DLPack hand-over of TF GPU tensors, which no machine
-of this project can run, TF having no GPU build there). With a GPU the
+without a GPU they are sliced from the volumes in host memory, fed the same way. With a GPU the
 dataset is placed on the replica's GPU (``device_id``), without one it runs CPU-only
 (``device_id=None``).
+
+:class:`DaliDeviceInput` is ``dali-device`` on GPUs: ``tf.data`` cannot carry GPU tensors into the
+plugin, so the pipelines (one per replica) run from Python as JAX's do, their crops cut on the GPU
+by :func:`crop_fns` and handed to DALI as DLPack capsules, their outputs handed back to TensorFlow
+the same way.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 
@@ -128,3 +133,107 @@ class DaliInput:
                 ds = ds.apply(tf.data.experimental.copy_to_device(gpu))
             out[key] = self.dali_tf.experimental.Input(ds, batch=True)
         return out
+
+
+def cut_crops(volume: tf.Tensor, starts: tf.Tensor, src: tf.Tensor, sign: tf.Tensor, *, size: int, crop: int):
+    """Channel-first crops with their channels mapped, from a channels-last volume on the device.
+
+    ``volume`` float32 (L^3 * C,) flattened from (L, L, L, C); ``starts`` int32 (n, 3); ``src``
+    int32 (n, C); ``sign`` float32 (n, C); returns float32 (n, C, s, s, s) with channel d of crop
+    i equal to ``sign[i, d] * volume[start + (x, y, z), src[i, d]]`` (:func:`shared_data.data.
+    dali_pipelines.numpy_crops`), one flat-index gather per output value."""
+    channels = src.shape[-1]
+    y = tf.range(crop, dtype=tf.int32)
+    st = [starts[:, i, None] + y[None] for i in range(3)]  # (n, s) each
+    row = (st[0][:, :, None, None] * size + st[1][:, None, :, None]) * size + st[2][:, None, None, :]
+    idx = row[:, None] * channels + src[:, :, None, None, None]  # (n, C, s, s, s)
+    return tf.gather(volume, idx) * sign[:, :, None, None, None]
+
+
+def crop_fns(volumes: dict, device: str | None, size: int) -> dict:
+    """``dali-device`` crop functions by key (the :class:`shared_data.data.dali_pipelines.
+    DeviceCropSource` contract; TF twin of :func:`jax_impl.dali.crop_fns`): draws of k steps,
+    ``(starts, src, sign)`` (k, B, 3) int32, (k, B, C) int32, (k, B, C) float32 -> k batches
+    (B, C, s, s, s) float32. On ``device`` (a TF GPU) the volume is put in its memory once, all k
+    steps are cut by one XLA call, complete when returned, and handed over as DLPack capsules;
+    without a device, NumPy."""
+    if device is None:
+        return {k: functools.partial(dp.numpy_step_crops, v, size=size) for k, v in volumes.items()}
+
+    def make(volume: np.ndarray):
+        channels = volume.shape[0]
+        with tf.device(device):
+            flat = tf.identity(tf.constant(np.ascontiguousarray(np.moveaxis(volume, 0, -1)).reshape(-1)))
+        cut = functools.partial(cut_crops, size=volume.shape[1], crop=size)
+
+        @tf.function(jit_compile=True)
+        def steps(starts, src, sign):
+            k, b = starts.shape[0], starts.shape[1]
+            out = cut(
+                flat, tf.reshape(starts, (-1, 3)), tf.reshape(src, (-1, channels)), tf.reshape(sign, (-1, channels))
+            )
+            return tuple(tf.unstack(tf.reshape(out, (k, b, channels, size, size, size))))
+
+        def run(starts, src, sign):
+            with tf.device(device):
+                out = steps(tf.constant(starts), tf.constant(src), tf.constant(sign))
+            np.asarray(tf.reshape(out[-1], [-1])[:1])  # the device finished: DALI reads the memory next
+            return [tf.experimental.dlpack.to_dlpack(t) for t in out]
+
+        return run
+
+    return {k: make(v) for k, v in volumes.items()}
+
+
+class DaliDeviceInput:
+    """``dali-device`` on GPUs: one pipeline per replica, run from Python (the contract of
+    :class:`tf_impl.data.Input`: ``steps`` per epoch, ``epoch(e)`` an iterator). Each replica's
+    crops are cut on its GPU by :func:`crop_fns`, DALI applies the symmetry there, and each output
+    is handed to TensorFlow by DLPack and copied into TensorFlow's memory (DALI reuses its output
+    buffers)."""
+
+    def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0):
+        dp.require_dali()
+        self.cfg, self.strategy, self.split = cfg, strategy, SPLITS[split]
+        path = cfg.data_file(split)
+        size = dataset.validate(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size).size
+        self.shards, replicas = distribute.local_shards(strategy), distribute.num_replicas(strategy)
+        _, local_bs = batch_sizes(cfg, replicas)
+        gpus = tf.config.list_logical_devices("GPU")
+        # without a GPU (tests) the same path runs CPU-only: NumPy crops, device_id=None
+        self.devices = [gpus[i].name if gpus else None for i in range(len(self.shards))]
+        volumes = dp.load_volumes(path, cfg)
+        self.pipes = []
+        for i, shard in enumerate(self.shards):
+            plans = dp.EpochPlans(cfg, self.split, [shard], replicas, size, first_epoch)
+            sources = dp.device_crop_sources(plans, crop_fns(volumes, self.devices[i], cfg.crop_size), cfg)
+            device_id = distribute.physical_gpu_index(i) if gpus else None
+            pipe = dp.build_pipeline(cfg, split, local_bs, device_id, plans, sources)
+            pipe.build()
+            self.pipes.append(pipe)
+        self.steps = len(plans(0))
+        self.cursor = host_batches.EpochCursor(self.split, first_epoch)
+        self.copy = tf.function(tf.identity, jit_compile=True)  # an XLA output is a new buffer
+
+    def dataset(self, epoch: int, shard: int) -> Iterator[dict]:
+        """One replica's batches of the pipeline's next epoch (``epoch`` is the cursor's)."""
+        i = shard - self.shards[0]
+        pipe = self.pipes[i]
+        for _ in range(self.steps):
+            outputs = pipe.run()
+            with tf.device(self.devices[i]):
+                yield {
+                    name: self.copy(tf.experimental.dlpack.from_dlpack(t.as_tensor().__dlpack__()))
+                    for name, t in zip(dp.OUTPUTS, outputs)
+                }
+        try:  # the sources end the epoch with StopIteration; the next epoch starts after a reset
+            pipe.run()
+        except StopIteration:
+            pass
+        pipe.reset()
+
+    def epoch(self, epoch: int) -> Iterator:
+        """Batches of ``epoch``: plain dicts with one replica, per-replica values with several."""
+        self.cursor.advance(epoch)
+        iters = [iter(self.dataset(epoch, r)) for r in self.shards]
+        return distribute.replica_batches(self.strategy, self.shards, iters, self.steps)

@@ -73,9 +73,11 @@ def make_input(cfg: Config, split: str, strategy: tf.distribute.Strategy, first_
     :class:`shared_data.data.host_batches.EpochCursor`; DALI inputs hold it)."""
     kind = loader_kinds.loader_kind(cfg)
     if kind.dali:
-        from tf_impl.dali import DaliInput
+        from tf_impl import dali
 
-        return DaliInput(cfg, split, strategy, first_epoch)
+        if kind.device_volumes and tf.config.list_logical_devices("GPU"):
+            return dali.DaliDeviceInput(cfg, split, strategy, first_epoch)
+        return dali.DaliInput(cfg, split, strategy, first_epoch)
     if kind.device_volumes:
         return DeviceInput(cfg, split, strategy)
     return Input(cfg, split, strategy)
