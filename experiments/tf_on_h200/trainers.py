@@ -65,6 +65,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=240)
     p.add_argument("--workdir", default="/tmp/trainer_rows")
     p.add_argument("--out")
+    p.add_argument("--rows", nargs="+", help="only the TF rows with these labels (default: every row)")
     args = p.parse_args()
     common = ["--config", args.config, "--num_epochs", args.epochs, "--set", f"Nsamples={args.nsamples}"]
     common += [a for s in args.set for a in ("--set", s)] + ["--set", "progress_bar=false"]
@@ -73,6 +74,7 @@ def main() -> None:
         futures = [
             pool.submit(run_row, label, fw, flags, common, Path(args.workdir), args.timeout)
             for label, fw, flags in ROWS
+            if not args.rows or (fw == "tf" and label in args.rows)
         ]
         rows = [f.result() for f in futures]
     if args.out:
