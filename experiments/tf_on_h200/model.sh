@@ -12,6 +12,8 @@ PY=${PY:-python3}
 WORK=${WORK:-/tmp/tf_model}
 mkdir -p "$OUT" "$WORK"
 if [[ $CONFIG == short ]]; then
+  export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 TF_FORCE_GPU_ALLOW_GROWTH=true  # DALI staged in /tmp/site
+  [[ -f /tmp/tf-env.sh ]] && source /tmp/tf-env.sh
   NSAMPLES=${NSAMPLES:-32768} EPOCHS=${EPOCHS:-4}
   TRAIN=(--data_loader_config device --enable_amp)
   VAL=data/val_128.h5
