@@ -21,35 +21,66 @@ from jax.sharding import PartitionSpec as P
 
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
+from shared_data.runtime import launch
 
 log = logging.getLogger(__name__)
 
 
-def initialize() -> None:
-    """Join a multi-process run when the environment describes one (SLURM, Open MPI, or
-    ``JAX_COORDINATOR_ADDRESS`` + ``JAX_NUM_PROCESSES`` + ``JAX_PROCESS_ID``); no-op otherwise.
+#: ``DLAS_JAX_CLUSTER``: ``auto`` lets ``jax.distributed`` detect any environment it knows (Kubernetes,
+#: Cloud TPU, SLURM, Open MPI); a detection method's name (``mpi4py``, ``k8s``, ...) asks for that one;
+#: ``none`` keeps the process alone. Unset, the run joins when SLURM, Open MPI or the ``JAX_*``
+#: variables describe several processes.
+CLUSTER_VARIABLE = "DLAS_JAX_CLUSTER"
 
-    ``jax.distributed.initialize`` detects SLURM and Open MPI itself; the explicit variables cover
-    a plain launch on several hosts or several processes on one host.
+
+def initialize() -> str | None:
+    """Join a multi-process run when the environment describes one and return the line that says
+    where this process stands (``None`` alone).
+
+    Explicit variables: ``JAX_COORDINATOR_ADDRESS`` (host:port of process 0), ``JAX_NUM_PROCESSES``,
+    ``JAX_PROCESS_ID`` (and optionally ``JAX_LOCAL_DEVICE_IDS``), for several processes on one host or
+    a launcher JAX does not know. Under a SLURM step the GPUs each task drives come from
+    :func:`shared_data.runtime.launch.task_gpus` (right for ``--gpus-per-task`` too); JAX detects the
+    rest (coordinator, process count and index). See :data:`CLUSTER_VARIABLE` for other launchers.
+
+    Raises:
+        UserError: ``JAX_COORDINATOR_ADDRESS`` without ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, or
+            an unknown ``DLAS_JAX_CLUSTER``.
     """
     if jax.distributed.is_initialized():
-        return
-    addr = os.environ.get("JAX_COORDINATOR_ADDRESS")
-    multi = addr or int(os.environ.get("SLURM_NTASKS", "1")) > 1 or int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
-    if multi and os.environ.get("JAX_PLATFORMS", "") == "cpu":
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes all-reduce over gloo
-    if addr:
-        jax.distributed.initialize(addr, int(os.environ["JAX_NUM_PROCESSES"]), int(os.environ["JAX_PROCESS_ID"]))
-    elif int(os.environ.get("SLURM_NTASKS", "1")) > 1 or int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
-        jax.distributed.initialize()
+        return None
+    env = os.environ
+    choice = env.get(CLUSTER_VARIABLE, "").strip().lower()
+    kwargs: dict = {}
+    if choice == "none":
+        return None
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        how = "JAX_COORDINATOR_ADDRESS"
+        missing = [v for v in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if not env.get(v)]
+        if missing:
+            raise UserError(f"JAX_COORDINATOR_ADDRESS is set: set {' and '.join(missing)} as well")
+        kwargs.update(num_processes=int(env["JAX_NUM_PROCESSES"]), process_id=int(env["JAX_PROCESS_ID"]))
+    elif choice and choice != "auto":
+        how = choice
+        kwargs["cluster_detection_method"] = choice
+    elif choice == "auto" or launch.slurm_step(env) or launch.ompi_job(env):
+        how = "SLURM" if launch.slurm_step(env) else "Open MPI" if launch.ompi_job(env) else "auto-detected"
     else:
-        return
-    log.info(
-        "jax.distributed: process %d of %d, %d local / %d global devices",
-        jax.process_index(),
-        jax.process_count(),
-        jax.local_device_count(),
-        jax.device_count(),
+        return None
+    ids = launch.task_gpus(env)
+    if ids is not None and not env.get("JAX_LOCAL_DEVICE_IDS"):
+        kwargs["local_device_ids"] = ids
+    if env.get("JAX_PLATFORMS", "") == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes all-reduce over gloo
+    try:
+        jax.distributed.initialize(**kwargs)
+    except ValueError as err:  # JAX found no environment to join
+        raise UserError(f"jax.distributed ({how}): {err}") from None
+    return (
+        f"jax.distributed ({how}): process {jax.process_index()} of {jax.process_count()}, "
+        f"{jax.local_device_count()} local / {jax.device_count()} global devices, "
+        f"GPUs {jax.config.read('jax_cuda_visible_devices')} of CUDA_VISIBLE_DEVICES="
+        f"{env.get('CUDA_VISIBLE_DEVICES', '(unset)')}"
     )
 
 
@@ -117,15 +148,19 @@ def abstract(tree):
 def configure_xla(cfg: Config) -> dict:
     """The one place that sets JAX/XLA options; returns what was set (logged by the run).
 
-    The persistent compilation cache makes a second run of the same config skip compilation.
+    The persistent compilation cache makes a second run of the same config skip compilation. It goes
+    where ``JAX_COMPILATION_CACHE_DIR`` says (a centre points it at scratch), else in the config's
+    ``xla_cache_dir``: the environment wins over the config, as ``TF_XLA_FLAGS`` does in
+    :func:`tf_impl.distribute.configure_xla`.
     """
     settings = {}
-    if cfg.xla_cache_dir:
-        cache = str(cfg.resolve_path(cfg.xla_cache_dir))
+    from_env = os.environ.get("JAX_COMPILATION_CACHE_DIR", "")
+    cache = from_env or (str(cfg.resolve_path(cfg.xla_cache_dir)) if cfg.xla_cache_dir else "")
+    if cache:
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-        settings["jax_compilation_cache_dir"] = cache
+        settings["jax_compilation_cache_dir"] = cache + (" (JAX_COMPILATION_CACHE_DIR)" if from_env else "")
     settings["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
     return settings
 

@@ -1,9 +1,16 @@
 """TensorFlow (Keras 3) implementation: model, data, train, distribute. Imports no JAX.
 
-Importing it sets the kit's default XLA flags (:mod:`shared_data.runtime.xla_flags`) before TF starts XLA."""
+Importing it sets the kit's default XLA flags (:mod:`shared_data.runtime.xla_flags`) before TF starts XLA,
+and imports TensorFlow with ``TF_CPP_MIN_LOG_LEVEL`` (default 2: warnings and info off) applied to the
+C++ lines TensorFlow prints while it loads (:func:`shared_data.runtime.logs.quiet_import`)."""
+
+import os
 
 from shared_data.core.errors import require_package
+from shared_data.runtime.logs import quiet_import
 from shared_data.runtime.xla_flags import apply_default_xla_flags
 
 apply_default_xla_flags()
 require_package("tensorflow", "tf", "tf_impl")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+quiet_import("tensorflow")

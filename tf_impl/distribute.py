@@ -22,23 +22,60 @@ import tensorflow as tf
 
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
+from shared_data.runtime import launch
 
 log = logging.getLogger(__name__)
 
 
-def initialize() -> None:
-    """Nothing to do before the strategy exists in TF (the strategy joins the cluster); kept so both
-    entry points read alike."""
+def initialize() -> str | None:
+    """Say where this process stands in a multi-worker run (``TF_CONFIG`` or a SLURM step of several
+    tasks) and keep its own GPUs visible; ``None`` alone. The strategy joins the cluster
+    (:func:`make_strategy`).
+
+    Under a SLURM step the GPUs each task drives come from
+    :func:`shared_data.runtime.launch.task_gpus`, as in :func:`jax_impl.distribute.initialize`
+    (right for ``--gpus-per-task`` too); TensorFlow then sees those alone.
+    """
+    env = os.environ
+    if env.get("TF_CONFIG"):
+        worker = process_index()  # a TF_CONFIG that is not JSON fails here, in one line
+        cluster = json.loads(env["TF_CONFIG"]).get("cluster", {})
+        workers = sum(len(v) for v in cluster.values()) if isinstance(cluster, dict) else 0
+        return f"tf.distribute (TF_CONFIG): worker {worker} of {workers}"
+    if not launch.slurm_step(env):
+        return None
+    gpus = tf.config.list_physical_devices("GPU")
+    ids = launch.task_gpus(env, len(gpus)) or []
+    if gpus:
+        tf.config.set_visible_devices([gpus[i] for i in ids], "GPU")
+    return (
+        f"tf.distribute (SLURM): worker {process_index()} of {env['SLURM_STEP_NUM_TASKS']}, "
+        f"GPUs {','.join(map(str, ids)) or 'none'} of CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '(unset)')}"
+    )
+
+
+def slurm_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
+    """The cluster of this SLURM step (TensorFlow's SLURM resolver) with this task's GPUs as
+    :func:`initialize` left them visible: the resolver's own GPU choice assumes every task sees every
+    GPU of the node, needs nvidia-smi, and cannot say zero GPUs (a CPU node)."""
+    gpus = len(tf.config.get_visible_devices("GPU"))
+    per_task = max(gpus, 1)  # the resolver divides by it; the accelerator count below is the real one
+    slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
+        gpus_per_node=per_task * launch.slurm_tasks_on_node(os.environ), gpus_per_task=per_task, auto_set_gpu=False
+    )
+    spec = slurm.cluster_spec()
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        spec, task_type=slurm.task_type, task_id=slurm.task_id, num_accelerators={"GPU": gpus}, rpc_layer="grpc"
+    )
 
 
 def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
-    """The strategy for this process: multi-worker when ``TF_CONFIG`` or a multi-task SLURM job
-    describes a cluster, mirrored over several local devices, else the default strategy."""
+    """The strategy for this process: multi-worker when ``TF_CONFIG`` or a SLURM step of several
+    tasks describes a cluster, mirrored over several local devices, else the default strategy."""
     if os.environ.get("TF_CONFIG"):
         return tf.distribute.MultiWorkerMirroredStrategy()
-    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    if launch.slurm_step(os.environ):
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=slurm_resolver())
     gpus = tf.config.list_logical_devices("GPU")
     devices = gpus or tf.config.list_logical_devices("CPU")
     if num_devices is not None and not 1 <= num_devices <= len(devices):
@@ -76,15 +113,16 @@ def local_shards(strategy: tf.distribute.Strategy) -> list[int]:
 
 
 def process_index() -> int:
-    """This worker's rank: the task index of ``TF_CONFIG``, else ``SLURM_PROCID``, else 0."""
+    """This worker's rank: the task index of ``TF_CONFIG``, else ``SLURM_PROCID`` in a SLURM step of
+    several tasks, else 0."""
     config = os.environ.get("TF_CONFIG")
     if config:
         try:
             return int(json.loads(config).get("task", {}).get("index", 0))
         except (ValueError, AttributeError):
             raise UserError(f"TF_CONFIG is not the JSON TensorFlow expects: {config[:80]!r}") from None
-    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-        return int(os.environ.get("SLURM_PROCID", "0"))
+    if launch.slurm_step(os.environ):
+        return int(os.environ["SLURM_PROCID"])
     return 0
 
 
@@ -154,8 +192,9 @@ def configure_xla(cfg: Config) -> dict:
 
     XLA compiles only where asked (the steps' ``jit_compile=enable_jit``). TF's persistent
     compilation cache (``--tf_xla_persistent_cache_directory``, read at the first compilation)
-    goes in ``<xla_cache_dir>/tf`` unless ``TF_XLA_FLAGS`` names one: a second run of the same
-    config loads its executables instead of compiling them.
+    goes where ``TF_XLA_FLAGS`` names one, else in ``<xla_cache_dir>/tf``: the environment wins over
+    the config, as ``JAX_COMPILATION_CACHE_DIR`` does in :func:`jax_impl.distribute.configure_xla`.
+    A second run of the same config loads its executables instead of compiling them.
     """
     tf.config.optimizer.set_jit(False)
     flags = os.environ.get("TF_XLA_FLAGS", "")

@@ -10,12 +10,9 @@ TensorFlow's GPU path follows TF's and DALI's documentation and runs on CPU in t
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
 import numpy as np

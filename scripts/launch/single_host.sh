@@ -2,13 +2,51 @@
 # Data-parallel training on one host with N GPUs.
 #   bash scripts/launch/single_host.sh jax bs256_opt [more train.py flags]
 #   bash scripts/launch/single_host.sh tf  bs256_opt
-# JAX: one process drives every local GPU; the batch is sharded over a device mesh inside the one
-#      jitted step (XLA inserts the gradient all-reduce).
-# TF:  one process, MirroredStrategy over the local GPUs (NCCL all-reduce).
+# One process (default):
+#   JAX: one process drives every local GPU; the batch is sharded over a device mesh inside the one
+#        jitted step (XLA inserts the gradient all-reduce).
+#   TF:  one process, MirroredStrategy over the local GPUs (NCCL all-reduce).
+# NPROC=N processes (one per GPU share, as on a cluster; process 0 logs, the others print warnings and
+# errors tagged [rank i]):
+#   NPROC=2 bash scripts/launch/single_host.sh jax bs256_opt
+#   JAX: JAX_COORDINATOR_ADDRESS=localhost:$PORT, JAX_NUM_PROCESSES=N, JAX_PROCESS_ID=i, and
+#        JAX_LOCAL_DEVICE_IDS = process i's share of the GPUs nvidia-smi lists (none on a CPU host).
+#   TF:  TF_CONFIG with N workers on localhost:$PORT.. and CUDA_VISIBLE_DEVICES = worker i's share.
 # The global batch is global_batch_size (or local_batch_size x GPUs); lr_scaling/warmup_steps in the
 # config scale the LR with it. NCCL's NVLink multicast stays as the machine sets it.
 set -euo pipefail
-fw=${1:?usage: single_host.sh jax|tf CONFIG [flags]}; cfg=${2:?config name}; shift 2
+fw=${1:?usage: [NPROC=N] single_host.sh jax|tf CONFIG [flags]}; cfg=${2:?config name}; shift 2
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 PY=${PY:-python3}
-exec $PY -m ${fw}_impl.train --config "$cfg" "$@"
+NPROC=${NPROC:-1}
+if [[ $NPROC -le 1 ]]; then
+  exec $PY -m ${fw}_impl.train --config "$cfg" "$@"
+fi
+PORT=${PORT:-12355}
+gpus=$( (nvidia-smi --list-gpus 2>/dev/null || true) | grep -c '^GPU ' || true)
+if (( gpus > 0 && gpus % NPROC )); then
+  echo "error: $gpus GPUs do not divide over NPROC=$NPROC processes" >&2; exit 2
+fi
+per=$(( gpus / NPROC ))
+share() { [[ $per -gt 0 ]] && seq -s, $(( $1 * per )) $(( ($1 + 1) * per - 1 )) || true; }
+workers=$(for i in $(seq 0 $((NPROC - 1))); do printf '"localhost:%d",' $((PORT + i)); done)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+for i in $(seq 0 $((NPROC - 1))); do
+  if [[ $fw == jax ]]; then
+    ids=$(share "$i")
+    env JAX_COORDINATOR_ADDRESS="localhost:$PORT" JAX_NUM_PROCESSES="$NPROC" JAX_PROCESS_ID="$i" \
+      ${ids:+JAX_LOCAL_DEVICE_IDS="$ids"} $PY -m jax_impl.train --config "$cfg" "$@" &
+  else
+    ids=$(share "$i")
+    env TF_CONFIG="{\"cluster\": {\"worker\": [${workers%,}]}, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
+      ${ids:+CUDA_VISIBLE_DEVICES="$ids"} $PY -m tf_impl.train --config "$cfg" "$@" &
+  fi
+  pids+=($!)
+done
+status=0
+for _ in "${pids[@]}"; do  # the first process to fail stops the others (they would wait for it)
+  wait -n || { rc=$?; [[ $status -ne 0 ]] || status=$rc; kill "${pids[@]}" 2>/dev/null || true; }
+done
+trap - EXIT
+exit $status

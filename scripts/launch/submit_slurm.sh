@@ -2,13 +2,18 @@
 # SLURM batch script, like the tutorial's submit scripts: one task per GPU, N nodes.
 #   sbatch -N 2 scripts/launch/submit_slurm.sh jax bs512_opt
 #   sbatch -N 2 scripts/launch/submit_slurm.sh tf  bs512_opt
-# JAX: jax.distributed.initialize() reads the SLURM environment (coordinator = first node), each
-#      task drives its GPU and loads its own data shard (replica index = global device index).
+# Every task sees the node's 4 GPUs (--gpus-per-node, no --gpus-per-task) and drives GPU
+# SLURM_LOCALID: NCCL then reaches the other tasks' GPUs over NVLink (CUDA IPC), which a device
+# cgroup per task would hide. The trainers also run under --gpus-per-task=1 (each task drives the
+# one GPU it sees); shared_data/runtime/launch.py says how a task finds its GPUs.
+# JAX: jax.distributed.initialize() reads the SLURM step (coordinator = first node, port from the
+#      job id, or JAX_COORDINATOR_PORT); each task loads its own data shard (replica = global device).
 # TF:  MultiWorkerMirroredStrategy with the SLURM cluster resolver (one worker per task).
+# Caches: JAX_COMPILATION_CACHE_DIR / TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR put the
+# compilation cache on scratch (default: .cache/xla under the submit folder).
 #SBATCH --job-name=dlas-cosmo
 #SBATCH --ntasks-per-node=4
 #SBATCH --gpus-per-node=4
-#SBATCH --gpus-per-task=1
 #SBATCH --cpus-per-task=16
 #SBATCH --time=01:00:00
 #SBATCH --output=slurm-%j.out

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from shared_data.core import config as config_mod
 from shared_data.core.errors import UserError
-from shared_data.runtime.logs import close_log_file, log_to_file_only, setup_logging
+from shared_data.runtime.logs import RANK_LOGGER, close_log_file, log_to_file_only, setup_logging
 from shared_data.runtime.records import read_run_info
 from shared_data.runtime.run import workdir_for
 
@@ -93,11 +93,49 @@ def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> N
             raise UserError(f"--save_weights {args.save_weights}: folder {folder} does not exist")
 
 
+#: The environment variables each trainer reads, shown by ``--help``.
+ENVIRONMENT = {
+    "jax": """\
+environment (several processes; scripts/launch/ starts them):
+  JAX_COORDINATOR_ADDRESS  host:port of process 0; with it, JAX_NUM_PROCESSES (N) and JAX_PROCESS_ID (0..N-1)
+                           start N processes on one or more hosts, e.g. on one host with 2 processes:
+                             JAX_COORDINATOR_ADDRESS=localhost:12355 JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=0 %(prog)s ...
+                           (or: NPROC=2 bash scripts/launch/single_host.sh jax CONFIG)
+  JAX_LOCAL_DEVICE_IDS     the GPUs (indices among those visible) this process drives, e.g. 0 or 2,3
+  SLURM_*                  a SLURM step of several tasks (srun) joins by itself; each task drives the GPUs
+                           SLURM gives it (--gpus-per-task) or its share of the node's (--gpus-per-node)
+  DLAS_JAX_CLUSTER         auto: let jax.distributed detect the cluster (Kubernetes, Cloud TPU, ...);
+                           mpi4py, k8s, ...: that detection method; none: stay one process
+  JAX_PLATFORMS            cpu runs on the CPU (several CPU processes all-reduce over gloo)
+caches and logs:
+  JAX_COMPILATION_CACHE_DIR  the persistent compilation cache (default: the config's xla_cache_dir)
+  XLA_FLAGS                XLA's flags (the kit adds its defaults, shown in the run's first lines)
+""",
+    "tf": """\
+environment (several processes; scripts/launch/ starts them):
+  TF_CONFIG                the cluster and this worker's task (MultiWorkerMirroredStrategy), e.g.
+                             TF_CONFIG='{"cluster": {"worker": ["host1:12345", "host2:12345"]},
+                                         "task": {"type": "worker", "index": 0}}' %(prog)s ...
+  SLURM_*                  a SLURM step of several tasks (srun) joins by itself; each task drives the GPUs
+                           SLURM gives it (--gpus-per-task) or its share of the node's (--gpus-per-node)
+caches and logs:
+  TF_XLA_FLAGS             --tf_xla_persistent_cache_directory=DIR: the persistent compilation cache
+                           (default: <xla_cache_dir>/tf of the config)
+  TF_CPP_MIN_LOG_LEVEL     TensorFlow's C++ log lines: 0 all, 1 no INFO, 2 (default) no WARNING, 3 no ERROR
+  XLA_FLAGS                XLA's flags (the kit adds its defaults, shown in the run's first lines)
+""",
+}
+
+
 def build_parser(framework: str) -> argparse.ArgumentParser:
-    """The trainer's parser: the config flags (:func:`shared_data.core.config.add_config_args`) and the run flags."""
+    """The trainer's parser: the config flags (:func:`shared_data.core.config.add_config_args`), the run
+    flags and, after them, the environment variables the trainer reads (:data:`ENVIRONMENT`)."""
     name = {"jax": "JAX", "tf": "TensorFlow"}[framework]
     parser = argparse.ArgumentParser(
-        prog=f"python -m {framework}_impl.train", description=f"Train the cosmology U-Net with {name}."
+        prog=f"python -m {framework}_impl.train",
+        description=f"Train the cosmology U-Net with {name}.",
+        epilog=ENVIRONMENT[framework],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     config_mod.add_config_args(parser)
     add_run_args(parser, framework)
@@ -142,11 +180,12 @@ def main(
     train_and_evaluate: Callable[..., tuple],
     argv: Sequence[str] | None = None,
     *,
-    initialize: Callable[[], None],
+    initialize: Callable[[], str | None],
     process_index: Callable[[], int],
 ) -> int:
-    """The trainers' command line: parse, join a multi-process run (``initialize``), set up logging for
-    this rank, train in the run folder, write ``--save_weights`` (main process)."""
+    """The trainers' command line: parse, join a multi-process run (``initialize``, whose line every
+    rank prints with its tag), set up logging for this rank, train in the run folder, write
+    ``--save_weights`` (main process)."""
     args = build_parser(framework).parse_args(argv)
     setup_logging()
     if args.enable_apex:
@@ -156,8 +195,10 @@ def main(
         return benchy(framework, args)
     workdir = workdir_for(cfg, framework, args.workdir, args.run_num)
     check_run_args(args, workdir, framework)
-    initialize()
+    joined = initialize()
     setup_logging(process_index())
+    if joined:
+        logging.getLogger(RANK_LOGGER).info(joined)
     try:
         train_and_evaluate(
             cfg,

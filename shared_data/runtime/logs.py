@@ -13,14 +13,25 @@ rank. The epoch lines are the tutorial's, followed by the share of the epoch the
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
+import re
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 from shared_data.core import loader_kinds
 
 log = logging.getLogger("dlas")
+
+#: Lines of this logger print at INFO on every rank (each rank says where it stands in the run).
+RANK_LOGGER = "dlas.rank"
+
+#: Dates and times in every line: a batch job runs for days.
+DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
 #: A run is called input-bound when the host waits for input this share of an epoch or more.
@@ -29,7 +40,7 @@ INPUT_BOUND_SHARE = 0.3
 
 def setup_logging(process_index: int = 0, level: int = logging.INFO) -> None:
     """One stream handler on stdout (idempotent). Process 0 logs at ``level``; every other process
-    logs warnings and errors only, each line tagged with its rank."""
+    logs warnings, errors and :data:`RANK_LOGGER`'s lines only, each line tagged with its rank."""
     root = logging.getLogger()
     for h in _handlers("stream"):
         root.removeHandler(h)
@@ -40,6 +51,47 @@ def setup_logging(process_index: int = 0, level: int = logging.INFO) -> None:
     root.setLevel(level if process_index == 0 else logging.WARNING)
     for noisy in ("absl", "jax._src", "orbax", "tensorflow", "h5py"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger(RANK_LOGGER).setLevel(logging.INFO)
+
+
+#: A C++ log line of absl or TensorFlow (``I0000 00:00:...``, severity I, W, E, F), or absl's notice
+#: that it writes to stderr before it is initialised.
+_NATIVE_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:")
+_ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+
+
+def native_line_shown(line: str, min_level: int) -> bool:
+    """Whether a stderr ``line`` passes ``TF_CPP_MIN_LOG_LEVEL=min_level`` (0 all, 1 no INFO, 2 no
+    WARNING, 3 no ERROR): C++ lines below the level and absl's pre-initialisation notice (from 1) are
+    dropped; every other line is kept."""
+    m = _NATIVE_LINE.match(line)
+    if m:
+        return "IWEF".index(m[1]) >= min_level
+    return not (min_level >= 1 and line.startswith(_ABSL_NOTICE))
+
+
+def quiet_import(module: str) -> ModuleType:
+    """Import ``module`` with the process's stderr (file descriptor 2) filtered by
+    :func:`native_line_shown` at ``TF_CPP_MIN_LOG_LEVEL``: absl and oneDNN print their start-up lines
+    from C++ before TensorFlow reads that variable."""
+    level = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") or "0")
+    if level < 1 or module in sys.modules:
+        return importlib.import_module(module)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            return importlib.import_module(module)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            for line in caught.read().decode(errors="replace").splitlines(keepends=True):
+                if native_line_shown(line, level):
+                    sys.stderr.write(line)
+            sys.stderr.flush()
 
 
 def _handlers(kind: str) -> list[logging.Handler]:
@@ -49,7 +101,7 @@ def _handlers(kind: str) -> list[logging.Handler]:
 
 def _formatter(process_index: int) -> logging.Formatter:
     tag = "" if process_index == 0 else f"[rank {process_index}] %(levelname)s "
-    return logging.Formatter(f"%(asctime)s {tag}%(message)s", "%H:%M:%S")
+    return logging.Formatter(f"%(asctime)s {tag}%(message)s", DATE_FORMAT)
 
 
 def log_to_file(path: Path, process_index: int = 0) -> None:

@@ -115,6 +115,7 @@ class Run:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log_to_file(self.workdir / "out.log", process_index)
         log.info("%s; config %r from %s", banner, cfg.name, cfg.source)
+        log.info("run folder: %s", self.workdir.absolute())
         self.global_batch, self.local_batch = log_setup(cfg, settings, replicas)
         self.steps_per_epoch = config_mod.steps_per_epoch(cfg, replicas)
         self.lr_table = schedule.lr_table(cfg, self.global_batch, self.steps_per_epoch * cfg.num_epochs)

@@ -1,0 +1,83 @@
+"""Where a process stands in a multi-process run, read from its launcher's environment; framework-neutral.
+
+A SLURM step (``srun``) describes several processes when ``SLURM_STEP_NUM_TASKS`` > 1; a shell inside
+an allocation (``salloc``, the batch script itself) has ``SLURM_NTASKS`` but is one process, and
+joining a run there would wait for tasks that never start. Open MPI describes several processes with
+``OMPI_COMM_WORLD_SIZE`` > 1.
+
+Which GPUs a SLURM task drives depends on how the job binds them:
+
+- every task sees the node's GPUs (``--gpus-per-node`` without ``--gpus-per-task``, the kit's
+  ``submit_slurm.sh``): ``CUDA_VISIBLE_DEVICES`` lists them all and task ``SLURM_LOCALID`` drives its
+  share, ``[SLURM_LOCALID]`` with one GPU per task;
+- SLURM binds GPUs to tasks (``--gpus-per-task``, ``--gpu-bind``): ``CUDA_VISIBLE_DEVICES`` lists the
+  task's own GPUs (``"2"`` on local task 2 without device cgroups, ``"0"`` with them), and the task
+  drives all of them, ``[0]`` with one GPU per task. JAX's own SLURM detection assumes the first case
+  and picks ``[SLURM_LOCALID]``, a device that task 2 cannot see in the second.
+
+:func:`task_gpus` returns those indices among the visible GPUs (what ``jax.distributed.initialize``
+takes as ``local_device_ids``, what ``tf.config.set_visible_devices`` keeps in TensorFlow).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from shared_data.core.errors import UserError
+
+
+def slurm_step(env: Mapping[str, str]) -> bool:
+    """True in a SLURM step of several tasks (a process started by ``srun -n N``, N > 1)."""
+    return int(env.get("SLURM_STEP_NUM_TASKS", "1") or "1") > 1 and "SLURM_PROCID" in env
+
+
+def ompi_job(env: Mapping[str, str]) -> bool:
+    """True in an Open MPI job of several processes (``mpirun -n N``, N > 1)."""
+    return int(env.get("OMPI_COMM_WORLD_SIZE", "1") or "1") > 1
+
+
+def slurm_tasks_on_node(env: Mapping[str, str]) -> int:
+    """Tasks of this SLURM step on this node, from ``SLURM_STEP_TASKS_PER_NODE`` (``"4(x2)"``, ``"4,3"``)
+    at index ``SLURM_NODEID``, else ``SLURM_NTASKS_PER_NODE``, else 1."""
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if spec:
+        counts: list[int] = []
+        for part in spec.split(","):
+            m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+            if m is None:
+                raise UserError(f"SLURM_STEP_TASKS_PER_NODE={spec!r}: expected a form like '4(x2)' or '4,3'")
+            counts += [int(m[1])] * int(m[2] or 1)
+        node = int(env.get("SLURM_NODEID", "0"))
+        return counts[min(node, len(counts) - 1)]
+    return int(env.get("SLURM_NTASKS_PER_NODE", "1") or "1")
+
+
+def task_gpus(env: Mapping[str, str], seen: int | None = None) -> list[int] | None:
+    """Indices, among the GPUs this SLURM task sees, of those it drives; None outside a multi-task SLURM
+    step. The task sees the GPUs of ``CUDA_VISIBLE_DEVICES``, else ``seen`` of them (the count the
+    framework finds); None when neither says (JAX then picks ``[SLURM_LOCALID]`` itself, right when
+    the task sees every GPU of the node).
+
+    Raises:
+        UserError: the visible GPUs do not divide evenly over the node's tasks.
+    """
+    if not slurm_step(env):
+        return None
+    if env.get("CUDA_VISIBLE_DEVICES") is not None:
+        count = len([d for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()])
+    elif seen is not None:
+        count = seen
+    else:
+        return None
+    tasks = slurm_tasks_on_node(env)
+    if env.get("SLURM_GPUS_PER_TASK") or count < tasks:
+        return list(range(count))  # SLURM bound this task's GPUs: all it sees are its own
+    if count % tasks:
+        raise UserError(
+            f"{count} GPUs visible to {tasks} tasks on this node: give each task the same number "
+            "(--ntasks-per-node dividing --gpus-per-node, or --gpus-per-task)"
+        )
+    share = count // tasks
+    local = int(env.get("SLURM_LOCALID", "0"))
+    return list(range(local * share, (local + 1) * share))

@@ -1,0 +1,254 @@
+"""Launching several processes: the GPUs each SLURM task drives under the bindings SLURM offers, JAX
+processes under a simulated SLURM step, N processes on one host through scripts/launch/single_host.sh
+(the rank tags, the dated lines), TensorFlow's SLURM resolver and its quiet start-up."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from shared_data.core.config import REPO_ROOT
+from shared_data.core.errors import UserError
+from shared_data.runtime import launch
+from shared_data.runtime.logs import native_line_shown
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def slurm_env(procid: int, ntasks: int = 2, nodes: int = 1, **extra: str) -> dict[str, str]:
+    """The variables ``srun -n NTASKS`` sets for task ``procid`` of a step on ``nodes`` nodes (localhost)."""
+    per_node = ntasks // nodes
+    env = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": str(ntasks),
+        "SLURM_STEP_NUM_TASKS": str(ntasks),
+        "SLURM_STEP_NUM_NODES": str(nodes),
+        "SLURM_STEP_NODELIST": "localhost",
+        "SLURM_STEP_TASKS_PER_NODE": f"{per_node}(x{nodes})",
+        "SLURM_PROCID": str(procid),
+        "SLURM_LOCALID": str(procid % per_node),
+        "SLURM_NODEID": str(procid // per_node),
+    }
+    return {**env, **extra}
+
+
+@pytest.mark.parametrize(
+    "extra, ntasks, procid, expected",
+    [
+        ({}, 4, 2, None),  # CUDA_VISIBLE_DEVICES unset: every GPU of the node, JAX picks [SLURM_LOCALID]
+        ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 4, 2, [2]),  # --gpus-per-node=4: task 2 drives GPU 2
+        ({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, 4, 3, [6, 7]),  # two GPUs per task
+        ({"CUDA_VISIBLE_DEVICES": "2", "SLURM_GPUS_PER_TASK": "1"}, 4, 2, [0]),  # --gpus-per-task=1, no cgroup
+        ({"CUDA_VISIBLE_DEVICES": "0", "SLURM_GPUS_PER_TASK": "1"}, 4, 2, [0]),  # --gpus-per-task=1, cgroup
+        ({"CUDA_VISIBLE_DEVICES": "1"}, 4, 1, [0]),  # --gpu-bind=single:1
+        ({"CUDA_VISIBLE_DEVICES": "4,5", "SLURM_GPUS_PER_TASK": "2"}, 2, 1, [0, 1]),  # 2 GPUs bound per task
+    ],
+)
+def test_each_slurm_task_drives_the_gpus_slurm_gives_it(extra, ntasks, procid, expected):
+    assert launch.task_gpus(slurm_env(procid, ntasks, **extra)) == expected
+
+
+def test_gpus_seen_by_the_framework_when_slurm_names_none():
+    assert launch.task_gpus(slurm_env(1, 2), seen=4) == [2, 3]
+    assert launch.task_gpus(slurm_env(1, 2), seen=0) == []  # a CPU node
+
+
+def test_no_slurm_step_means_no_binding():
+    env = slurm_env(0, 2, CUDA_VISIBLE_DEVICES="0,1")
+    assert launch.task_gpus({**env, "SLURM_STEP_NUM_TASKS": "1"}) is None  # one task
+    salloc = {k: v for k, v in env.items() if not k.startswith("SLURM_STEP")}  # a shell in an allocation
+    assert not launch.slurm_step(salloc) and launch.task_gpus(salloc) is None
+
+
+def test_uneven_gpus_over_tasks_is_one_error():
+    with pytest.raises(UserError, match=r"3 GPUs visible to 2 tasks on this node"):
+        launch.task_gpus(slurm_env(0, 2, CUDA_VISIBLE_DEVICES="0,1,2"))
+
+
+@pytest.mark.parametrize("spec, node, tasks", [("4(x2)", 1, 4), ("4,3", 1, 3), ("2(x2),1", 2, 1), ("8", 0, 8)])
+def test_tasks_per_node_in_slurms_notation(spec, node, tasks):
+    env = {"SLURM_STEP_TASKS_PER_NODE": spec, "SLURM_NODEID": str(node)}
+    assert launch.slurm_tasks_on_node(env) == tasks
+
+
+@pytest.mark.parametrize(
+    "line, level, shown",
+    [
+        ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n", 2, False),
+        ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n", 0, True),
+        ("I0000 00:00:1796137816.120445    3126 port.cc:153] oneDNN custom operations are on.\n", 2, False),
+        ("I0000 00:00:1796137816.120445    3126 port.cc:153] oneDNN custom operations are on.\n", 0, True),
+        ("W0000 00:00:1796137816.120445    3126 gpu_device.cc:2] Cannot dlopen some GPU libraries.\n", 2, False),
+        ("W0000 00:00:1796137816.120445    3126 gpu_device.cc:2] Cannot dlopen some GPU libraries.\n", 1, True),
+        ("E0000 00:00:1796137816.120445    3126 cuda_dnn.cc:8] Unable to register cuDNN factory\n", 2, True),
+        ("Traceback (most recent call last):\n", 3, True),
+    ],
+)
+def test_native_lines_follow_tf_cpp_min_log_level(line, level, shown):
+    assert native_line_shown(line, level) is shown
+
+
+def test_jax_explicit_variables_need_all_three(monkeypatch):
+    from jax_impl import distribute
+
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1")
+    monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
+    monkeypatch.delenv("JAX_PROCESS_ID", raising=False)
+    with pytest.raises(UserError, match="JAX_COORDINATOR_ADDRESS is set: set JAX_NUM_PROCESSES and JAX_PROCESS_ID"):
+        distribute.initialize()
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS")
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_"))]:
+        monkeypatch.delenv(key)
+    assert distribute.initialize() is None  # nothing describes a cluster: one process
+
+
+def test_tf_slurm_worker_rank_and_resolver(monkeypatch):
+    from tf_impl import distribute
+
+    for key, value in slurm_env(3, ntasks=4, nodes=2).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SLURM_STEP_NODELIST", "node[01-02]")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert distribute.process_index() == 3
+    assert distribute.initialize() == "tf.distribute (SLURM): worker 3 of 4, GPUs none of CUDA_VISIBLE_DEVICES=(unset)"
+    resolver = distribute.slurm_resolver()  # no nvidia-smi here: the GPU count comes from initialize
+    assert resolver.cluster_spec().as_dict() == {"worker": ["node01:8888", "node01:8889", "node02:8888", "node02:8889"]}
+    assert (resolver.task_type, resolver.task_id) == ("worker", 3)
+    assert resolver.num_accelerators() == {"GPU": 0}
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
+    assert distribute.process_index() == 0 and distribute.initialize() is None
+
+
+PROBE = """
+import jax
+from jax_impl import distribute
+print(distribute.initialize())
+print("local devices of process", [d.process_index for d in jax.local_devices()], "global", jax.device_count())
+"""
+
+
+@pytest.mark.slow
+def test_jax_processes_under_a_simulated_slurm_step():
+    """Two tasks of ``srun -n 2 --gpus-per-task=1`` (SLURM exports CUDA_VISIBLE_DEVICES=i per task,
+    no device cgroup): JAX's own choice, [SLURM_LOCALID], would make task 1 ask for a GPU it cannot
+    see; each task drives GPU 0 of those it sees, and the two join one run of two devices."""
+    port = str(_free_port())
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "OMPI_"))}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PROBE],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={
+                **base,
+                **slurm_env(i, CUDA_VISIBLE_DEVICES=str(i), SLURM_GPUS_PER_TASK="1"),
+                "JAX_COORDINATOR_PORT": port,
+                "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+            },
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for i, out in enumerate(outs):
+        assert (
+            f"jax.distributed (SLURM): process {i} of 2, 1 local / 2 global devices, "
+            f"GPUs 0 of CUDA_VISIBLE_DEVICES={i}" in out
+        ), out
+        assert f"local devices of process [{i}] global 2" in out, out
+
+
+@pytest.mark.slow
+def test_n_processes_on_one_host_tag_their_lines(tmp_path, tiny_argv):
+    """``NPROC=2 scripts/launch/single_host.sh jax``: two JAX processes train one run; process 0 logs,
+    process 1's line carries its rank tag; every line has a date; the run folder is printed."""
+    workdir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "OMPI_"))}
+    scratch = tmp_path / "scratch" / "jax-cache"  # where a centre points the cache
+    env.update(NPROC="2", PORT=str(_free_port()), PY=sys.executable, JAX_PLATFORMS="cpu")
+    env["JAX_COMPILATION_CACHE_DIR"] = str(scratch)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    res = subprocess.run(
+        ["bash", "scripts/launch/single_host.sh", "jax", *tiny_argv[1:], "--workdir", str(workdir)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    date = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+    assert re.search(
+        rf"^{date} \[rank 1\] INFO jax.distributed \(JAX_COORDINATOR_ADDRESS\): process 1 of 2, "
+        r"1 local / 2 global devices",
+        res.stdout,
+        re.M,
+    ), res.stdout
+    assert re.search(rf"^{date} jax.distributed \(JAX_COORDINATOR_ADDRESS\): process 0 of 2", res.stdout, re.M)
+    assert res.stdout.count("Time taken for epoch 1 is") == 1
+    assert f"run folder: {workdir}" in res.stdout
+    assert f"jax_compilation_cache_dir = {scratch} (JAX_COMPILATION_CACHE_DIR)" in res.stdout
+    assert any(scratch.iterdir())  # the compiled steps went to the variable's folder
+    log_lines = (workdir / "out.log").read_text().splitlines()
+    assert log_lines and all(re.match(date, line) for line in log_lines), log_lines[:5]
+
+
+@pytest.mark.slow
+def test_tf_starts_without_absl_or_onednn_lines_at_level_2():
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    quiet = subprocess.run(
+        [sys.executable, "-m", "tf_impl.train", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, env=env
+    )
+    assert quiet.returncode == 0 and "TF_CPP_MIN_LOG_LEVEL" in quiet.stdout
+    assert quiet.stderr == ""
+    loud = subprocess.run(
+        [sys.executable, "-m", "tf_impl.train", "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"},
+    )
+    assert "absl::InitializeLog()" in loud.stderr  # the lines exist; level 2 hides them
+
+
+def test_jax_compilation_cache_dir_wins_over_the_config(monkeypatch, tmp_path, tiny_cfg):
+    import jax
+
+    from jax_impl import distribute
+
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "scratch"))
+        settings = distribute.configure_xla(tiny_cfg)
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "scratch")
+        assert settings["jax_compilation_cache_dir"] == f"{tmp_path / 'scratch'} (JAX_COMPILATION_CACHE_DIR)"
+        monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+        settings = distribute.configure_xla(tiny_cfg)
+        assert jax.config.jax_compilation_cache_dir == tiny_cfg.xla_cache_dir
+        assert settings["jax_compilation_cache_dir"] == tiny_cfg.xla_cache_dir
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_tf_xla_flags_cache_wins_over_the_config(monkeypatch, tmp_path, tiny_cfg):
+    from tf_impl import distribute
+
+    flag = f"--tf_xla_persistent_cache_directory={tmp_path / 'scratch'}"
+    monkeypatch.setenv("TF_XLA_FLAGS", flag)
+    assert distribute.configure_xla(tiny_cfg)["TF_XLA_FLAGS"] == flag
+    monkeypatch.setenv("TF_XLA_FLAGS", "")
+    settings = distribute.configure_xla(tiny_cfg)
+    assert settings["TF_XLA_FLAGS"] == f"--tf_xla_persistent_cache_directory={tiny_cfg.xla_cache_dir}/tf"
