@@ -191,7 +191,7 @@ def train_and_evaluate(
     run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, state.params, val_in))
 
     trace = (lambda: jax.profiler.start_trace(str(workdir / "profile")), jax.profiler.stop_trace)
-    with run.profile(*trace, use_cuda=jax.default_backend() == "gpu"):
+    with run.profile(*trace, use_cuda=jax.default_backend() == "gpu", annotate=jax.profiler.TraceAnnotation):
         for epoch in run.epochs(start, stop_after_epoch):
             losses = []
             for batch in run.steps(train_in.epoch(epoch), epoch):

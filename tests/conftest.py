@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")  # 2 CPU devices for JAX sharding tests
@@ -84,6 +85,27 @@ def assert_one_error_line(res, *texts: str) -> None:
 def rel_err(a, b) -> float:
     """||a - b|| / ||b|| in float64."""
     return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+def read_tensorboard(logdir) -> tuple[dict[str, list[tuple[int, float]]], dict]:
+    """The scalars (tag -> [(step, value)]) and the hparams (name -> value) of the event files in
+    ``logdir``, read back as TensorBoard reads them."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    hparams: dict = {}
+    for path in sorted(Path(logdir).glob("events.out.tfevents.*")):
+        for event in map(Event.FromString, RawEventFileLoader(str(path)).Load()):
+            for value in event.summary.value:
+                if value.tag == "_hparams_/session_start_info":
+                    data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                    for name, v in data.session_start_info.hparams.items():
+                        hparams[name] = getattr(v, v.WhichOneof("kind"))
+                elif value.WhichOneof("value") == "simple_value":
+                    scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars, hparams
 
 
 def _generate(path, size, seed):

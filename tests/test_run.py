@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import run_module
+from conftest import read_tensorboard, run_module
 
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
@@ -115,16 +115,10 @@ def test_run_folder_records_and_tensorboard_tags(tmp_path, tiny_argv):
     assert inv["code"].get("git_commit") or inv["code"].get("package_version")
     assert inv["versions"]["jax"] and inv["cwd"] == str(tmp_path)
 
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.util.tensor_util import make_ndarray
-
-    acc = EventAccumulator(str(folder / "tb"))
-    acc.Reload()
-    tags = set(acc.Tags()["tensors"])  # tensorboard.summary.Writer stores scalars as scalar tensors
-    assert {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"} <= tags
-
-    def series(tag):
-        return [(e.step, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+    scalars, hparams = read_tensorboard(folder / "tb")
+    assert {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"} <= set(scalars)
+    assert hparams["framework"] == "jax" and hparams["num_epochs"] == 2  # written once, by the first invocation
+    series = scalars.__getitem__
 
     steps_per_epoch = 16 // 4
     assert [s for s, _ in series("Loss/valid")] == [0, steps_per_epoch, 2 * steps_per_epoch]

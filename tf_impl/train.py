@@ -214,7 +214,8 @@ def train_and_evaluate(
     run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, val_in))
 
     trace = (lambda: tf.profiler.experimental.start(str(workdir / "profile")), tf.profiler.experimental.stop)
-    with run.profile(*trace, use_cuda=bool(tf.config.list_logical_devices("GPU"))):
+    gpu = bool(tf.config.list_logical_devices("GPU"))
+    with run.profile(*trace, use_cuda=gpu, annotate=tf.profiler.experimental.Trace):
         for epoch in run.epochs(start, stop_after_epoch):
             losses = []
             for batch in run.steps(train_in.epoch(epoch), epoch):

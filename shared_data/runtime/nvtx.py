@@ -2,6 +2,9 @@
 
 ``nvtx_range("step")`` marks a region on the timeline when the ``nvtx`` Python package is installed
 (``pip install nvtx``; DALI's staging brings it to the GPU machine) and does nothing otherwise.
+Inside :func:`mirrored_in` the same range also opens the framework's own annotation
+(``jax.profiler.TraceAnnotation``, ``tf.profiler.experimental.Trace``), so TensorBoard's profile view
+shows the ranges Nsight Systems shows.
 :class:`CaptureWindow` calls ``cudaProfilerStart`` / ``cudaProfilerStop`` around configured steps so
 ``nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop`` records exactly that window.
 """
@@ -9,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import ctypes.util
 import functools
@@ -16,6 +20,11 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 
 log = logging.getLogger(__name__)
+
+#: The framework's trace annotation that every NVTX range also opens (None: NVTX alone).
+_mirror: contextvars.ContextVar[Callable[[str], contextlib.AbstractContextManager] | None] = contextvars.ContextVar(
+    "nvtx_mirror", default=None
+)
 
 
 @functools.cache
@@ -29,13 +38,26 @@ def _nvtx_module():
 
 
 @contextlib.contextmanager
-def nvtx_range(name: str, color: str = "blue") -> Iterator[None]:
-    """Push an NVTX range named ``name`` for the body of the ``with``; a no-op without ``nvtx``."""
-    mod = _nvtx_module()
-    if mod is None:
+def mirrored_in(annotate: Callable[[str], contextlib.AbstractContextManager] | None) -> Iterator[None]:
+    """Inside the ``with``, every :func:`nvtx_range` also opens ``annotate(name)`` (the framework's
+    profiler annotation); ``None`` leaves NVTX alone."""
+    token = _mirror.set(annotate)
+    try:
         yield
-        return
-    with mod.annotate(name, color=color):
+    finally:
+        _mirror.reset(token)
+
+
+@contextlib.contextmanager
+def nvtx_range(name: str, color: str = "blue") -> Iterator[None]:
+    """Push an NVTX range named ``name`` for the body of the ``with`` (a no-op without ``nvtx``), and
+    the framework's annotation of the same name inside :func:`mirrored_in`."""
+    mod, mirror = _nvtx_module(), _mirror.get()
+    with contextlib.ExitStack() as stack:
+        if mirror is not None:
+            stack.enter_context(mirror(name))
+        if mod is not None:
+            stack.enter_context(mod.annotate(name, color=color))
         yield
 
 

@@ -1,4 +1,5 @@
-"""What a run records in its folder besides checkpoints: TensorBoard scalars under the tutorial's tags,
+"""What a run records in its folder besides checkpoints: TensorBoard scalars under the tutorial's tags and
+the config as hparams,
 ``metrics.jsonl`` (one record per epoch), ``run.json`` (the invocations) and the code version.
 
 Files are written atomically (:mod:`shared_data.core.files`); records of a resumed or multi-process run
@@ -10,8 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
-import types
+from collections.abc import Sequence
 from pathlib import Path
 
 from shared_data.core import config as config_mod
@@ -20,38 +20,62 @@ from shared_data.core.files import write_atomic
 log = logging.getLogger("dlas")
 
 
+#: The scalar tags of a run: the tutorial's three, and the step rate.
+TENSORBOARD_TAGS = ("Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec")
+
+
+def hparam_value(value: object) -> bool | int | float | str:
+    """A config value as TensorBoard's hparams plugin takes it: numbers, booleans and strings as they
+    are, anything else (lists, None) as its text."""
+    return value if isinstance(value, bool | int | float | str) else json.dumps(value)
+
+
 class ScalarWriter:
-    """TensorBoard scalars through ``tensorboard.summary.Writer`` (neither TF nor tensorboardX needed);
-    a warning and no-op when ``tensorboard`` is missing, a no-op when disabled."""
+    """TensorBoard scalars and hparams through tensorboardX (a public API that imports no TensorFlow,
+    so a JAX run stays free of it); a warning and no-op when tensorboardX is missing, a no-op when
+    disabled."""
 
     def __init__(self, logdir: Path, enabled: bool):
         self._writer = None
         if not enabled:
             return
         try:
-            from tensorboard.summary import Writer
+            from tensorboardX import SummaryWriter
         except ImportError:
-            log.warning("tensorboard is not installed: no TensorBoard scalars (pip install tensorboard)")
+            log.warning("tensorboardX is not installed: no TensorBoard records (pip install tensorboardX)")
             return
-        # tensorboard does its file I/O through TensorFlow when TF is installed, unless its "notf"
-        # marker module exists when that choice is first made (it is cached); a JAX run keeps TF out
-        # of its process. The marker is removed again so a later tf.summary user is unaffected.
-        marker = "tensorboard.compat.notf"
-        added = "tensorflow" not in sys.modules and marker not in sys.modules
-        if added:
-            sys.modules[marker] = types.ModuleType(marker)
-        try:
-            self._writer = Writer(str(logdir))
-        finally:
-            if added:
-                del sys.modules[marker]
+        self._writer = SummaryWriter(str(logdir), flush_secs=30)
 
     def scalars(self, step: int, values: dict) -> None:
-        """Write ``values`` (tag -> number) at global step ``step``."""
+        """Write ``values`` (tag -> number) at global step ``step``, under the tags as given
+        (``add_scalar`` would rename the tutorial's ``Learning Rate`` to ``Learning_Rate``)."""
         if self._writer is not None:
-            for tag, value in values.items():
-                self._writer.add_scalar(tag, float(value), step)
+            from tensorboardX.proto.summary_pb2 import Summary
+
+            summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()])
+            self._writer._get_file_writer().add_summary(summary, step)
             self._writer.flush()
+
+    def close(self) -> None:
+        """Write what is queued and close the event file (tensorboardX writes from a queue, which
+        ``flush`` does not drain)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def hparams(self, values: dict, metrics: Sequence[str]) -> None:
+        """Write ``values`` (name -> config value) as the run's hparams, with ``metrics`` (scalar tags)
+        as the columns TensorBoard's HPARAMS tab shows beside them; in the run's own folder, so the
+        scalars and the hparams are one run there."""
+        if self._writer is None:
+            return
+        from tensorboardX.summary import hparams
+
+        experiment, start, end = hparams({k: hparam_value(v) for k, v in values.items()}, dict.fromkeys(metrics, 0.0))
+        writer = self._writer._get_file_writer()
+        for summary in (experiment, start, end):
+            writer.add_summary(summary)
+        self._writer.flush()
 
 
 class MetricsLog:

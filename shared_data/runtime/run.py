@@ -45,8 +45,8 @@ from shared_data.runtime.logs import (
     progress,
     share_line,
 )
-from shared_data.runtime.nvtx import CaptureWindow, nvtx_range
-from shared_data.runtime.records import MetricsLog, ScalarWriter, code_version, read_run_info
+from shared_data.runtime.nvtx import CaptureWindow, mirrored_in, nvtx_range
+from shared_data.runtime.records import TENSORBOARD_TAGS, MetricsLog, ScalarWriter, code_version, read_run_info
 
 log = logging.getLogger("dlas")
 
@@ -180,6 +180,8 @@ class Run:
         self._record_invocation(start_epoch, versions)
         self.writer = ScalarWriter(self.workdir / "tb", self.cfg.tensorboard)
         if start_epoch == 0 and self.writer._writer is not None:
+            hparams = {"framework": self.framework, **config_dict(self.cfg), "global_batch": self.global_batch}
+            self.writer.hparams(hparams, TENSORBOARD_TAGS)
             self.writer.scalars(0, {"Loss/valid": val_loss(), "Learning Rate": float(self.lr_table[0])})
 
     def _record_invocation(self, start_epoch: int, versions: dict) -> None:
@@ -207,15 +209,23 @@ class Run:
         write_atomic(self.workdir / "run.json", json.dumps(info, indent=1))
 
     @contextlib.contextmanager
-    def profile(self, start_trace: Callable[[], object], stop_trace: Callable[[], object], use_cuda: bool):
+    def profile(
+        self,
+        start_trace: Callable[[], object],
+        stop_trace: Callable[[], object],
+        use_cuda: bool,
+        annotate: Callable[[str], contextlib.AbstractContextManager] | None = None,
+    ):
         """The capture window of ``profile_steps`` (or of ``enable_manual_profiling``: the tutorial's
-        first 60 steps of epoch 2) around the body: the framework's trace and the CUDA profiler API."""
+        first 60 steps of epoch 2) around the body: the framework's trace and the CUDA profiler API.
+        Every NVTX range of the body also opens ``annotate(name)`` (the framework's trace annotation)."""
         steps = self.cfg.profile_steps
         if steps is None and self.cfg.enable_manual_profiling:
             steps = (self.steps_per_epoch, self.steps_per_epoch + 60)
         self._window = CaptureWindow(steps, on_start=[start_trace], on_stop=[stop_trace], use_cuda=use_cuda)
         try:
-            yield
+            with mirrored_in(annotate):
+                yield
         finally:
             self._window.close()
 
@@ -334,6 +344,8 @@ class Run:
         if peak_memory_bytes:
             log.info("peak device memory: %.2f GiB", peak_memory_bytes / 2**30)
             self.last["peak_memory_bytes"] = peak_memory_bytes
+        if self.writer is not None:
+            self.writer.close()
         close_log_file()
         return dict(self.last)
 
