@@ -4,8 +4,14 @@ One line per check with a verdict (OK, WARN, FAIL, SKIP): Python, the devices ea
 (JAX, TensorFlow, PyTorch; each probed in its own process, so one broken install cannot hide the
 others), CUDA / cuDNN / NCCL versions where present, whether DALI and its TensorFlow plugin load,
 the XLA flags in force, and the installed versions against the pinned ones
-(``requirements/constraints-cpu.txt``, or ``-cuda.txt`` on a machine with a GPU). Exit code 1 if a
-check fails, else 0. Takes a few seconds (TensorFlow's import is the slow one).
+(``requirements/constraints-cpu.txt``, or ``-cuda.txt`` on a machine with a GPU; a wheel ships them
+as ``shared_data/pins``). Exit code 1 if a check fails, else 0. Takes a few seconds (TensorFlow's
+import is the slow one).
+
+``--constraints cpu|cuda`` prints the path of a pins file instead, for pip::
+
+    pip install -c "$(dlas-doctor --constraints cuda)" 'dlas-cosmo[jax-cuda,tf-cuda]'
+
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-from shared_data.core.errors import run_cli
+from shared_data.core.errors import UserError, run_cli
 from shared_data.runtime.xla_flags import DEFAULT_XLA_FLAGS, apply_default_xla_flags
 
 # Each probe prints one JSON object; it runs in a fresh interpreter with a timeout.
@@ -90,11 +96,19 @@ def probe(name: str, timeout: float = 120) -> tuple[str, dict | str]:
     return "ok", json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def pins_file(has_gpu: bool) -> Path | None:
-    """The constraints file of this machine kind in the source tree, if the kit runs from one."""
-    root = Path(__file__).resolve().parent.parent / "requirements"
-    path = root / ("constraints-cuda.txt" if has_gpu else "constraints-cpu.txt")
-    return path if path.is_file() else None
+#: The machine kinds that have a pins file: ``constraints-<kind>.txt``.
+PIN_KINDS = ("cpu", "cuda")
+
+
+def pins_file(kind: str) -> Path | None:
+    """The pins of machine kind ``kind`` (``cpu`` or ``cuda``): ``requirements/`` of the source tree the
+    kit runs from, else the copy the wheel installs as ``shared_data/pins``; None if neither exists."""
+    name = f"constraints-{kind}.txt"
+    package = Path(__file__).resolve().parent.parent
+    for path in (package / "requirements" / name, package / "shared_data" / "pins" / name):
+        if path.is_file():
+            return path
+    return None
 
 
 def compare_pins(path: Path) -> list[tuple[str, str, str]]:
@@ -157,26 +171,35 @@ def checks() -> list[tuple[str, str, str]]:
     flags = apply_default_xla_flags(dict(os.environ))
     defaults = all(f.split("=")[0] in flags for f in DEFAULT_XLA_FLAGS)
     rows.append(("XLA_FLAGS in force", "OK" if defaults else "WARN", flags or "(none)"))
-    pins = pins_file(has_gpu)
+    pins = pins_file("cuda" if has_gpu else "cpu")
     if pins is None:
-        rows.append(("pinned versions", "SKIP", "no constraints file beside the package (installed from a wheel)"))
+        rows.append(("pinned versions", "FAIL", "no constraints file in the source tree or the installed package"))
     else:
         diff = compare_pins(pins)
         detail = (
-            f"all match {pins.name}"
-            if not diff
-            else "; ".join(f"{n} {have} (pinned {want})" for n, want, have in diff[:8])
+            f"all match {pins}" if not diff else "; ".join(f"{n} {have} (pinned {want})" for n, want, have in diff[:8])
         )
         if len(diff) > 8:
             detail += f"; and {len(diff) - 8} more"
-        rows.append(("pinned versions", "OK" if not diff else "WARN", detail))
+        rows.append(("pinned versions", "OK" if not diff else "WARN", f"{detail} ({pins})" if diff else detail))
     return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dlas_compare.doctor", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="also write the checks to this JSON file")
+    p.add_argument(
+        "--constraints",
+        choices=PIN_KINDS,
+        help="print the path of the pins for this machine kind (for pip install -c) and exit",
+    )
     args = p.parse_args(argv)
+    if args.constraints:
+        path = pins_file(args.constraints)
+        if path is None:
+            raise UserError(f"no constraints-{args.constraints}.txt in the source tree or the installed package")
+        print(path)
+        return 0
     rows = checks()
     width = max(len(r[0]) for r in rows) + 2
     for what, verdict, detail in rows:

@@ -77,6 +77,23 @@ def test_wheel_installs_and_trains_from_another_folder(tmp_path):
     assert info.returncode == 0 and "contract: OK" in info.stdout
     help_tf = _run([str(bin_ / "dlas-train-tf"), "--help"], cwd=work, env=env)
     assert help_tf.returncode == 0 and "--enable_jit" in help_tf.stdout
+    # the pins travel with the wheel: pip finds them through the doctor, and the doctor checks them
+    from dlas_compare.doctor import compare_pins
+
+    for kind in ("cpu", "cuda"):
+        where = _run([str(bin_ / "dlas-doctor"), "--constraints", kind], cwd=work, env=env)
+        shipped = target / "shared_data" / "pins" / f"constraints-{kind}.txt"
+        assert where.returncode == 0 and where.stdout.strip() == str(shipped), where.stdout + where.stderr
+        assert shipped.read_text() == (REPO_ROOT / "requirements" / shipped.name).read_text()
+    doctor = _run([str(bin_ / "dlas-doctor"), "--json", str(tmp_path / "d.json")], cwd=work, env=env)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    import json
+
+    rows = {r["check"]: r for r in json.loads((tmp_path / "d.json").read_text())}
+    pins = target / "shared_data" / "pins" / "constraints-cpu.txt"
+    differ = compare_pins(pins)  # this process runs in the same environment as the installed wheel
+    assert rows["pinned versions"]["verdict"] == ("WARN" if differ else "OK")
+    assert str(pins) in rows["pinned versions"]["detail"]
 
 
 BLOCK_TF = """
@@ -171,4 +188,4 @@ def test_pyproject_lists_every_package_folder():
         for top in ("shared_data", "tf_impl", "jax_impl", "dlas_compare")
         for init in (REPO_ROOT / top).rglob("__init__.py")
     }
-    assert listed == found | {"shared_data.configs"}
+    assert listed == found | {"shared_data.configs", "shared_data.pins"}
