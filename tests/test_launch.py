@@ -252,3 +252,29 @@ def test_tf_xla_flags_cache_wins_over_the_config(monkeypatch, tmp_path, tiny_cfg
     monkeypatch.setenv("TF_XLA_FLAGS", "")
     settings = distribute.configure_xla(tiny_cfg)
     assert settings["TF_XLA_FLAGS"] == f"--tf_xla_persistent_cache_directory={tiny_cfg.xla_cache_dir}/tf"
+
+
+@pytest.mark.parametrize(
+    "framework, names",
+    [
+        (
+            "jax",
+            [
+                "JAX_COORDINATOR_ADDRESS",
+                "JAX_NUM_PROCESSES",
+                "JAX_PROCESS_ID",
+                "JAX_LOCAL_DEVICE_IDS",
+                "DLAS_JAX_CLUSTER",
+                "JAX_COMPILATION_CACHE_DIR",
+                "NPROC=2 bash scripts/launch/single_host.sh",
+            ],
+        ),
+        ("tf", ["TF_CONFIG", "SLURM_*", "TF_XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL"]),
+    ],
+)
+def test_help_lists_the_environment_variables(framework, names):
+    from shared_data.runtime import cli
+
+    text = cli.build_parser(framework).format_help()
+    for name in names:
+        assert name in text, name
