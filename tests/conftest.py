@@ -108,6 +108,21 @@ def read_tensorboard(logdir) -> tuple[dict[str, list[tuple[int, float]]], dict]:
     return scalars, hparams
 
 
+def assert_tensorboard_record(logdir, framework: str, cfg, hist: list[dict]) -> None:
+    """The event files of a fresh run of ``cfg`` hold the tutorial's tags at every epoch's step (and
+    step 0), equal to ``metrics.jsonl``'s ``hist``, and the config as hparams."""
+    scalars, hparams = read_tensorboard(logdir)
+    steps = hist[-1]["step"] // len(hist)
+    assert set(scalars) == {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"}
+    assert [s for s, _ in scalars["Loss/valid"]] == [steps * i for i in range(len(hist) + 1)]
+    assert scalars["Loss/valid"][-1][1] == pytest.approx(hist[-1]["val_loss"], rel=1e-6)
+    assert scalars["Learning Rate"][-1][1] == pytest.approx(hist[-1]["lr"], rel=1e-6)
+    assert hparams["framework"] == framework and hparams["start_lr"] == pytest.approx(cfg.start_lr)
+    assert hparams["Nsamples"] == cfg.Nsamples and hparams["num_epochs"] == cfg.num_epochs
+    assert hparams["global_batch"] == cfg.Nsamples // steps
+    assert hparams["data_loader_config"] == cfg.data_loader_config and hparams["enable_jit"] is cfg.enable_jit
+
+
 def _generate(path, size, seed):
     args = generate.build_parser().parse_args(
         ["--out", str(path), "--size", str(size), "--seed", str(seed), "--chunk", "16"]

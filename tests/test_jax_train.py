@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import read_tensorboard, run_in_process
+from conftest import assert_tensorboard_record, run_in_process
 
 from jax_impl import model as model_mod
 from jax_impl import train as train_mod
@@ -35,14 +35,7 @@ def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     assert hist[-1]["train_loss"] < 0.75 * hist[0]["train_loss"], hist
     assert hist[-1]["val_loss"] < 0.85 * hist[0]["val_loss"], hist
     assert metrics["samples_per_sec"] > 0 and (tmp_path / "run" / "checkpoints" / "6").is_dir()
-    scalars, hparams = read_tensorboard(tmp_path / "run" / "tb")
-    assert set(scalars) == {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"}
-    assert [s for s, _ in scalars["Loss/valid"]] == [0, 5, 10, 15, 20, 25, 30]
-    assert scalars["Loss/valid"][-1][1] == pytest.approx(hist[-1]["val_loss"], rel=1e-6)
-    assert scalars["Learning Rate"][-1][1] == pytest.approx(hist[-1]["lr"], rel=1e-6)
-    assert hparams["framework"] == "jax" and hparams["start_lr"] == pytest.approx(5e-3)
-    assert hparams["Nsamples"] == 20 and hparams["num_epochs"] == 6 and hparams["global_batch"] == 4
-    assert hparams["data_loader_config"] == cfg.data_loader_config and hparams["enable_jit"] is cfg.enable_jit
+    assert_tensorboard_record(tmp_path / "run" / "tb", "jax", cfg, hist)
 
 
 @pytest.mark.slow
@@ -140,14 +133,3 @@ def test_jax_impl_runs_without_tensorflow(tmp_path):
         )
         assert res.returncode == 0, res.stderr
         assert list((tmp_path / mode).glob("events.out.tfevents.*"))
-
-
-@pytest.mark.slow
-def test_profile_holds_the_nvtx_ranges(tiny_cfg, tmp_path):
-    """The capture window of profile_steps writes the framework's trace, and the kit's NVTX ranges
-    are in it (TensorBoard's profile view shows them as Nsight Systems does)."""
-    cfg = config_mod.replace(tiny_cfg, profile_steps=(1, 3))
-    train_mod.train_and_evaluate(cfg, tmp_path / "run")
-    (trace,) = (tmp_path / "run" / "profile").rglob("*.xplane.pb")
-    data = trace.read_bytes()
-    assert b"data wait" in data and b"step dispatch" in data

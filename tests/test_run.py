@@ -4,6 +4,7 @@ tutorial's flags."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
@@ -170,3 +171,15 @@ def test_enable_benchy_runs_the_benchmark_modes(tmp_path, tiny_argv):
     assert "--enable_benchy: python -m dlas_compare.benchmark --framework jax --mode io synthetic full" in res.stdout
     for mode in ("io", "synthetic", "full"):
         assert f" {mode} " in res.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_profile_holds_the_nvtx_ranges(framework, tiny_cfg, tmp_path):
+    """The capture window of profile_steps writes the framework's trace, and the kit's NVTX ranges
+    are in it (TensorBoard's profile view shows them as Nsight Systems does)."""
+    train_mod = importlib.import_module(f"{framework}_impl.train")
+    train_mod.train_and_evaluate(config_mod.replace(tiny_cfg, profile_steps=(1, 3)), tmp_path / "run")
+    (trace,) = (tmp_path / "run" / "profile").rglob("*.xplane.pb")
+    data = trace.read_bytes()
+    assert b"data wait" in data and b"step dispatch" in data

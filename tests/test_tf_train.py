@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import read_tensorboard, run_in_process
+from conftest import assert_tensorboard_record, run_in_process
 
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
@@ -28,14 +28,7 @@ def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     assert [h["epoch"] for h in hist] == [1, 2, 3, 4, 5, 6] and hist[-1]["step"] == 30
     assert hist[-1]["train_loss"] < 0.75 * hist[0]["train_loss"], hist
     assert hist[-1]["val_loss"] < 0.85 * hist[0]["val_loss"], hist
-    scalars, hparams = read_tensorboard(tmp_path / "run" / "tb")
-    assert set(scalars) == {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"}
-    assert [s for s, _ in scalars["Loss/valid"]] == [0, 5, 10, 15, 20, 25, 30]
-    assert scalars["Loss/valid"][-1][1] == pytest.approx(hist[-1]["val_loss"], rel=1e-6)
-    assert scalars["Learning Rate"][-1][1] == pytest.approx(hist[-1]["lr"], rel=1e-6)
-    assert hparams["framework"] == "tf" and hparams["start_lr"] == pytest.approx(5e-3)
-    assert hparams["Nsamples"] == 20 and hparams["num_epochs"] == 6 and hparams["global_batch"] == 4
-    assert hparams["data_loader_config"] == cfg.data_loader_config and hparams["enable_jit"] is cfg.enable_jit
+    assert_tensorboard_record(tmp_path / "run" / "tb", "tf", cfg, hist)
 
 
 @pytest.mark.slow
@@ -149,14 +142,3 @@ def test_tf_impl_imports_without_jax():
     )
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-
-
-@pytest.mark.slow
-def test_profile_holds_the_nvtx_ranges(tiny_cfg, tmp_path):
-    """The capture window of profile_steps writes the framework's trace, and the kit's NVTX ranges
-    are in it (TensorBoard's profile view shows them as Nsight Systems does)."""
-    cfg = config_mod.replace(tiny_cfg, profile_steps=(1, 3))
-    train_mod.train_and_evaluate(cfg, tmp_path / "run")
-    (trace,) = (tmp_path / "run" / "profile").rglob("*.xplane.pb")
-    data = trace.read_bytes()
-    assert b"data wait" in data and b"step dispatch" in data
