@@ -3,8 +3,7 @@
 #   sbatch -N 2 scripts/launch/submit_slurm.sh jax bs512_opt
 #   sbatch -N 2 scripts/launch/submit_slurm.sh tf  bs512_opt
 # Every task sees the node's 4 GPUs (--gpus-per-node, no --gpus-per-task) and drives GPU
-# SLURM_LOCALID: NCCL then reaches the other tasks' GPUs over NVLink (CUDA IPC), which a device
-# cgroup per task would hide. The trainers also run under --gpus-per-task=1 (each task drives the
+# SLURM_LOCALID: no per-task device cgroup hides the other tasks' GPUs from NCCL's peer-to-peer paths. The trainers also run under --gpus-per-task=1 (each task drives the
 # one GPU it sees); shared_data/runtime/launch.py says how a task finds its GPUs.
 # JAX: jax.distributed.initialize() reads the SLURM step (coordinator = first node, port from the
 #      job id, or JAX_COORDINATOR_PORT); each task loads its own data shard (replica = global device).
