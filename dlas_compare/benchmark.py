@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core import config as config_mod
+from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError, run_cli
 from shared_data.model import unet_spec
@@ -260,10 +261,19 @@ def positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dlas_compare.benchmark", description=__doc__.split("\n\n")[0])
+    p = make_parser("dlas_compare.benchmark", __doc__.split("\n\n")[0])
     config_mod.add_config_args(p)
-    p.add_argument("--framework", choices=FRAMEWORKS, default="jax")
-    p.add_argument("--mode", choices=MODES, nargs="+", default=["synthetic"])
+    p.add_argument(
+        "--framework", choices=FRAMEWORKS, default="jax", help="implementation to run (default: %(default)s)"
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        nargs="+",
+        default=["synthetic"],
+        help="io: the input pipeline alone; synthetic: train steps on one cached batch; full: both "
+        "(default: %(default)s)",
+    )
     p.add_argument("--warmup", type=int_at_least(0), default=5, help="untimed steps first")
     p.add_argument("--steps", type=int_at_least(1), default=10, help="steps per timed window")
     p.add_argument("--windows", type=int_at_least(1), default=5, help="timed windows")
@@ -272,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         help="end a window early once it has lasted this many seconds (--steps is then the most per window)",
     )
-    p.add_argument("--num_devices", type=int)
+    p.add_argument("--num_devices", type=int, help="data parallel over the first N devices (default: all)")
     p.add_argument("--label", help="name of this run in the table")
     p.add_argument("--out", help="append the JSON records to this file (JSON lines)")
     return p

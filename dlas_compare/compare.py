@@ -10,7 +10,6 @@ needs a GPU) gets a note instead of a row.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dlas_compare.benchmark import FRAMEWORKS, MODES, run_process, table
+from shared_data.core.commands import make_parser
 from shared_data.core.errors import run_cli
 from shared_data.runtime.cli import benchmark_command
 
@@ -42,7 +42,7 @@ def availability(framework: str) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlas_compare.compare", description=__doc__.split("\n\n")[0])
+    p = make_parser("dlas_compare.compare", __doc__.split("\n\n")[0])
     p.add_argument("--config", default="cpu_default")
     p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))

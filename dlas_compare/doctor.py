@@ -16,7 +16,6 @@ import is the slow one).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
+from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError, run_cli
 from shared_data.runtime.xla_flags import DEFAULT_XLA_FLAGS, apply_default_xla_flags
 
@@ -186,7 +186,7 @@ def checks() -> list[tuple[str, str, str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlas_compare.doctor", description=__doc__.split("\n\n")[0])
+    p = make_parser("dlas_compare.doctor", __doc__.split("\n\n")[0])
     p.add_argument("--json", help="also write the checks to this JSON file")
     p.add_argument(
         "--constraints",

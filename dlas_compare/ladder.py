@@ -54,6 +54,7 @@ from pathlib import Path
 
 from dlas_compare.benchmark import FRAMEWORKS, MODES, append_records, int_at_least, positive_float, run_process
 from shared_data.core import config as config_mod
+from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import DatasetError, UserError, run_cli
 from shared_data.core.files import atomic_path
@@ -618,7 +619,7 @@ def read_summaries(path: Path) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dlas_compare.ladder", description=__doc__.split("\n\n")[0])
+    p = make_parser("dlas_compare.ladder", __doc__.split("\n\n")[0])
     config_mod.add_config_args(p)
     p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="FULL is required (the speedups)")

@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 
 from dlas_compare.benchmark import int_at_least, timed_windows
+from shared_data.core.commands import make_parser
 from shared_data.core.config import add_config_args, config_from_args
 from shared_data.core.errors import UserError, run_cli
 from shared_data.model.unet_spec import KERNEL, LayerSpec, layer_specs
@@ -95,7 +96,7 @@ def torch_on_gpu() -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dlas_compare.layer_bench", description=__doc__.split("\n\n")[0])
+    p = make_parser("dlas_compare.layer_bench", __doc__.split("\n\n")[0])
     add_config_args(p)
     p.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed calls per variant (>= 0)")
     p.add_argument("--steps", type=int_at_least(1), default=10, help="calls per timed window (>= 1)")

@@ -7,7 +7,6 @@ slices, residuals, P ratio, r(k), PDFs and L1 against the dark-matter baseline).
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from shared_data.core import config as config_mod
+from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError, run_cli
 from shared_data.runtime.records import read_metrics
 
@@ -86,7 +86,7 @@ def validation_report(cfg, weights_path: Path, out: Path) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlas_compare.plots", description=__doc__.split("\n\n")[0])
+    p = make_parser("dlas_compare.plots", __doc__.split("\n\n")[0])
     p.add_argument("--config", default="cpu_default")
     p.add_argument("--results", nargs="*", default=[], help="benchmark JSON lines files for the throughput plot")
     p.add_argument("--weights", help="canonical weights for the validation report (default: the config's JAX run)")

@@ -20,7 +20,6 @@ tables. JAX only.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import gzip
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from dlas_compare.benchmark import peak_tflops
 from shared_data.core import config as config_mod
+from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError, run_cli
 from shared_data.core.files import write_atomic
 from shared_data.model import unet_spec
@@ -417,7 +417,7 @@ def trace_steps(cfg, steps: int, warmup: int, out: Path) -> tuple[str, list, str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlas_compare.step_breakdown", description=__doc__.split("\n\n")[0])
+    p = make_parser("dlas_compare.step_breakdown", __doc__.split("\n\n")[0])
     config_mod.add_config_args(p)
     p.add_argument("--steps", type=int, default=5, help="traced steps (after the timed ones)")
     p.add_argument("--warmup", type=int, default=3)

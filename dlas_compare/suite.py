@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dlas_compare.benchmark import run_process, table
+from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError, run_cli
 from shared_data.runtime.cli import benchmark_command
 
@@ -70,7 +71,7 @@ def run_suite(entries: str | list[tuple], out: Path, extra: Sequence[str] = (), 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlas_compare.suite", description=__doc__.split("\n\n")[0])
+    p = make_parser("dlas_compare.suite", __doc__.split("\n\n")[0])
     p.add_argument("suite", choices=sorted(SUITES))
     p.add_argument("--out", required=True, help="JSON lines file the results are appended to")
     p.add_argument("--timeout", type=int, default=600, help="seconds per entry")

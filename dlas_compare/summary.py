@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
 from shared_data.core import config as config_mod
+from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError, run_cli
 from shared_data.runtime.records import read_metrics
 
@@ -39,7 +39,7 @@ def summary_table(runs: dict[str, list[dict]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlas_compare.summary", description=__doc__.split("\n")[0])
+    p = make_parser("dlas_compare.summary", __doc__.split("\n")[0])
     p.add_argument("--config", default="cpu_default")
     p.add_argument("--exp_dir", help="root of runs (default: the config's exp_dir)")
     p.add_argument("--frameworks", nargs="+", default=["tf", "jax"])

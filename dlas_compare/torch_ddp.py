@@ -10,7 +10,6 @@ Each rank trains on its own cached batch of ``local_batch_size`` crops; rank 0 t
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -24,6 +23,7 @@ import numpy as np
 from dlas_compare.benchmark import PEAK_TFLOPS, table
 from dlas_compare.torch_ref import build_model, make_train_step, params_from_canonical, versions
 from shared_data.core import config as config_mod
+from shared_data.core.commands import make_parser
 from shared_data.model import unet_spec
 
 
@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    p = argparse.ArgumentParser(prog="python -m dlas_compare.torch_ddp", description=__doc__.split("\n\n")[0])
+    p = make_parser("dlas_compare.torch_ddp", __doc__.split("\n\n")[0])
     config_mod.add_config_args(p)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)

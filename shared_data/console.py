@@ -7,28 +7,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
+from shared_data.core.commands import COMMANDS
 from shared_data.core.errors import MissingDependencyError, run_cli
-
-#: console script -> (module, the optional dependency it needs, the extra that installs it)
-COMMANDS = {
-    "train_jax": ("jax_impl.train", "jax", "jax"),
-    "train_tf": ("tf_impl.train", "tensorflow", "tf"),
-    "benchmark": ("dlas_compare.benchmark", None, None),
-    "compare": ("dlas_compare.compare", None, None),
-    "summary": ("dlas_compare.summary", None, None),
-    "plots": ("dlas_compare.plots", None, None),
-    "breakdown": ("dlas_compare.step_breakdown", "jax", "jax"),
-    "doctor": ("dlas_compare.doctor", None, None),
-    "generate": ("shared_data.data.generate", None, None),
-    "inspect": ("shared_data.data.inspect", None, None),
-    "convert": ("shared_data.data.convert", None, None),
-    "ladder": ("dlas_compare.ladder", None, None),
-    "predict_jax": ("jax_impl.predict", "jax", "jax"),
-    "predict_tf": ("tf_impl.predict", "tensorflow", "tf"),
-    "export_jax": ("jax_impl.export", "jax", "jax"),
-    "export_tf": ("tf_impl.export", "tensorflow", "tf"),
-    "validate": ("shared_data.inference.validate", None, None),
-}
 
 
 def load_main(name: str) -> Callable:
@@ -50,9 +30,26 @@ def load_main(name: str) -> Callable:
         raise MissingDependencyError(f"{module} needs {missing}, which is not installed: {hint}") from None
 
 
+#: console script -> (the framework-neutral module whose ``build_parser(framework)`` its command uses, framework)
+PARSERS = {
+    "train_jax": ("shared_data.runtime.cli", "jax"),
+    "train_tf": ("shared_data.runtime.cli", "tf"),
+    "predict_jax": ("shared_data.inference.predict", "jax"),
+    "predict_tf": ("shared_data.inference.predict", "tf"),
+    "export_jax": ("shared_data.inference.export", "jax"),
+    "export_tf": ("shared_data.inference.export", "tf"),
+}
+
+
 def _entry(name: str) -> Callable[[], int]:
+    def main(argv):
+        if name in PARSERS:  # --help, --version and argument errors end here, before the framework imports
+            module, framework = PARSERS[name]
+            importlib.import_module(module).build_parser(framework).parse_args(argv)
+        return load_main(name)(argv)
+
     def run() -> int:
-        return run_cli(lambda argv: load_main(name)(argv))
+        return run_cli(main)
 
     run.__name__ = name
     return run

@@ -107,7 +107,7 @@ sys.meta_path.insert(0, Block())
 
 
 @pytest.mark.slow
-def test_a_missing_framework_is_one_error_line_also_for_help(tmp_path):
+def test_a_missing_framework_is_one_error_line(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCK_TF)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO_ROOT}"}
     for cmd in (
@@ -116,7 +116,7 @@ def test_a_missing_framework_is_one_error_line_also_for_help(tmp_path):
             sys.executable,
             "-c",
             "import sys; from shared_data.console import train_tf; "
-            "sys.argv = ['dlas-train-tf', '--help']; sys.exit(train_tf())",
+            "sys.argv = ['dlas-train-tf', '--config', 'cpu_tiny']; sys.exit(train_tf())",
         ],
     ):
         res = _run(cmd, cwd=tmp_path, env=env)
@@ -125,6 +125,18 @@ def test_a_missing_framework_is_one_error_line_also_for_help(tmp_path):
             res.stderr.strip()
             == "error: tf_impl needs tensorflow, which is not installed: pip install 'dlas-cosmo[tf]'"
         )
+    # the console script answers --help from the shared parser, before TensorFlow is needed
+    script_help = _run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from shared_data.console import train_tf; "
+            "sys.argv = ['dlas-train-tf', '--help']; sys.exit(train_tf())",
+        ],
+        cwd=tmp_path,
+        env=env,
+    )
+    assert script_help.returncode == 0 and script_help.stdout.startswith("usage: dlas-train-tf")
     jax_help = _run([sys.executable, "-m", "jax_impl.train", "--help"], cwd=tmp_path, env=env)
     assert jax_help.returncode == 0 and "--run_num" in jax_help.stdout
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared_data.core.commands import make_parser
 from shared_data.data import dataset
 from shared_data.core.errors import run_cli
 from shared_data.core.files import atomic_path
@@ -64,7 +65,7 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m shared_data.data.convert", description=__doc__.split("\n\n")[0])
+    p = make_parser("shared_data.data.convert", __doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+", help="HDF5 dataset files")
     p.add_argument("--n_in", type=int, default=4, help="Nbody channels (default: %(default)s)")
     p.add_argument("--n_out", type=int, default=5, help="Hydro channels (default: %(default)s)")

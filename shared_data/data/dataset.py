@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared_data.core.commands import command_name
 from shared_data.core.errors import DatasetError
 
 KEYS = ("Nbody", "Hydro")
@@ -61,7 +62,8 @@ def open_h5(path: str | Path):
     if path.is_dir():
         raise DatasetError(f"dataset file {path} is a folder, expected an HDF5 file")
     if not path.is_file():
-        raise DatasetError(f"dataset file {path} not found (generate one with: python -m shared_data.data.generate --help)")
+        generate = command_name("shared_data.data.generate")
+        raise DatasetError(f"dataset file {path} not found (generate one with: {generate} --help)")
     h5py = _h5py()
     try:
         return h5py.File(path, "r")
@@ -221,12 +223,12 @@ def check_npy_twins(info: VolumeInfo, npys: tuple[Path, Path]) -> None:
             shape, dtype or layout, holds other values (a regenerated or other volume), or was
             changed after its conversion.
     """
-    fix = f"re-create it with: python -m shared_data.data.convert {info.path}"
+    fix = f"re-create it with: {command_name('shared_data.data.convert')} {info.path}"
     for key, npy, n in zip(KEYS, npys, (info.n_in, info.n_out)):
         if not npy.is_file():
             raise DatasetError(
                 f"{npy} not found: the DALI numpy reader reads the DHWC .npy twin of {info.path}; "
-                f"create it with: python -m shared_data.data.convert {info.path}"
+                f"create it with: {command_name('shared_data.data.convert')} {info.path}"
             )
         try:
             arr = np.load(npy, mmap_mode="r")

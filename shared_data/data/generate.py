@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared_data.core.commands import make_parser
 from shared_data.data import cosmology
 from shared_data.core.errors import DatasetError, UserError, run_cli
 
@@ -142,9 +143,9 @@ def generate(args: argparse.Namespace) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m shared_data.data.generate",
-        description=__doc__.split("\n\n")[0],
+    p = make_parser(
+        "shared_data.data.generate",
+        __doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--out", required=True, help="output HDF5 file")

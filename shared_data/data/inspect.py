@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared_data.core.commands import make_parser
 from shared_data.data import dataset
 from shared_data.core.errors import DatasetError, run_cli
 
@@ -118,7 +119,7 @@ def inspect(path: str | Path, n_in: int = 4, n_out: int = 5) -> dataset.VolumeIn
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m shared_data.data.inspect", description=__doc__.split("\n\n")[0])
+    p = make_parser("shared_data.data.inspect", __doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+", help="HDF5 dataset files")
     p.add_argument("--n_in", type=int, default=4, help="expected Nbody channels")
     p.add_argument("--n_out", type=int, default=5, help="expected Hydro channels")

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from shared_data.core import config as config_mod
+from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
 from shared_data.core.files import write_atomic
@@ -33,7 +34,7 @@ RECORD = "export.json"
 def build_parser(framework: str) -> argparse.ArgumentParser:
     """The ``export`` flags, the same for both frameworks."""
     name = {"jax": "JAX (jax.export)", "tf": "TensorFlow (SavedModel and .keras)"}[framework]
-    p = argparse.ArgumentParser(prog=f"python -m {framework}_impl.export", description=f"Export the U-Net: {name}.")
+    p = make_parser(f"{framework}_impl.export", f"Export the U-Net: {name}.")
     predict_mod.add_config_args(p)
     predict_mod.add_weights_args(p)
     g = p.add_argument_group("export")

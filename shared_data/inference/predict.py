@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core import config as config_mod
+from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import ConfigError, DatasetError, UserError
 from shared_data.core.files import atomic_path
@@ -349,9 +350,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
 def build_parser(framework: str) -> argparse.ArgumentParser:
     """The ``predict`` flags, the same for both frameworks."""
     name = {"jax": "JAX", "tf": "TensorFlow"}[framework]
-    p = argparse.ArgumentParser(
-        prog=f"python -m {framework}_impl.predict",
-        description=f"Predict the gas fields of an HDF5 volume with the {name} U-Net.",
+    p = make_parser(
+        f"{framework}_impl.predict",
+        f"Predict the gas fields of an HDF5 volume with the {name} U-Net.",
     )
     add_config_args(p)
     add_weights_args(p)

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared_data.core.commands import make_parser
 from shared_data.core.errors import DatasetError, UserError, run_cli
 from shared_data.core.files import atomic_path, write_atomic
 from shared_data.data import cosmology, dataset
@@ -525,7 +526,7 @@ def log_summary(record: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m shared_data.inference.validate", description=__doc__.split("\n\n")[0])
+    p = make_parser("shared_data.inference.validate", __doc__.split("\n\n")[0])
     p.add_argument("--pred", required=True, help="prediction file (Hydro (N_out, L, L, L), e.g. from predict)")
     p.add_argument("--truth", required=True, help="truth file of the dataset contract (Nbody and Hydro)")
     p.add_argument("--out", required=True, help="folder for validation.json and validation.png")

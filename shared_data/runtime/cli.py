@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from shared_data.core import config as config_mod
+from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError
 from shared_data.runtime.logs import RANK_LOGGER, close_log_file, log_to_file_only, setup_logging
 from shared_data.runtime.records import read_run_info
@@ -131,9 +132,9 @@ def build_parser(framework: str) -> argparse.ArgumentParser:
     """The trainer's parser: the config flags (:func:`shared_data.core.config.add_config_args`), the run
     flags and, after them, the environment variables the trainer reads (:data:`ENVIRONMENT`)."""
     name = {"jax": "JAX", "tf": "TensorFlow"}[framework]
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {framework}_impl.train",
-        description=f"Train the cosmology U-Net with {name}.",
+    parser = make_parser(
+        f"{framework}_impl.train",
+        f"Train the cosmology U-Net with {name}.",
         epilog=ENVIRONMENT[framework],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

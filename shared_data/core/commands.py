@@ -1,0 +1,64 @@
+"""The kit's commands by name: the table of console scripts, and how a user spells a command.
+
+A usage line, and every command an error message suggests, names the command the way the user runs
+the kit: the console script (``dlas-generate``) when they typed one, else ``python -m <module>``.
+:func:`make_parser` gives every command that usage line and ``--version``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+#: console script -> (module, the optional dependency it needs, the extra that installs it)
+COMMANDS = {
+    "train_jax": ("jax_impl.train", "jax", "jax"),
+    "train_tf": ("tf_impl.train", "tensorflow", "tf"),
+    "benchmark": ("dlas_compare.benchmark", None, None),
+    "compare": ("dlas_compare.compare", None, None),
+    "summary": ("dlas_compare.summary", None, None),
+    "plots": ("dlas_compare.plots", None, None),
+    "breakdown": ("dlas_compare.step_breakdown", "jax", "jax"),
+    "doctor": ("dlas_compare.doctor", None, None),
+    "generate": ("shared_data.data.generate", None, None),
+    "inspect": ("shared_data.data.inspect", None, None),
+    "convert": ("shared_data.data.convert", None, None),
+    "ladder": ("dlas_compare.ladder", None, None),
+    "predict_jax": ("jax_impl.predict", "jax", "jax"),
+    "predict_tf": ("tf_impl.predict", "tensorflow", "tf"),
+    "export_jax": ("jax_impl.export", "jax", "jax"),
+    "export_tf": ("tf_impl.export", "tensorflow", "tf"),
+    "validate": ("shared_data.inference.validate", None, None),
+}
+
+#: module -> its console script (``jax_impl.train`` -> ``dlas-train-jax``)
+SCRIPTS = {module: "dlas-" + name.replace("_", "-") for name, (module, _, _) in COMMANDS.items()}
+
+
+def command_name(module: str) -> str:
+    """How a user runs ``module`` in this process's terms: its console script when the user typed one
+    (``dlas-generate`` while ``dlas-train-jax`` runs), else ``python -m <module>``; for usage lines
+    and for the commands that error messages suggest."""
+    typed = Path(sys.argv[0]).name if sys.argv else ""
+    if typed.startswith("dlas-") and module in SCRIPTS:
+        return SCRIPTS[module]
+    return f"python -m {module}"
+
+
+def package_version() -> str:
+    """The installed ``dlas-cosmo`` version, or ``unknown`` when it runs uninstalled from a checkout."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("dlas-cosmo")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def make_parser(module: str, description: str | None = None, **kwargs) -> argparse.ArgumentParser:
+    """The parser of command ``module``: its usage names the command as the user typed it
+    (:func:`command_name`) and it takes ``--version``."""
+    parser = argparse.ArgumentParser(prog=command_name(module), description=description, **kwargs)
+    parser.add_argument("--version", action="version", version=f"%(prog)s (dlas-cosmo {package_version()})")
+    return parser
