@@ -16,7 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dlas_compare.benchmark import FRAMEWORKS, MODES, run_process, table
+from dlas_compare.benchmark import MODES, run_process, table
+from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import run_cli
 from shared_data.runtime.cli import benchmark_command
@@ -43,11 +44,19 @@ def availability(framework: str) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("dlas_compare.compare", __doc__.split("\n\n")[0])
-    p.add_argument("--config", default="cpu_default")
-    p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--config", default="cpu_default", help=config_mod.config_help())
+    p.add_argument(
+        "--frameworks",
+        nargs="+",
+        choices=list(MODULES),
+        default=list(MODULES),
+        help="frameworks to run, each in its own benchmark process (default: all; one that cannot run here "
+        "gets a note instead of a row)",
+    )
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="benchmark modes (default: all)")
     p.add_argument("--out", default="results/compare.jsonl", help="JSON lines file the records are appended to")
     p.add_argument("--timeout", type=int, default=900, help="seconds per framework")
+    p.epilog = "Other options (--data_loader_config, --set KEY=VALUE, ...) go to each benchmark process."
     args, extra = p.parse_known_args(argv)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -40,11 +40,12 @@ def summary_table(runs: dict[str, list[dict]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("dlas_compare.summary", __doc__.split("\n")[0])
-    p.add_argument("--config", default="cpu_default")
+    p.add_argument("--yaml_config", default=str(config_mod.DEFAULT_YAML), help="YAML file of named configs")
+    p.add_argument("--config", default="cpu_default", help=config_mod.config_help())
     p.add_argument("--exp_dir", help="root of runs (default: the config's exp_dir)")
-    p.add_argument("--frameworks", nargs="+", default=["tf", "jax"])
+    p.add_argument("--frameworks", nargs="+", default=["tf", "jax"], help="the runs to compare (default: tf jax)")
     args = p.parse_args(argv)
-    cfg = config_mod.load_config(args.config)
+    cfg = config_mod.load_config(args.config, args.yaml_config)
     root = Path(args.exp_dir) if args.exp_dir else cfg.resolve_path(cfg.exp_dir)
     runs = {fw: read_metrics(root / args.config / fw) for fw in args.frameworks}
     if not any(runs.values()):

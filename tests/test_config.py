@@ -273,3 +273,19 @@ def test_every_numeric_key_has_a_range():
         value = [bad] if key == "unet_widths" else bad
         with pytest.raises(ConfigError, match=rf"key '{key}': expected"):
             config_mod.replace(config_mod.load_config("cpu_tiny"), **{key: value})
+
+
+def test_an_overridden_path_finds_its_npy_twins_beside_it(tmp_path):
+    """The tutorial's ``*_npy_*`` keys belong to its own paths: a ``train_path`` given on the command
+    line looks for its twins beside it (one note says so) instead of at ``/data``."""
+    path = tmp_path / "UNet.yaml"
+    path.write_text(TUTORIAL_YAML)
+    cfg = config_mod.load_config("short_opt", path, {"train_path": str(tmp_path / "train_128.h5")})
+    assert cfg.npy_files("train") == (tmp_path / "train_128_Nbody.npy", tmp_path / "train_128_Hydro.npy")
+    assert cfg.npy_files("val") == (
+        Path("/data/downsamp_1024crop_valid_data.npy"),
+        Path("/data/downsamp_1024crop_valid_label.npy"),
+    )
+    assert any(n.startswith("train_path overridden: its .npy twins are looked up beside it") for n in cfg.notes)
+    both = {"train_path": "t.h5", "train_path_npy_data": "d.npy", "train_path_npy_label": "l.npy"}
+    assert [p.name for p in config_mod.load_config("short_opt", path, both).npy_files("train")] == ["d.npy", "l.npy"]

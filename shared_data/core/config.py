@@ -459,6 +459,16 @@ def load_config(name: str, yaml_path: str | Path = DEFAULT_YAML, overrides: dict
         unknown = sorted(set(overrides) - set(FIELDS))
         if unknown:
             raise ConfigError(f"override: unknown key {unknown[0]!r}")
+        for split in ("train", "val"):
+            npy_keys = [f"{split}_path_npy_{k}" for k in ("data", "label")]
+            stale = [k for k in npy_keys if values.get(k) and k not in overrides]
+            if f"{split}_path" in overrides and stale:
+                # the file's twins belong to its own path; an overridden path has its twins beside it
+                notes.append(
+                    f"{split}_path overridden: its .npy twins are looked up beside it, not at {path}'s "
+                    f"{' and '.join(stale)} ({values[stale[0]]})"
+                )
+                values.update(dict.fromkeys(stale))
         values.update(overrides)
         source = f"{path} + overrides {sorted(overrides)}"
     return make_config(values, name, source, tuple(notes))
@@ -525,6 +535,15 @@ def val_steps(cfg: Config, num_replicas: int = 1) -> int:
 # --- command line ------------------------------------------------------------------------------
 
 
+def config_help() -> str:
+    """``--config``'s help: the names the kit's YAML file holds."""
+    try:
+        names = ", ".join(config_names())
+    except ConfigError:
+        names = "see configs/UNet.yaml"
+    return f"config name in the YAML file (default: %(default)s; the kit's: {names})"
+
+
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--yaml_config``, ``--config``, the tutorial's flags and ``--set KEY=VALUE`` to ``parser``.
 
@@ -537,7 +556,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         default=str(DEFAULT_YAML),
         help="YAML file of named configs, this kit's or the tutorial's (default: the kit's)",
     )
-    g.add_argument("--config", default="cpu_default", help="config name in the YAML file (default: %(default)s)")
+    g.add_argument("--config", default="cpu_default", help=config_help())
     g.add_argument("--num_epochs", type=int, help="override num_epochs")
     g.add_argument("--global_batch_size", type=int, help="override global_batch_size")
     g.add_argument("--local_batch_size", type=int, help="per-replica batch; global = local x replicas")

@@ -330,8 +330,14 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     """``--yaml_config``, ``--config`` and ``--set KEY=VALUE`` (the trainers' spelling)."""
     g = parser.add_argument_group("configuration")
     g.add_argument("--yaml_config", default=str(config_mod.DEFAULT_YAML), help="YAML file of named configs")
-    g.add_argument("--config", default="cpu_default", help="config name (default: %(default)s)")
+    g.add_argument("--config", default="cpu_default", help=config_mod.config_help())
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (YAML)")
+    g.add_argument(
+        "--enable_jit",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="XLA compilation of TF's forward pass, as the trainers' flag (JAX always compiles)",
+    )
 
 
 def add_weights_args(parser: argparse.ArgumentParser) -> None:
@@ -344,6 +350,8 @@ def add_weights_args(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> Config:
     """The config named by ``args`` with its ``--set`` overrides."""
     overrides = dict(config_mod.parse_override(s) for s in args.set)
+    if getattr(args, "enable_jit", None) is not None:
+        overrides["enable_jit"] = args.enable_jit
     return config_mod.load_config(args.config, args.yaml_config, overrides)
 
 

@@ -196,6 +196,11 @@ def main(
         return benchy(framework, args)
     workdir = workdir_for(cfg, framework, args.workdir, args.run_num)
     check_run_args(args, workdir, framework)
+    save_weights = args.save_weights
+    if save_weights is None and (workdir / "weights.npz").is_file():
+        # an earlier --save_weights left the run's weights there; they follow the run, not stay behind it
+        save_weights = str(workdir / "weights.npz")
+        log.info("%s is updated at the end of this run (an earlier --save_weights wrote it)", save_weights)
     joined = initialize()
     setup_logging(process_index())
     if joined:
@@ -209,7 +214,7 @@ def main(
             num_devices=args.num_devices,
             init_weights=args.init_weights,
             stop_after_epoch=args.stop_after_epoch,
-            save_weights=args.save_weights,
+            save_weights=save_weights,
         )
     except UserError as err:
         log_to_file_only(logging.ERROR, f"error: {err}")  # run_cli prints the one line on stderr

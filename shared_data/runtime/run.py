@@ -231,9 +231,17 @@ class Run:
 
     def epochs(self, start_epoch: int, stop_after_epoch: int | None = None) -> range:
         """The epochs this invocation trains (``stop_after_epoch`` ends it early, as a job's time limit);
-        a resumed run that has trained all ``num_epochs`` says so."""
+        a resumed run that has trained all ``num_epochs``, or is past them, says so and where it is."""
         end = self.cfg.num_epochs if stop_after_epoch is None else min(stop_after_epoch, self.cfg.num_epochs)
-        if start_epoch >= self.cfg.num_epochs:
+        if start_epoch > self.cfg.num_epochs:
+            log.info(
+                "this run is at epoch %d, past num_epochs = %d: nothing to train (--set num_epochs=N, N > %d, "
+                "continues it)",
+                start_epoch,
+                self.cfg.num_epochs,
+                start_epoch,
+            )
+        elif start_epoch == self.cfg.num_epochs:
             log.info(
                 "all %d epochs of this run are trained: nothing to do (--set num_epochs=N to continue it)",
                 self.cfg.num_epochs,
