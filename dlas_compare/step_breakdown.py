@@ -351,13 +351,32 @@ def breakdown(hlo_text: str, events: list, steps: int, cfg, batch: int, device: 
     }
 
 
+#: What a breakdown traced on a CPU measures (printed above its tables, which then leave out TFLOP/s).
+CPU_NOTE = (
+    "note: a CPU trace. XLA's CPU runtime runs these operations on several threads at once and records "
+    "some of them as their dispatch only, so their times overlap (they add up to {kernel_ms:.2f} ms in a "
+    "{span_ms:.2f} ms step) and a convolution's time is not its compute: no TFLOP/s. Times are shares of "
+    "a CPU step; the breakdown of a GPU step comes from a GPU trace (--from_dir re-reads one)."
+)
+
+
+def on_gpu(device: str) -> bool:
+    """Whether ``device`` (the benchmark's ``"N x <kind>"``) names a GPU rather than a CPU."""
+    return "cpu" not in device.lower()
+
+
 def tables(result: dict) -> str:
     """The two tables of a breakdown as Markdown (ms per step)."""
     t = result["totals"]
+    gpu = on_gpu(result["device"])
     lines = [
         f"{result['config']}, {result['precision']}, batch {result['batch']}, {result['device']}: "
         f"span {t['span_ms']:.2f} ms per step, kernels busy {t['busy_ms']:.2f} ms, convolutions "
         f"{t['conv_ms']:.2f} ms, other {t['other_ms']:.2f} ms",
+    ]
+    if not gpu:
+        lines.append(CPU_NOTE.format(kernel_ms=t["kernel_ms"], span_ms=t["span_ms"]))
+    lines += [
         "",
         "| layer | fwd ms | dgrad ms | wgrad ms | GFLOP executed | TFLOP/s | % of peak |",
         "|---|---|---|---|---|---|---|",
@@ -368,9 +387,10 @@ def tables(result: dict) -> str:
             continue
         gflop = sum(r["gflop"] for r in roles.values())
         share = f"{100 * gflop / ms / result['peak_tflops']:.0f}%" if ms and result["peak_tflops"] else "-"
+        rate = f"{gflop / ms if ms else 0:.3g}" if gpu else "-"
         lines.append(
             f"| {name} | {roles['fwd']['ms']:.2f} | {roles['dgrad']['ms']:.2f} | {roles['wgrad']['ms']:.2f} | "
-            f"{gflop:.3g} | {gflop / ms if ms else 0:.3g} | {share} |"
+            f"{gflop:.3g} | {rate} | {share} |"
         )
     lines += ["", "| other kernels, by kind | ms | GB moved | TB/s | % of copy rate |", "|---|---|---|---|---|"]
     for kind, row in sorted(result["kinds"].items(), key=lambda kv: -kv[1]["ms"]):
@@ -420,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("dlas_compare.step_breakdown", __doc__.split("\n\n")[0])
     config_mod.add_config_args(p)
     p.add_argument("--steps", type=int, default=5, help="traced steps (after the timed ones)")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, autotuning)")
     p.add_argument("--out", help="folder for trace.json.gz, hlo.txt and breakdown.json")
     p.add_argument("--from_dir", help="re-read the trace and HLO (hlo.txt or hlo.txt.gz) saved in this folder")
     args = p.parse_args(argv)

@@ -26,7 +26,7 @@ def _forward_flops(cfg, batch):
 
 
 @pytest.mark.slow
-def test_cpu_trace_of_the_tiny_net(tiny_cfg, tmp_path):
+def test_cpu_trace_of_the_tiny_net(tiny_cfg, tmp_path, capsys):
     cfg = config_mod.replace(tiny_cfg, local_batch_size=3)
     assert (
         step_breakdown.main(
@@ -79,6 +79,13 @@ def test_cpu_trace_of_the_tiny_net(tiny_cfg, tmp_path):
     assert result["kinds"]["Adam"]["ms"] > 0 and result["kinds"]["depth-to-space shuffles"]["ms"] > 0
     again = step_breakdown.main(["--from_dir", str(tmp_path)])
     assert again == 0 and json.loads((tmp_path / "breakdown.json").read_text())["layers"] == result["layers"]
+    # a CPU trace says what its numbers are and prints no TFLOP/s (its parts overlap, its convolutions are
+    # their dispatch)
+    printed = capsys.readouterr().out
+    assert printed.count("note: a CPU trace") == 3
+    rows = [line.split("|") for line in printed.splitlines() if line.startswith("| down1 ")]
+    assert rows and all(r[6].strip() == "-" and r[7].strip() == "-" for r in rows)
+    assert step_breakdown.on_gpu("1 x NVIDIA H200") and not step_breakdown.on_gpu("1 x cpu")
 
 
 GPU_HLO = """HloModule jit_train_step
