@@ -54,7 +54,7 @@ from pathlib import Path
 
 from dlas_compare.benchmark import FRAMEWORKS, MODES, append_records, int_at_least, positive_float, run_process
 from shared_data.core import config as config_mod
-from shared_data.core.commands import make_parser
+from shared_data.core.commands import command_name, make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import DatasetError, UserError, run_cli
 from shared_data.core.files import atomic_path
@@ -226,7 +226,7 @@ def _change(
             return change, found.dali, ""
         if missing:
             train = cfg.data_file("train")
-            return change, f"no .npy twin {missing[0]} (python -m shared_data.data.convert {train})", ""
+            return change, f"no .npy twin {missing[0]} ({command_name('shared_data.data.convert')} {train})", ""
         where = "" if gpu else "CPU-only pipeline, "
         return change, None, f"{where}dali_threads={cfg.dali_threads}"
     if rung.name == "amp":
@@ -482,9 +482,11 @@ def ladder_figure(summaries: list[dict], path: str | Path, title: str = "") -> N
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
     width = 0.8 / max(len(ran), 1)
     x = np.arange(len(RUNGS))
+    base_of = {}
     for j, fw in enumerate(ran):
         rows = {s["ladder_step"]: s for s in summaries if s["framework"] == fw}
         base = next(s["full_samples_per_sec"] for s in rows.values() if s["ladder_rung"] == "baseline")
+        base_of[fw] = base
         xs = x - 0.4 + width * (j + 0.5)
         for i, xi in zip(range(1, len(RUNGS) + 1), xs):
             s = rows.get(i)
@@ -496,11 +498,15 @@ def ladder_figure(summaries: list[dict], path: str | Path, title: str = "") -> N
             lo, hi = s["full_samples_per_sec_min"] / base, s["full_samples_per_sec_max"] / base
             ax.bar(xi, v, width, color=f"C{j}", label=fw if i == 1 else None)
             ax.errorbar(xi, v, yerr=[[max(v - lo, 0)], [max(hi - v, 0)]], color="k", capsize=3, lw=0.8)
-            ax.text(xi, hi, f"{v:.2f}", ha="center", va="bottom", fontsize=6)
+            # upright and a few points above the whisker's cap, so no label touches a whisker beside it
+            ax.annotate(f"{v:.2f}", (xi, hi), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
+                        rotation=90, fontsize=6)  # fmt: skip
     ax.axhline(1.0, color="k", lw=0.6)
     ax.set_xticks(x, [f"{i}. {r.title}" for i, r in enumerate(RUNGS, 1)], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("FULL samples/s relative to the baseline")
-    ax.set_ylim(bottom=0)
+    tops = [s["full_samples_per_sec_max"] / base_of[s["framework"]] for s in summaries if s["framework"] in base_of
+            and s.get("speedup_vs_baseline") and s.get("full_samples_per_sec_max")]  # fmt: skip
+    ax.set_ylim(0, 1.3 * max(tops, default=1.0))  # room for the labels above the tallest whisker
     if ran:
         ax.legend(fontsize=8)
     ax.set_title(title, fontsize=9)
@@ -621,7 +627,13 @@ def read_summaries(path: Path) -> list[dict]:
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("dlas_compare.ladder", __doc__.split("\n\n")[0])
     config_mod.add_config_args(p)
-    p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
+    p.add_argument(
+        "--frameworks",
+        nargs="+",
+        choices=FRAMEWORKS,
+        default=list(FRAMEWORKS),
+        help="ladders to climb, one per framework (default: all; one that cannot run here is listed as skipped)",
+    )
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="FULL is required (the speedups)")
     p.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed steps per mode")
     p.add_argument(
@@ -673,7 +685,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not train.is_file():
         raise DatasetError(
             f"config {cfg.name!r} reads {train}, which does not exist "
-            f"(python -m shared_data.data.generate --out {train} --size 128 --seed 1 --npy)"
+            f"({command_name('shared_data.data.generate')} --out {train} --size 128 --seed 1 --npy)"
         )
     out = Path(args.out or f"runs/ladder/{cfg.name}.jsonl")
     figure = Path(args.figure or out.with_suffix(".png"))

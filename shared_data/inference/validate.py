@@ -361,8 +361,12 @@ def provenance(attrs: dict) -> str:
     if "prediction_framework" not in attrs:
         return "prediction (no prediction_* attributes: framework and weights unknown)"
     fw = {"jax": "JAX", "tf": "TensorFlow"}.get(attrs["prediction_framework"], attrs["prediction_framework"])
-    # paths under the current folder shown relative to it
-    weights = str(attrs.get("prediction_weights", "weights unknown")).replace(f"{Path.cwd()}/", "")
+    weights = str(attrs.get("prediction_weights", "weights unknown"))
+    if Path(weights).is_absolute():  # a title names the run, not the machine's folders
+        path = Path(weights)
+        weights = (
+            str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else ".../" + "/".join(path.parts[-3:])
+        )
     config, precision = attrs.get("prediction_config", "?"), attrs.get("prediction_precision", "?")
     return f"{fw} prediction, {weights}, config {config}, {precision}"
 
@@ -408,13 +412,30 @@ def figure(path: Path, pred: np.ndarray, truth: np.ndarray, metrics: dict, units
     ax_ratio, ax_r, ax_pdf_rho, ax_pdf_t, ax_l1 = axes[3, :5]
     for name, s in metrics["power"].items():
         k = np.asarray(s["k"], float)
-        ax_ratio.loglog(k, s["ratio_pred"], "-o", ms=3, color=styles[name], label=f"{name} model")
+        ax_ratio.semilogx(k, s["ratio_pred"], "-o", ms=3, color=styles[name], label=f"{name} model")
         ax_r.semilogx(k, s["r_pred"], "-o", ms=3, color=styles[name], label=f"{name} model")
         if "ratio_baseline" in s:
-            ax_ratio.loglog(k, s["ratio_baseline"], "--", color=styles[name], label=f"{name} baseline")
+            ax_ratio.semilogx(k, s["ratio_baseline"], "--", color=styles[name], label=f"{name} baseline")
             ax_r.semilogx(k, s["r_baseline"], "--", color=styles[name], label=f"{name} baseline")
     ax_ratio.axhline(1, color="k", lw=0.8)
     ax_ratio.set_ylabel("P_pred / P_true")
+    # a linear axis shows a few-percent deficit of the model; the baseline's ratio, tens of times
+    # higher at small scales, would flatten it, so it is clipped and its last value written beside
+    model = np.concatenate([np.asarray(s["ratio_pred"], float) for s in metrics["power"].values()])
+    top = max(1.5, float(np.nanmax(model)) * 1.1) if model.size else 1.5
+    ax_ratio.set_ylim(0, top)
+    for name, s in metrics["power"].items():
+        if "ratio_baseline" in s and max(s["ratio_baseline"]) > top:
+            ax_ratio.annotate(
+                f"{name} baseline up to {max(s['ratio_baseline']):.3g}",
+                (0.02, 0.97 - 0.07 * list(metrics["power"]).index(name)),
+                xycoords="axes fraction",
+                va="top",
+                fontsize=6,
+                color=styles[name],
+            )
+    ax_ratio.set_title("power spectrum ratio", fontsize=9)
+    ax_r.set_title("cross-correlation", fontsize=9)
     ax_r.axhline(1, color="k", lw=0.8)
     ax_r.set_ylabel("r(k) = P_xy / sqrt(P_xx P_yy)")
     for ax in (ax_ratio, ax_r):
@@ -426,7 +447,8 @@ def figure(path: Path, pred: np.ndarray, truth: np.ndarray, metrics: dict, units
         centres = 0.5 * (np.asarray(d["edges"][1:]) + np.asarray(d["edges"][:-1]))
         for tag, style in (("true", "k-"), ("pred", "C1-"), ("baseline", "C2--")):
             if tag in d:
-                ax.semilogy(centres, np.maximum(d[tag], 1e-6), style, label=tag)
+                values = np.asarray(d[tag], float)
+                ax.semilogy(centres, np.where(values > 0, values, np.nan), style, label=tag)  # empty bins: gaps
         ax.set_xlabel(d["variable"])
         ax.set_ylabel("PDF")
         ax.set_title(f"{name} one-point PDF", fontsize=9)
@@ -435,7 +457,8 @@ def figure(path: Path, pred: np.ndarray, truth: np.ndarray, metrics: dict, units
     l1 = metrics["l1"]
     ax_l1.bar(x - 0.2, [l1[m]["model"] for m in names], 0.4, label="model")
     ax_l1.bar(x + 0.2, [l1[m]["baseline"] or 0.0 for m in names], 0.4, label="baseline")
-    ax_l1.set_xticks(x, [m.replace("gas_", "") for m in names], fontsize=7)
+    ax_l1.set_xticks(x, [m.replace("gas_", "") for m in names], fontsize=7, rotation=90)
+    ax_l1.set_title("L1 per channel", fontsize=9)
     ax_l1.set_ylabel("L1 (stored units)")
     ax_l1.legend(fontsize=6)
     for ax in axes[3, 5:]:
@@ -526,7 +549,7 @@ def log_summary(record: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = make_parser("shared_data.inference.validate", __doc__.split("\n\n")[0])
+    p = make_parser("shared_data.validate", __doc__.split("\n\n")[0])
     p.add_argument("--pred", required=True, help="prediction file (Hydro (N_out, L, L, L), e.g. from predict)")
     p.add_argument("--truth", required=True, help="truth file of the dataset contract (Nbody and Hydro)")
     p.add_argument("--out", required=True, help="folder for validation.json and validation.png")

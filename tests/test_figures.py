@@ -1,0 +1,152 @@
+"""The figures read without squinting, checked through matplotlib's objects: linear throughput axes
+with min-max whiskers and the newest records, a titled loss plot on whole epochs where agreeing curves
+stay visible, a validation figure with a linear P-ratio axis, gaps for empty PDF bins, no machine path
+in its title and tick labels that do not overlap, a ladder whose labels clear its whiskers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from matplotlib.container import ErrorbarContainer
+
+from dlas_compare import ladder, plots
+from shared_data.core import config as config_mod
+from shared_data.inference import validate
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the code under test closes, kept open for inspection."""
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    yield kept
+    monkeypatch.undo()
+    for fig in kept:
+        plt.close(fig)
+
+
+def record(label, mode, value, lo, hi, loader="lowmem"):
+    return dict(
+        label=label,
+        mode=mode,
+        loader=loader,
+        samples_per_sec=value,
+        samples_per_sec_min=lo,
+        samples_per_sec_max=hi,
+        device="1 x NVIDIA H200",
+        global_batch=64,
+    )
+
+
+def overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_throughput_linear_axes_whiskers_and_newest_records(tmp_path, figures):
+    records = [
+        record("jax", "full", 3000.0, 2900.0, 3100.0),  # an older run of the same label: replaced
+        record("torch", "full", 1928.9, 1900.0, 1950.0),
+        record("jax", "full", 3723.3, 3700.0, 3750.0),
+        record("jax", "io", 54857.9, 50000.0, 56000.0),
+    ]
+    plots.throughput_plot(plots.latest_records(records), tmp_path / "t.png")
+    (fig,) = figures
+    io, full = fig.axes
+    assert [ax.get_title() for ax in (io, full)] == ["IO", "FULL"]
+    assert io.get_yscale() == full.get_yscale() == "linear"
+    heights = sorted(p.get_height() for p in full.patches)
+    assert heights == [1928.9, 3723.3]  # the newest jax record, on a linear axis the ratio is what it looks
+    assert any(isinstance(c, ErrorbarContainer) for c in full.containers)
+    assert full.get_ylim()[1] > 3750.0
+    assert "NVIDIA H200" in fig._suptitle.get_text() and "batch 64" in fig._suptitle.get_text()
+    assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_loss_plot_title_whole_epochs_and_a_difference_panel(tmp_path, figures):
+    bf16 = [{"epoch": e, "train_loss": 0.1 / e, "val_loss": 0.08 / e} for e in range(1, 6)]
+    fp32 = [{"epoch": e, "train_loss": 0.1 / e * 1.0007, "val_loss": 0.08 / e * 0.9986} for e in range(1, 6)]
+    cfg = config_mod.load_config("short_opt")
+    plots.loss_curves_plot({"bf16": bf16, "fp32": fp32}, tmp_path / "l.png", plots.run_title(cfg, []))
+    (fig,) = figures
+    loss, diff = fig.axes
+    assert loss.get_title() == "loss, config short_opt, device not recorded, batch 64"
+    assert loss.get_yscale() == "log" and diff.get_yscale() == "linear"
+    fig.canvas.draw()
+    ticks = [t for t in diff.get_xticks() if 1 <= t <= 5]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    assert diff.get_ylabel() == "% vs bf16"
+    curves = {line.get_label(): line.get_ydata() for line in diff.get_lines()}
+    assert np.allclose(curves["fp32 train"], 0.07) and np.allclose(curves["fp32 val"], -0.14)
+
+
+def test_loss_title_names_the_device_from_run_json(tmp_path, tiny_cfg):
+    run = tmp_path / "jax"
+    run.mkdir()
+    info = {"invocations": [{"versions": {"devices": ["cpu:0"], "backend": "cpu"}}]}
+    (run / "run.json").write_text(json.dumps(info))
+    assert plots.run_title(tiny_cfg, [run]) == "loss, config cpu_tiny, 1 x cpu, batch 4"
+
+
+def test_validation_figure_linear_ratio_gaps_short_title_no_overlap(data_dir, tmp_path, figures):
+    truth = data_dir / "val_24.h5"
+    validate.validate_files(truth, truth, tmp_path, stem="v")
+    (fig,) = figures
+    ratio = next(ax for ax in fig.axes if ax.get_ylabel() == "P_pred / P_true")
+    assert ratio.get_yscale() == "linear" and ratio.get_xscale() == "log"
+    assert ratio.get_ylim()[0] == 0 and ratio.get_ylim()[1] < 3  # a 6% deficit shows on this axis
+    for ax in fig.axes:
+        if ax.get_ylabel() == "PDF":
+            for line in ax.get_lines():
+                y = np.asarray(line.get_ydata(), float)
+                assert not np.any(y == 1e-6)
+                assert np.all(np.isnan(y) | (y > 0))
+    l1 = next(ax for ax in fig.axes if ax.get_ylabel() == "L1 (stored units)")
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in l1.get_xticklabels() if t.get_text()]
+    assert len(boxes) == 5 and not any(overlap(a, b) for a, b in itertools.combinations(boxes, 2))
+    attrs = {
+        "prediction_framework": "jax",
+        "prediction_weights": "/home/someone/scratch/runs/cpu_default/jax/weights.npz",
+        "prediction_config": "cpu_default",
+        "prediction_precision": "float32",
+    }
+    assert validate.provenance(attrs) == "JAX prediction, .../cpu_default/jax/weights.npz, config cpu_default, float32"
+
+
+def test_ladder_labels_clear_the_whiskers(tmp_path, figures):
+    summaries = []
+    for fw, speeds in (("jax", [100, 180, 700, 800]), ("torch", [90, 200, 650, 820])):
+        for i, v in enumerate(speeds, 1):
+            summaries.append(
+                dict(
+                    framework=fw,
+                    ladder_step=i,
+                    ladder_rung=ladder.RUNGS[i - 1].name,
+                    status="ran",
+                    full_samples_per_sec=v,
+                    full_samples_per_sec_min=0.9 * v,
+                    full_samples_per_sec_max=1.1 * v,
+                    speedup_vs_baseline=v / speeds[0],
+                )
+            )
+    ladder.ladder_figure(summaries, tmp_path / "ladder.png", "t")
+    (fig,) = figures
+    (ax,) = fig.axes
+    fig.canvas.draw()
+    labels = [t.get_window_extent() for t in ax.texts if t.get_text()[:1].isdigit()]
+    whiskers = [
+        seg.get_window_extent()
+        for c in ax.containers
+        if isinstance(c, ErrorbarContainer)
+        for seg in [*c.lines[1], *c.lines[2]]
+    ]
+    assert len(labels) == 8 and whiskers
+    assert not any(overlap(a, b) for a in labels for b in whiskers)
+    assert ax.get_yscale() == "linear"
