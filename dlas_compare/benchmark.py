@@ -130,9 +130,22 @@ def run(
     label: str | None = None,
     window_sec: float | None = None,
 ) -> dict:
-    """Benchmark one (framework, config, mode); return the result record."""
+    """Benchmark one (framework, config, mode); return the result record. One line on stderr per stage
+    (set-up and compilation, timing, result), since a large config takes minutes."""
+    what = f"[benchmark] {framework} {mode}"
+    source = "one cached batch" if mode == "synthetic" else f"{cfg.data_loader_config} loader"
+    stage(f"{what}: setting up ({source}, batch {cfg.global_batch_size}) and compiling the step")
     bench = make_bench(framework, cfg, mode, num_devices)
-    return run_bench(bench, cfg, mode, warmup, steps, windows, label, window_sec)
+    ready = "input pipeline ready" if mode == "io" else f"compiled in {bench.compile_sec:.1f} s"
+    stage(f"{what}: {ready}; warm-up, then {windows} timed windows of up to {steps} steps")
+    record = run_bench(bench, cfg, mode, warmup, steps, windows, label, window_sec)
+    stage(f"{what}: {record['samples_per_sec']:.1f} samples/s")
+    return record
+
+
+def stage(line: str) -> None:
+    """Say on stderr what the benchmark is doing (the table on stdout stays the result)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def prefetch_depth(cfg: Config) -> int:

@@ -26,6 +26,7 @@ in K, densities in units of the cosmic mean (rho / rho_mean = 1 + delta).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -220,9 +221,19 @@ class Fields:
 
 
 def simulate(
-    size: int, box: float, z: float, seed: int, cosmo: Cosmology, k_jeans: float, t0: float, gamma: float
+    size: int,
+    box: float,
+    z: float,
+    seed: int,
+    cosmo: Cosmology,
+    k_jeans: float,
+    t0: float,
+    gamma: float,
+    on_stage: Callable[[str], None] = lambda stage: None,
 ) -> Fields:
-    """Run the generator physics (module docstring, steps 1-6) on a ``size``^3 grid; deterministic by seed."""
+    """Run the generator physics (module docstring, steps 1-6) on a ``size``^3 grid; deterministic by seed.
+    ``on_stage(name)`` is called as each step starts (a 256^3 grid takes minutes)."""
+    on_stage("Gaussian random field")
     rng = np.random.default_rng(seed)
     delta_k = gaussian_field_k(size, box, cosmo.linear_power, rng)
     delta_linear = irfft3(delta_k, size)
@@ -234,10 +245,12 @@ def simulate(
     k2 = kx**2 + ky**2 + kz**2
     k2[0, 0, 0] = 1.0
     trunc = np.exp(-0.5 * k2 / k_nl**2) if np.isfinite(k_nl) else 1.0
+    on_stage("Zel'dovich displacements")
     psi = np.stack([irfft3(1j * kc / k2 * delta_k * growth * trunc, size) for kc in (kx, ky, kz)])
     vel_factor = cosmo.hubble(z) / (1 + z) * cosmo.growth_rate(z)  # a H f, km/s per Mpc/h
     v_lagr = psi * vel_factor
 
+    on_stage("dark matter on the grid (cloud-in-cell)")
     cell = box / size
     grid = np.indices((size,) * 3, dtype=np.float64).reshape(3, -1)
     pos = (grid + psi.reshape(3, -1) / cell) % size
@@ -245,6 +258,7 @@ def simulate(
     filled = mass > 1e-6
     v_dm = np.where(filled, np.stack([px, py, pz]) / np.where(filled, mass, 1.0), v_lagr)
 
+    on_stage("gas: Jeans smoothing, temperature-density relation")
     rho_gas = np.maximum(jeans_filter(mass, box, k_jeans), 0.0)
     v_gas = np.stack([jeans_filter(v, box, k_jeans) for v in v_dm])
     temperature = t0 * np.maximum(rho_gas, 1e-12) ** (gamma - 1)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -126,13 +127,17 @@ def generate(args: argparse.Namespace) -> Path:
             raise UserError(f"{name} {value}: expected {want}")
     cosmo = cosmology.Cosmology(sigma8=args.sigma8)
     t_start = time.perf_counter()
-    fields = cosmology.simulate(args.size, args.box, args.redshift, args.seed, cosmo, args.k_jeans, args.t0, args.gamma)
+    say = lambda stage: print(f"[generate] {out.name}, {args.size}^3: {stage}", file=sys.stderr, flush=True)
+    fields = cosmology.simulate(
+        args.size, args.box, args.redshift, args.seed, cosmo, args.k_jeans, args.t0, args.gamma, on_stage=say
+    )
     nbody, hydro = transform_fields(fields, args.t0)
     worst = float(np.abs(hydro).max())
     if not worst < 1.0:
         raise DatasetError(
             f"{out}: generated target value {worst:.3f} is outside tanh's (-1, 1); lower --sigma8 or raise the box size"
         )
+    say("writing")
     write_h5(out, nbody, hydro, attributes(args, cosmo, fields.k_nl), args.chunk)
     seconds = time.perf_counter() - t_start
     print(

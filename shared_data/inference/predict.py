@@ -54,6 +54,7 @@ from shared_data.core.errors import ConfigError, DatasetError, UserError
 from shared_data.core.files import atomic_path
 from shared_data.data import dataset
 from shared_data.model import unet_spec
+from shared_data.runtime.logs import progress as progress_bar
 from shared_data.runtime.logs import setup_logging
 from shared_data.runtime.records import code_version
 
@@ -210,16 +211,25 @@ def read_input(path: str | Path, n_in: int) -> tuple[np.ndarray, dict]:
 
 
 def predict_volume(
-    x: np.ndarray, apply: Apply, n_out: int, window: int, overlap: int, align: int, batch_size: int = 1
+    x: np.ndarray,
+    apply: Apply,
+    n_out: int,
+    window: int,
+    overlap: int,
+    align: int,
+    batch_size: int = 1,
+    progress: bool = False,
 ) -> tuple[np.ndarray, int]:
     """Predict a (padded) volume ``x`` (L, L, L, N_in) float32 with ``apply``, window by window of
     :func:`tile_plan`, batches of ``batch_size`` windows (the last one padded with zeros, so every
-    call has one shape); return the stitched (L, L, L, n_out) float32 and the number of windows."""
+    call has one shape); return the stitched (L, L, L, n_out) float32 and the number of windows.
+    ``progress``: a progress bar over the batches of windows on a terminal (none in a log)."""
     size = x.shape[0]
     plan = tile_plan(size, min(window, size), overlap, align)
     w = min(window, size)
     out = np.empty((size, size, size, n_out), np.float32)
-    for i in range(0, len(plan), batch_size):
+    starts = range(0, len(plan), batch_size)
+    for i in progress_bar(starts, len(starts), f"{len(plan)} windows, batches of {batch_size}", progress):
         tiles = plan[i : i + batch_size]
         batch = np.zeros((batch_size, w, w, w, x.shape[-1]), np.float32)
         for b, t in enumerate(tiles):
@@ -459,7 +469,9 @@ def main(
             )
     apply = make_apply(cfg, weights)
     t0 = time.perf_counter()
-    hydro, tiles = predict_volume(x, apply, cfg.N_out_channels, window, overlap, align, args.batch_size)
+    hydro, tiles = predict_volume(
+        x, apply, cfg.N_out_channels, window, overlap, align, args.batch_size, progress=window < size
+    )
     seconds = time.perf_counter() - t0
     hydro = hydro[:side, :side, :side]
     log.info("predicted %d window(s) in %.1f s (compilation included)", tiles, seconds)

@@ -1,0 +1,52 @@
+"""Long work says what it is doing: the generator one line per stage, the benchmark (and the trainers'
+``--enable_benchy``, which runs it) one line per stage of each mode, windowed prediction a progress bar
+that appears on a terminal and stays out of logs."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from dlas_compare import benchmark
+from shared_data.data import generate
+from shared_data.inference import predict
+
+
+def test_generate_says_each_stage(tmp_path, capsys):
+    assert generate.main(["--out", str(tmp_path / "v.h5"), "--size", "16", "--box", "4"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "[generate] v.h5, 16^3: Gaussian random field",
+        "[generate] v.h5, 16^3: Zel'dovich displacements",
+        "[generate] v.h5, 16^3: dark matter on the grid (cloud-in-cell)",
+        "[generate] v.h5, 16^3: gas: Jeans smoothing, temperature-density relation",
+        "[generate] v.h5, 16^3: writing",
+    ]
+
+
+def test_benchmark_says_each_stage(tiny_argv, capsys):
+    argv = [*tiny_argv, "--mode", "io", "synthetic", "--warmup", "0", "--steps", "1", "--windows", "1"]
+    assert benchmark.main(argv) == 0
+    err = [line.split(":")[0] + ":" + line.split(":")[1].split(";")[0] for line in capsys.readouterr().err.splitlines()]
+    lines = [line for line in err if line.startswith("[benchmark]")]
+    assert lines[0] == "[benchmark] jax io: setting up (lowmem loader, batch 4) and compiling the step"
+    assert lines[1] == "[benchmark] jax io: input pipeline ready"
+    assert lines[3] == "[benchmark] jax synthetic: setting up (one cached batch, batch 4) and compiling the step"
+    assert lines[4].startswith("[benchmark] jax synthetic: compiled in ")
+    assert lines[2].endswith(" samples/s") and lines[5].endswith(" samples/s") and len(lines) == 6
+
+
+def test_windowed_prediction_shows_progress_on_a_terminal_only(capsys, monkeypatch):
+    x = np.zeros((16, 16, 16, 4), np.float32)
+    apply = lambda batch: np.zeros((*batch.shape[:4], 5), np.float32)
+    n = len(predict.tile_plan(16, 8, 2, 4))
+    for terminal in (False, True):
+        monkeypatch.setattr(sys.stderr, "isatty", lambda t=terminal: t)
+        out, tiles = predict.predict_volume(x, apply, 5, 8, 2, 4, batch_size=2, progress=True)
+        err = capsys.readouterr().err
+        assert tiles == n > 1 and out.shape == (16, 16, 16, 5)
+        if terminal:
+            assert f"{n} windows, batches of 2" in err and f"0/{(n + 1) // 2}" in err
+        else:
+            assert err == ""
