@@ -55,7 +55,10 @@ def test_jax_export_runs_without_the_project(setup):
     assert jax_export.main(argv) == 0
     record = json.loads((out / "export.json").read_text())
     assert record["framework"] == "jax" and record["files"] == ["unet.jax_export"]
-    assert record["input"] == {"shape": [None, 16, 16, 16, 4], "dtype": "float32", "layout": "NDHWC"}
+    assert record["input"] == {"shape": [None, None, None, None, 4], "dtype": "float32", "layout": "NDHWC"}
+    assert record["side_multiple_of"] == 8
+    x32 = np.random.default_rng(2).standard_normal((2, 32, 32, 32, 4)).astype(np.float32) * 0.1
+    np.save(d / "x32.npy", x32)
     res = _run_bare(
         f"""
         import jax, numpy as np
@@ -63,16 +66,19 @@ def test_jax_export_runs_without_the_project(setup):
         x = np.load({str(d / "x.npy")!r})
         np.save("y3.npy", np.asarray(exported.call(x)))
         np.save("y1.npy", np.asarray(exported.call(x[:1])))
-        print(exported.platforms)
+        np.save("y32.npy", np.asarray(exported.call(np.load({str(d / "x32.npy")!r}))))
+        print(exported.platforms, exported.in_avals)
         """,
         d,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "cpu" in res.stdout and "cuda" in res.stdout
+    assert "cpu" in res.stdout and "cuda" in res.stdout and "float32[B,8*k,8*k,8*k,4]" in res.stdout
     want = jax_predict.make_apply(cfg, w)(x)
     assert np.abs(want).std() > 0.1
     np.testing.assert_allclose(np.load(d / "y3.npy"), want, atol=1e-6)
     np.testing.assert_allclose(np.load(d / "y1.npy"), want[:1], atol=1e-6)  # the batch is symbolic
+    want32 = jax_predict.make_apply(cfg, w)(x32)
+    np.testing.assert_allclose(np.load(d / "y32.npy"), want32, atol=1e-6)  # and the side
 
 
 @pytest.mark.slow
@@ -105,6 +111,22 @@ def test_tf_savedmodel_and_keras_file_load_back(setup):
     )
     assert res.returncode == 0, res.stderr[-3000:]
     np.testing.assert_allclose(np.load(d / "ytf.npy"), want, atol=1e-5)
+    # without --size: one SavedModel for any side that is a multiple of 2**levels
+    free = d / "tf_free"
+    assert tf_export.main([*argv[:4], "--out", str(free)]) == 0
+    assert json.loads((free / "export.json").read_text())["input"]["shape"] == [None, None, None, None, 4]
+    res = _run_bare(
+        f"""
+        import numpy as np, tensorflow as tf
+        model = tf.saved_model.load({str(free / "saved_model")!r})
+        np.save("ytf16.npy", model.serve(tf.constant(np.load({str(d / "x.npy")!r}))).numpy())
+        np.save("ytf24.npy", model.serve(tf.constant(np.load({str(d / "x24.npy")!r}))).numpy())
+        """,
+        d,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    np.testing.assert_allclose(np.load(d / "ytf24.npy"), want, atol=1e-5)
+    np.testing.assert_allclose(np.load(d / "ytf16.npy"), tf_predict.make_apply(cfg, w)(x), atol=1e-5)
     # a second export replaces the first (atomic folder swap)
     assert tf_export.main(argv) == 0 and (out / "saved_model" / "saved_model.pb").is_file()
     assert not [p for p in out.iterdir() if p.name.startswith(".")]

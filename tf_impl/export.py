@@ -1,7 +1,7 @@
 """Export the U-Net with TensorFlow: ``python -m tf_impl.export --config cpu_tiny --weights W.npz --out DIR``.
 
-Writes, for input float32 (B, s, s, s, N_in) NDHWC with a free batch ``B`` and ``s = --size``
-(default ``crop_size``), output float32 (B, s, s, s, N_out):
+Writes, for input float32 (B, s, s, s, N_in) NDHWC with a free batch ``B`` and a free side ``s``
+(any multiple of 2**levels; or the fixed ``--size``), output float32 (B, s, s, s, N_out):
 
 * ``DIR/saved_model/``: a SavedModel (Keras ``model.export``) with the endpoint ``serve``; it runs
   with TensorFlow alone, without this project's code::
@@ -40,13 +40,17 @@ SAVED_MODEL = "saved_model"
 KERAS_FILE = "unet.keras"
 
 
-def build_exported_model(cfg: Config, weights: dict[str, np.ndarray], size: int) -> keras.Model:
-    """``cfg``'s Keras model for inputs of side ``size`` (batch free) holding ``weights``."""
-    model = model_mod.build_model(config_mod.replace(cfg, crop_size=size))
+def build_exported_model(cfg: Config, weights: dict[str, np.ndarray], size: int | None) -> keras.Model:
+    """``cfg``'s Keras model for inputs of side ``size`` or, for ``None``, any multiple of 2**levels
+    (batch free) holding ``weights``."""
+    if size is None:
+        model = model_mod.build_model(export_mod.any_side_config(cfg), free_side=True)
+    else:
+        model = model_mod.build_model(config_mod.replace(cfg, crop_size=size))
     return model_mod.params_from_canonical(model, weights)
 
 
-def export(cfg: Config, weights: dict[str, np.ndarray], out: Path, size: int) -> list[str]:
+def export(cfg: Config, weights: dict[str, np.ndarray], out: Path, size: int | None) -> list[str]:
     """Write ``out/saved_model/`` and ``out/unet.keras`` (each atomically); return their names."""
     model = build_exported_model(cfg, weights, size)
     with atomic_dir(out / SAVED_MODEL) as tmp:

@@ -43,7 +43,12 @@ def phase_kernel(w: tf.Tensor) -> tf.Tensor:
     return tf.reshape(g, (2, 2, 2, c_in, 8 * c_out))
 
 
-def depth_to_space(y: tf.Tensor, n: int, c_out: int) -> tf.Tensor:
+def side(x: tf.Tensor) -> int | tf.Tensor:
+    """The spatial side of NDHWC ``x``: static when known, else a tensor (a model built with a free side)."""
+    return x.shape[1] if x.shape[1] is not None else tf.shape(x)[1]
+
+
+def depth_to_space(y: tf.Tensor, n: int | tf.Tensor, c_out: int) -> tf.Tensor:
     """Interleave the 8 phases of ``y`` (B, n+1, n+1, n+1, 8 C_out) into (B, 2n, 2n, 2n, C_out)."""
     y = tf.reshape(y, (-1, n + 1, n + 1, n + 1, 2, 2, 2, c_out))
     phases = [
@@ -56,7 +61,7 @@ def depth_to_space(y: tf.Tensor, n: int, c_out: int) -> tf.Tensor:
 
 def conv_transpose_subpixel(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` by phase convolution + depth-to-space."""
-    n, c_out = x.shape[1], w.shape[-1]
+    n, c_out = side(x), w.shape[-1]
     xp = tf.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
     y = tf.nn.conv3d(xp, phase_kernel(w), (1, 1, 1, 1, 1), "VALID")
     return depth_to_space(y, n, c_out)
@@ -65,7 +70,7 @@ def conv_transpose_subpixel(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
 def conv_transpose_phases(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` as 8 separate phase convolutions (no excess
     FLOPs), interleaved into (B, 2n, 2n, 2n, C_out)."""
-    n, c_out = x.shape[1], w.shape[-1]
+    n, c_out = side(x), w.shape[-1]
     xp = tf.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
     wk = tf.reshape(phase_kernel(w), (2, 2, 2, x.shape[-1], 2, 2, 2, c_out))
     phases = [
@@ -91,7 +96,7 @@ def conv_transpose_phases(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
 def conv_transpose_dilated(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` with ``tf.nn.conv3d_transpose`` (its kernel
     layout is (k, k, k, C_out, C_in), hence the transpose)."""
-    n = x.shape[1]
+    n = side(x)
     out_shape = tf.stack([tf.shape(x)[0], 2 * n, 2 * n, 2 * n, w.shape[-1]])
     return tf.nn.conv3d_transpose(x, tf.transpose(w, (0, 1, 2, 4, 3)), out_shape, (1, 2, 2, 2, 1), "SAME")
 
@@ -104,7 +109,7 @@ def conv_strided(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
 
 def conv_space_to_depth(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     """Conv3D(k=4, s=2, p=1) as space-to-depth of the padded input + a 2x2x2 stride-1 VALID conv."""
-    n, c = x.shape[1], x.shape[-1]
+    n, c = side(x), x.shape[-1]
     m = n // 2 + 1
     xp = tf.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
     s = tf.reshape(
@@ -158,13 +163,14 @@ class UpConv(_Conv):
     fns = UPCONV
 
 
-def build_model(cfg: Config, batch_size: int | None = None) -> keras.Model:
+def build_model(cfg: Config, batch_size: int | None = None, free_side: bool = False) -> keras.Model:
     """The U-Net of ``cfg`` as a functional Keras model under ``cfg.precision``'s policy.
 
-    Input (B, s, s, s, N_in) float32; output (B, s, s, s, N_out) float32 in (-1, 1).
+    Input (B, s, s, s, N_in) float32; output (B, s, s, s, N_out) float32 in (-1, 1); ``s`` is
+    ``crop_size``, or with ``free_side`` any multiple of 2**levels given at call time.
     """
     policy = keras.DTypePolicy(POLICIES[cfg.precision])
-    s = cfg.crop_size
+    s = None if free_side else cfg.crop_size
     inputs = keras.Input((s, s, s, cfg.N_in_channels), batch_size=batch_size, name="inputs")
     widths = encoder_widths(cfg)
     x, skips = inputs, []

@@ -6,8 +6,9 @@
 Both frameworks' ``export`` run :func:`main` with the same flags; each supplies only the writer of its
 artefacts (:mod:`jax_impl.export`, :mod:`tf_impl.export`). Beside them ``export.json`` records what
 was exported: framework, config, weights or checkpoint, precision, the input and output signature
-(NDHWC float32, batch dimension free, spatial side ``--size``) and the code version. The exported
-network takes and returns the stored (transformed) units of :mod:`shared_data.data.generate`.
+(NDHWC float32, batch dimension free, spatial side free (any multiple of 2**levels) or ``--size``)
+and the code version. The exported network takes and returns the stored (transformed) units of
+:mod:`shared_data.data.generate`.
 """
 
 from __future__ import annotations
@@ -39,32 +40,44 @@ def build_parser(framework: str) -> argparse.ArgumentParser:
     predict_mod.add_weights_args(p)
     g = p.add_argument_group("export")
     g.add_argument("--out", required=True, help="output folder (created; its export files are replaced)")
-    g.add_argument("--size", type=int, help="spatial side of the exported input (default: the config's crop_size)")
+    g.add_argument(
+        "--size",
+        type=int,
+        help="a fixed spatial side for the exported input (default: any side that is a multiple of 2**levels)",
+    )
     g.add_argument(
         "--precision", choices=predict_mod.PRECISIONS, default="float32", help="compute type (default: %(default)s)"
     )
     return p
 
 
-def check_size(cfg: Config, size: int | None) -> int:
-    """The exported side: ``size`` or ``crop_size``.
+def check_size(cfg: Config, size: int | None) -> int | None:
+    """The exported side: ``size``, or None for any multiple of ``2**levels``.
 
     Raises:
         UserError: ``size`` is not a positive multiple of ``2**levels``.
     """
     align = predict_mod.alignment(cfg)
-    size = cfg.crop_size if size is None else size
-    if size < align or size % align:
+    if size is not None and (size < align or size % align):
         raise UserError(f"--size {size}: expected a positive multiple of 2**levels = {align}")
     return size
 
 
-def signature(cfg: Config, size: int) -> dict:
-    """The exported function's input and output: NDHWC float32, batch free (``null``)."""
+def signature(cfg: Config, size: int | None) -> dict:
+    """The exported function's input and output: NDHWC float32, batch free (``null``), the spatial
+    side ``size`` or free (``null``, any multiple of ``side_multiple_of``; the three sides equal)."""
+    shape = lambda channels: [None, size, size, size, channels]
     return {
-        "input": {"shape": [None, size, size, size, cfg.N_in_channels], "dtype": "float32", "layout": "NDHWC"},
-        "output": {"shape": [None, size, size, size, cfg.N_out_channels], "dtype": "float32", "layout": "NDHWC"},
+        "input": {"shape": shape(cfg.N_in_channels), "dtype": "float32", "layout": "NDHWC"},
+        "output": {"shape": shape(cfg.N_out_channels), "dtype": "float32", "layout": "NDHWC"},
+        "side_multiple_of": predict_mod.alignment(cfg),
     }
+
+
+def any_side_config(cfg: Config) -> Config:
+    """``cfg`` with one formulation of the convolutions at every level: a model exported for any side
+    cannot choose the plain forms by a level's side (the same math either way)."""
+    return config_mod.replace(cfg, downconv_strided_below=0, upconv_transpose_below=0)
 
 
 def main(
@@ -73,7 +86,7 @@ def main(
     *,
     banner: str,
     load_weights: Callable[[Config, str | None, str | None], tuple[dict, str]],
-    export: Callable[[Config, dict, Path, int], list[str]],
+    export: Callable[[Config, dict, Path, int | None], list[str]],
     versions: Callable[[], dict],
 ) -> int:
     """The ``export`` command of both frameworks: parse, load the weights, ``export(cfg, weights,

@@ -135,13 +135,14 @@ def receptive_margin(cfg: Config) -> int:
     return margin
 
 
-def conv_method(kind: str, n: int, method: str, plain_below: int) -> str:
+def conv_method(kind: str, n: int | None, method: str, plain_below: int) -> str:
     """The formulation of a ``kind`` (``"down"`` / ``"up"``) layer whose input has ``n`` voxels per
     side: the plain form (``"strided"`` / ``"transpose"``) when ``n < plain_below``, else ``method``
     (config keys ``downconv``, ``downconv_strided_below``, ``upconv``, ``upconv_transpose_below``). The
     per-layer times on the H200 (``dlas_compare.layer_bench``, experiments/perf_notes.md) favour the plain forms
-    at the small levels."""
-    if n < plain_below:
+    at the small levels. A side not known when the model is built (``None``, an export for any side)
+    takes ``method``."""
+    if n is not None and n < plain_below:
         return "strided" if kind == "down" else "transpose"
     return method
 
