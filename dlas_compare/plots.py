@@ -95,8 +95,12 @@ def loss_curves_plot(runs: dict[str, list[dict]], path: Path, title: str = "") -
     first = next(iter(runs.values()))
     for j, (name, hist) in enumerate(runs.items()):
         epochs = [h["epoch"] for h in hist]
-        ax.plot(epochs, [h["train_loss"] for h in hist], "-o", color=f"C{j}", ms=4, label=f"{name} train")
-        ax.plot(epochs, [h["val_loss"] for h in hist], "--s", color=f"C{j}", ms=4, mfc="none", label=f"{name} val")
+        # the first run wide and pale underneath, so a run on top of it leaves it visible
+        style = (
+            dict(color=f"C{j}", ms=4, lw=4.5, alpha=0.4, zorder=1) if j == 0 else dict(color=f"C{j}", ms=3, zorder=2)
+        )
+        ax.plot(epochs, [h["train_loss"] for h in hist], "-o", label=f"{name} train", **style)
+        ax.plot(epochs, [h["val_loss"] for h in hist], "--s", mfc="none", label=f"{name} val", **style)
         if several and j:
             ref = {h["epoch"]: h for h in first}
             for key, style in (("train_loss", "-o"), ("val_loss", "--s")):
@@ -157,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="LABEL=METRICS",
         help="loss curves of these runs' metrics.jsonl files instead of the config's TF and JAX runs",
     )
+    p.add_argument("--title", help="title of the loss plot (default: config, devices from the runs' run.json, batch)")
     args = p.parse_args(argv)
     cfg = config_mod.load_config(args.config, args.yaml_config)
     root = cfg.resolve_path(cfg.exp_dir) / cfg.name
@@ -198,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdirs = [root / fw for fw in runs if runs[fw]]
     runs = {k: v for k, v in runs.items() if v}
     if runs:
-        loss_curves_plot(runs, out / f"loss_{cfg.name}.png", run_title(cfg, workdirs))
+        loss_curves_plot(runs, out / f"loss_{cfg.name}.png", args.title or run_title(cfg, workdirs))
         print(f"wrote {out / f'loss_{cfg.name}.png'}")
     if not weights_path.is_file():
         print(

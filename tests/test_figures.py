@@ -82,6 +82,8 @@ def test_loss_plot_title_whole_epochs_and_a_difference_panel(tmp_path, figures):
     ticks = [t for t in diff.get_xticks() if 1 <= t <= 5]
     assert ticks and all(float(t).is_integer() for t in ticks)
     assert diff.get_ylabel() == "% vs bf16"
+    widths = {line.get_label(): line.get_linewidth() for line in loss.get_lines()}
+    assert widths["bf16 train"] > 2 * widths["fp32 train"]  # the first run shows around the one on top
     curves = {line.get_label(): line.get_ydata() for line in diff.get_lines()}
     assert np.allclose(curves["fp32 train"], 0.07) and np.allclose(curves["fp32 val"], -0.14)
 
