@@ -5,6 +5,7 @@
 # (grad_allreduce_dtype; DDP's bf16_compress_hook). Results: $OUT/scaling.jsonl, $OUT/scaling.log.
 #   OUT=results/gpu bash scripts/gpu/scaling.sh
 set -uo pipefail
+command -v nvidia-smi >/dev/null || { echo "error: ${0##*/} needs an NVIDIA GPU (nvidia-smi not found)" >&2; exit 2; }
 mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/device.txt

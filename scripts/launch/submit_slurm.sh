@@ -17,6 +17,10 @@
 #SBATCH --time=01:00:00
 #SBATCH --output=slurm-%j.out
 set -euo pipefail
+if [[ -z "${SLURM_JOB_ID:-}" ]]; then
+  echo "error: ${0##*/} is a SLURM batch script: submit it with sbatch -N NODES $0 jax|tf CONFIG" >&2
+  exit 2
+fi
 fw=${1:?usage: sbatch submit_slurm.sh jax|tf CONFIG [flags]}; cfg=${2:?config name}; shift 2
 cd "${SLURM_SUBMIT_DIR:-.}"
 export PYTHONUNBUFFERED=1

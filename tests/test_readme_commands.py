@@ -1,0 +1,278 @@
+"""Every command in the README's ``bash`` blocks runs as written, in README order, on CPU with tiny
+settings (a tiny copy of the kit's YAML, tiny data, few timed steps), in a scratch folder; a command
+that needs a GPU or SLURM ends with one ``error:`` line instead. A command added to the README with no
+way to run here fails :func:`test_every_readme_command_is_covered`."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shared_data.core import config as config_mod
+from shared_data.core.errors import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+#: What makes each kit config tiny (the net of cpu_tiny, a few crops, one epoch).
+TINY = dict(
+    crop_size=16,
+    unet_widths=[4, 8, 8],
+    full_scale=True,
+    Nsamples=8,
+    Nsamples_val=4,
+    num_epochs=1,
+    global_batch_size=4,
+    local_batch_size=None,
+    base_batch_size=4,
+    num_data_workers=1,
+    synthetic_volume_size=32,
+    train_path_npy_data=None,
+    train_path_npy_label=None,
+    val_path_npy_data=None,
+    val_path_npy_label=None,
+)
+#: Few timed steps for the commands that measure.
+FEW_STEPS = {
+    "dlas_compare.benchmark": ["--warmup", "0", "--steps", "1", "--windows", "1"],
+    "dlas_compare.compare": ["--warmup", "0", "--steps", "1", "--windows", "1"],
+    "dlas_compare.ladder": ["--warmup", "0", "--steps", "1", "--windows", "1", "--budget_sec", "90"],
+    "dlas_compare.step_breakdown": ["--warmup", "1", "--steps", "1"],
+}
+#: How the ladder reports a rung stopped at its time budget.
+BUDGET_STOP = "stopped at the ladder's time budget"
+#: Commands that cannot run on this machine, each with the line it must end with (exit code 2).
+REFUSES_ON_CPU = {
+    "experiments/ladder_h200/run.sh": "error: .*needs an NVIDIA GPU",
+    "scripts/gpu/scaling.sh": "error: .*needs an NVIDIA GPU",
+    "scripts/launch/submit_slurm.sh": "error: .*SLURM",
+    "--framework torch": "error: .*torch",
+}
+#: Commands a test cannot repeat, and why.
+NOT_RUN = {"bash scripts/test.sh": "the test suite itself"}
+
+
+def readme_commands(text: str) -> list[str]:
+    """The commands of ``text``'s ```bash blocks: continuation lines joined, comments dropped."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words:
+                commands.append(shlex.join(words))
+    return commands
+
+
+COMMANDS = readme_commands(README.read_text())
+
+
+def test_readme_commands_are_extracted():
+    assert COMMANDS[0] == "bash scripts/main.sh"
+    assert "python -m shared_data.data.generate --out data/train_128.h5 --size 128 --seed 1 --npy" in COMMANDS
+    joined = [c for c in COMMANDS if c.startswith("nsys profile")]
+    assert joined and joined[0].endswith(
+        "-m jax_impl.train --config short_opt --enable_manual_profiling --run_num profile"
+    )
+    assert not any("#" in c or "\\" in c for c in COMMANDS)
+
+
+def refusal(command: str) -> str | None:
+    return next((line for key, line in REFUSES_ON_CPU.items() if key in command), None)
+
+
+def test_every_readme_command_is_covered():
+    """Each command is a python module, a script this test runs, a GPU/SLURM command that must refuse, or
+    listed in NOT_RUN with the reason."""
+    for command in COMMANDS:
+        words = shlex.split(command)
+        runnable = "python" in words or words[:2] == ["bash", "scripts/main.sh"] or "single_host.sh" in command
+        assert runnable or refusal(command) or command in NOT_RUN, f"the README test cannot run: {command}"
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, data_dir):
+    """A scratch folder the commands run in: a tiny copy of the kit's YAML (``tiny.yaml``), a tiny
+    tutorial-format YAML where the README expects the tutorial's file, the 24^3 validation volume
+    at ``data/val_64.h5`` (its tiny twin) and a ``W.npz`` placeholder filled once weights exist."""
+    ws = tmp_path_factory.mktemp("readme")
+    (ws / "data").mkdir()
+    for suffix in (".h5", "_Nbody.npy", "_Hydro.npy"):
+        shutil.copy(data_dir / f"val_24{suffix}", ws / "data" / f"val_64{suffix}")
+    doc = yaml.safe_load(config_mod.DEFAULT_YAML.read_text())
+    tiny = {
+        name: {
+            **section,
+            **TINY,
+            "train_path": str(ws / "data/train_128.h5"),
+            "val_path": str(ws / "data/val_64.h5"),
+            "exp_dir": str(ws / "runs"),
+            "xla_cache_dir": str(ws / "xla_cache"),
+        }
+        for name, section in doc.items()
+    }
+    (ws / "tiny.yaml").write_text(yaml.safe_dump(tiny))
+    tutorial = ws / "sc21-dl-tutorial/config/UNet.yaml"
+    tutorial.parent.mkdir(parents=True)
+    # the tutorial's keys, its .npy keys pointing at /data; --set overrides the paths
+    tutorial.write_text(
+        "base: &base\n  lr_schedule: {scaling: 'sqrt', start_lr: 2.E-4, end_lr: 0., warmup_steps: 0}\n"
+        "  data_loader_config: 'lowmem'\n  data_size: 16\n  num_data_workers: 1\n  global_batch_size: 4\n"
+        "  base_batch_size: 4\n  Nsamples: 8\n  Nsamples_val: 4\n  num_epochs: 1\n  expdir: 'runs'\n"
+        "  train_path: '/data/downsamp_2048crop_train.h5'\n  val_path: '/data/downsamp_1024crop_valid.h5'\n"
+        "  train_path_npy_data: '/data/downsamp_2048crop_train_data.npy'\n"
+        "  train_path_npy_label: '/data/downsamp_2048crop_train_label.npy'\n"
+        "short:\n  <<: *base\n"
+    )
+    return ws
+
+
+def tiny_argv(module: str, args: list[str], ws: Path) -> list[str]:
+    """``args`` of ``python -m module`` with tiny settings: the tiny YAML (or, where the command names
+    its own YAML, tiny overrides), smaller generated volumes, few timed steps."""
+    args = [("32" if prev == "--size" else a) for prev, a in zip(["", *args], args)]
+    if "--config" in args or module in ("dlas_compare.plots", "dlas_compare.summary"):
+        if "--yaml_config" in args:
+            sets = {"unet_widths": "[4,8,8]", "train_path": ws / "data/train_128.h5", "val_path": ws / "data/val_64.h5"}
+            args += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+        else:
+            args = ["--yaml_config", str(ws / "tiny.yaml"), *args]
+    return args + FEW_STEPS.get(module, [])
+
+
+def python_module(words: list[str]) -> tuple[str, list[str]] | None:
+    """``(module, args)`` of a command that runs ``python -m module args`` (also behind ``nsys profile``)."""
+    if "python" in words and words[words.index("python") + 1] == "-m":
+        i = words.index("python")
+        return words[i + 2], words[i + 3 :]
+    return None
+
+
+def run_in_process(module: str, argv: list[str], capsys) -> tuple[int, str]:
+    """``python -m module argv`` in this process; the log handlers it adds go with it (their streams are
+    this test's captured ones)."""
+    root = logging.getLogger()
+    before = list(root.handlers)
+    try:
+        code = run_cli(importlib.import_module(module).main, argv)
+    finally:
+        for handler in [h for h in root.handlers if h not in before]:
+            root.removeHandler(handler)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def run_script(command: list[str], ws: Path) -> tuple[int, str]:
+    """A shell script of the checkout, from ``ws``, with this interpreter as ``python``/``python3``
+    and no ``nvidia-smi``/``srun``/``sbatch`` on the PATH."""
+    bin_dir = ws / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("python", "python3"):
+        if not (bin_dir / name).exists():
+            (bin_dir / name).symlink_to(sys.executable)
+    path = f"{bin_dir}:/usr/bin:/bin"
+    env = {**os.environ, "PATH": path, "PY": sys.executable, "OUT": str(ws / "out"), "PYTHONPATH": str(ROOT)}
+    (ws / "out").mkdir(exist_ok=True)
+    command = [str(ROOT / c) if c.endswith(".sh") else c for c in command]
+    cwd = ROOT if refusal(shlex.join(command)) else ws  # the GPU recipes run from the checkout's root
+    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def main_sh_commands() -> list[list[str]]:
+    """The python commands of ``scripts/main.sh`` (after its set-up step), as a re-run gives them."""
+    commands = []
+    for line in (ROOT / "scripts/main.sh").read_text().splitlines():
+        if line.startswith("$PY -m "):
+            commands.append(shlex.split(line.replace("$PY ", "python ").replace("$mode", "--resume")))
+    return commands
+
+
+def outputs(args: list[str]) -> list[str]:
+    """The files a command names after ``--out``, ``--figure`` and ``--save_weights``."""
+    return [b for a, b in zip(args, args[1:]) if a in ("--out", "--figure", "--save_weights")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command(command, workspace, capsys, monkeypatch):
+    ws = workspace
+    monkeypatch.chdir(ws)
+    if command in NOT_RUN:
+        pytest.skip(NOT_RUN[command])
+    if (ws / "runs/cpu_default/jax/weights.npz").is_file() and not (ws / "W.npz").exists():
+        shutil.copy(ws / "runs/cpu_default/jax/weights.npz", ws / "W.npz")
+    words = shlex.split(command)
+    expected_refusal = refusal(command)
+    if expected_refusal and words[0] != "python":
+        script = next(i for i, w in enumerate(words) if w.endswith(".sh"))
+        code, output = run_script(["bash", *words[script:]], ws)  # sbatch is not here: its script, run as is
+        assert code == 2, output
+        assert re.search(expected_refusal, output.strip().splitlines()[-1]), output
+        assert "Traceback" not in output
+        return
+    if words[:2] == ["bash", "scripts/main.sh"]:
+        steps = main_sh_commands()
+        assert [s[2] for s in steps] == [
+            "shared_data.data.generate",
+            "shared_data.data.generate",
+            "tf_impl.train",
+            "jax_impl.train",
+            "dlas_compare.plots",
+            "dlas_compare.summary",
+        ]
+    elif "single_host.sh" in command:
+        code, output = run_script([*words, "--yaml_config", str(ws / "tiny.yaml")], ws)
+        assert code == 0 and "Traceback" not in output, output
+        assert "Avg train loss" in output
+        return
+    else:
+        steps = [words]
+    for step in steps:
+        module, args = python_module(step)
+        argv = tiny_argv(module, args, ws)
+        code, output = run_in_process(module, argv, capsys)
+        if expected_refusal:
+            assert code == 2 and re.search(expected_refusal, output), output
+            continue
+        failures = [line for line in output.splitlines() if "failed" in line]
+        if module == "dlas_compare.ladder" and code == 1 and all(BUDGET_STOP in line for line in failures):
+            code = 0  # on a busy CI machine the rungs past the test's budget stop there
+        assert code == 0, f"{shlex.join(step)} -> exit {code}:\n{output}"
+        assert "Traceback" not in output
+        for path in outputs(args):
+            assert (ws / path).exists(), f"{shlex.join(step)} did not write {path}"
+
+
+#: What the test itself puts in the scratch folder (not written by a README command).
+SCAFFOLD = ("tiny.yaml", "sc21-dl-tutorial/", "bin/", "out/", "xla_cache/", "W.npz", "data/val_64")
+
+
+@pytest.mark.slow
+def test_readme_outputs_leave_the_checkout_clean(workspace):
+    """Everything the README's commands wrote (in the scratch folder, as they would in the checkout) is
+    ignored by the checkout's .gitignore, so ``git status`` stays clean."""
+    written = sorted(
+        str(p.relative_to(workspace)) + ("/" if p.is_dir() else "")
+        for p in workspace.rglob("*")
+        if not str(p.relative_to(workspace)).startswith(SCAFFOLD)
+    )
+    assert "ladder.png" in written and "pred.h5" in written and "val_report/" in written
+    proc = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin", "-v", "-n"],
+        input="\n".join(written),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    not_ignored = [line.split("\t")[-1] for line in proc.stdout.splitlines() if line.startswith("::")]
+    assert not_ignored == []
