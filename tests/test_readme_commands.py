@@ -46,7 +46,7 @@ TINY = dict(
 FEW_STEPS = {
     "dlas_compare.benchmark": ["--warmup", "0", "--steps", "1", "--windows", "1"],
     "dlas_compare.compare": ["--warmup", "0", "--steps", "1", "--windows", "1"],
-    "dlas_compare.ladder": ["--warmup", "0", "--steps", "1", "--windows", "1", "--budget_sec", "90"],
+    "dlas_compare.ladder": ["--warmup", "0", "--steps", "1", "--windows", "1", "--budget_sec", "45"],
     "dlas_compare.step_breakdown": ["--warmup", "1", "--steps", "1"],
 }
 #: How the ladder reports a rung stopped at its time budget.
@@ -105,6 +105,7 @@ def workspace(tmp_path_factory, data_dir):
     tutorial-format YAML where the README expects the tutorial's file, the 24^3 validation volume
     at ``data/val_64.h5`` (its tiny twin) and a ``W.npz`` placeholder filled once weights exist."""
     ws = tmp_path_factory.mktemp("readme")
+    (ws / "git_status_before").write_text(git_status())
     (ws / "data").mkdir()
     for suffix in (".h5", "_Nbody.npy", "_Hydro.npy"):
         shutil.copy(data_dir / f"val_24{suffix}", ws / "data" / f"val_64{suffix}")
@@ -136,6 +137,11 @@ def workspace(tmp_path_factory, data_dir):
     return ws
 
 
+def git_status() -> str:
+    """The checkout's ``git status --porcelain`` (what is modified or untracked and not ignored)."""
+    return subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+
+
 def tiny_argv(module: str, args: list[str], ws: Path) -> list[str]:
     """``args`` of ``python -m module`` with tiny settings: the tiny YAML (or, where the command names
     its own YAML, tiny overrides), smaller generated volumes, few timed steps."""
@@ -146,6 +152,9 @@ def tiny_argv(module: str, args: list[str], ws: Path) -> list[str]:
             args += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
         else:
             args = ["--yaml_config", str(ws / "tiny.yaml"), *args]
+    if "--global_batch_size" in args:  # an epoch of the tiny crops holds at least the command's batch
+        batch = args[args.index("--global_batch_size") + 1]
+        args += ["--set", f"Nsamples={batch}", "--set", f"Nsamples_val={batch}"]
     return args + FEW_STEPS.get(module, [])
 
 
@@ -254,18 +263,15 @@ def test_readme_command(command, workspace, capsys, monkeypatch):
 
 
 #: What the test itself puts in the scratch folder (not written by a README command).
-SCAFFOLD = ("tiny.yaml", "sc21-dl-tutorial/", "bin/", "out/", "xla_cache/", "W.npz", "data/val_64")
+SCAFFOLD = ("tiny.yaml", "sc21-dl-tutorial/", "bin/", "out/", "xla_cache/", "W.npz", "data/val_64", "git_status")
 
 
 @pytest.mark.slow
 def test_readme_outputs_leave_the_checkout_clean(workspace):
     """Everything the README's commands wrote (in the scratch folder, as they would in the checkout) is
     ignored by the checkout's .gitignore, so ``git status`` stays clean."""
-    written = sorted(
-        str(p.relative_to(workspace)) + ("/" if p.is_dir() else "")
-        for p in workspace.rglob("*")
-        if not str(p.relative_to(workspace)).startswith(SCAFFOLD)
-    )
+    names = (str(p.relative_to(workspace)) + ("/" if p.is_dir() else "") for p in workspace.rglob("*"))
+    written = sorted(name for name in names if not name.startswith(SCAFFOLD))
     assert "ladder.png" in written and "pred.h5" in written and "val_report/" in written
     proc = subprocess.run(
         ["git", "check-ignore", "--no-index", "--stdin", "-v", "-n"],
@@ -276,3 +282,4 @@ def test_readme_outputs_leave_the_checkout_clean(workspace):
     )
     not_ignored = [line.split("\t")[-1] for line in proc.stdout.splitlines() if line.startswith("::")]
     assert not_ignored == []
+    assert git_status() == (workspace / "git_status_before").read_text()  # and nothing in the checkout changed
