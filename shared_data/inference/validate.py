@@ -549,7 +549,7 @@ def log_summary(record: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = make_parser("shared_data.validate", __doc__.split("\n\n")[0])
+    p = make_parser("shared_data.inference.validate", __doc__.split("\n\n")[0])
     p.add_argument("--pred", required=True, help="prediction file (Hydro (N_out, L, L, L), e.g. from predict)")
     p.add_argument("--truth", required=True, help="truth file of the dataset contract (Nbody and Hydro)")
     p.add_argument("--out", required=True, help="folder for validation.json and validation.png")
