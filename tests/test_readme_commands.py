@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shared_data.core import commands
 from shared_data.core import config as config_mod
 from shared_data.core.errors import run_cli
 
@@ -60,6 +61,22 @@ REFUSES_ON_CPU = {
 }
 #: Commands a test cannot repeat, and why.
 NOT_RUN = {"bash scripts/test.sh": "the test suite itself"}
+#: Parts of the commands that install packages (the test runs in the installed kit; tests/test_packaging.py
+#: installs the wheel and trains from another folder).
+INSTALLS = ("pip install", "-m venv", "-env/bin/")
+
+
+def not_run(command: str) -> str | None:
+    """Why ``command`` is not run here, or None."""
+    if any(part in command for part in INSTALLS):
+        return "installs packages (tests/test_packaging.py installs the wheel and runs it)"
+    return NOT_RUN.get(command)
+
+
+def console_module(words: list[str]) -> str | None:
+    """The module of a console script (``dlas-doctor`` -> ``dlas_compare.doctor``), or None."""
+    scripts = {script: module for module, script in commands.SCRIPTS.items()}
+    return scripts.get(words[0]) if words else None
 
 
 def readme_commands(text: str) -> list[str]:
@@ -96,7 +113,8 @@ def test_every_readme_command_is_covered():
     for command in COMMANDS:
         words = shlex.split(command)
         runnable = "python" in words or words[:2] == ["bash", "scripts/main.sh"] or "single_host.sh" in command
-        assert runnable or refusal(command) or command in NOT_RUN, f"the README test cannot run: {command}"
+        runnable = runnable or console_module(words) is not None
+        assert runnable or refusal(command) or not_run(command), f"the README test cannot run: {command}"
 
 
 @pytest.fixture(scope="module")
@@ -216,8 +234,8 @@ def outputs(args: list[str]) -> list[str]:
 def test_readme_command(command, workspace, capsys, monkeypatch):
     ws = workspace
     monkeypatch.chdir(ws)
-    if command in NOT_RUN:
-        pytest.skip(NOT_RUN[command])
+    if not_run(command):
+        pytest.skip(not_run(command))
     if (ws / "runs/cpu_default/jax/weights.npz").is_file() and not (ws / "W.npz").exists():
         shutil.copy(ws / "runs/cpu_default/jax/weights.npz", ws / "W.npz")
     words = shlex.split(command)
@@ -244,6 +262,8 @@ def test_readme_command(command, workspace, capsys, monkeypatch):
         assert code == 0 and "Traceback" not in output, output
         assert "Avg train loss" in output
         return
+    elif console_module(words):
+        steps = [["python", "-m", console_module(words), *words[1:]]]
     else:
         steps = [words]
     for step in steps:
