@@ -70,6 +70,8 @@ def not_run(command: str) -> str | None:
     """Why ``command`` is not run here, or None."""
     if any(part in command for part in INSTALLS):
         return "installs packages (tests/test_packaging.py installs the wheel and runs it)"
+    if "JAX_NUM_PROCESSES=" in command or command.startswith("NPROC="):
+        return "one process of a multi-process run (tests/test_distributed.py starts two processes)"
     return NOT_RUN.get(command)
 
 
@@ -198,7 +200,7 @@ def run_in_process(module: str, argv: list[str], capsys) -> tuple[int, str]:
     return code, out.out + out.err
 
 
-def run_script(command: list[str], ws: Path) -> tuple[int, str]:
+def run_script(command: list[str], ws: Path, env_extra: dict | None = None) -> tuple[int, str]:
     """A shell script of the checkout, from ``ws``, with this interpreter as ``python``/``python3``
     and no ``nvidia-smi``/``srun``/``sbatch`` on the PATH."""
     bin_dir = ws / "bin"
@@ -208,6 +210,7 @@ def run_script(command: list[str], ws: Path) -> tuple[int, str]:
             (bin_dir / name).symlink_to(sys.executable)
     path = f"{bin_dir}:/usr/bin:/bin"
     env = {**os.environ, "PATH": path, "PY": sys.executable, "OUT": str(ws / "out"), "PYTHONPATH": str(ROOT)}
+    env.update(env_extra or {})
     (ws / "out").mkdir(exist_ok=True)
     command = [str(ROOT / c) if c.endswith(".sh") else c for c in command]
     cwd = ROOT if refusal(shlex.join(command)) else ws  # the GPU recipes run from the checkout's root
@@ -239,6 +242,10 @@ def test_readme_command(command, workspace, capsys, monkeypatch):
     if (ws / "runs/cpu_default/jax/weights.npz").is_file() and not (ws / "W.npz").exists():
         shutil.copy(ws / "runs/cpu_default/jax/weights.npz", ws / "W.npz")
     words = shlex.split(command)
+    env_extra = {}
+    while words and re.match(r"[A-Z_][A-Z0-9_]*=", words[0]):  # VAR=value before the command
+        key, _, value = words.pop(0).partition("=")
+        env_extra[key] = value
     expected_refusal = refusal(command)
     if expected_refusal and words[0] != "python":
         script = next(i for i, w in enumerate(words) if w.endswith(".sh"))
@@ -258,7 +265,7 @@ def test_readme_command(command, workspace, capsys, monkeypatch):
             "dlas_compare.summary",
         ]
     elif "single_host.sh" in command:
-        code, output = run_script([*words, "--yaml_config", str(ws / "tiny.yaml")], ws)
+        code, output = run_script([*words, "--yaml_config", str(ws / "tiny.yaml")], ws, env_extra)
         assert code == 0 and "Traceback" not in output, output
         assert "Avg train loss" in output
         return
