@@ -1,7 +1,8 @@
 """The run around a training loop, identical for TF and JAX: everything in ``train.py`` that is not
 framework code.
 
-A :class:`Run` owns the run folder and what a run prints and records:
+A :class:`Run` owns the run folder (its lock, :mod:`shared_data.runtime.lock`) and what a run prints
+and records:
 
 * the set-up log lines (framework settings, precision, data-parallel layout, input), the data check
   (before anything in the run folder is touched), the resume rule and the checkpoint fallback;
@@ -36,6 +37,7 @@ from shared_data.core.config import Config, batch_sizes, config_dict
 from shared_data.core.errors import UserError
 from shared_data.core.files import write_atomic
 from shared_data.model import schedule, unet_spec
+from shared_data.runtime import lock as run_lock
 from shared_data.runtime.logs import (
     INPUT_BOUND_SHARE,
     close_log_file,
@@ -92,7 +94,8 @@ class Run:
         resume, overwrite: the ``--resume`` / ``--overwrite`` flags.
 
     Raises:
-        UserError: bad data (before ``--overwrite`` deletes anything), a batch that does not divide
+        UserError: another trainer holds the run folder (:mod:`shared_data.runtime.lock`), bad data
+            (before ``--overwrite`` deletes anything), a batch that does not divide
             over the replicas, a run folder holding another framework's run.
     """
 
@@ -113,6 +116,7 @@ class Run:
         self.main = process_index == 0
         self.resume_requested, self.overwrite = resume, overwrite
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._lock = run_lock.acquire(self.workdir) if self.main else None  # before anything is written
         log_to_file(self.workdir / "out.log", process_index)
         log.info("%s; config %r from %s", banner, cfg.name, cfg.source)
         log.info("run folder: %s", self.workdir.absolute())
@@ -355,6 +359,8 @@ class Run:
         if self.writer is not None:
             self.writer.close()
         close_log_file()
+        if self._lock is not None:
+            run_lock.release(self._lock)
         return dict(self.last)
 
 
