@@ -205,7 +205,8 @@ def train_and_evaluate(
                 step=int(state.step),
                 loss_scale=m.get("loss_scale"),
             )
-            ckpt.save(epoch + 1, state)
+            with run.saving(epoch + 1):
+                ckpt.save(epoch + 1, state)
 
     weights = lambda: model_mod.params_to_canonical(jax.device_get(state.params))
     run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())

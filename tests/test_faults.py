@@ -8,12 +8,13 @@ import json
 import logging
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import REPO_ROOT, assert_one_error_line
+from conftest import REPO_ROOT, assert_one_error_line, run_module
 
 from shared_data.core.errors import UserError
 from shared_data.runtime import lock as run_lock
@@ -83,3 +84,54 @@ def test_two_trainers_started_together_one_refuses(tmp_path, tiny_argv):
     assert_one_error_line(refused, "is in use by another trainer", f"pid {winner.pid}")
     epochs = [json.loads(line)["epoch"] for line in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2, 3]
+
+
+def _checkpoint_epochs(folder) -> list[int]:
+    """The epochs with a finished checkpoint in ``folder``: orbax's ``N`` folders, TF's ``ckpt-N.index``."""
+    jax_epochs = [int(p.name) for p in folder.glob("*") if p.name.isdigit()]
+    return sorted(jax_epochs + [int(p.name[5:-6]) for p in folder.glob("ckpt-*.index")])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("framework", "signum", "code"), [("jax", signal.SIGINT, 130), ("tf", signal.SIGTERM, 143)])
+def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny_argv, framework, signum, code):
+    """Class 7: SIGTERM (a job's time limit) or Ctrl-C in the middle of epoch 2 ends with one line
+    that says the epoch is abandoned and which checkpoint is kept, exit 128 + signal; no traceback,
+    no C++ abort; the lock is released and --resume trains epoch 2 again."""
+    workdir = tmp_path / "w"
+    # one device: XLA:CPU's in-process all-reduce over 2 forced host devices can stall on long runs
+    # on 2 shared cores, signal or not
+    argv = [
+        *tiny_argv,
+        "--set",
+        "num_epochs=2",
+        "--set",
+        "Nsamples=400",
+        "--num_devices",
+        "1",
+        "--workdir",
+        str(workdir),
+    ]
+    cmd = [sys.executable, "-m", f"{framework}_impl.train", *argv]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    end = time.monotonic() + 300
+    while _checkpoint_epochs(workdir / "checkpoints") != [1] and time.monotonic() < end:
+        time.sleep(0.05)
+    time.sleep(1.0)  # inside epoch 2, which takes seconds
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-2000:]
+    assert "Traceback" not in err and "terminate called" not in err, err[-2000:]
+    name = signal.Signals(signum).name
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"stopped by {name} during epoch 2 (step "), last
+    assert last.endswith(
+        " of 100): that epoch is abandoned; the checkpoint of epoch 1 is kept and --resume continues from it"
+    )
+    assert _checkpoint_epochs(workdir / "checkpoints") == [1]
+    assert (workdir / run_lock.LOCK_NAME).read_text() == ""
+    res = run_module(f"{framework}_impl.train", *argv, "--resume")
+    assert res.returncode == 0 and "taking over" not in res.stderr, res.stderr[-2000:]
+    epochs = [json.loads(line)["epoch"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1, 2]
+

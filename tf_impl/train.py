@@ -229,7 +229,8 @@ def train_and_evaluate(
                 step=int(optimizer.iterations.numpy()),
                 loss_scale=m.get("loss_scale"),
             )
-            ckpt.save(epoch + 1)
+            with run.saving(epoch + 1):
+                ckpt.save(epoch + 1)
 
     weights = lambda: model_mod.params_to_canonical(model)
     run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())

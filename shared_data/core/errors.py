@@ -73,7 +73,8 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     """Run ``main(argv)``; print a :class:`UserError` (also one wrapped by TF or DALI) as
     ``error: <message>`` on stderr and return 2.
 
-    Returns ``main``'s return value (``None`` counts as 0). ``KeyboardInterrupt`` returns 130; a
+    Returns ``main``'s return value (``None`` counts as 0). ``KeyboardInterrupt`` prints its message
+    (or ``interrupted``) and returns its ``exit_code`` (130 unless it carries another); a
     closed stdout (``... | head``) returns 0 with the rest of the output discarded.
     """
     try:
@@ -92,7 +93,7 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
             raise
         print(f"error: {message}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C, or a signal turned into one (shared_data.runtime.signals)
+        print(str(err) or "interrupted", file=sys.stderr)
+        return getattr(err, "exit_code", 130)
     return 0 if code is None else int(code)

@@ -16,6 +16,7 @@ from pathlib import Path
 from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError
+from shared_data.runtime import signals
 from shared_data.runtime.logs import RANK_LOGGER, close_log_file, log_to_file_only, setup_logging
 from shared_data.runtime.records import read_run_info
 from shared_data.runtime.run import workdir_for
@@ -186,7 +187,13 @@ def main(
 ) -> int:
     """The trainers' command line: parse, join a multi-process run (``initialize``, whose line every
     rank prints with its tag), set up logging for this rank, train in the run folder, write
-    ``--save_weights`` (main process)."""
+    ``--save_weights`` (main process). SIGTERM and Ctrl-C end in one line, exit 143 / 130
+    (:mod:`shared_data.runtime.signals`)."""
+    with signals.handled():
+        return _main(framework, train_and_evaluate, argv, initialize=initialize, process_index=process_index)
+
+
+def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> int:
     args = build_parser(framework).parse_args(argv)
     setup_logging()
     if args.enable_apex:
@@ -218,6 +225,9 @@ def main(
         )
     except UserError as err:
         log_to_file_only(logging.ERROR, f"error: {err}")  # run_cli prints the one line on stderr
+        raise
+    except KeyboardInterrupt as err:
+        log_to_file_only(logging.WARNING, str(err) or "interrupted")
         raise
     finally:
         close_log_file()

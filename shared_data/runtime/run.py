@@ -38,6 +38,7 @@ from shared_data.core.errors import UserError
 from shared_data.core.files import write_atomic
 from shared_data.model import schedule, unet_spec
 from shared_data.runtime import lock as run_lock
+from shared_data.runtime import signals
 from shared_data.runtime.logs import (
     INPUT_BOUND_SHARE,
     close_log_file,
@@ -134,6 +135,10 @@ class Run:
         self._epoch_start = 0.0
         self._input_wait = 0.0
         self._window: CaptureWindow | None = None
+        self._running: int | None = None  # the epoch being trained, until its checkpoint is written
+        self._step_in_epoch = 0
+        self._saved = 0  # the newest checkpoint's epoch
+        signals.set_describe(self.where)
 
     def initial_weights(self, init_weights: str | None) -> dict[str, np.ndarray]:
         """Canonical weights to start from: the file ``init_weights`` or the contract's init from ``seed``."""
@@ -170,6 +175,7 @@ class Run:
             if epoch != epochs[-1]:
                 log.warning("resuming from the checkpoint of epoch %d, the newest one that restores", epoch)
             log.info("resumed from %s at epoch %d", checkpoints.directory, epoch)
+            self._saved = epoch
             return epoch, restored
         raise first_error
 
@@ -222,13 +228,14 @@ class Run:
     ):
         """The capture window of ``profile_steps`` (or of ``enable_manual_profiling``: the tutorial's
         first 60 steps of epoch 2) around the body: the framework's trace and the CUDA profiler API.
-        Every NVTX range of the body also opens ``annotate(name)`` (the framework's trace annotation)."""
+        Every NVTX range of the body also opens ``annotate(name)`` (the framework's trace annotation).
+        Inside it a SIGTERM or Ctrl-C stops the run at the next step (or after the checkpoint being written)."""
         steps = self.cfg.profile_steps
         if steps is None and self.cfg.enable_manual_profiling:
             steps = (self.steps_per_epoch, self.steps_per_epoch + 60)
         self._window = CaptureWindow(steps, on_start=[start_trace], on_stop=[stop_trace], use_cuda=use_cuda)
         try:
-            with mirrored_in(annotate):
+            with mirrored_in(annotate), signals.deferred():  # SIGTERM and Ctrl-C stop the loop between steps
                 yield
         finally:
             self._window.close()
@@ -256,11 +263,14 @@ class Run:
         """The training batches of ``epoch``, timed: the wait for each batch (``data wait``) is counted
         as input time; the progress bar and the capture window advance with them."""
         self._epoch_start, self._input_wait = time.perf_counter(), 0.0
+        self._running = epoch
         manual = self.cfg.enable_manual_profiling
         for i in progress(
             range(self.steps_per_epoch), self.steps_per_epoch, f"epoch {epoch + 1}", self.cfg.progress_bar
         ):
             step = epoch * self.steps_per_epoch + i
+            self._step_in_epoch = i
+            signals.raise_pending()
             if self._window is not None:
                 self._window.before_step(step)
             with nvtx_range(f"step {step}", "purple") if manual else contextlib.nullcontext():
@@ -269,6 +279,29 @@ class Run:
                     batch = next(batches)
                 self._input_wait += time.perf_counter() - t0
                 yield batch
+
+    @contextlib.contextmanager
+    def saving(self, epoch: int):
+        """Around the checkpoint save of ``epoch``: a SIGTERM or Ctrl-C waits until it is written, then stops."""
+        with signals.deferred():
+            yield
+            self._saved, self._running = epoch, None
+        signals.raise_pending()
+
+    def where(self) -> str:
+        """Where a stopped run stands, for the line of a signal (:mod:`shared_data.runtime.signals`):
+        which epoch is abandoned and which checkpoint ``--resume`` continues from."""
+        kept = (
+            f"the checkpoint of epoch {self._saved} is kept and --resume continues from it"
+            if self._saved
+            else "no epoch is checkpointed yet, so the run starts again from scratch"
+        )
+        if self._running is None:
+            return f"between epochs: nothing is lost; {kept}"
+        return (
+            f"during epoch {self._running + 1} (step {self._step_in_epoch + 1} of {self.steps_per_epoch}): "
+            f"that epoch is abandoned; {kept}"
+        )
 
     def end_epoch(
         self,
