@@ -12,6 +12,7 @@ import jax
 
 from jax_impl import distribute
 from shared_data.core.errors import UserError
+from shared_data.runtime import checksums
 
 
 class Checkpoints:
@@ -38,13 +39,20 @@ class Checkpoints:
         return sorted(self.manager.all_steps())
 
     def save(self, epoch: int, state) -> None:
-        """Write ``state`` as the checkpoint of ``epoch`` and wait until it is on disk."""
+        """Write ``state`` as the checkpoint of ``epoch``, wait until it is on disk and record its
+        checksums (:mod:`shared_data.runtime.checksums`)."""
         self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
         self.manager.wait_until_finished()
+        if distribute.is_main_process():
+            checksums.record(self.directory, epoch, self._files(epoch), self.epochs())
+
+    def _files(self, epoch: int) -> list[Path]:
+        return [p for p in (self.directory / str(epoch)).rglob("*") if p.is_file()]
 
     def restore(self, epoch: int):
-        """The state saved after ``epoch``. The stored arrays' shapes and dtypes are compared with this
-        config's state first, so a checkpoint of another net is refused before orbax starts its
+        """The state saved after ``epoch``. Its files' checksums and the stored arrays' shapes and dtypes
+        are compared with those recorded at its save and with this config's state first, so a damaged
+        checkpoint or a checkpoint of another net is refused before orbax starts its
         (threaded) restore.
 
         Raises:
@@ -65,6 +73,7 @@ class Checkpoints:
 
     def _check(self, epoch: int, part, like) -> None:
         where = f"checkpoint {self.directory}/{epoch}"
+        checksums.verify(self.directory, epoch, self._files(epoch), where)
         try:
             stored = part(self.manager.item_metadata(epoch))
             have = sorted((tuple(m.shape), str(m.dtype)) for m in jax.tree.leaves(stored) if hasattr(m, "shape"))

@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO_ROOT, assert_one_error_line, run_module
+from conftest import REPO_ROOT, assert_one_error_line, run_in_process, run_module
 
 from shared_data.core.errors import UserError
 from shared_data.runtime import lock as run_lock
@@ -135,3 +135,46 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
     epochs = [json.loads(line)["epoch"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2]
 
+
+def _flip_bytes(path, at: float = 0.5, count: int = 4) -> None:
+    """Invert ``count`` bytes of ``path`` at the fraction ``at`` of its length: damage a format's own
+    checks may not see."""
+    data = bytearray(path.read_bytes())
+    i = int(len(data) * at)
+    data[i : i + count] = bytes(255 - b for b in data[i : i + count])
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_a_checkpoint_with_changed_bytes_is_refused_by_resume_and_predict(framework, tmp_path, caplog, tiny_argv):
+    """Class 2: bytes changed inside the newest checkpoint's largest data file. --resume names the file
+    and both CRC-32s and continues from the checkpoint before; predict --workdir refuses it in one line."""
+    train = __import__(f"{framework}_impl.train", fromlist=["train"])
+    work = tmp_path / "w"
+    argv = [*tiny_argv, "--num_epochs", "3", "--workdir", str(work)]
+    assert run_in_process(train.main, [*argv, "--stop_after_epoch", "2"]).returncode == 0
+    recorded = json.loads((work / "checksums" / "2.json").read_text())
+    name = max(recorded, key=lambda n: recorded[n][0])
+    _flip_bytes(work / "checkpoints" / name)
+    val_path = tiny_argv[tiny_argv.index("--set") + 3].split("=", 1)[1]
+    out = tmp_path / "p.h5"
+    predict = run_module(
+        f"{framework}_impl.predict",
+        "--config",
+        "cpu_tiny",
+        "--workdir",
+        str(work),
+        "--input",
+        val_path,
+        "--out",
+        str(out),
+    )
+    assert_one_error_line(predict, f"checkpoint {work / 'checkpoints'}", "is damaged", name, "as recorded at its save")
+    assert not out.exists()
+    with caplog.at_level(logging.WARNING, logger="dlas"):
+        res = run_in_process(train.main, [*argv, "--resume"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"{name} is {recorded[name][0]} bytes with CRC-32" in caplog.text
+    assert "resuming from the checkpoint of epoch 1, the newest one that restores" in caplog.text
+    assert [json.loads(line)["epoch"] for line in (work / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]

@@ -13,6 +13,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from shared_data.core.errors import UserError
+from shared_data.runtime import checksums
 from shared_data.runtime import run as run_mod
 from tf_impl import distribute
 
@@ -51,15 +52,23 @@ class Checkpoints:
         return sorted(int(p.name[5:-6]) for p in self.directory.glob("ckpt-*.index") if p.name[5:-6].isdigit())
 
     def save(self, epoch: int) -> None:
+        """Write the checkpoint of ``epoch`` and record its checksums (:mod:`shared_data.runtime.checksums`)."""
         self.epoch.assign(epoch)
         self.manager.save(checkpoint_number=epoch)
+        if distribute.is_main_process():
+            checksums.record(self.directory, epoch, self._files(epoch), self.epochs())
+
+    def _files(self, epoch: int) -> list[Path]:
+        return list(self.directory.glob(f"ckpt-{epoch}.*"))
 
     def restore(self, epoch: int) -> None:
         """Load the variables saved after ``epoch`` into the model and optimizer.
 
         Raises:
-            UserError: the checkpoint is damaged or holds another config's variables.
+            UserError: the checkpoint's files differ from the checksums recorded at its save, or it
+                holds another config's variables.
         """
+        checksums.verify(self.directory, epoch, self._files(epoch), f"checkpoint {self.directory}/ckpt-{epoch}")
         try:
             status = self.ckpt.restore(str(self.directory / f"ckpt-{epoch}")).assert_existing_objects_matched()
             if self._partial:
