@@ -178,3 +178,33 @@ def test_a_checkpoint_with_changed_bytes_is_refused_by_resume_and_predict(framew
     assert f"{name} is {recorded[name][0]} bytes with CRC-32" in caplog.text
     assert "resuming from the checkpoint of epoch 1, the newest one that restores" in caplog.text
     assert [json.loads(line)["epoch"] for line in (work / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_a_flag_and_a_set_of_one_key_conflict(tiny_argv):
+    """Class 9: --num_epochs 2 with --set num_epochs=3 is one error line naming both (equal values pass)."""
+    from jax_impl import train
+
+    res = run_in_process(train.main, [*tiny_argv, "--num_epochs", "2", "--set", "num_epochs=3"])
+    assert_one_error_line(res, "--num_epochs 2 and --set num_epochs=3 conflict")
+
+
+def test_a_resume_that_changes_the_recipe_says_what_changed(tiny_cfg, tmp_path, caplog):
+    """Class 9: a resume with another learning rate and training file warns with each change, and
+    run.json keeps each invocation's own config next to the latest one."""
+    from shared_data.core import config as config_mod
+
+    first = run.Run(config_mod.replace(tiny_cfg, num_epochs=2), tmp_path, "jax", "test", {}, 1)
+    first.begin(0, 0.0, {}, lambda: 0.0)
+    first.finish(None)
+    changed = config_mod.replace(tiny_cfg, num_epochs=2, start_lr=0.5, train_path=tiny_cfg.val_path)
+    with caplog.at_level(logging.WARNING, logger="dlas"):
+        second = run.Run(changed, tmp_path, "jax", "test", {}, 1)
+        second.begin(1, 0.0, {}, lambda: 0.0)
+        second.finish(None)
+    line = next(r.getMessage() for r in caplog.records if "changes the run's recipe" in r.getMessage())
+    assert line.startswith("this resume changes the run's recipe from epoch 1: start_lr: ")
+    assert f"start_lr: {tiny_cfg.start_lr!r} -> 0.5" in line
+    assert f"train_path: {tiny_cfg.train_path!r} -> {tiny_cfg.val_path!r}" in line
+    assert "num_epochs" not in line
+    invocations = json.loads((tmp_path / "run.json").read_text())["invocations"]
+    assert [i["config_values"]["start_lr"] for i in invocations] == [tiny_cfg.start_lr, 0.5]

@@ -614,14 +614,23 @@ FLAG_KEYS = (
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """Load the config named by parsed ``args`` and apply its flag and ``--set`` overrides."""
+    """Load the config named by parsed ``args`` and apply its flag and ``--set`` overrides.
+
+    Raises:
+        ConfigError: a flag and a ``--set`` of the same key with different values (neither silently wins).
+    """
     if getattr(args, "global_batch_size", None) is not None and getattr(args, "local_batch_size", None) is not None:
         raise ConfigError("--global_batch_size and --local_batch_size conflict: give one (global = local x replicas)")
     overrides = dict(parse_override(s) for s in args.set)
     for key in FLAG_KEYS:
         value = getattr(args, key, None)
-        if value is not None:
-            overrides[key] = value
+        if value is None:
+            continue
+        if key in overrides and overrides[key] != value:
+            raise ConfigError(
+                f"--{key} {value} and --set {key}={overrides[key]} conflict: give one (or the same value twice)"
+            )
+        overrides[key] = value
     return load_config(args.config, args.yaml_config, overrides)
 
 

@@ -195,8 +195,15 @@ class Run:
             self.writer.scalars(0, {"Loss/valid": val_loss(), "Learning Rate": float(self.lr_table[0])})
 
     def _record_invocation(self, start_epoch: int, versions: dict) -> None:
+        """Append this invocation, with its full config, to ``run.json``; a resume whose config differs
+        from the last invocation's says what changed."""
         info = read_run_info(self.workdir)
         invocations = info.get("invocations") if isinstance(info.get("invocations"), list) else []
+        values = json.loads(json.dumps(config_dict(self.cfg)))  # as run.json holds them (lists, not tuples)
+        if start_epoch and isinstance(info.get("config_values"), dict):
+            changes = recipe_changes(info.get("config"), info["config_values"], self.cfg.name, values)
+            if changes:
+                log.warning("this resume changes the run's recipe from epoch %d: %s", start_epoch, "; ".join(changes))
         invocations.append(
             {
                 "command": " ".join(shlex.quote(a) for a in sys.argv),
@@ -207,13 +214,15 @@ class Run:
                 "python": platform.python_version(),
                 "code": code_version(),
                 "versions": versions,
+                "config": self.cfg.name,
+                "config_values": values,
             }
         )
         info.update(
             framework=self.framework,
             config=self.cfg.name,
             config_source=self.cfg.source,
-            config_values=config_dict(self.cfg),
+            config_values=values,
             invocations=invocations,
         )
         write_atomic(self.workdir / "run.json", json.dumps(info, indent=1))
@@ -395,6 +404,16 @@ class Run:
         if self._lock is not None:
             run_lock.release(self._lock)
         return dict(self.last)
+
+
+def recipe_changes(old_name, old: dict, new_name: str, new: dict) -> list[str]:
+    """``key: old -> new`` for each config value (and the config name) that differs between two
+    invocations of a run, in key order."""
+    changes = [f"config {old_name!r} -> {new_name!r}"] if old_name != new_name else []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            changes.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
+    return changes
 
 
 def log_setup(cfg: Config, settings: dict, replicas: int) -> tuple[int, int]:
