@@ -208,3 +208,26 @@ def test_a_resume_that_changes_the_recipe_says_what_changed(tiny_cfg, tmp_path, 
     assert "num_epochs" not in line
     invocations = json.loads((tmp_path / "run.json").read_text())["invocations"]
     assert [i["config_values"]["start_lr"] for i in invocations] == [tiny_cfg.start_lr, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("setting", "texts"),
+    [
+        ("num_epochs=1000000000000", ("key 'num_epochs': expected at most 1000000, got 1000000000000",)),
+        ("Nsamples=1000000000000", ("key 'Nsamples': expected at most 16777216, got 1000000000000",)),
+        (
+            "num_epochs=1000000",
+            ("1000000 epochs of 16 crops in batches of 4 are 4000000 optimizer steps", "at most 1000000"),
+        ),
+    ],
+)
+def test_huge_sizes_fail_within_seconds(tmp_path, tiny_argv, setting, texts):
+    """Class 4: a size beyond its bound (or a run of more steps than the schedule table allows) is one
+    error line before any work, in seconds; nothing is written to the run folder."""
+    from jax_impl import train
+
+    t0 = time.monotonic()
+    res = run_in_process(train.main, [*tiny_argv, "--set", setting, "--workdir", str(tmp_path / "w")])
+    assert time.monotonic() - t0 < 10
+    assert_one_error_line(res, *texts)
+    assert not (tmp_path / "w" / "checkpoints").exists()

@@ -299,6 +299,28 @@ RANGES: dict[str, tuple[float, bool]] = {
     **{k: (0, False) for k in ("density_scale", "loss_scale_init")},
 }
 
+#: The upper bound of each size-like key: far above any run of this kit, low enough that what is sized
+#: by it (crop plans, the learning-rate table, buffers) is built in seconds. The product of
+#: ``num_epochs`` and the steps per epoch is bounded too (:data:`MAX_TOTAL_STEPS`).
+MAXIMA: dict[str, int] = {
+    "Nsamples": 2**24,
+    "Nsamples_val": 2**24,
+    "num_epochs": 10**6,
+    "global_batch_size": 2**16,
+    "local_batch_size": 2**16,
+    "base_batch_size": 2**16,
+    "crop_size": 1024,
+    "synthetic_volume_size": 4096,
+    "num_data_workers": 1024,
+    "dali_threads": 1024,
+    "dali_prefetch_queue_depth": 1024,
+    "keep_checkpoints": 10**4,
+    "warmup_steps": 10**6,
+    "unet_widths": 2**16,
+}
+#: The most optimizer steps one run may take: one learning-rate entry each, built at start.
+MAX_TOTAL_STEPS = 10**6
+
 
 def _check_ranges(cfg: Config, where: str) -> None:
     for key, (minimum, inclusive) in RANGES.items():
@@ -313,6 +335,8 @@ def _check_ranges(cfg: Config, where: str) -> None:
                     f"{where} key {key!r}: expected {kind} {'>=' if inclusive else '>'} {minimum}, "
                     f"got {value if not isinstance(value, tuple) else list(value)}"
                 )
+            if key in MAXIMA and v > MAXIMA[key]:
+                raise ConfigError(f"{where} key {key!r}: expected at most {MAXIMA[key]}, got {v}")
     levels = len(cfg.unet_widths) - (0 if cfg.full_scale else 1)
     if levels < 1 or cfg.crop_size % (2**levels):
         raise ConfigError(

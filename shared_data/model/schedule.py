@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from shared_data.core.config import Config, ConfigError
+from shared_data.core.config import MAX_TOTAL_STEPS, Config, ConfigError
 
 
 def initial_lr(cfg: Config, global_batch: int) -> float:
@@ -46,9 +46,16 @@ def lr_table(cfg: Config, global_batch: int, total_steps: int) -> np.ndarray:
     Frameworks index it with the step clamped to the last entry, so both apply identical LRs.
 
     Raises:
-        ConfigError: an LR beyond float32's range (``start_lr`` or ``end_lr`` near 3.4e38, or scaled
+        ConfigError: more than :data:`shared_data.core.config.MAX_TOTAL_STEPS` steps (checked before
+            the table is built); an LR beyond float32's range (``start_lr`` or ``end_lr`` near 3.4e38, or scaled
             there for this global batch).
     """
+    if total_steps > MAX_TOTAL_STEPS:
+        raise ConfigError(
+            f"config {cfg.name!r} keys 'num_epochs' / 'Nsamples': {cfg.num_epochs} epochs of "
+            f"{cfg.Nsamples} crops in batches of {global_batch} are {total_steps} optimizer steps; expected at "
+            f"most {MAX_TOTAL_STEPS} (the learning-rate table holds one entry per step)"
+        )
     n = max(total_steps, 1)
     table = [learning_rate(s, cfg, global_batch, total_steps) for s in range(n)]
     largest = max(table)
