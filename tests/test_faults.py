@@ -231,3 +231,28 @@ def test_huge_sizes_fail_within_seconds(tmp_path, tiny_argv, setting, texts):
     assert time.monotonic() - t0 < 10
     assert_one_error_line(res, *texts)
     assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+def test_a_nan_in_a_npy_twin_is_named_before_the_run(tiny_cfg, data_dir, tmp_path):
+    """Class 3: a NaN in the validation volume's .npy twin (one without a source record, as the
+    tutorial's converter writes them) read by DALI's numpy reader: one error naming the file, voxel
+    and channel before the run folder is touched (the HDF5 readers check each crop they read)."""
+    import shutil
+
+    import numpy as np
+
+    from shared_data.core import config as config_mod
+    from shared_data.core.errors import DatasetError
+
+    for f in data_dir.glob("val_24*"):
+        shutil.copy(f, tmp_path / f.name)
+    hydro = tmp_path / "val_24_Hydro.npy"
+    (tmp_path / "val_24_Hydro.npy.source.json").unlink()
+    arr = np.load(hydro)
+    arr[23, 5, 7, 1] = np.nan
+    np.save(hydro, arr)
+    cfg = config_mod.replace(tiny_cfg, val_path=str(tmp_path / "val_24.h5"), data_loader_config="dali-npy")
+    with pytest.raises(DatasetError) as err:
+        run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
+    assert str(err.value).startswith(f"{hydro}: non-finite value nan at voxel (23, 5, 7) channel 1;")
+    assert not (tmp_path / "w" / "metrics.jsonl").exists()

@@ -179,6 +179,25 @@ def check_finite(array: np.ndarray, what: str) -> None:
         )
 
 
+def check_finite_npy(npy: Path, slab_bytes: int = 1 << 27) -> None:
+    """Scan a DHWC ``.npy`` twin for NaN or inf, a slab of x planes at a time (memory-mapped): DALI's
+    numpy reader puts its values on the device unchecked, so a bad value is caught here or not at all.
+
+    Raises:
+        DatasetError: the first non-finite value, with its voxel (x, y, z) and channel.
+    """
+    arr = np.load(npy, mmap_mode="r")
+    step = max(1, slab_bytes // max(arr[0].nbytes, 1))
+    for x0 in range(0, arr.shape[0], step):
+        slab = np.asarray(arr[x0 : x0 + step])
+        if not np.isfinite(slab).all():
+            x, y, z, c = (int(i) for i in np.argwhere(~np.isfinite(slab))[0])
+            raise DatasetError(
+                f"{npy}: non-finite value {slab[x, y, z, c]} at voxel ({x0 + x}, {y}, {z}) channel {c}; "
+                "expected finite floats (DALI's numpy reader reads this file)"
+            )
+
+
 def json_attr(attrs: dict, key: str, path: str | Path) -> object | None:
     """The attribute ``key`` of a file, parsed as JSON when it is a string (None when absent).
 

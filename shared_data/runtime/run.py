@@ -66,7 +66,8 @@ def workdir_for(cfg: Config, framework: str, workdir: str | None = None, run_num
 def check_data(cfg: Config) -> None:
     """Check, before anything in a run folder is touched, that the data of ``cfg`` exist and follow the
     contract: both split files (unless ``synthetic``) and, for the DALI numpy reader, their ``.npy``
-    twins. Raises the :class:`shared_data.core.errors.DatasetError` naming the file and the fix."""
+    twins, whose values are scanned for NaN and inf. Raises the
+    :class:`shared_data.core.errors.DatasetError` naming the file and the fix."""
     from shared_data.data import dataset
 
     kind = loader_kinds.loader_kind(cfg)
@@ -76,6 +77,8 @@ def check_data(cfg: Config) -> None:
         info = dataset.validate(cfg.data_file(split), cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
         if kind.reads_npy:
             dataset.check_npy_twins(info, cfg.npy_files(split))
+            for npy in cfg.npy_files(split):  # the HDF5 readers check each crop; DALI's reader does not
+                dataset.check_finite_npy(npy)
 
 
 class Run:
