@@ -13,6 +13,7 @@ import jax
 from jax_impl import distribute
 from shared_data.core.errors import UserError
 from shared_data.runtime import checksums
+from shared_data.runtime import run as run_mod
 
 
 class Checkpoints:
@@ -41,8 +42,15 @@ class Checkpoints:
     def save(self, epoch: int, state) -> None:
         """Write ``state`` as the checkpoint of ``epoch``, wait until it is on disk and record its
         checksums (:mod:`shared_data.runtime.checksums`)."""
-        self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
-        self.manager.wait_until_finished()
+        try:
+            self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
+            self.manager.wait_until_finished()
+        except Exception as err:  # orbax may wrap the OSError of a full disk
+            os_error = run_mod.os_error_in(err)
+            if os_error is None:
+                raise
+            reason = os_error.strerror or str(os_error)
+            raise run_mod.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
         if distribute.is_main_process():
             checksums.record(self.directory, epoch, self._files(epoch), self.epochs())
 

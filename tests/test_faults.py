@@ -256,3 +256,81 @@ def test_a_nan_in_a_npy_twin_is_named_before_the_run(tiny_cfg, data_dir, tmp_pat
         run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
     assert str(err.value).startswith(f"{hydro}: non-finite value nan at voxel (23, 5, 7) channel 1;")
     assert not (tmp_path / "w" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "where", "text"),
+    [
+        ("--workdir", "blocker/run", "blocker is a file, expected a folder"),
+        ("--save_weights", "blocker/w.npz", "blocker is a file, expected a folder"),
+        ("--save_weights", "folder", "is a folder, expected a file path"),
+    ],
+)
+def test_an_unwritable_output_is_one_line_before_the_first_step(tmp_path, tiny_argv, flag, where, text):
+    """Class 5: an output path that cannot be written (under a regular file, which holds for root) or
+    that is a folder ends in one line before any training; nothing is trained or written."""
+    from jax_impl import train
+
+    (tmp_path / "blocker").write_text("a file")
+    (tmp_path / "folder").mkdir()
+    argv = [*tiny_argv, "--workdir", str(tmp_path / "w"), flag, str(tmp_path / where)]
+    res = run_in_process(train.main, argv)
+    assert_one_error_line(res, f"{flag} {tmp_path / where}", text)
+    assert not (tmp_path / "w").exists()
+
+
+def test_predict_out_under_a_file_is_one_line(tmp_path, tiny_argv):
+    """Class 5: predict --out under a regular file: one line before the model is built."""
+    from jax_impl import predict
+
+    (tmp_path / "blocker").write_text("a file")
+    val_path = tiny_argv[tiny_argv.index("--set") + 3].split("=", 1)[1]
+    argv = [
+        "--config",
+        "cpu_tiny",
+        "--weights",
+        "none.npz",
+        "--input",
+        val_path,
+        "--out",
+        str(tmp_path / "blocker/p.h5"),
+    ]
+    assert_one_error_line(run_in_process(predict.main, argv), "--out", "blocker is a file, expected a folder")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(framework, tmp_path, tiny_argv, monkeypatch):
+    """Class 5: ENOSPC injected into the checkpoint save of epoch 2 (after part of it is written): one
+    line naming the folder, the reason and the checkpoint kept; --resume then finishes the run."""
+    import errno
+
+    train = __import__(f"{framework}_impl.train", fromlist=["train"])
+    work = tmp_path / "w"
+    argv = [*tiny_argv, "--num_epochs", "3", "--workdir", str(work)]
+    assert run_in_process(train.main, [*argv, "--stop_after_epoch", "1"]).returncode == 0
+    if framework == "jax":
+        import orbax.checkpoint as ocp
+
+        manager = ocp.CheckpointManager
+    else:
+        import tensorflow as tf
+
+        manager = tf.train.CheckpointManager
+    real_save = manager.save
+
+    def full_disk(self, *args, **kwargs):
+        (work / "checkpoints" / "partial.tmp").write_bytes(b"\0" * 100)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(manager, "save", full_disk)
+    res = run_in_process(train.main, [*argv, "--resume"])
+    assert_one_error_line(
+        res,
+        f"cannot write the checkpoint of epoch 2 in {work / 'checkpoints'} (No space left on device)",
+        "the checkpoint of epoch 1 is kept and --resume continues from it",
+    )
+    (work / "checkpoints" / "partial.tmp").unlink()
+    monkeypatch.setattr(manager, "save", real_save)
+    assert run_in_process(train.main, [*argv, "--resume"]).returncode == 0
+    assert [json.loads(line)["epoch"] for line in (work / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]

@@ -66,3 +66,32 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         os.replace(path, old)
     os.replace(tmp, path)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def check_writable(path: str | Path, flag: str, folder: bool = False) -> None:
+    """Check, before any work, that ``path`` can be written: a file (or with ``folder``, a folder made
+    where missing) whose nearest existing ancestor is a folder where a file can be created. The
+    check creates and removes a probe file, which holds for root too (root ignores permission bits,
+    not a read-only mount or a parent that is a file).
+
+    Raises:
+        UserError: one line naming ``flag``, the path and what is in the way.
+    """
+    from shared_data.core.errors import UserError
+
+    path = Path(path).absolute()
+    if not folder and path.is_dir():
+        raise UserError(f"{flag} {path} is a folder, expected a file path")
+    if folder and path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path} is a file, expected a folder")
+    existing = path if folder and path.is_dir() else path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{flag} {path}: {existing} is a file, expected a folder")
+    probe = existing / f".write-probe.{os.getpid()}"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise UserError(f"{flag} {path}: cannot write in {existing} ({err.strerror})") from None

@@ -51,7 +51,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import ConfigError, DatasetError, UserError
-from shared_data.core.files import atomic_path
+from shared_data.core.files import atomic_path, check_writable
 from shared_data.data import dataset
 from shared_data.model import unet_spec
 from shared_data.runtime.logs import progress as progress_bar
@@ -395,12 +395,13 @@ def check_args(args: argparse.Namespace, margin: int) -> None:
     """Reject flags that cannot work, before the model is built.
 
     Raises:
-        UserError: output folder missing, output equal to the input, bad --batch_size / --overlap /
-            --memory_gb, a --validate path that is a file.
+        UserError: output folder missing or not writable, output a folder, output equal to the
+            input, bad --batch_size / --overlap / --memory_gb, a --validate path that is a file.
     """
     out, inp = Path(args.out), Path(args.input)
-    if not out.absolute().parent.is_dir():
+    if not out.absolute().parent.exists():
         raise UserError(f"--out {out}: folder {out.absolute().parent} does not exist")
+    check_writable(out, "--out")
     if out.exists() and inp.exists() and out.resolve() == inp.resolve():
         raise UserError(f"--out {out} is the --input file; write the prediction to another file")
     if args.batch_size < 1:

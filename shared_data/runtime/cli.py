@@ -16,6 +16,7 @@ from pathlib import Path
 from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError
+from shared_data.core.files import check_writable
 from shared_data.runtime import signals
 from shared_data.runtime.logs import RANK_LOGGER, close_log_file, log_to_file_only, setup_logging
 from shared_data.runtime.records import read_run_info
@@ -71,17 +72,17 @@ def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> N
     """Reject run flags that cannot work before any training starts.
 
     Raises:
-        UserError: a DDP-only flag; ``--resume`` with ``--overwrite``; a run folder that is a file or
-            belongs to the other framework; ``--num_devices`` below 1; a ``--save_weights`` folder
-            that does not exist.
+        UserError: a DDP-only flag; ``--resume`` with ``--overwrite``; a run folder that cannot be
+            written (a file, under a file, read-only) or belongs to the other framework;
+            ``--num_devices`` below 1; a ``--save_weights`` path in a folder that does not exist or
+            cannot be written, or that is a folder.
     """
     for flag, instead in DDP_ONLY.items():
         if getattr(args, flag.lstrip("-")) is not None:
             raise UserError(f"{flag} is PyTorch DDP's; not needed here: {instead}")
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite conflict: give one")
-    if workdir.exists() and not workdir.is_dir():
-        raise UserError(f"--workdir {workdir} is a file, expected a folder")
+    check_writable(workdir, "--workdir", folder=True)
     other = read_run_info(workdir).get("framework") if workdir.is_dir() else None
     if other and other != framework:
         raise UserError(f"{workdir} holds a {other} run; use another --workdir for {framework}")
@@ -91,8 +92,12 @@ def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> N
         raise UserError(f"--stop_after_epoch {args.stop_after_epoch}: expected at least 1")
     if args.save_weights:
         folder = Path(args.save_weights).absolute().parent
-        if not folder.is_dir() and folder != workdir.absolute():  # the run folder itself is made by the run
+        if folder == workdir.absolute():  # the run folder itself is made by the run
+            check_writable(workdir, "--save_weights", folder=True)
+        elif not folder.exists():
             raise UserError(f"--save_weights {args.save_weights}: folder {folder} does not exist")
+        else:
+            check_writable(args.save_weights, "--save_weights")
 
 
 #: The environment variables each trainer reads, shown by ``--help``.

@@ -453,6 +453,24 @@ def remove_partial_saves(directory: Path, patterns: Sequence[str]) -> None:
                 path.unlink(missing_ok=True)
 
 
+def os_error_in(err: BaseException | None) -> OSError | None:
+    """The ``OSError`` (a full disk, a vanished mount) that ``err`` is or wraps, else None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def checkpoint_write_error(directory: Path, epoch: int, reason: str, kept: Sequence[int]) -> UserError:
+    """The one-line error for a failed checkpoint save of ``epoch``, saying which checkpoint is kept."""
+    older = [e for e in kept if e < epoch]
+    then = f"the checkpoint of epoch {older[-1]} is kept and --resume continues from it" if older else "none is kept"
+    return UserError(f"cannot write the checkpoint of epoch {epoch} in {directory} ({reason}); {then}")
+
+
 def save_final_weights(path: str | None, weights: Callable[[], dict], main_process: bool) -> None:
     """Write ``weights()`` (canonical arrays) to ``path`` (atomic) on the main process, if a path is given."""
     if path and main_process:
