@@ -334,3 +334,61 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(framework, tmp_
     monkeypatch.setattr(manager, "save", real_save)
     assert run_in_process(train.main, [*argv, "--resume"]).returncode == 0
     assert [json.loads(line)["epoch"] for line in (work / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_prediction_provenance_is_checked(tiny_cfg, data_dir, tmp_path):
+    """Class 8: a prediction records its own Hydro checksum (not the input's) and its input's Nbody
+    checksums; validate refuses to score it against another volume of the same size."""
+    import h5py
+    import numpy as np
+
+    from jax_impl import predict
+    from shared_data.data import dataset, generate
+    from shared_data.inference import validate
+    from shared_data.model import unet_spec
+
+    weights = tmp_path / "w.npz"
+    unet_spec.save_weights(weights, unet_spec.init_weights(tiny_cfg, 0))
+    other = tmp_path / "other_24.h5"
+    assert run_in_process(generate.main, ["--out", str(other), "--size", "24", "--seed", "3"]).returncode == 0
+    val, out = data_dir / "val_24.h5", tmp_path / "p.h5"
+    argv = ["--config", "cpu_tiny", "--weights", str(weights), "--input", str(val), "--out", str(out)]
+    assert run_in_process(predict.main, argv).returncode == 0
+    with h5py.File(out) as f, h5py.File(val) as v:
+        assert json.loads(f.attrs["Hydro_crc32"]) == dataset.channel_crc32(np.asarray(f["Hydro"]))
+        assert json.loads(f.attrs["Hydro_crc32"]) != json.loads(v.attrs["Hydro_crc32"])
+    res = run_in_process(validate.main, ["--pred", str(out), "--truth", str(other), "--out", str(tmp_path / "v")])
+    assert_one_error_line(res, f"{out} was predicted from {val}", f"differ from {other}'s")
+    assert (
+        run_in_process(
+            validate.main, ["--pred", str(out), "--truth", str(val), "--out", str(tmp_path / "v")]
+        ).returncode
+        == 0
+    )
+
+
+def test_a_npy_twin_without_a_record_that_differs_in_a_block_is_refused(data_dir, tmp_path):
+    """Class 8: a .npy twin without a source record (the tutorial's converter writes none) that differs
+    from its HDF5 file in one small block, away from the sampled voxels, is named at its first voxel."""
+    import shutil
+
+    import numpy as np
+
+    from shared_data.core.errors import DatasetError
+    from shared_data.data import dataset
+
+    for f in data_dir.glob("train_32*"):
+        shutil.copy(f, tmp_path / f.name)
+    nbody = tmp_path / "train_32_Nbody.npy"
+    (tmp_path / "train_32_Nbody.npy.source.json").unlink()
+    arr = np.load(nbody)
+    sampled = {tuple(int(i) for i in v) for v in dataset.sample_voxels(32)}
+    x, y, z = next((x, y, z) for x in range(30, 32) for y in range(32) for z in range(32) if (x, y, z) not in sampled)
+    arr[x, y, z, 2] += 0.25
+    np.save(nbody, arr)
+    info = dataset.validate(tmp_path / "train_32.h5", 4, 5, 16)
+    with pytest.raises(DatasetError) as err:
+        dataset.check_npy_twins(info, dataset.npy_paths(tmp_path / "train_32.h5"))
+    assert f"{nbody} does not match {tmp_path / 'train_32.h5'}: Nbody channel 2 at voxel ({x}, {y}, {z})" in str(
+        err.value
+    )

@@ -179,6 +179,20 @@ def check_finite(array: np.ndarray, what: str) -> None:
         )
 
 
+def _compare_twin(h5, arr: np.ndarray, npy: Path, path: Path, key: str, fix: str, slab_bytes: int = 1 << 27) -> None:
+    """Compare an HDF5 dataset (C, L, L, L) with its DHWC twin, a slab of x planes at a time."""
+    step = max(1, slab_bytes // max(arr[0].nbytes, 1))
+    for x0 in range(0, arr.shape[0], step):
+        want = h5[:, x0 : x0 + step]
+        have = np.moveaxis(np.asarray(arr[x0 : x0 + step]), -1, 0)
+        if not np.array_equal(want, have, equal_nan=True):
+            c, x, y, z = (int(i) for i in np.argwhere(~((want == have) | (np.isnan(want) & np.isnan(have))))[0])
+            raise DatasetError(
+                f"{npy} does not match {path}: {key} channel {c} at voxel ({x0 + x}, {y}, {z}) is "
+                f"{want[c, x, y, z]} in the HDF5 file and {have[c, x, y, z]} in the .npy; {fix}"
+            )
+
+
 def check_finite_npy(npy: Path, slab_bytes: int = 1 << 27) -> None:
     """Scan a DHWC ``.npy`` twin for NaN or inf, a slab of x planes at a time (memory-mapped): DALI's
     numpy reader puts its values on the device unchecked, so a bad value is caught here or not at all.
@@ -233,9 +247,9 @@ def sample_voxels(size: int, n: int = SAMPLE_VOXELS) -> np.ndarray:
 def check_npy_twins(info: VolumeInfo, npys: tuple[Path, Path]) -> None:
     """Check that the DHWC ``.npy`` twins of ``info``'s HDF5 file exist, have its shape as (L, L, L, C)
     float32, C order, and hold its values, so DALI's numpy reader trains on the same data as the
-    HDF5 loaders: the values at :data:`SAMPLE_VOXELS` voxels must equal the HDF5 file's, and a twin
+    HDF5 loaders: the values at :data:`SAMPLE_VOXELS` voxels must equal the HDF5 file's, a twin
     that records its conversion (:func:`write_source_record`) and was modified since must still
-    have the recorded CRC-32.
+    have the recorded CRC-32, and one without that record must equal the HDF5 file at every voxel.
 
     Raises:
         DatasetError: a twin is missing (the message names the converter), unreadable, of another
@@ -271,6 +285,8 @@ def check_npy_twins(info: VolumeInfo, npys: tuple[Path, Path]) -> None:
                         f"is {h5.tolist()} in the HDF5 file and {arr[x, y, z].tolist()} in the .npy; "
                         f"{fix}"
                     )
+            if record.get("crc32") is None:  # no record of what it was made from: compare every voxel
+                _compare_twin(f[key], arr, npy, info.path, key, fix)
         st = npy.stat()
         modified = (st.st_size, st.st_mtime_ns) != (record.get("bytes"), record.get("mtime_ns"))
         if record.get("crc32") is not None and modified and file_crc32(npy) != record["crc32"]:

@@ -243,10 +243,14 @@ def predict_volume(
 
 def write_prediction(path: str | Path, hydro: np.ndarray, attrs: dict) -> None:
     """Write ``hydro`` (L, L, L, N_out) as dataset ``Hydro`` (N_out, L, L, L) float32, chunks
-    (1, c, c, c) with c = min(32, L), and ``attrs`` (JSON text for dicts and lists), atomically."""
+    (1, c, c, c) with c = min(32, L), and ``attrs`` (JSON text for dicts and lists), atomically. The
+    input's checksum attributes (``*_crc32``) describe other values, so they are replaced by the
+    prediction's own ``Hydro_crc32``."""
     import h5py
 
     data = np.ascontiguousarray(np.moveaxis(hydro, -1, 0), np.float32)
+    attrs = {k: v for k, v in attrs.items() if k.startswith("prediction_") or not k.endswith("_crc32")}
+    attrs["Hydro_crc32"] = dataset.channel_crc32(data)
     c = min(32, data.shape[1])
     with atomic_path(path, ".h5") as tmp, h5py.File(tmp, "w") as f:
         f.create_dataset("Hydro", data=data, chunks=(1, c, c, c))
@@ -494,6 +498,8 @@ def main(
         "prediction_code": code_version(),
         "prediction_versions": versions(),
     }
+    if "Nbody_crc32" in attrs:  # identifies the input wherever it is moved (validate compares it)
+        provenance["prediction_input_Nbody_crc32"] = attrs["Nbody_crc32"]
     write_prediction(args.out, hydro, {**attrs, **provenance})
     log.info("wrote %s: Hydro (%d, %d, %d, %d) float32", args.out, cfg.N_out_channels, side, side, side)
     if args.validate:

@@ -473,6 +473,26 @@ def figure(path: Path, pred: np.ndarray, truth: np.ndarray, metrics: dict, units
 # --- driver ------------------------------------------------------------------------------------------
 
 
+def check_prediction_input(pred_path: Path, pred_attrs: dict, truth_path: Path, truth_attrs: dict) -> None:
+    """Refuse to score a prediction against a volume other than the one it was predicted from: the
+    Nbody checksums it records (``prediction_input_Nbody_crc32``) must be the truth file's.
+
+    Raises:
+        DatasetError: both checksums are known and differ (the message names the recorded input).
+    """
+    made_from = pred_attrs.get("prediction_input_Nbody_crc32")
+    truth_crc = truth_attrs.get("Nbody_crc32")
+    if made_from is None or truth_crc is None:
+        return
+    if dataset.json_attr(pred_attrs, "prediction_input_Nbody_crc32", pred_path) != dataset.json_attr(
+        truth_attrs, "Nbody_crc32", truth_path
+    ):
+        raise DatasetError(
+            f"{pred_path} was predicted from {pred_attrs.get('prediction_input', 'another volume')}, whose Nbody "
+            f"checksums differ from {truth_path}'s; validate it against the volume it was predicted from"
+        )
+
+
 def validate_files(
     pred_path,
     truth_path,
@@ -487,7 +507,8 @@ def validate_files(
     give quantities of :data:`QUANTITIES` (None: from the attributes), ``z`` the slice shown.
 
     Raises:
-        DatasetError: a file breaks its layout, the sides or channel counts differ, a needed
+        DatasetError: the prediction was made from another volume, a file breaks its layout, the
+            sides or channel counts differ, a needed
             attribute is missing (the message names the flag) or two files disagree on it.
     """
     pred_path, truth_path, out_dir = Path(pred_path), Path(truth_path), Path(out_dir)
@@ -498,6 +519,7 @@ def validate_files(
         raise DatasetError(f"{pred_path}: Hydro {pred.shape} differs from the truth's {truth.shape} in {truth_path}")
     if nbody.shape[1:] != truth.shape[1:]:
         raise DatasetError(f"{truth_path}: Nbody {nbody.shape} and Hydro {truth.shape} differ in side")
+    check_prediction_input(pred_path, pred_attrs, truth_path, truth_attrs)
     side = truth.shape[1]
     units = units_from_files({truth_path: truth_attrs, pred_path: pred_attrs}, side, flags or {})
     if len(units.hydro_channels) != truth.shape[0] or len(units.nbody_channels) != nbody.shape[0]:
