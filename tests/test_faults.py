@@ -392,3 +392,31 @@ def test_a_npy_twin_without_a_record_that_differs_in_a_block_is_refused(data_dir
     assert f"{nbody} does not match {tmp_path / 'train_32.h5'}: Nbody channel 2 at voxel ({x}, {y}, {z})" in str(
         err.value
     )
+
+
+def test_inmem_beyond_the_memory_available_says_so_up_front(tiny_cfg, tmp_path, monkeypatch):
+    """Class 6: the inmem loader with volumes larger than the memory this process may take (the limit
+    injected) is one error naming the bytes needed and available and the loaders that fit."""
+    from shared_data.core import config as config_mod
+
+    monkeypatch.setattr(run, "available_memory_bytes", lambda: 2**20)
+    cfg = config_mod.replace(tiny_cfg, data_loader_config="inmem")
+    with pytest.raises(UserError) as err:
+        run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
+    needed = (32**3 + 24**3) * 9 * 4
+    assert str(err.value) == (
+        f"data_loader_config 'inmem' holds both volumes in host memory: {needed / 2**20:.1f} MiB needed, "
+        "1.0 MiB available to this process; use --data_loader_config lowmem (each crop read from the file) or dali-npy"
+    )
+    assert run.available_memory_bytes() is None or run.available_memory_bytes() > 0
+
+
+def test_available_memory_honours_rlimit_as():
+    """Class 6: a ``ulimit -v`` (RLIMIT_AS) is part of the memory a process may take."""
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, resource.RLIM_INFINITY)); "
+        "from shared_data.runtime import run; print(run.available_memory_bytes())"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert res.returncode == 0, res.stderr
+    assert 0 < int(res.stdout) <= 3 * 2**30

@@ -73,12 +73,56 @@ def check_data(cfg: Config) -> None:
     kind = loader_kinds.loader_kind(cfg)
     if not kind.uses_files:
         return
-    for split in ("train", "val"):
-        info = dataset.validate(cfg.data_file(split), cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
+    infos = [
+        dataset.validate(cfg.data_file(split), cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
+        for split in ("train", "val")
+    ]
+    if kind.host_reader == "inmem":
+        check_host_memory(cfg, sum(i.size**3 * (i.n_in + i.n_out) * 4 for i in infos))
+    for split, info in zip(("train", "val"), infos):
         if kind.reads_npy:
             dataset.check_npy_twins(info, cfg.npy_files(split))
             for npy in cfg.npy_files(split):  # the HDF5 readers check each crop; DALI's reader does not
                 dataset.check_finite_npy(npy)
+
+
+def available_memory_bytes() -> int | None:
+    """The host memory this process may still take: the least of the kernel's ``MemAvailable``, the
+    cgroup's limit minus its usage (a batch job's allocation) and ``RLIMIT_AS``; None if none is known."""
+    import resource
+
+    limits = []
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        limits.append(int(next(line for line in meminfo if line.startswith("MemAvailable")).split()[1]) * 1024)
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            limits.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        limits.append(soft)
+    return min(limits) if limits else None
+
+
+def check_host_memory(cfg: Config, needed: int) -> None:
+    """Refuse, before reading anything, an ``inmem`` run whose volumes (``needed`` bytes) exceed the
+    memory this process may take (:func:`available_memory_bytes`).
+
+    Raises:
+        UserError: the bytes needed and available, and the loaders that read crops from the files.
+    """
+    available = available_memory_bytes()
+    if available is not None and needed > available:
+        raise UserError(
+            f"data_loader_config {cfg.data_loader_config!r} holds both volumes in host memory: "
+            f"{_bytes(needed)} needed, {_bytes(available)} available to this process; "
+            f"use --data_loader_config lowmem (each crop read from the file) or dali-npy"
+        )
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 class Run:
