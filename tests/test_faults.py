@@ -234,7 +234,7 @@ def test_huge_sizes_fail_within_seconds(tmp_path, tiny_argv, setting, texts):
 
 
 def test_a_nan_in_a_npy_twin_is_named_before_the_run(tiny_cfg, data_dir, tmp_path):
-    """Class 3: a NaN in the validation volume's .npy twin (one without a source record, as the
+    """Class 3: a NaN in the validation volume and its .npy twin (one without a source record, as the
     tutorial's converter writes them) read by DALI's numpy reader: one error naming the file, voxel
     and channel before the run folder is touched (the HDF5 readers check each crop they read)."""
     import shutil
@@ -246,11 +246,15 @@ def test_a_nan_in_a_npy_twin_is_named_before_the_run(tiny_cfg, data_dir, tmp_pat
 
     for f in data_dir.glob("val_24*"):
         shutil.copy(f, tmp_path / f.name)
+    import h5py
+
     hydro = tmp_path / "val_24_Hydro.npy"
     (tmp_path / "val_24_Hydro.npy.source.json").unlink()
     arr = np.load(hydro)
     arr[23, 5, 7, 1] = np.nan
     np.save(hydro, arr)
+    with h5py.File(tmp_path / "val_24.h5", "r+") as f:  # the volume holds the NaN, its twin too
+        f["Hydro"][1, 23, 5, 7] = np.nan
     cfg = config_mod.replace(tiny_cfg, val_path=str(tmp_path / "val_24.h5"), data_loader_config="dali-npy")
     with pytest.raises(DatasetError) as err:
         run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
