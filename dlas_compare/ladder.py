@@ -1,7 +1,7 @@
 """The ladder command: the tutorial's lessons one rung at a time, IO / SYNTHETIC / FULL at each rung.
 
     python -m dlas_compare.ladder --frameworks jax tf --config cpu_default --out runs/ladder/cpu_default.jsonl
-    dlas-ladder --frameworks jax torch --config short_opt --steps 40 --windows 3 --window_sec 1.5
+    dlas-ladder --frameworks jax tf torch --config short_opt --steps 40 --window_sec 1 --budget_sec 510
     python -m dlas_compare.ladder --replot runs/ladder/cpu_default.jsonl --figure ladder.png    # table + figure again
 
 The tutorial's README takes one training from a baseline up one lesson at a time and prints IO,
@@ -27,13 +27,21 @@ last one that ran. The PyTorch reference (``torch``) runs on a GPU only.
 
 Each rung reports IO, SYNTHETIC and FULL samples/s, the FULL speedup over the baseline and over the
 previous rung, and a verdict: **input-bound** when FULL < 0.8 x SYNTHETIC and IO < SYNTHETIC (the
-pipeline alone cannot feed the step), **compute-bound** otherwise.
+pipeline alone cannot feed the step), **compute-bound** otherwise. A rung measures FULL and the modes
+its change can move (a new input: IO; a new train step: SYNTHETIC); the other mode is the previous
+rung's, shown in parentheses (``--all_modes`` measures all three at every rung).
+
+The ladder says up front what it will run: every rung's modes and estimated seconds, the skipped
+ones with their reasons. With ``--budget_sec`` the timed windows are trimmed (never the rungs) so the
+estimate fits, and fitted again before each rung as the rungs' real times come in
+(:mod:`dlas_compare.ladder_budget`).
 
 Output: the table on stdout; JSON lines appended to ``--out``, per rung that ran its benchmark
 records (the schema of :func:`dlas_compare.benchmark.run_bench`, plus ``ladder_id``, ``ladder_step``,
 ``ladder_rung``, ``ladder_settings``, ``ladder_xla_flags``), and for every rung, skipped ones too, one
-summary record (``"record": "ladder_summary"``, no ``mode`` key); and a figure (``--figure``): FULL
-samples/s relative to each framework's baseline per rung, min-max bars over the timed windows.
+summary record (``"record": "ladder_summary"``, no ``mode`` key); and a figure (``--figure``,
+:mod:`dlas_compare.ladder_figure`): FULL samples/s per rung, one bar per framework, min-max whiskers
+over the timed windows, the tutorial's A100 ladder beside them.
 """
 
 from __future__ import annotations
@@ -52,12 +60,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from dlas_compare import ladder_budget as budget_mod
+from dlas_compare import ladder_figure as ladder_figure_mod
 from dlas_compare.benchmark import FRAMEWORKS, MODES, append_records, int_at_least, positive_float, run_process
 from shared_data.core import config as config_mod
 from shared_data.core.commands import command_name, make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import DatasetError, UserError, run_cli
-from shared_data.core.files import atomic_path
 from shared_data.runtime.cli import benchmark_command
 from shared_data.runtime.xla_flags import DEFAULT_XLA_FLAGS, default_xla_flags_off
 
@@ -349,12 +358,21 @@ def effect(ratio: float) -> str:
 
 def summarize(step: Step, records: list[dict], status: str, reason: str | None, ran: list[dict]) -> dict:
     """The summary record of one rung from its benchmark ``records``; ``ran`` holds the summaries of
-    the rungs of the same framework that ran before it (the first is the baseline when it ran)."""
+    the rungs of the same framework that ran before it (the first is the baseline when it ran). A mode
+    the rung did not measure (its change cannot move it, :data:`dlas_compare.ladder_budget.CHANGED_MODES`)
+    takes the previous rung's value; ``values_from`` names the rung each value was measured at."""
     by_mode = {r["mode"]: r for r in records}
-    rate = lambda mode: by_mode[mode]["samples_per_sec"] if mode in by_mode else None
-    io, synthetic, full = rate("io"), rate("synthetic"), rate("full")
     base = ran[0] if ran and ran[0]["ladder_rung"] == "baseline" else None
     prev = ran[-1] if ran else None
+    values, values_from = {}, {}
+    for mode in MODES:
+        if mode in by_mode:
+            values[mode], values_from[mode] = by_mode[mode]["samples_per_sec"], step.index
+        elif status == "ran" and prev and prev[f"{mode}_samples_per_sec"] is not None:
+            values[mode], values_from[mode] = prev[f"{mode}_samples_per_sec"], prev["values_from"][mode]
+        else:
+            values[mode] = None
+    io, synthetic, full = values["io"], values["synthetic"], values["full"]
     ratio = lambda other: full / other["full_samples_per_sec"] if (full and other) else None
     is_base = step.rung.name == "baseline" and full is not None
     bound, why = verdict(io, synthetic, full) if status == "ran" else (None, "")
@@ -367,6 +385,8 @@ def summarize(step: Step, records: list[dict], status: str, reason: str | None, 
         "status": status,
         "reason": reason,
         "ladder_settings": dataclasses.asdict(step.settings),
+        "measured_modes": [m for m in MODES if m in by_mode],
+        "values_from": values_from,
         "io_samples_per_sec": io,
         "synthetic_samples_per_sec": synthetic,
         "full_samples_per_sec": full,
@@ -415,8 +435,9 @@ def lesson_line(summary: dict, step: Step, prev: dict | None) -> str:
 
 
 def table(summaries: list[dict]) -> str:
-    """Framework, rung, IO / SYNTHETIC / FULL samples/s, FULL x baseline, x previous, verdict; a
-    framework skipped at every rung for one reason gets one row."""
+    """Framework, rung, IO / SYNTHETIC / FULL samples/s (in parentheses: taken from an earlier rung,
+    which measured it), FULL x baseline, x previous, verdict; a framework skipped at every rung for
+    one reason gets one row."""
     head = f"{'framework':<10}{'rung':<22}{'IO':>10}{'SYNTHETIC':>11}{'FULL':>10}{'x base':>8}{'x prev':>8}  verdict"
     lines = [head, "-" * len(head)]
     num = lambda v, fmt="{:.1f}": fmt.format(v) if v is not None else "-"
@@ -433,9 +454,14 @@ def table(summaries: list[dict]) -> str:
         if s["status"] != "ran":
             lines.append(f"{fw:<10}{rung:<22}{s['status']}: {s['reason']}")
             continue
+        rate = lambda mode: (
+            num(s[f"{mode}_samples_per_sec"])
+            if s["values_from"].get(mode, s["ladder_step"]) == s["ladder_step"]
+            else f"({num(s[f'{mode}_samples_per_sec'])})"
+        )
         lines.append(
-            f"{fw:<10}{rung:<22}{num(s['io_samples_per_sec']):>10}{num(s['synthetic_samples_per_sec']):>11}"
-            f"{num(s['full_samples_per_sec']):>10}{num(s['speedup_vs_baseline'], '{:.2f}'):>8}"
+            f"{fw:<10}{rung:<22}{rate('io'):>10}{rate('synthetic'):>11}"
+            f"{rate('full'):>10}{num(s['speedup_vs_baseline'], '{:.2f}'):>8}"
             f"{num(s['speedup_vs_previous'], '{:.2f}'):>8}  {s['verdict'] or '-'}"
         )
     return "\n".join(lines)
@@ -451,6 +477,7 @@ def noise_lines(summaries: list[dict]) -> list[str]:
     lines = []
     for fw in dict.fromkeys(s["framework"] for s in summaries):
         ran = [s for s in summaries if s["framework"] == fw and s["status"] == "ran" and s["synthetic_samples_per_sec"]]
+        ran = [s for s in ran if s["values_from"]["synthetic"] == s["ladder_step"]]  # measured at that rung
         if not ran or ran[0]["ladder_rung"] != "baseline":
             continue
         key = lambda s: [s["ladder_settings"][k] for k in STEP_KEYS]
@@ -467,61 +494,12 @@ def noise_lines(summaries: list[dict]) -> list[str]:
     return lines
 
 
-def ladder_figure(summaries: list[dict], path: str | Path, title: str = "") -> None:
-    """Bars of FULL samples/s relative to each framework's baseline per rung (linear axis, one colour
-    per framework, min-max bars over the timed windows, "skipped" where a rung did not run); written
-    atomically to ``path`` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    frameworks = list(dict.fromkeys(s["framework"] for s in summaries))
-    ran = [f for f in frameworks if any(s["speedup_vs_baseline"] for s in summaries if s["framework"] == f)]
-    fig, ax = plt.subplots(figsize=(8.5, 4.2))
-    width = 0.8 / max(len(ran), 1)
-    x = np.arange(len(RUNGS))
-    base_of = {}
-    for j, fw in enumerate(ran):
-        rows = {s["ladder_step"]: s for s in summaries if s["framework"] == fw}
-        base = next(s["full_samples_per_sec"] for s in rows.values() if s["ladder_rung"] == "baseline")
-        base_of[fw] = base
-        xs = x - 0.4 + width * (j + 0.5)
-        for i, xi in zip(range(1, len(RUNGS) + 1), xs):
-            s = rows.get(i)
-            if not s or not s["speedup_vs_baseline"]:
-                ax.text(xi, 0.03, "skipped" if s and s["status"] == "skipped" else "-", rotation=90, ha="center",
-                        va="bottom", fontsize=6, color=f"C{j}", transform=ax.get_xaxis_transform())  # fmt: skip
-                continue
-            v = s["speedup_vs_baseline"]
-            lo, hi = s["full_samples_per_sec_min"] / base, s["full_samples_per_sec_max"] / base
-            ax.bar(xi, v, width, color=f"C{j}", label=fw if i == 1 else None)
-            ax.errorbar(xi, v, yerr=[[max(v - lo, 0)], [max(hi - v, 0)]], color="k", capsize=3, lw=0.8)
-            # upright and a few points above the whisker's cap, so no label touches a whisker beside it
-            ax.annotate(f"{v:.2f}", (xi, hi), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
-                        rotation=90, fontsize=6)  # fmt: skip
-    ax.axhline(1.0, color="k", lw=0.6)
-    ax.set_xticks(x, [f"{i}. {r.title}" for i, r in enumerate(RUNGS, 1)], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("FULL samples/s relative to the baseline")
-    tops = [s["full_samples_per_sec_max"] / base_of[s["framework"]] for s in summaries if s["framework"] in base_of
-            and s.get("speedup_vs_baseline") and s.get("full_samples_per_sec_max")]  # fmt: skip
-    ax.set_ylim(0, 1.3 * max(tops, default=1.0))  # room for the labels above the tallest whisker
-    if ran:
-        ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path, suffix=path.suffix or ".png") as tmp:
-        fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-
-
-def figure_title(cfg_name: str, summaries: list[dict]) -> str:
-    devices = sorted({f"{s['framework']}: {s['device']}" for s in summaries if s.get("device")})
-    batch = next((s["global_batch"] for s in summaries if s.get("global_batch")), None)
-    return f"ladder, config {cfg_name}, batch {batch} ({'; '.join(devices)}); bars: min-max over timed windows"
+def ladder_figure(summaries: list[dict], path: str | Path, config: str) -> None:
+    """The ladder's figure (:func:`dlas_compare.ladder_figure.ladder_axes`: FULL samples/s per rung and
+    framework beside the tutorial's A100 ladder), written atomically to ``path`` (PNG)."""
+    rungs = [(r.name, r.title) for r in RUNGS]
+    fig = ladder_figure_mod.ladder_axes(summaries, rungs, ladder_figure_mod.figure_title(summaries, config))
+    ladder_figure_mod.save(fig, path)
 
 
 def forwarded_config_args(args: argparse.Namespace) -> list[str]:
@@ -557,58 +535,157 @@ def run_step(step: Step, modes: Sequence[str], common: list[str], timeout: float
     return records, failure, flags
 
 
-def run_ladder(
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """What the ladder runs, in order (every framework's rung 1, then rung 2, ...): ``order`` every
+    step, ``modes`` the modes of each runnable step (by framework and index), ``want`` the windows
+    asked for, ``budget`` seconds (None: no budget)."""
+
+    order: list[Step]
+    modes: dict[tuple[str, int], list[str]]
+    want: budget_mod.Windows
+    budget: float | None
+    reuse: dict[tuple[str, int], list[dict]] = dataclasses.field(default_factory=dict)
+
+    def to_run(self, step: Step) -> bool:
+        return step.skip is None and (step.framework, step.index) not in self.reuse
+
+    def runs(self, after: int = 0) -> list[tuple[str, str, int]]:
+        """(framework, rung, modes measured) of the steps to run from position ``after`` of ``order``."""
+        return [(s.framework, s.rung.name, len(self.modes[s.framework, s.index])) for s in self.order[after:] if
+                self.to_run(s)]  # fmt: skip
+
+    def windows(self, left: float | None, after: int = 0, scale: float = 1.0) -> tuple[budget_mod.Windows, bool]:
+        """The windows of the next rung with ``left`` seconds of budget (None: the wanted ones)."""
+        if left is None:
+            return self.want, True
+        return budget_mod.fit_windows(self.runs(after), left, self.want, scale)
+
+
+def make_schedule(
     steps: dict[str, list[Step]],
     modes: Sequence[str],
+    want: budget_mod.Windows,
+    budget: float | None,
+    all_modes: bool = False,
+    resume: list[dict] = (),
+) -> Schedule:
+    """The :class:`Schedule` of the planned ``steps``: rung-major order, the modes each rung measures
+    (:func:`dlas_compare.ladder_budget.modes_of`), and the rungs ``resume`` (the records of an earlier
+    ladder, :func:`read_ladder`) ran with the same settings, which are not run again."""
+    order = [plan_[i] for i in range(len(RUNGS)) for plan_ in steps.values()]
+    measured = {(s.framework, s.index): budget_mod.modes_of(s.rung.name, modes, all_modes) for s in order}
+    settings = {(s.framework, s.index): dataclasses.asdict(s.settings) for s in order if s.skip is None}
+    ran = {
+        (r["framework"], r["ladder_step"])
+        for r in resume
+        if r.get("record") == "ladder_summary" and r["status"] == "ran"
+        and settings.get((r["framework"], r["ladder_step"])) == r["ladder_settings"]
+    }  # fmt: skip
+    reuse = {
+        key: [r for r in resume if "mode" in r and (r["framework"], r["ladder_step"]) == key] for key in sorted(ran)
+    }
+    return Schedule(order, measured, want, budget, reuse)
+
+
+def schedule_lines(schedule: Schedule, left: float | None) -> list[str]:
+    """What the ladder will run, said before it starts: the windows, the estimated seconds of each
+    rung and in all against ``left`` seconds of budget, and every skipped rung with its reason."""
+    windows, fits = schedule.windows(left)
+    runs = [s for s in schedule.order if schedule.to_run(s)]
+    est = {id(s): budget_mod.estimate(s.framework, s.rung.name, len(schedule.modes[s.framework, s.index]), windows)
+           for s in runs}  # fmt: skip
+    total = sum(est.values())
+    head = (
+        f"schedule: {len(runs)} rungs run, {len(schedule.reuse)} taken from --resume, "
+        f"{len(schedule.order) - len(runs) - len(schedule.reuse)} skipped; timed windows "
+        f"{windows.windows} x {windows.window_sec:g} s per mode; estimated {total:.0f} s"
+    )
+    if left is not None:
+        head += f" of the {left:.0f} s left of --budget_sec {schedule.budget:.0f}"
+        if not fits:
+            head += " (over it even at the smallest windows: the budget stops the last rungs)"
+        elif windows != schedule.want:
+            head += f" (windows trimmed from {schedule.want.windows} x {schedule.want.window_sec:g} s)"
+    lines = [head + "; set-up times estimated from one H200 and rescaled as rungs end"]
+    for s in schedule.order:
+        label = f"  {s.framework} {s.index}. {s.rung.title}: "
+        if schedule.to_run(s):
+            lines.append(label + f"{' '.join(schedule.modes[s.framework, s.index])}, ~{est[id(s)]:.0f} s")
+        elif s.skip is None:
+            lines.append(label + "ran in the --resume ladder with these settings: its records are reused")
+        else:
+            lines.append(label + f"skipped: {s.skip}")
+    return lines
+
+
+def run_ladder(
+    schedule: Schedule,
     common: list[str],
     out: Path,
     timeout: float,
-    budget: float | None,
     config: str,
     start: float | None = None,
+    runner=None,
+    clock=time.perf_counter,
 ) -> list:
-    """Run the planned ``steps`` rung by rung (every framework's rung 1, then rung 2, ...), each in
-    ``modes`` with the benchmark flags ``common``, appending
-    each rung's records and summary to ``out`` as it ends; return the summaries. Once ``budget``
-    seconds have passed since ``start`` (``time.perf_counter()``; default now), the remaining rungs
-    are skipped and a running one is stopped. ``config`` names the config in the summaries."""
+    """Run ``schedule``'s steps in its order, each in its modes with the benchmark flags ``common`` and
+    the windows that fit what is left of the budget, appending each rung's records and summary to
+    ``out`` as it ends; return the summaries. Once the budget has passed since ``start`` (``clock()``;
+    default now), the remaining rungs are skipped and a running one is stopped. ``config`` names the
+    config in the summaries; ``runner`` (default :func:`run_step`) runs one rung's process."""
+    runner = runner or run_step
+    budget = schedule.budget
     ladder_id = f"{platform.node()} {datetime.datetime.now().isoformat(timespec='seconds')}"
-    ran: dict[str, list[dict]] = {fw: [] for fw in steps}
-    summaries = []
-    t0 = time.perf_counter() if start is None else start
-    for i in range(len(RUNGS)):
-        for fw, plan_ in steps.items():
-            step = plan_[i]
-            records, status, reason = [], "skipped", step.skip
-            left = None if budget is None else budget - (time.perf_counter() - t0)
-            if reason is None and left is not None and left <= 0:
-                reason = f"the ladder's time budget (--budget_sec {budget:.0f}) was spent"
-            if reason is None:
-                limit = timeout if left is None else min(timeout, left)
-                records, reason, flags = run_step(step, modes, common, limit)
-                if reason and reason.startswith("timed out") and limit < timeout:
-                    reason = f"stopped at the ladder's time budget (--budget_sec {budget:.0f})"
-                status = "failed" if reason else "ran"
-                for r in records:
-                    r.update(ladder_id=ladder_id, ladder_step=step.index, ladder_rung=step.rung.name)
-                    r.update(ladder_settings=dataclasses.asdict(step.settings), ladder_xla_flags=flags)
-            summary = summarize(step, records, status, reason, ran[fw])
-            summary.update(
-                config=config,
-                ladder_id=ladder_id,
-                command=shlex.join(sys.argv),
-                date=datetime.datetime.now().isoformat(timespec="seconds"),
-            )
+    ran: dict[str, list[dict]] = {}
+    summaries, done = [], []
+    t0 = clock() if start is None else start
+    for position, step in enumerate(schedule.order):
+        fw = step.framework
+        records, status, reason = [], "skipped", step.skip
+        left = None if budget is None else budget - (clock() - t0)
+        resumed = None
+        if reason is None and (fw, step.index) in schedule.reuse:
+            records = [dict(r) for r in schedule.reuse[fw, step.index]]
+            status, resumed = "ran", records[0]["ladder_id"] if records else None
+        elif reason is None and left is not None and left <= 0:
+            reason = f"the ladder's time budget (--budget_sec {budget:.0f}) was spent"
+        elif reason is None:
+            modes = schedule.modes[fw, step.index]
+            windows, _ = schedule.windows(left, position, budget_mod.observed_scale(done))
+            limit = timeout if left is None else min(timeout, left)
+            t1 = clock()
+            records, reason, flags = runner(step, modes, [*common, *windows.args()], limit)
+            took = clock() - t1
+            if reason and reason.startswith("timed out") and limit < timeout:
+                reason = f"stopped at the ladder's time budget (--budget_sec {budget:.0f})"
+            status = "failed" if reason else "ran"
             if status == "ran":
-                ran[fw].append(summary)
-            summaries.append(summary)
-            append_records(out, records + [summary])
-            print(f"[ladder] {summary['line']}", flush=True)
+                done.append((fw, step.rung.name, max(took - len(modes) * windows.windows * windows.window_sec, 0.0)))
+            for r in records:
+                r.update(ladder_step=step.index, ladder_rung=step.rung.name)
+                r.update(ladder_settings=dataclasses.asdict(step.settings), ladder_xla_flags=flags)
+        for r in records:
+            r["ladder_id"] = ladder_id
+        summary = summarize(step, records, status, reason, ran.setdefault(fw, []))
+        summary.update(
+            config=config,
+            ladder_id=ladder_id,
+            resumed_from=resumed,
+            command=shlex.join(sys.argv),
+            date=datetime.datetime.now().isoformat(timespec="seconds"),
+        )
+        if status == "ran":
+            ran[fw].append(summary)
+        summaries.append(summary)
+        append_records(out, records + [summary])
+        print(f"[ladder] {summary['line']}", flush=True)
     return summaries
 
 
-def read_summaries(path: Path) -> list[dict]:
-    """The summary records of the last ladder in the JSON lines file ``path``.
+def read_ladder(path: Path, flag: str = "--replot") -> list[dict]:
+    """Every record (benchmark records and summaries) of the last ladder in the JSON lines file
+    ``path``; ``flag`` names the option in errors.
 
     Raises:
         UserError: the file is missing, not JSON lines, or holds no ladder summary.
@@ -616,12 +693,18 @@ def read_summaries(path: Path) -> list[dict]:
     try:
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"--replot {path}: expected a JSON lines file written by the ladder ({err})") from None
-    summaries = [r for r in records if isinstance(r, dict) and r.get("record") == "ladder_summary"]
+        raise UserError(f"{flag} {path}: expected a JSON lines file written by the ladder ({err})") from None
+    records = [r for r in records if isinstance(r, dict) and "ladder_id" in r]
+    summaries = [r for r in records if r.get("record") == "ladder_summary"]
     if not summaries:
-        raise UserError(f'--replot {path}: no ladder summary records ("record": "ladder_summary") in it')
+        raise UserError(f'{flag} {path}: no ladder summary records ("record": "ladder_summary") in it')
     last = summaries[-1]["ladder_id"]
-    return [s for s in summaries if s["ladder_id"] == last]
+    return [r for r in records if r["ladder_id"] == last]
+
+
+def read_summaries(path: Path) -> list[dict]:
+    """The summary records of the last ladder in ``path`` (:func:`read_ladder`)."""
+    return [r for r in read_ladder(path) if r.get("record") == "ladder_summary"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -639,8 +722,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--steps", type=int_at_least(1), default=10, help="steps per timed window (at most, with --window_sec)"
     )
-    p.add_argument("--windows", type=int_at_least(1), default=3, help="timed windows per mode")
-    p.add_argument("--window_sec", type=positive_float, help="timed windows of about this many seconds")
+    p.add_argument("--windows", type=int_at_least(1), default=3, help="timed windows per mode (at most, with a budget)")
+    p.add_argument(
+        "--window_sec",
+        type=positive_float,
+        default=2.0,
+        help="timed windows of about this many seconds (at most, with a budget; default: %(default)s)",
+    )
+    p.add_argument(
+        "--all_modes",
+        action="store_true",
+        help="measure every mode at every rung (default: the modes a rung's change can move)",
+    )
     p.add_argument(
         "--more_workers",
         type=int_at_least(BASELINE_WORKERS + 1),
@@ -658,9 +751,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--budget_sec",
         type=positive_float,
-        help="seconds for the whole ladder (probes included): later rungs are skipped, a running one stopped",
+        help="seconds for the whole ladder (probes included): windows are trimmed to fit it; past it, later "
+        "rungs are skipped and a running one is stopped",
     )
     p.add_argument("--replot", metavar="JSONL", help="print the table and draw the figure of the last ladder in JSONL")
+    p.add_argument(
+        "--resume",
+        metavar="JSONL",
+        help="take the rungs that ran in the last ladder in JSONL with the same settings from it, run the rest",
+    )
     return p
 
 
@@ -672,14 +771,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table(summaries))
         print("\n".join([s["line"] for s in summaries] + noise_lines(summaries)))
         figure = Path(args.figure or Path(args.replot).with_suffix(".png"))
-        ladder_figure(summaries, figure, figure_title(summaries[0]["config"], summaries))
+        ladder_figure(summaries, figure, summaries[0]["config"])
         print(f"wrote {figure}")
         return 0
     if "full" not in args.modes:
         raise UserError("--modes must include full: the ladder's speedups are FULL samples/s")
     common = forwarded_config_args(args)
     common += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
-    common += ["--windows", str(args.windows)] + (["--window_sec", str(args.window_sec)] if args.window_sec else [])
     cfg = config_mod.config_from_args(args)
     train = cfg.data_file("train")
     if not train.is_file():
@@ -694,10 +792,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         found = probe(fw)
         steps[fw] = plan(fw, found, cfg, args.more_workers, args.num_devices)
         print(f"[ladder] {fw}: {found.reason or f'{found.devices} device(s), {found.device}'}", flush=True)
-    summaries = run_ladder(steps, args.modes, common, out, args.timeout, args.budget_sec, cfg.name, start)
+    want = budget_mod.Windows(args.windows, args.window_sec)
+    resume = read_ladder(Path(args.resume), "--resume") if args.resume else []
+    schedule = make_schedule(steps, args.modes, want, args.budget_sec, args.all_modes, resume)
+    left = None if args.budget_sec is None else args.budget_sec - (time.perf_counter() - start)
+    print("\n".join(f"[ladder] {line}" for line in schedule_lines(schedule, left)), flush=True)
+    summaries = run_ladder(schedule, common, out, args.timeout, cfg.name, start)
     print(table(summaries))
     print("\n".join([s["line"] for s in summaries if s["status"] == "ran"] + noise_lines(summaries)))
-    ladder_figure(summaries, figure, figure_title(cfg.name, summaries))
+    ladder_figure(summaries, figure, cfg.name)
     print(f"wrote {out} and {figure}")
     return 1 if any(s["status"] == "failed" for s in summaries) else 0
 

@@ -1,0 +1,90 @@
+"""The ladder's figure: FULL samples/s per rung, one bar per framework beside the tutorial's A100 ladder.
+
+Grouped bars on a linear axis from zero, one colour per framework (the same colour for a framework in
+every figure), whiskers from the slowest to the fastest timed window, the value over each bar,
+"skipped" where a rung did not run, and the tutorial's own ladder on one A100 as grey hatched bars.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shared_data.core.files import atomic_path
+
+#: the NERSC SC21 tutorial's ladder on one A100-40GB, FULL samples/s at batch 64 (its README), on our
+#: rungs: 8 workers for "more workers"; its JIT step, which follows its fused-Adam step (534), for
+#: "compilation"; it has no GPU-resident input rung and no one-GPU data-parallel rung
+TUTORIAL_A100_SC21 = {"baseline": 86.5, "workers": 274.0, "dali": 395.0, "amp": 513.0, "compile": 542.0}
+TUTORIAL_LABEL = "tutorial (SC21, PyTorch), one A100"
+COLOURS = {"jax": "C0", "tf": "C1", "torch": "C2"}
+REFERENCE_COLOUR = "0.75"
+
+
+def ladder_axes(summaries: list[dict], rungs: list[tuple[str, str]], title: str, reference: dict | None = None):
+    """The figure of the ladder's ``summaries``: for each of ``rungs`` (name, title) one group of bars,
+    one bar per framework in the summaries and one for ``reference`` (rung name -> samples/s; default
+    :data:`TUTORIAL_A100_SC21`); returns the matplotlib Figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    reference = TUTORIAL_A100_SC21 if reference is None else reference
+    frameworks = list(dict.fromkeys(s["framework"] for s in summaries))
+    series = len(frameworks) + 1
+    width = 0.8 / series
+    x = np.arange(len(rungs))
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    for j, fw in enumerate(frameworks):
+        rows = {s["ladder_rung"]: s for s in summaries if s["framework"] == fw}
+        colour = COLOURS.get(fw, f"C{3 + j}")
+        heights, lows, highs, xs = [], [], [], []
+        for i, (name, _) in enumerate(rungs):
+            xi = x[i] - 0.4 + width * (j + 0.5)
+            s = rows.get(name)
+            if not s or not s["full_samples_per_sec"] or s["status"] != "ran":
+                word = s["status"] if s else "-"
+                ax.text(xi, 0.01, word, rotation=90, ha="center", va="bottom", fontsize=7, color=colour,
+                        transform=ax.get_xaxis_transform())  # fmt: skip
+                continue
+            v = s["full_samples_per_sec"]
+            lo, hi = s["full_samples_per_sec_min"] or v, s["full_samples_per_sec_max"] or v
+            heights.append(v), lows.append(max(v - lo, 0)), highs.append(max(hi - v, 0)), xs.append(xi)
+            ax.text(xi, hi, f"{v:.0f}", ha="center", va="bottom", fontsize=6.5)
+        ax.bar(xs, heights, width, color=colour, label=fw)
+        if xs:
+            ax.errorbar(xs, heights, yerr=[lows, highs], fmt="none", ecolor="k", capsize=2.5, lw=0.8)
+    ref_x = [x[i] - 0.4 + width * (series - 0.5) for i, (name, _) in enumerate(rungs) if name in reference]
+    ref_v = [reference[name] for name, _ in rungs if name in reference]
+    ax.bar(ref_x, ref_v, width, color=REFERENCE_COLOUR, hatch="//", edgecolor="0.45", label=TUTORIAL_LABEL)
+    for xi, v in zip(ref_x, ref_v):
+        ax.text(xi, v, f"{v:.0f}", ha="center", va="bottom", fontsize=6.5, color="0.35")
+    ax.set_xticks(x, [f"{i}. {t}" for i, (_, t) in enumerate(rungs, 1)], fontsize=8)
+    ax.set_yscale("linear")
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("FULL samples/s (median window; whiskers: min-max)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def figure_title(summaries: list[dict], config: str) -> str:
+    """``The tutorial's ladder on <device>, config <config>, batch <global batch>``; devices per
+    framework when they differ."""
+    devices = list(dict.fromkeys(s["device"] for s in summaries if s.get("device")))
+    batch = next((s["global_batch"] for s in summaries if s.get("global_batch")), None)
+    where = devices[0] if len(devices) == 1 else "; ".join(devices) or "no device (nothing ran)"
+    return f"The tutorial's ladder on {where}, config {config}, batch {batch}: FULL samples/s per rung"
+
+
+def save(fig, path: str | Path) -> None:
+    """Write ``fig`` atomically to ``path`` (PNG) and close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path, suffix=path.suffix or ".png") as tmp:
+        fig.savefig(tmp, dpi=120)
+    plt.close(fig)
