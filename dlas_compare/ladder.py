@@ -644,7 +644,7 @@ def run_ladder(
         fw = step.framework
         records, status, reason = [], "skipped", step.skip
         left = None if budget is None else budget - (clock() - t0)
-        resumed = None
+        resumed, took, windows = None, None, None
         if reason is None and (fw, step.index) in schedule.reuse:
             records = [dict(r) for r in schedule.reuse[fw, step.index]]
             status, resumed = "ran", records[0]["ladder_id"] if records else None
@@ -657,9 +657,9 @@ def run_ladder(
             t1 = clock()
             records, reason, flags = runner(step, modes, [*common, *windows.args()], limit)
             took = clock() - t1
-            if reason and reason.startswith("timed out") and limit < timeout:
-                reason = f"stopped at the ladder's time budget (--budget_sec {budget:.0f})"
             status = "failed" if reason else "ran"
+            if reason and reason.startswith("timed out") and limit < timeout:
+                status, reason = "stopped", f"the ladder's time budget (--budget_sec {budget:.0f}) ran out during it"
             if status == "ran":
                 done.append((fw, step.rung.name, max(took - len(modes) * windows.windows * windows.window_sec, 0.0)))
             for r in records:
@@ -672,6 +672,8 @@ def run_ladder(
             config=config,
             ladder_id=ladder_id,
             resumed_from=resumed,
+            process_sec=took,
+            windows=dataclasses.asdict(windows) if windows else None,
             command=shlex.join(sys.argv),
             date=datetime.datetime.now().isoformat(timespec="seconds"),
         )

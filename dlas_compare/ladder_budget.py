@@ -7,7 +7,8 @@ start and the warm-up that drains their read-ahead. :data:`SETUP_SEC` holds thos
 framework and rung on one H200; the budget then shares what is left among the timed windows, trimming
 ``--window_sec`` (and ``--windows``, down to :data:`FLOOR`) rather than dropping rungs. Before every
 rung the windows are fitted again, with the set-up estimates scaled by what the rungs that ran took,
-so a machine slower or faster than the table still ends inside the budget where it can.
+so a machine slower or faster than the table still ends inside the budget where it can. A recorded
+ladder's summaries hold each rung's ``process_sec`` and ``windows``, from which the table is refreshed.
 
 A rung measures the modes its change can move (:data:`CHANGED_MODES`): a new input (workers, DALI,
 GPU-resident) its IO and FULL, a new train step (precision, compilation) its SYNTHETIC and FULL; the

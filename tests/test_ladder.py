@@ -170,16 +170,18 @@ def test_spent_budget_skips_the_rungs(tiny_cfg, tmp_path):
 
 @pytest.mark.slow
 def test_ci_sized_ladder_of_jax_on_cpu(tiny_cfg, tmp_path, capsys):
-    """The real command, JAX only, 1 + 2 x 2 steps per mode: every rung that can run here writes IO,
-    SYNTHETIC and FULL records in the benchmark schema with its cumulative settings, every rung a
-    summary whose speedups are the records' FULL ratios, and the figure."""
+    """The real command, JAX only, 1 + 2 x 2 steps per mode: every rung that can run here writes the
+    records of the modes its change moves in the benchmark schema with its cumulative settings, every
+    rung a summary whose speedups are the records' FULL ratios, and the figure."""
     out, fig = tmp_path / "ladder.jsonl", tmp_path / "ladder.png"
     args = ["--frameworks", "jax", *_config_args(tiny_cfg), "--warmup", "1", "--steps", "2", "--windows", "2"]
     assert ladder.main(args + ["--window_sec", "60", "--out", str(out), "--figure", str(fig)]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     bench = [r for r in records if "mode" in r]
     summaries = [r for r in records if r.get("record") == "ladder_summary"]
-    assert [(r["ladder_step"], r["mode"]) for r in bench] == [(i, m) for i in range(1, 6) for m in ladder.MODES]
+    changed = {1: ladder.MODES, 2: ("io", "full"), 3: ("io", "full"), 4: ("synthetic", "full")}
+    changed[5] = ("synthetic", "full")
+    assert [(r["ladder_step"], r["mode"]) for r in bench] == [(i, m) for i in range(1, 6) for m in changed[i]]
     for r in bench:
         assert set(r) >= BENCHMARK_KEYS | LADDER_KEYS and r["framework"] == "jax" and r["config"] == "cpu_tiny"
         assert r["samples_per_sec"] > 0 and r["global_batch"] == tiny_cfg.global_batch_size
@@ -210,8 +212,14 @@ def test_ci_sized_ladder_of_jax_on_cpu(tiny_cfg, tmp_path, capsys):
         assert s["full_samples_per_sec"] == rate(i)
         assert s["speedup_vs_baseline"] == pytest.approx(rate(i) / rate(1))
         assert s["speedup_vs_previous"] == (None if i == 1 else pytest.approx(rate(i) / rate(i - 1)))
-        by_mode = {r["mode"]: r["samples_per_sec"] for r in bench if r["ladder_step"] == i}
-        assert s["verdict"] == ladder.verdict(by_mode["io"], by_mode["synthetic"], by_mode["full"])[0]
+        measured = {r["mode"]: r["samples_per_sec"] for r in bench if r["ladder_step"] == i}
+        assert s["measured_modes"] == list(changed[i])
+        for mode in ladder.MODES:  # a mode the rung did not measure is the last rung's that did
+            at = max(j for j in range(1, i + 1) if mode in changed[j])
+            value = next(r["samples_per_sec"] for r in bench if (r["ladder_step"], r["mode"]) == (at, mode))
+            assert (s["values_from"][mode], s[f"{mode}_samples_per_sec"]) == (at, value)
+        assert s["verdict"] == ladder.verdict(s["io_samples_per_sec"], s["synthetic_samples_per_sec"], rate(i))[0]
+        assert measured["full"] == rate(i)
     printed = capsys.readouterr().out
     assert "jax       3 DALI" in printed and "skipped: no GPU" in printed
     assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

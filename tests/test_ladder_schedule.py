@@ -110,6 +110,8 @@ def test_run_with_the_table_s_times_fits_the_budget(tiny_cfg, tmp_path, capsys):
     assert statuses.count("ran") == 16 and statuses.count("skipped") == 5
     assert len([json.loads(line) for line in out.read_text().splitlines()]) == 16 + 35 + 5
 
+    assert summaries[0]["process_sec"] == pytest.approx(55 + 3 * 3 * 0.82)  # set-up + 3 modes x 3 windows
+    assert summaries[0]["windows"] == {"windows": 3, "window_sec": 0.82} and summaries[-1]["process_sec"] is None
     jax = {s["ladder_step"]: s for s in summaries if s["framework"] == "jax"}
     assert jax[2]["measured_modes"] == ["io", "full"] and jax[2]["values_from"] == {"io": 2, "synthetic": 1, "full": 2}
     assert jax[2]["synthetic_samples_per_sec"] == 1300.0 and jax[4]["io_samples_per_sec"] == pytest.approx(770.0)
@@ -134,9 +136,9 @@ def test_a_slower_machine_gets_shorter_windows_and_a_much_slower_one_loses_the_l
     stopped = [(s["framework"], s["ladder_step"], s["reason"]) for s in summaries if s["status"] != "ran" and
                not s["reason"].startswith(("1 GPU", "the reference"))]  # fmt: skip
     spent = "the ladder's time budget (--budget_sec 760) was spent"
-    assert stopped == [("jax", 5, "stopped at the ladder's time budget (--budget_sec 760)"), ("tf", 5, spent),
+    assert stopped == [("jax", 5, "the ladder's time budget (--budget_sec 760) ran out during it"), ("tf", 5, spent),
                        ("jax", 6, spent), ("tf", 6, spent)]  # fmt: skip
-    assert fake.now == pytest.approx(760.0)
+    assert fake.now == pytest.approx(760.0) and summaries[12]["status"] == "stopped"
 
 
 def test_resume_runs_only_what_the_first_call_did_not(tiny_cfg, tmp_path):

@@ -1,15 +1,52 @@
 #!/usr/bin/env bash
-# The tutorial's ladder on one H200: JAX and the PyTorch reference (no TF on that machine) on
-# short_opt (64^3 crops, batch 64, the full 117 M-parameter net). Rungs 1-6 for JAX, 1-4 for
-# PyTorch (the reference has no compilation switch and no GPU-resident loader), data parallel
-# skipped on one GPU; the DALI rung needs DALI staged (experiments/gpu_machine/stage_dali.sh), else it is
-# skipped with the reason. Timed windows last about 1 s, so slow host loaders take 1-2 steps and
-# fast steps up to 40; --budget_sec stops the ladder at 7 minutes, so set-up (data ~1 min) and
-# ladder fit one 10-minute device call. Results under $OUT.
+# The tutorial's ladder on one H200 in JAX, TensorFlow and the PyTorch reference, in one 10-minute call:
+# short_opt (64^3 crops, batch 64, the full 117 M-parameter net), rungs 1-6 for JAX and TF, 1-4 for
+# PyTorch (the reference has no compilation switch and no GPU-resident loader), data parallel skipped
+# on one GPU. The ladder prints its schedule first (each rung's modes and estimated seconds); its time
+# budget trims the timed windows to fit, and stops at DEADLINE seconds after this script starts
+# (BUDGET at most), so set-up (TF unpacked, data ~40 s) and ladder end inside the call's 600 s. A
+# second call with RESUME=<the first call's jsonl, copied into the checkout> runs only the rungs the
+# first did not finish.
+#
+# On nvidia-h200, after DALI (.dali/p0-p2) and TF (.tf/p0-p5) are staged by their calls
+# (../shared/device/README.md), in one call that carries [".tf/last", ".daltf"], $OUT set:
 #   bash experiments/ladder_h200/run.sh
+# The same commands on CPU with a tiny config (a smoke test, ~3 min on 2 cores):
+#   OUT=/tmp/out CONFIG=cpu_tiny BUDGET=150 bash experiments/ladder_h200/run.sh
 set -uo pipefail
-export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh
-source scripts/gpu/common.sh
-python3 -m dlas_compare.ladder --frameworks jax torch --config short_opt \
-  --warmup 2 --steps 40 --windows 3 --window_sec 1 --timeout 150 --budget_sec 420 \
-  --out $OUT/ladder_short_opt.jsonl --figure $OUT/ladder_short_opt.png 2>&1 | tee $OUT/ladder_short_opt.log
+: "${OUT:?set OUT to the results folder}"
+CONFIG=${CONFIG:-short_opt}
+PY=${PY:-python3}
+BUDGET=${BUDGET:-510}
+DEADLINE=${DEADLINE:-570}
+RESUME=${RESUME:-}
+mkdir -p "$OUT"
+if [[ $CONFIG == short_opt ]]; then
+  if [[ ! -f /tmp/tf-env.sh ]]; then
+    bash .tf/last/tf-on-device.sh > "$OUT/tf_unpack.log" 2>&1 || { tail -5 "$OUT/tf_unpack.log"; exit 1; }
+  fi
+  export PYTHONPATH=/tmp/site  # DALI, staged by ../shared/device/stage-dali.sh
+  source scripts/gpu/common.sh  # environment, device and versions record, data/train_256.h5 and data/val_128.h5
+  source /tmp/tf-env.sh
+  export TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2
+  bash experiments/tf_on_h200/plugin.sh  # the DALI TF plugin carried in .daltf/
+  $PY -c "import tensorflow as tf, keras; print('tensorflow', tf.__version__, 'keras', keras.__version__)" | tee -a "$OUT/device.txt"
+  DATA=()
+else
+  export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+  WORK=${WORK:-/tmp/ladder_h200}
+  mkdir -p "$WORK"
+  $PY -m shared_data.data.generate --out "$WORK/train_32.h5" --size 32 --seed 1 --chunk 16 --npy --if-missing > /dev/null
+  $PY -m shared_data.data.generate --out "$WORK/val_32.h5" --size 32 --seed 2 --chunk 16 --if-missing > /dev/null
+  DATA=(--set "train_path=$WORK/train_32.h5" --set "val_path=$WORK/val_32.h5" --set "xla_cache_dir=$WORK/xla")
+fi
+left=$((DEADLINE - SECONDS))
+budget=$((left < BUDGET ? left : BUDGET))
+echo "set-up took ${SECONDS} s; the ladder's budget: ${budget} s" | tee "$OUT/timeline.txt"
+$PY -m dlas_compare.ladder --frameworks jax tf torch --config "$CONFIG" "${DATA[@]}" \
+  --warmup 2 --steps 40 --windows 3 --window_sec 1 --timeout 150 --budget_sec "$budget" ${RESUME:+--resume "$RESUME"} \
+  --out "$OUT/ladder_$CONFIG.jsonl" --figure "$OUT/ladder_$CONFIG.png" 2>&1 | grep --line-buffered -v "^W0000\|^I0000" \
+  | tee "$OUT/ladder_$CONFIG.log"
+status=${PIPESTATUS[0]}
+echo "done at ${SECONDS} s, exit $status" | tee -a "$OUT/timeline.txt"
+exit "$status"
