@@ -456,7 +456,7 @@ def table(summaries: list[dict]) -> str:
             continue
         rate = lambda mode: (
             num(s[f"{mode}_samples_per_sec"])
-            if s["values_from"].get(mode, s["ladder_step"]) == s["ladder_step"]
+            if s.get("values_from", {}).get(mode, s["ladder_step"]) == s["ladder_step"]
             else f"({num(s[f'{mode}_samples_per_sec'])})"
         )
         lines.append(
@@ -477,7 +477,7 @@ def noise_lines(summaries: list[dict]) -> list[str]:
     lines = []
     for fw in dict.fromkeys(s["framework"] for s in summaries):
         ran = [s for s in summaries if s["framework"] == fw and s["status"] == "ran" and s["synthetic_samples_per_sec"]]
-        ran = [s for s in ran if s["values_from"]["synthetic"] == s["ladder_step"]]  # measured at that rung
+        ran = [s for s in ran if s.get("values_from", {}).get("synthetic", s["ladder_step"]) == s["ladder_step"]]
         if not ran or ran[0]["ladder_rung"] != "baseline":
             continue
         key = lambda s: [s["ladder_settings"][k] for k in STEP_KEYS]

@@ -227,3 +227,25 @@ def test_figure_groups_bars_per_rung_beside_the_tutorial_s_a100(tiny_cfg, tmp_pa
     assert [t.get_text() for t in ax.texts].count("skipped") == 5
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(bars)
     fig.clf()
+
+
+def test_the_recorded_jax_ladder_replots(tmp_path):
+    """The H200 JAX ladder recorded before the rungs measured only what they change (every mode at
+    every rung, no ``values_from``) gives its table and the new figure."""
+    from shared_data.core.config import REPO_ROOT
+
+    recorded = REPO_ROOT / "experiments/ladder_h200/results/ladder_jax_short_opt.jsonl"
+    summaries = ladder.read_summaries(recorded)
+    text = ladder.table(summaries)
+    assert "jax       4 mixed precision          762.6     2325.8     802.9    7.46    1.13  input-bound" in text
+    assert ladder.noise_lines(summaries)[0].startswith("jax: SYNTHETIC of rungs 1, 2, 3")
+    rungs = [(r.name, r.title) for r in ladder.RUNGS]
+    fig = ladder_figure.ladder_axes(summaries, rungs, ladder_figure.figure_title(summaries, "short_opt"))
+    bars = {c.get_label(): c for c in fig.axes[0].containers if type(c).__name__ == "BarContainer"}
+    assert [round(p.get_height(), 1) for p in bars["jax"]] == [107.7, 85.9, 708.2, 802.9]
+    assert [t.get_text() for t in fig.axes[0].texts if t.get_text() in ("failed", "skipped")] == [
+        "failed",
+        "skipped",
+        "skipped",
+    ]
+    fig.clf()
