@@ -4,9 +4,9 @@
 # PyTorch (the reference has no compilation switch and no GPU-resident loader), data parallel skipped
 # on one GPU. The ladder prints its schedule first (each rung's modes and estimated seconds); its time
 # budget trims the timed windows to fit, and stops at DEADLINE seconds after this script starts
-# (BUDGET at most), so set-up (TF unpacked, data ~40 s) and ladder end inside the call's 600 s. A
-# second call with RESUME=<the first call's jsonl, copied into the checkout> runs only the rungs the
-# first did not finish.
+# (BUDGET at most), so set-up (TF unpacked, data ~40 s) and ladder end inside the call's 600 s. The
+# rungs' set-up alone is estimated at ~860 s: a second call right after the first, with RESUME=<the
+# first call's jsonl, copied into the checkout>, runs only the rungs the first did not finish.
 #
 # On nvidia-h200, after DALI (.dali/p0-p2) and TF (.tf/p0-p5) are staged by their calls
 # (../shared/device/README.md), in one call that carries [".tf/last", ".daltf"], $OUT set:
