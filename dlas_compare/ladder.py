@@ -538,8 +538,9 @@ def run_step(step: Step, modes: Sequence[str], common: list[str], timeout: float
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     """What the ladder runs, in order (every framework's rung 1, then rung 2, ...): ``order`` every
-    step, ``modes`` the modes of each runnable step (by framework and index), ``want`` the windows
-    asked for, ``budget`` seconds (None: no budget)."""
+    step, ``modes`` the modes each step measures (by framework and index), ``want`` the windows asked
+    for, ``budget`` seconds (None: no budget), ``reuse`` the benchmark records of the steps an earlier
+    ladder ran with the same settings (by framework and index)."""
 
     order: list[Step]
     modes: dict[tuple[str, int], list[str]]
@@ -789,13 +790,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     out = Path(args.out or f"runs/ladder/{cfg.name}.jsonl")
     figure = Path(args.figure or out.with_suffix(".png"))
+    resume = read_ladder(Path(args.resume), "--resume") if args.resume else []
     steps = {}
     for fw in args.frameworks:
         found = probe(fw)
         steps[fw] = plan(fw, found, cfg, args.more_workers, args.num_devices)
         print(f"[ladder] {fw}: {found.reason or f'{found.devices} device(s), {found.device}'}", flush=True)
     want = budget_mod.Windows(args.windows, args.window_sec)
-    resume = read_ladder(Path(args.resume), "--resume") if args.resume else []
     schedule = make_schedule(steps, args.modes, want, args.budget_sec, args.all_modes, resume)
     left = None if args.budget_sec is None else args.budget_sec - (time.perf_counter() - start)
     print("\n".join(f"[ladder] {line}" for line in schedule_lines(schedule, left)), flush=True)

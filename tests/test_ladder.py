@@ -147,6 +147,7 @@ def test_user_errors(tiny_cfg, capsys):
     assert run_cli(ladder.main, args + ["--set", "enable_amp=true"]) == 2
     assert run_cli(ladder.main, args + ["--modes", "io", "synthetic"]) == 2
     assert run_cli(ladder.main, args + ["--set", "train_path=/nonexistent.h5"]) == 2
+    assert run_cli(ladder.main, args + ["--resume", "/nonexistent.jsonl"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0] == (
         "error: num_data_workers is set by the ladder's rungs; leave it out (they own data_loader_config, "
@@ -155,6 +156,10 @@ def test_user_errors(tiny_cfg, capsys):
     assert err[1].startswith("error: enable_amp is set by the ladder's rungs")
     assert err[2] == "error: --modes must include full: the ladder's speedups are FULL samples/s"
     assert err[3].startswith("error: config 'cpu_tiny' reads /nonexistent.h5, which does not exist")
+    assert err[4] == (
+        "error: --resume /nonexistent.jsonl: expected a JSON lines file written by the ladder "
+        "([Errno 2] No such file or directory: '/nonexistent.jsonl')"
+    )
 
 
 def test_spent_budget_skips_the_rungs(tiny_cfg, tmp_path):
