@@ -22,11 +22,11 @@ DEADLINE=${DEADLINE:-570}
 RESUME=${RESUME:-}
 mkdir -p "$OUT"
 if [[ $CONFIG == short_opt ]]; then
+  export PYTHONPATH=/tmp/site  # DALI, staged by ../shared/device/stage-dali.sh
+  source scripts/gpu/common.sh  # a GPU (else one error line), the environment, device record, data
   if [[ ! -f /tmp/tf-env.sh ]]; then
     bash .tf/last/tf-on-device.sh > "$OUT/tf_unpack.log" 2>&1 || { tail -5 "$OUT/tf_unpack.log"; exit 1; }
   fi
-  export PYTHONPATH=/tmp/site  # DALI, staged by ../shared/device/stage-dali.sh
-  source scripts/gpu/common.sh  # environment, device and versions record, data/train_256.h5 and data/val_128.h5
   source /tmp/tf-env.sh
   export TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2
   bash experiments/tf_on_h200/plugin.sh  # the DALI TF plugin carried in .daltf/
