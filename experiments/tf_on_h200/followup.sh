@@ -5,11 +5,7 @@
 # (/tmp/tf-env.sh, /tmp/site) and the DALI TF plugin in .daltf/. Results under $OUT (~7 min).
 #   bash experiments/tf_on_h200/followup.sh
 set -uo pipefail
-export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh
-source scripts/gpu/common.sh
-source /tmp/tf-env.sh
-export TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2
-bash experiments/tf_on_h200/plugin.sh
+source experiments/tf_on_h200/env.sh
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_tf.py -k "dali or mirrored" 2>&1 \
   | tee $OUT/gpu_check_tf_followup.log | tail -4
 bench() {

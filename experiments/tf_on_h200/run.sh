@@ -7,12 +7,7 @@
 # in .daltf/ (diagnose.sh says how). Results under $OUT; the table is printed last.
 #   bash experiments/tf_on_h200/run.sh
 set -uo pipefail
-export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh
-source scripts/gpu/common.sh
-source /tmp/tf-env.sh
-export TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2
-bash experiments/tf_on_h200/plugin.sh
-python3 -c "import tensorflow as tf, keras; print('tensorflow', tf.__version__, 'keras', keras.__version__)" | tee -a $OUT/device.txt
+source experiments/tf_on_h200/env.sh
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_tf.py -k "dali or mirrored" 2>&1 \
   | tee $OUT/gpu_check_tf_dali.log | tail -4
 rm -rf .cache/xla
