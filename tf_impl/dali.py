@@ -214,23 +214,38 @@ class DaliDeviceInput:
         self.steps = len(plans(0))
         self.cursor = host_batches.EpochCursor(self.split, first_epoch)
         self.copy = tf.function(tf.identity, jit_compile=True)  # an XLA output is a new buffer
+        self.runs = [0] * len(self.pipes)  # steps each pipeline has run in its current epoch
+
+    def _finish_epoch(self, i: int) -> None:
+        """Ends pipeline ``i``'s current epoch if it has begun: the steps nobody took are run and
+        dropped, the sources' closing StopIteration is taken, and the pipeline is reset. This runs
+        when the next epoch starts, since the trainer takes ``steps`` batches and never asks the
+        generator for more (code after its last ``yield`` would never run)."""
+        if not self.runs[i]:
+            return
+        pipe = self.pipes[i]
+        for _ in range(self.steps - self.runs[i]):
+            pipe.run()
+        try:
+            pipe.run()
+        except StopIteration:
+            pass
+        pipe.reset()
+        self.runs[i] = 0
 
     def dataset(self, epoch: int, shard: int) -> Iterator[dict]:
         """One replica's batches of the pipeline's next epoch (``epoch`` is the cursor's)."""
         i = shard - self.shards[0]
+        self._finish_epoch(i)
         pipe = self.pipes[i]
         for _ in range(self.steps):
             outputs = pipe.run()
+            self.runs[i] += 1
             with tf.device(self.devices[i]):
                 yield {
                     name: self.copy(tf.experimental.dlpack.from_dlpack(t.as_tensor().__dlpack__()))
                     for name, t in zip(dp.OUTPUTS, outputs)
                 }
-        try:  # the sources end the epoch with StopIteration; the next epoch starts after a reset
-            pipe.run()
-        except StopIteration:
-            pass
-        pipe.reset()
 
     def epoch(self, epoch: int) -> Iterator:
         """Batches of ``epoch``: plain dicts with one replica, per-replica values with several."""
