@@ -57,6 +57,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "amp_dtype": ("bfloat16", "float16"),
     "upconv": ("subpixel", "phases", "transpose"),
     "downconv": ("space_to_depth", "strided"),
+    "conv_pad": ("separate", "folded"),
+    "kernel_regroup": ("gather", "transpose"),
+    "skip_concat": ("concat", "split"),
+    "adam_update": ("per_tensor", "flat"),
     "dali_h5_mode": ("parallel", "prefetch", "simple"),
     "grad_allreduce_dtype": ("float32", "bfloat16"),
 }
@@ -104,6 +108,9 @@ class Config:
     downconv: str
     upconv_transpose_below: int
     downconv_strided_below: int
+    conv_pad: str
+    kernel_regroup: str
+    skip_concat: str
     # --- training ---------------------------------------------------------------------------
     num_epochs: int
     global_batch_size: int
@@ -119,6 +126,7 @@ class Config:
     amp_dtype: str
     enable_jit: bool
     grad_allreduce_dtype: str
+    adam_update: str
     loss_scale_init: float
     loss_scale_period: int
     # --- run --------------------------------------------------------------------------------
