@@ -28,6 +28,10 @@ Up-convolution (``upconv``):
   interleave builds the 2n^3 output. FLOPs are ``((n+1)/n)^3`` of the transposed convolution's.
   The parameter stays the canonical (4, 4, 4, C_in, C_out) kernel; the 2x2x2 phase kernel is
   gathered from it inside the step, so both modes share weights files and checkpoints.
+* ``subpixel_crop``: ``subpixel`` with the phase channels in reversed order, ``(1 - r0, 1 - r1, 1 - r2,
+  c_out)``: the depth-to-space is then one interleaving transpose of the (n+1)^3 phase volume into
+  (2n+2)^3 and a crop of one voxel per side (:func:`depth_to_space_crop` derives it), an affine copy
+  instead of eight shifted slices stacked; its gradient is a one-voxel pad and the inverse transpose.
 * ``phases``: the same 8 phase convolutions run one by one, phase ``r`` on the window
   ``[r, r + n + 1)`` of the padded input with ``C_out`` channels, giving exactly the ``n^3`` outputs it
   needs: the transposed convolution's FLOPs with no ``((n+1)/n)^3`` excess (2x at n = 4), at the price
@@ -140,6 +144,37 @@ def conv_transpose_subpixel(
     return depth_to_space(split_sum(conv, xs, PHASE_KERNEL[regroup](w)), n, c_out)
 
 
+def depth_to_space_crop(y: jax.Array, n: int, c_out: int) -> jax.Array:
+    """:func:`depth_to_space` for phase channels in reversed order ``(1 - r0, 1 - r1, 1 - r2, c_out)``:
+    one interleaving transpose of ``y`` (B, n+1, n+1, n+1, 8 C_out) into (B, 2n+2, 2n+2, 2n+2, C_out) and
+    a crop of one voxel per side. Per axis, with ``s = 1 - r``, the transpose puts phase ``r`` of
+    window ``j`` at ``2 j + s``; output ``2 m + r`` is phase ``r`` of window ``m + r``, at
+    ``2 m + 2 r + 1 - r = (2 m + r) + 1``: every output sits one place further, whatever its phase."""
+    b = y.shape[0]
+    z = y.reshape(b, n + 1, n + 1, n + 1, 2, 2, 2, c_out).transpose(0, 1, 4, 2, 5, 3, 6, 7)
+    z = z.reshape(b, 2 * n + 2, 2 * n + 2, 2 * n + 2, c_out)
+    return z[:, 1 : 2 * n + 1, 1 : 2 * n + 1, 1 : 2 * n + 1]
+
+
+def conv_transpose_subpixel_crop(
+    x: jax.Array | tuple[jax.Array, ...], w: jax.Array, *, fold_pad: bool = False, regroup: str = "gather"
+) -> jax.Array:
+    """:func:`conv_transpose_subpixel` with the phase kernel's output channels in reversed phase order, so
+    that the depth-to-space is one transpose and a crop (:func:`depth_to_space_crop`) instead of eight
+    shifted slices stacked (the same convolution, the same FLOPs)."""
+    xs = inputs_of(x)
+    n, c_in, c_out = xs[0].shape[1], w.shape[3], w.shape[-1]
+    wk = PHASE_KERNEL[regroup](w).reshape(2, 2, 2, c_in, 2, 2, 2, c_out)[:, :, :, :, ::-1, ::-1, ::-1]
+    wk = wk.reshape(2, 2, 2, c_in, 8 * c_out)
+
+    def conv(xi, wi):
+        if fold_pad:
+            return lax.conv_general_dilated(xi, wi, (1, 1, 1), [(1, 1)] * 3, dimension_numbers=DIMS)
+        return lax.conv_general_dilated(pad1(xi), wi, (1, 1, 1), "VALID", dimension_numbers=DIMS)
+
+    return depth_to_space_crop(split_sum(conv, xs, wk), n, c_out)
+
+
 def conv_transpose_phases(
     x: jax.Array | tuple[jax.Array, ...], w: jax.Array, *, fold_pad: bool = False, regroup: str = "gather"
 ) -> jax.Array:
@@ -178,7 +213,12 @@ def conv_transpose_dilated(x: jax.Array | tuple[jax.Array, ...], w: jax.Array, *
     return split_sum(conv, inputs_of(x), w[::-1, ::-1, ::-1])
 
 
-UPCONV = {"subpixel": conv_transpose_subpixel, "phases": conv_transpose_phases, "transpose": conv_transpose_dilated}
+UPCONV = {
+    "subpixel": conv_transpose_subpixel,
+    "subpixel_crop": conv_transpose_subpixel_crop,
+    "phases": conv_transpose_phases,
+    "transpose": conv_transpose_dilated,
+}
 
 
 def conv_strided(x: jax.Array, w: jax.Array, **_) -> jax.Array:
@@ -251,7 +291,7 @@ class UNet(nn.Module):
     Args:
         widths: encoder widths (``unet_widths``, already cut for ``full_scale``).
         out_channels: N_out.
-        upconv: ``"subpixel"``, ``"phases"`` or ``"transpose"``.
+        upconv: ``"subpixel"``, ``"subpixel_crop"``, ``"phases"`` or ``"transpose"``.
         downconv: ``"space_to_depth"`` or ``"strided"``.
         upconv_transpose_below: up-convs whose input is smaller than this (voxels per side) are
             ``"transpose"`` (0: none).

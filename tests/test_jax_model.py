@@ -16,7 +16,7 @@ from shared_data.model import unet_spec
 RNG = np.random.default_rng(0)
 
 
-@pytest.mark.parametrize("method", ["subpixel", "phases", "transpose"])
+@pytest.mark.parametrize("method", ["subpixel", "subpixel_crop", "phases", "transpose"])
 @pytest.mark.parametrize("n, c_in, c_out", [(1, 3, 2), (2, 4, 3), (5, 3, 4), (8, 6, 5)])
 def test_upconv_equals_float64_transposed_conv_definition(method, n, c_in, c_out):
     x = RNG.standard_normal((2, n, n, n, c_in)).astype(np.float32)
@@ -31,7 +31,7 @@ def test_upconv_equals_float64_transposed_conv_definition(method, n, c_in, c_out
 
 UPCONV_FORMS = [
     (method, pad, regroup)
-    for method in ("subpixel", "phases", "transpose")
+    for method in ("subpixel", "subpixel_crop", "phases", "transpose")
     for pad in ("separate", "folded")
     for regroup in ("gather", "transpose")
     if method != "transpose" or (pad, regroup) == ("separate", "gather")  # the flipped-kernel form has neither
@@ -179,6 +179,7 @@ def test_canonical_round_trip(tiny_cfg, tmp_path):
     "levers",
     [
         {"conv_pad": "folded", "kernel_regroup": "transpose", "skip_concat": "split"},
+        {"upconv": "subpixel_crop", "conv_pad": "folded", "kernel_regroup": "transpose", "skip_concat": "split"},
         {"upconv": "phases", "conv_pad": "folded", "skip_concat": "split"},
         {"upconv": "transpose", "skip_concat": "split"},
     ],

@@ -14,7 +14,7 @@ from tf_impl import model as model_mod
 RNG = np.random.default_rng(1)
 
 
-@pytest.mark.parametrize("method", ["subpixel", "phases", "transpose"])
+@pytest.mark.parametrize("method", ["subpixel", "subpixel_crop", "phases", "transpose"])
 @pytest.mark.parametrize("n, c_in, c_out", [(1, 3, 2), (2, 4, 3), (5, 3, 4), (8, 6, 5)])
 def test_upconv_equals_float64_transposed_conv_definition(method, n, c_in, c_out):
     x = RNG.standard_normal((2, n, n, n, c_in)).astype(np.float32)
@@ -31,7 +31,14 @@ def test_upconv_equals_float64_transposed_conv_definition(method, n, c_in, c_out
 
 @pytest.mark.parametrize(
     "method, regroup",
-    [("subpixel", "gather"), ("subpixel", "transpose"), ("phases", "transpose"), ("transpose", "gather")],
+    [
+        ("subpixel", "gather"),
+        ("subpixel", "transpose"),
+        ("subpixel_crop", "gather"),
+        ("subpixel_crop", "transpose"),
+        ("phases", "transpose"),
+        ("transpose", "gather"),
+    ],
 )
 @pytest.mark.parametrize("split", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_upconv_forms_forward_and_gradients_equal_float64_reference(method, regroup, split, n=3):
@@ -108,6 +115,7 @@ def test_full_size_parameter_count_matches_spec():
         {},
         {"upconv_transpose_below": 4, "downconv_strided_below": 16, "upconv": "phases"},
         {"kernel_regroup": "transpose", "skip_concat": "split"},
+        {"upconv": "subpixel_crop", "kernel_regroup": "transpose", "skip_concat": "split"},
     ],
 )
 def test_same_canonical_weights_give_same_outputs_as_jax(tiny_cfg, small):

@@ -2,7 +2,7 @@
 
 Mirrors :mod:`jax_impl.model` function by function: the same layer names (``down1`` ... ``last``),
 the same canonical (4, 4, 4, C_in, C_out) kernels, the same ``downconv`` (``space_to_depth`` /
-``strided``) and ``upconv`` (``subpixel`` / ``phases`` / ``transpose``) formulations and
+``strided``) and ``upconv`` (``subpixel`` / ``subpixel_crop`` / ``phases`` / ``transpose``) formulations and
 small-level overrides, and the step levers ``kernel_regroup`` and ``skip_concat``; the docstring of
 :mod:`jax_impl.model` derives them. ``conv_pad: folded`` is JAX's only: ``tf.nn.conv3d`` takes no
 explicit padding, so TF's up-convs keep the pad as its own op under either value (XLA folds a pad
@@ -108,6 +108,29 @@ def conv_transpose_subpixel(x, w: tf.Tensor, *, regroup: str = "gather", **_) ->
     return depth_to_space(split_sum(conv, xs, PHASE_KERNEL[regroup](w)), n, c_out)
 
 
+def depth_to_space_crop(y: tf.Tensor, n: int | tf.Tensor, c_out: int) -> tf.Tensor:
+    """:func:`depth_to_space` for phase channels in reversed order: one interleaving transpose into
+    (B, 2n+2, 2n+2, 2n+2, C_out) and a crop of one voxel per side (:func:`jax_impl.model.depth_to_space_crop`
+    derives it)."""
+    z = tf.transpose(tf.reshape(y, (-1, n + 1, n + 1, n + 1, 2, 2, 2, c_out)), (0, 1, 4, 2, 5, 3, 6, 7))
+    z = tf.reshape(z, (-1, 2 * n + 2, 2 * n + 2, 2 * n + 2, c_out))
+    return z[:, 1 : 2 * n + 1, 1 : 2 * n + 1, 1 : 2 * n + 1]
+
+
+def conv_transpose_subpixel_crop(x, w: tf.Tensor, *, regroup: str = "gather", **_) -> tf.Tensor:
+    """:func:`conv_transpose_subpixel` with the phase channels in reversed order and the depth-to-space
+    as one transpose and a crop (:func:`depth_to_space_crop`)."""
+    xs = inputs_of(x)
+    n, c_in, c_out = side(xs[0]), w.shape[3], w.shape[-1]
+    wk = tf.reshape(PHASE_KERNEL[regroup](w), (2, 2, 2, c_in, 2, 2, 2, c_out))
+    wk = tf.reshape(tf.reverse(wk, axis=[4, 5, 6]), (2, 2, 2, c_in, 8 * c_out))
+
+    def conv(xi, wi):
+        return tf.nn.conv3d(pad1(xi), wi, (1, 1, 1, 1, 1), "VALID")
+
+    return depth_to_space_crop(split_sum(conv, xs, wk), n, c_out)
+
+
 def conv_transpose_phases(x, w: tf.Tensor, *, regroup: str = "gather", **_) -> tf.Tensor:
     """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` as 8 separate phase convolutions (no excess
     FLOPs), interleaved into (B, 2n, 2n, 2n, C_out)."""
@@ -162,7 +185,12 @@ def conv_space_to_depth(x: tf.Tensor, w: tf.Tensor, **_) -> tf.Tensor:
     return tf.nn.conv3d(s, wk, (1, 1, 1, 1, 1), "VALID")
 
 
-UPCONV = {"subpixel": conv_transpose_subpixel, "phases": conv_transpose_phases, "transpose": conv_transpose_dilated}
+UPCONV = {
+    "subpixel": conv_transpose_subpixel,
+    "subpixel_crop": conv_transpose_subpixel_crop,
+    "phases": conv_transpose_phases,
+    "transpose": conv_transpose_dilated,
+}
 DOWNCONV = {"space_to_depth": conv_space_to_depth, "strided": conv_strided}
 
 

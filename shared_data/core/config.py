@@ -55,7 +55,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "lr_scaling": ("none", "sqrt", "linear"),
     "lr_schedule": ("cosine", "constant"),
     "amp_dtype": ("bfloat16", "float16"),
-    "upconv": ("subpixel", "phases", "transpose"),
+    "upconv": ("subpixel", "subpixel_crop", "phases", "transpose"),
     "downconv": ("space_to_depth", "strided"),
     "conv_pad": ("separate", "folded"),
     "kernel_regroup": ("gather", "transpose"),
