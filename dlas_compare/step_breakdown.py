@@ -412,14 +412,19 @@ def tables(result: dict) -> str:
 
 def trace_steps(cfg, steps: int, warmup: int, out: Path) -> tuple[str, list, str, float]:
     """Trace ``steps`` SYNTHETIC steps of the kit's JAX step; return (HLO text, trace events, device, step seconds)."""
+    from jax_impl.bench import Bench
+
+    return trace_bench(Bench(cfg, "synthetic"), steps, warmup, out)
+
+
+def trace_bench(bench, steps: int, warmup: int, out: Path) -> tuple[str, list, str, float]:
+    """:func:`trace_steps` of a compiled SYNTHETIC ``jax_impl.bench.Bench``: ``warmup`` steps, ``steps``
+    timed untraced steps, then ``steps`` traced ones; the trace and the optimized HLO are written to ``out``."""
     import tempfile
     import time
 
     import jax
 
-    from jax_impl.bench import Bench
-
-    bench = Bench(cfg, "synthetic")
     for _ in range(warmup):
         bench.step()
     bench.sync()
