@@ -50,6 +50,9 @@ Step levers (the same function, other kernels; each form is tested against the f
 * ``skip_concat``: ``concat`` builds each decoder input ``[up, skip]``; ``split`` passes the pair to
   the next up-conv, which runs one convolution per part with its slice of the kernel's input channels
   and sums them before the depth-to-space (the sum fuses into the shuffle), so no concatenated copy is made.
+* ``pad_out_channels``: the ``last`` layer's 5 output channels (40 phase channels) rounded up to a
+  multiple of it with zero kernels, e.g. 8 (64 phase channels, a tensor-core tile), the extra channels
+  dropped before tanh: more FLOPs in one layer for a better-shaped convolution.
 """
 
 from __future__ import annotations
@@ -247,13 +250,16 @@ class _Conv(nn.Module):
 
     The input is one NDHWC array or, for an up-conv under ``skip_concat: split``, a tuple of arrays
     whose channels, concatenated, are the C_in of the kernel (the kernel is the same either way).
-    ``conv_pad`` and ``kernel_regroup`` are the config keys of the same names."""
+    ``conv_pad`` and ``kernel_regroup`` are the config keys of the same names; ``pad_out`` (> 1) runs
+    the convolution with ``features`` rounded up to a multiple of it, the extra kernels and biases zero,
+    and drops the extra output channels (``pad_out_channels``: tensor-core-sized channel counts)."""
 
     features: int
     method: str
     dtype: Any = jnp.float32
     conv_pad: str = "separate"
     kernel_regroup: str = "gather"
+    pad_out: int = 0
     FNS: ClassVar[dict] = {}
 
     @nn.compact
@@ -262,13 +268,14 @@ class _Conv(nn.Module):
         c_in = sum(xi.shape[-1] for xi in xs)
         w = self.param("kernel", KERNEL_INIT, (KERNEL, KERNEL, KERNEL, c_in, self.features), jnp.float32)
         b = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
+        w, b = w.astype(self.dtype), b.astype(self.dtype)
+        extra = -self.features % self.pad_out if self.pad_out > 1 else 0
+        if extra:
+            w, b = jnp.pad(w, ((0, 0),) * 4 + ((0, extra),)), jnp.pad(b, (0, extra))
         y = self.FNS[self.method](
-            xs if len(xs) > 1 else xs[0],
-            w.astype(self.dtype),
-            fold_pad=self.conv_pad == "folded",
-            regroup=self.kernel_regroup,
+            xs if len(xs) > 1 else xs[0], w, fold_pad=self.conv_pad == "folded", regroup=self.kernel_regroup
         )
-        return y + b.astype(self.dtype)
+        return (y + b)[..., : self.features] if extra else y + b
 
 
 class DownConv(_Conv):
@@ -301,6 +308,8 @@ class UNet(nn.Module):
         kernel_regroup: ``"gather"`` or ``"transpose"``: how the phase kernel is formed (:data:`PHASE_KERNEL`).
         skip_concat: ``"concat"`` (the decoder's ``[up, skip]`` concatenated) or ``"split"`` (the next
             up-conv runs on each part with its slice of the kernel and sums: no concatenated buffer).
+        pad_out_channels: the ``last`` layer computes ``out_channels`` rounded up to a multiple of this
+            (zero kernels, extra channels dropped before tanh); 0 or 1: as many as it returns.
     """
 
     widths: tuple[int, ...]
@@ -313,6 +322,7 @@ class UNet(nn.Module):
     conv_pad: str = "separate"
     kernel_regroup: str = "gather"
     skip_concat: str = "concat"
+    pad_out_channels: int = 0
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -335,7 +345,16 @@ class UNet(nn.Module):
                     x = jnp.concatenate(x, axis=-1)
         with jax.named_scope("last"):
             method = conv_method("up", inputs_of(x)[0].shape[1], self.upconv, self.upconv_transpose_below)
-            x = UpConv(self.out_channels, method, self.dtype, self.conv_pad, self.kernel_regroup, name="last")(x)
+            last = UpConv(
+                self.out_channels,
+                method,
+                self.dtype,
+                self.conv_pad,
+                self.kernel_regroup,
+                self.pad_out_channels,
+                name="last",
+            )
+            x = last(x)
             return jnp.tanh(x.astype(jnp.float32))
 
 
@@ -355,6 +374,7 @@ def build_model(cfg: Config) -> UNet:
         cfg.conv_pad,
         cfg.kernel_regroup,
         cfg.skip_concat,
+        cfg.pad_out_channels,
     )
 
 

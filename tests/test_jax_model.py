@@ -64,6 +64,30 @@ def test_upconv_forms_forward_and_gradients_equal_float64_reference(method, conv
     assert rel_err(dx, ref_dx) < 1e-5 and rel_err(dw, ref_dw) < 1e-5
 
 
+@pytest.mark.parametrize("method", ["subpixel", "subpixel_crop", "transpose"])
+def test_padded_output_channels_equal_float64_reference(method):
+    """``pad_out_channels``: the last layer's 5 channels computed as 8 (zero kernels), 5 returned; output and
+    gradients against the float64 definition, and the kernel parameter keeps its canonical shape."""
+    n, c_in, c_out = 3, 4, 5
+    x = RNG.standard_normal((2, n, n, n, c_in)).astype(np.float32)
+    w = RNG.standard_normal((4, 4, 4, c_in, c_out)).astype(np.float32)
+    b = RNG.standard_normal(c_out).astype(np.float32)
+    g = RNG.standard_normal((2, 2 * n, 2 * n, 2 * n, c_out)).astype(np.float32)
+    layer = model_mod.UpConv(c_out, method, pad_out=8)
+    assert jax.eval_shape(layer.init, jax.random.key(0), jnp.asarray(x))["params"]["kernel"].shape == w.shape
+
+    def inner(x, w, b):
+        out = layer.apply({"params": {"kernel": w, "bias": b}}, x)
+        return jnp.sum(out * jnp.asarray(g)), out
+
+    (_, out), (dx, dw, db) = jax.value_and_grad(inner, argnums=(0, 1, 2), has_aux=True)(*map(jnp.asarray, (x, w, b)))
+    ref_dx, ref_dw = unet_spec.conv_transpose_reference_grads(x, w, g)
+    assert out.shape == (2, 2 * n, 2 * n, 2 * n, c_out)
+    assert rel_err(out, unet_spec.conv_transpose_reference(x, w, b)) < 1e-5
+    assert rel_err(dx, ref_dx) < 1e-5 and rel_err(dw, ref_dw) < 1e-5
+    assert rel_err(db, g.astype(np.float64).sum(axis=(0, 1, 2, 3))) < 1e-5
+
+
 def test_phase_kernel_forms_are_the_same_permutation():
     """The flip-reshape-transpose phase kernel is the gather of PHASE_TAPS, element for element."""
     w = jnp.asarray(RNG.standard_normal((4, 4, 4, 3, 2)).astype(np.float32))
@@ -179,7 +203,13 @@ def test_canonical_round_trip(tiny_cfg, tmp_path):
     "levers",
     [
         {"conv_pad": "folded", "kernel_regroup": "transpose", "skip_concat": "split"},
-        {"upconv": "subpixel_crop", "conv_pad": "folded", "kernel_regroup": "transpose", "skip_concat": "split"},
+        {
+            "upconv": "subpixel_crop",
+            "conv_pad": "folded",
+            "kernel_regroup": "transpose",
+            "skip_concat": "split",
+            "pad_out_channels": 8,
+        },
         {"upconv": "phases", "conv_pad": "folded", "skip_concat": "split"},
         {"upconv": "transpose", "skip_concat": "split"},
     ],

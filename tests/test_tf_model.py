@@ -66,6 +66,32 @@ def test_upconv_forms_forward_and_gradients_equal_float64_reference(method, regr
     assert rel_err(tf.concat(dparts, -1), ref_dx) < 1e-5 and rel_err(dw, ref_dw) < 1e-5
 
 
+@pytest.mark.parametrize("method", ["subpixel_crop", "transpose"])
+def test_padded_output_channels_equal_float64_reference(method):
+    """``pad_out_channels``: 5 channels computed as 8 (zero kernels), 5 returned; output and gradients
+    against the float64 definition, the kernel variable of canonical shape."""
+    n, c_in, c_out = 3, 4, 5
+    x = RNG.standard_normal((2, n, n, n, c_in)).astype(np.float32)
+    w = RNG.standard_normal((4, 4, 4, c_in, c_out)).astype(np.float32)
+    b = RNG.standard_normal(c_out).astype(np.float32)
+    g = RNG.standard_normal((2, 2 * n, 2 * n, 2 * n, c_out)).astype(np.float32)
+    layer = model_mod.UpConv(c_out, method, "gather", 8)
+    layer.build(x.shape)
+    layer.kernel.assign(w)
+    layer.bias.assign(b)
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        out = layer(xt)
+        inner = tf.reduce_sum(out * g)
+    dx, dw, db = tape.gradient(inner, [xt, layer.kernel, layer.bias])
+    ref_dx, ref_dw = unet_spec.conv_transpose_reference_grads(x, w, g)
+    assert tuple(out.shape) == (2, 2 * n, 2 * n, 2 * n, c_out) and tuple(layer.kernel.shape) == w.shape
+    assert rel_err(out, unet_spec.conv_transpose_reference(x, w, b)) < 1e-5
+    assert rel_err(dx, ref_dx) < 1e-5 and rel_err(dw, ref_dw) < 1e-5
+    assert rel_err(db, g.astype(np.float64).sum(axis=(0, 1, 2, 3))) < 1e-5
+
+
 def test_phase_kernel_forms_are_the_same_permutation():
     """The flip-reshape-transpose phase kernel is the gather of PHASE_TAPS, element for element."""
     w = tf.constant(RNG.standard_normal((4, 4, 4, 3, 2)).astype(np.float32))
@@ -115,7 +141,7 @@ def test_full_size_parameter_count_matches_spec():
         {},
         {"upconv_transpose_below": 4, "downconv_strided_below": 16, "upconv": "phases"},
         {"kernel_regroup": "transpose", "skip_concat": "split"},
-        {"upconv": "subpixel_crop", "kernel_regroup": "transpose", "skip_concat": "split"},
+        {"upconv": "subpixel_crop", "kernel_regroup": "transpose", "skip_concat": "split", "pad_out_channels": 8},
     ],
 )
 def test_same_canonical_weights_give_same_outputs_as_jax(tiny_cfg, small):

@@ -2,11 +2,11 @@
 
 Mirrors :mod:`jax_impl.model` function by function: the same layer names (``down1`` ... ``last``),
 the same canonical (4, 4, 4, C_in, C_out) kernels, the same ``downconv`` (``space_to_depth`` /
-``strided``) and ``upconv`` (``subpixel`` / ``subpixel_crop`` / ``phases`` / ``transpose``) formulations and
-small-level overrides, and the step levers ``kernel_regroup`` and ``skip_concat``; the docstring of
-:mod:`jax_impl.model` derives them. ``conv_pad: folded`` is JAX's only: ``tf.nn.conv3d`` takes no
-explicit padding, so TF's up-convs keep the pad as its own op under either value (XLA folds a pad
-into the convolution where it can).
+``strided``) and ``upconv`` (``subpixel`` / ``subpixel_crop`` / ``phases`` / ``transpose``)
+formulations and small-level overrides, and the step levers ``kernel_regroup``, ``skip_concat`` and
+``pad_out_channels``; the docstring of :mod:`jax_impl.model` derives them. ``conv_pad: folded`` is
+JAX's only: ``tf.nn.conv3d`` takes no explicit padding, so TF's up-convs keep the pad as its own op
+under either value (XLA folds a pad into the convolution where it can).
 
 Precision follows Keras' mixed-precision policy: ``float32``, ``mixed_bfloat16`` or
 ``mixed_float16`` (variables float32, compute in the half type). The last layer's output is cast to
@@ -198,13 +198,15 @@ class _Conv(keras.layers.Layer):
     """A (4, 4, 4, C_in, features) kernel + bias applied by ``fn``; variables float32.
 
     The input is one NDHWC tensor or, for an up-conv under ``skip_concat: split``, a list of tensors
-    whose channels, concatenated, are the kernel's C_in. ``kernel_regroup`` is the config key."""
+    whose channels, concatenated, are the kernel's C_in. ``kernel_regroup`` is the config key; ``pad_out``
+    (> 1) rounds ``features`` up to a multiple of it with zero kernels and drops the extra output channels
+    (``pad_out_channels``, :class:`jax_impl.model._Conv`)."""
 
     fns: ClassVar[dict] = {}
 
-    def __init__(self, features: int, method: str, kernel_regroup: str = "gather", **kwargs):
+    def __init__(self, features: int, method: str, kernel_regroup: str = "gather", pad_out: int = 0, **kwargs):
         super().__init__(**kwargs)
-        self.features, self.method, self.kernel_regroup = features, method, kernel_regroup
+        self.features, self.method, self.kernel_regroup, self.pad_out = features, method, kernel_regroup, pad_out
 
     def build(self, input_shape):
         nested = isinstance(input_shape, (list, tuple)) and not isinstance(input_shape[0], (int, type(None)))
@@ -217,8 +219,12 @@ class _Conv(keras.layers.Layer):
     def call(self, x):
         dt = self.compute_dtype
         xs = tuple(tf.cast(xi, dt) for xi in inputs_of(x))
-        y = self.fns[self.method](xs if len(xs) > 1 else xs[0], tf.cast(self.kernel, dt), regroup=self.kernel_regroup)
-        return y + tf.cast(self.bias, dt)
+        w, b = tf.cast(self.kernel, dt), tf.cast(self.bias, dt)
+        extra = -self.features % self.pad_out if self.pad_out > 1 else 0
+        if extra:
+            w, b = tf.pad(w, ((0, 0),) * 4 + ((0, extra),)), tf.pad(b, ((0, extra),))
+        y = self.fns[self.method](xs if len(xs) > 1 else xs[0], w, regroup=self.kernel_regroup) + b
+        return y[..., : self.features] if extra else y
 
     def get_config(self):
         return {
@@ -226,6 +232,7 @@ class _Conv(keras.layers.Layer):
             "features": self.features,
             "method": self.method,
             "kernel_regroup": self.kernel_regroup,
+            "pad_out": self.pad_out,
         }
 
 
@@ -269,7 +276,7 @@ def build_model(cfg: Config, batch_size: int | None = None, free_side: bool = Fa
         if cfg.skip_concat == "concat":
             x = keras.layers.Concatenate(axis=-1, dtype=policy, name=f"{name}_concat")(x)
     method = conv_method("up", inputs_of(x)[0].shape[1], cfg.upconv, cfg.upconv_transpose_below)
-    x = UpConv(cfg.N_out_channels, method, cfg.kernel_regroup, dtype=policy, name="last")(x)
+    x = UpConv(cfg.N_out_channels, method, cfg.kernel_regroup, cfg.pad_out_channels, dtype=policy, name="last")(x)
     out = keras.layers.Activation("tanh", dtype="float32", name="tanh")(x)
     return keras.Model(inputs, out, name="unet")
 

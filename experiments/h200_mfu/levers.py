@@ -37,6 +37,7 @@ LEVERS: dict[str, dict] = {
     "kernel_regroup=transpose": {"kernel_regroup": "transpose"},
     "skip_concat=split": {"skip_concat": "split"},
     "adam_update=flat": {"adam_update": "flat"},
+    "pad_out_channels=8": {"pad_out_channels": 8},
 }
 #: Whole-step command buffers (CUDA graphs): the convolutions, cuDNN and library calls recorded into
 #: XLA's command buffers beside the fusions, and graphs of any size.
@@ -45,7 +46,7 @@ COMMAND_BUFFER_FLAGS = (
     " --xla_gpu_graph_min_graph_size=1"
 )
 #: The config keys of the levers TF has (``conv_pad: folded`` and ``adam_update: flat`` are JAX's).
-TF_KEYS = ("upconv", "kernel_regroup", "skip_concat")
+TF_KEYS = ("upconv", "kernel_regroup", "skip_concat", "pad_out_channels")
 #: A lever joins the combination when it shortens the baseline's median step by more than this share.
 NOISE = 0.01
 TRACED_STEPS = 5
@@ -76,6 +77,11 @@ def overrides_of(name: str, framework: str, best: dict | None) -> dict:
         names = ", ".join(["best", "command_buffers", *LEVERS])
         raise SystemExit(f"error: unknown variant {name!r}: expected one of {names}")
     return {k: v for k, v in over.items() if k in TF_KEYS} if framework == "tf" else over
+
+
+def why(err: Exception) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}"
 
 
 def write_breakdown(bench, cfg, folder: Path) -> dict:
@@ -121,10 +127,13 @@ def run(args: argparse.Namespace) -> int:
             bench = benchmark.make_bench(args.framework, cfg, "synthetic")
             rec = benchmark.run_bench(bench, cfg, "synthetic", args.warmup, args.steps, args.windows, label)
             rec.update(common, overrides=over, xla_flags=os.environ.get("XLA_FLAGS", ""))
-            if name in dirs and args.framework == "jax":
-                rec["breakdown"] = {"folder": dirs[name], **write_breakdown(bench, cfg, Path(dirs[name]))}
         except Exception as err:  # a lever that fails is a result of this study, and the others still run
-            rec = {**common, "overrides": over, "failure": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+            rec = {**common, "overrides": over, "failure": why(err)}
+        if name in dirs and args.framework == "jax" and "failure" not in rec:
+            try:
+                rec["breakdown"] = {"folder": dirs[name], **write_breakdown(bench, cfg, Path(dirs[name]))}
+            except Exception as err:  # the step time stays recorded
+                rec["breakdown"] = {"folder": dirs[name], "failure": why(err)}
         append(out, rec)
         print(f"[levers] {label}: {rec.get('step_ms_p50', rec.get('failure'))}", file=sys.stderr, flush=True)
         del bench

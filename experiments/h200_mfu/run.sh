@@ -25,7 +25,7 @@ mkdir -p "$OUT"
 STUDY=experiments/h200_mfu
 if [[ $CONFIG == short_opt ]]; then
   command -v nvidia-smi >/dev/null || { echo "error: run.sh needs an NVIDIA GPU (nvidia-smi not found)" >&2; exit 2; }
-  export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
+  export PYTHONPATH=.:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
   $PY -c "import jax, flax, optax, torch; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'torch', torch.__version__)" | tee -a "$OUT/device.txt"
   if [[ ! -f /tmp/tf-env.sh ]]; then
@@ -50,7 +50,8 @@ stamp() { echo "$1 at $(( $(date +%s) - START )) s" | tee -a "$OUT/timeline.txt"
 stamp "set-up done"
 # 1. JAX: the baseline (and its step breakdown) and each lever alone, in one process; a variant that ends
 #    the process is recorded as such and the next process goes on with the rest.
-SINGLES=(baseline upconv=subpixel_crop upconv=transpose conv_pad=folded kernel_regroup=transpose skip_concat=split adam_update=flat)
+SINGLES=(baseline upconv=subpixel_crop upconv=transpose conv_pad=folded kernel_regroup=transpose skip_concat=split
+  adam_update=flat pad_out_channels=8)
 for attempt in 1 2 3; do
   (( $(left) > 60 )) || break
   levers $(( $(left) - 40 )) --framework jax --variants "${SINGLES[@]}" --estimate 35 \

@@ -111,6 +111,7 @@ class Config:
     conv_pad: str
     kernel_regroup: str
     skip_concat: str
+    pad_out_channels: int
     # --- training ---------------------------------------------------------------------------
     num_epochs: int
     global_batch_size: int
@@ -298,6 +299,7 @@ RANGES: dict[str, tuple[float, bool]] = {
             "num_epochs",
             "upconv_transpose_below",
             "downconv_strided_below",
+            "pad_out_channels",
             "warmup_steps",
             "start_lr",
             "end_lr",
@@ -325,6 +327,7 @@ MAXIMA: dict[str, int] = {
     "keep_checkpoints": 10**4,
     "warmup_steps": 10**6,
     "unet_widths": 2**16,
+    "pad_out_channels": 256,
 }
 #: The most optimizer steps one run may take: one learning-rate entry each, built at start.
 MAX_TOTAL_STEPS = 10**6
