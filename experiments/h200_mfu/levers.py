@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     base = config_mod.config_from_args(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    best = json.loads(Path(args.best).read_text()) if args.best else None
+    best = json.loads(Path(args.best).read_text()) if args.best and Path(args.best).exists() else None
     dirs = dict(item.split("=", 1) for item in args.breakdown)
     started = out.with_name(out.name + ".started")
     tried = set(started.read_text().split("\n")) if started.exists() else set()

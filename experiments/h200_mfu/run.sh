@@ -40,8 +40,9 @@ fi
 rm -rf /tmp/h200_mfu_xla /tmp/h200_mfu_xla_cpu  # every compile in this call is a cold one
 left() { echo $((START + DEADLINE - $(date +%s))); }
 quiet() { grep --line-buffered -v "^W0000\|^I0000\|^WARNING: All log messages"; }
-levers() {  # levers.py run with the call's config, deadline and windows; $1: timeout s, then its arguments
-  local t=$1; shift
+levers() {  # levers.py run with the call's config, deadline and windows; $1: seconds kept after it, then its arguments
+  local t=$(( $(left) - $1 )); shift
+  (( t > 10 )) || { echo "[levers] skipped, no time left: $*" | tee -a "$OUT/levers.log"; return; }
   timeout "$t" $PY $STUDY/levers.py run --config "$CONFIG" "${SETS[@]}" "${WINDOWS[@]}" \
     --deadline $((START + DEADLINE)) "$@" 2>&1 | quiet | tee -a "$OUT/levers.log" | grep "^\[levers\]\|^error"
 }
@@ -54,21 +55,28 @@ SINGLES=(baseline upconv=subpixel_crop upconv=transpose conv_pad=folded kernel_r
   adam_update=flat pad_out_channels=8)
 for attempt in 1 2 3; do
   (( $(left) > 60 )) || break
-  levers $(( $(left) - 40 )) --framework jax --variants "${SINGLES[@]}" --estimate 35 \
+  levers 40 --framework jax --variants "${SINGLES[@]}" --estimate 35 \
     --breakdown "baseline=$OUT/breakdown_baseline" --out "$OUT/jax.jsonl"
   [[ $($PY -c "import json,sys; print(len(open('$OUT/jax.jsonl').read().splitlines()))" 2>/dev/null) -ge ${#SINGLES[@]} ]] && break
 done
+# the variants no process reached, recorded (skipped, or ended their process) without running them
+$PY $STUDY/levers.py run --config "$CONFIG" "${SETS[@]}" --framework jax --variants "${SINGLES[@]}" --deadline 1 \
+  --out "$OUT/jax.jsonl"
 stamp "JAX levers done"
 # 2. JAX: whole-step command buffers (CUDA graphs), the baseline in a process with their flags.
 FLAGS=$($PY -c "import sys; sys.path.insert(0, '$STUDY'); import levers; print(levers.COMMAND_BUFFER_FLAGS)")
-XLA_FLAGS="${XLA_FLAGS:-} $FLAGS" levers $(( $(left) - 20 )) --framework jax --variants command_buffers --estimate 40 \
+XLA_FLAGS="${XLA_FLAGS:-} $FLAGS" levers 20 --framework jax --variants command_buffers --estimate 40 \
   --out "$OUT/jax.jsonl"
 stamp "command buffers done"
 # 3. The combination of the levers that helped, with its step breakdown.
-$PY $STUDY/levers.py choose "$OUT/jax.jsonl" --out "$OUT/best.json" | tee -a "$OUT/levers.log"
-BEST_FLAGS=$($PY -c "import json; print(json.load(open('$OUT/best.json'))['xla_flags'])")
-XLA_FLAGS="${XLA_FLAGS:-} $BEST_FLAGS" levers $(( $(left) - 20 )) --framework jax --variants best --best "$OUT/best.json" \
-  --estimate 60 --breakdown "best=$OUT/breakdown_best" --out "$OUT/jax.jsonl"
+$PY $STUDY/levers.py choose "$OUT/jax.jsonl" --out "$OUT/best.json" 2>&1 | tee -a "$OUT/levers.log"
+TF_VARIANTS=(baseline)
+if [[ -f $OUT/best.json ]]; then
+  TF_VARIANTS=(best baseline)
+  BEST_FLAGS=$($PY -c "import json; print(json.load(open('$OUT/best.json'))['xla_flags'])")
+  XLA_FLAGS="${XLA_FLAGS:-} $BEST_FLAGS" levers 20 --framework jax --variants best --best "$OUT/best.json" \
+    --estimate 60 --breakdown "best=$OUT/breakdown_best" --out "$OUT/jax.jsonl"
+fi
 stamp "JAX combination done"
 # 4. The PyTorch reference.
 if [[ $TORCH == 1 ]] && (( $(left) > 60 )); then
@@ -84,7 +92,7 @@ if [[ $CONFIG != short_opt || -f /tmp/tf-env.sh ]] && (( $(left) > 70 )); then
       export TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2
       $PY -c "import tensorflow as tf, keras; print('tensorflow', tf.__version__, 'keras', keras.__version__)" | tee -a "$OUT/device.txt"
     fi
-    levers $(( $(left) - 10 )) --framework tf --variants best baseline --best "$OUT/best.json" --estimate 65 \
+    levers 10 --framework tf --variants "${TF_VARIANTS[@]}" --best "$OUT/best.json" --estimate 65 \
       --out "$OUT/tf.jsonl"
   )
 fi
