@@ -95,8 +95,10 @@ if [[ $CONFIG != short_opt || -f /tmp/tf-env.sh ]] && (( $(left) > 70 )); then
     levers 10 --framework tf --variants "${TF_VARIANTS[@]}" --best "$OUT/best.json" --estimate 65 \
       --out "$OUT/tf.jsonl"
   )
+  stamp "TF done"
+else
+  stamp "TF skipped ($(left) s left; TF's staged runtime /tmp/tf-env.sh $([[ -f /tmp/tf-env.sh ]] && echo found || echo missing))"
 fi
-stamp "TF done"
 for d in "$OUT"/breakdown_*; do [[ -f $d/hlo.txt ]] && gzip -f "$d/hlo.txt"; done
 RECORDS=("$OUT/jax.jsonl")
 for f in torch tf; do [[ -f $OUT/$f.jsonl ]] && RECORDS+=("$OUT/$f.jsonl"); done
