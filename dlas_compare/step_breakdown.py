@@ -201,16 +201,21 @@ def formulation_kernels(cfg) -> dict[str, list]:
     """Per layer, the sorted dims of the kernel its convolutions use (the formulation's: space-to-depth
     (2, 2, 2, 8 C_in, C_out), sub-pixel (2, 2, 2, C_in, 8 C_out), else (4, 4, 4, C_in, C_out)), to find
     the layer of a convolution XLA left without a scope."""
-    out = {}
+    out, first_up = {}, True
     for s in unet_spec.layer_specs(cfg):
         if s.kind == "down":
             method = unet_spec.conv_method("down", s.in_size, cfg.downconv, cfg.downconv_strided_below)
             dims = [2, 2, 2, 8 * s.c_in, s.c_out] if method == "space_to_depth" else [4, 4, 4, s.c_in, s.c_out]
         else:
             method = unet_spec.conv_method("up", s.in_size, cfg.upconv, cfg.upconv_transpose_below)
-            dims = {"subpixel": [2, 2, 2, s.c_in, 8 * s.c_out], "phases": [2, 2, 2, s.c_in, s.c_out]}.get(
-                method, [4, 4, 4, s.c_in, s.c_out]
-            )
+            # skip_concat: split runs the [up, skip] input of every up-conv but the first as two halves
+            c_in = s.c_in // 2 if cfg.skip_concat == "split" and not first_up else s.c_in
+            first_up = False
+            dims = {
+                "subpixel": [2, 2, 2, c_in, 8 * s.c_out],
+                "subpixel_crop": [2, 2, 2, c_in, 8 * s.c_out],
+                "phases": [2, 2, 2, c_in, s.c_out],
+            }.get(method, [4, 4, 4, c_in, s.c_out])
         out[s.name] = sorted(dims)
     return out
 
@@ -407,14 +412,19 @@ def tables(result: dict) -> str:
 
 def trace_steps(cfg, steps: int, warmup: int, out: Path) -> tuple[str, list, str, float]:
     """Trace ``steps`` SYNTHETIC steps of the kit's JAX step; return (HLO text, trace events, device, step seconds)."""
+    from jax_impl.bench import Bench
+
+    return trace_bench(Bench(cfg, "synthetic"), steps, warmup, out)
+
+
+def trace_bench(bench, steps: int, warmup: int, out: Path) -> tuple[str, list, str, float]:
+    """:func:`trace_steps` of a compiled SYNTHETIC ``jax_impl.bench.Bench``: ``warmup`` steps, ``steps``
+    timed untraced steps, then ``steps`` traced ones; the trace and the optimized HLO are written to ``out``."""
     import tempfile
     import time
 
     import jax
 
-    from jax_impl.bench import Bench
-
-    bench = Bench(cfg, "synthetic")
     for _ in range(warmup):
         bench.step()
     bench.sync()

@@ -33,7 +33,7 @@ class Bench:
         if mode in ("io", "full"):
             self.batches = host_batches.forever(data_mod.make_input(cfg, "train", self.mesh))
         if mode in ("synthetic", "full"):
-            tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6))
+            tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6), cfg.adam_update)
             params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))
             self.state = jax.device_put(train_mod.create_train_state(cfg, params, tx), distribute.replicated(self.mesh))
             spec = data_mod.batch_spec(cfg, self.mesh)

@@ -47,11 +47,14 @@ class TrainState(struct.PyTreeNode):
     dynamic_scale: DynamicScale | None
 
 
-def make_optimizer(lr_table: np.ndarray) -> optax.GradientTransformation:
+def make_optimizer(lr_table: np.ndarray, adam_update: str = "per_tensor") -> optax.GradientTransformation:
     """Adam (PyTorch defaults: betas 0.9/0.999, eps 1e-8) with the shared LR table indexed by the
-    optimizer's step count, clamped to the last entry."""
+    optimizer's step count, clamped to the last entry. ``adam_update: flat`` wraps it in
+    ``optax.flatten``: gradients, moments and updates are one vector, so the update is one elementwise
+    pass over all parameters (the same arithmetic; the moments are then stored as one vector)."""
     table = jnp.asarray(lr_table, jnp.float32)
-    return optax.adam(lambda count: table[jnp.minimum(count, table.shape[0] - 1)], b1=0.9, b2=0.999, eps=1e-8)
+    tx = optax.adam(lambda count: table[jnp.minimum(count, table.shape[0] - 1)], b1=0.9, b2=0.999, eps=1e-8)
+    return optax.flatten(tx) if adam_update == "flat" else tx
 
 
 def create_train_state(cfg: Config, params: dict, tx: optax.GradientTransformation) -> TrainState:
@@ -179,7 +182,7 @@ def train_and_evaluate(
         resume=resume,
         overwrite=overwrite,
     )
-    model, tx = model_mod.build_model(cfg), make_optimizer(run.lr_table)
+    model, tx = model_mod.build_model(cfg), make_optimizer(run.lr_table, cfg.adam_update)
     params = model_mod.params_from_canonical(run.initial_weights(init_weights))
     state = jax.device_put(create_train_state(cfg, params, tx), distribute.replicated(mesh))
     ckpt = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, state)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from conftest import rel_err
 
@@ -15,7 +16,7 @@ from shared_data.model import unet_spec
 RNG = np.random.default_rng(0)
 
 
-@pytest.mark.parametrize("method", ["subpixel", "phases", "transpose"])
+@pytest.mark.parametrize("method", ["subpixel", "subpixel_crop", "phases", "transpose"])
 @pytest.mark.parametrize("n, c_in, c_out", [(1, 3, 2), (2, 4, 3), (5, 3, 4), (8, 6, 5)])
 def test_upconv_equals_float64_transposed_conv_definition(method, n, c_in, c_out):
     x = RNG.standard_normal((2, n, n, n, c_in)).astype(np.float32)
@@ -26,6 +27,103 @@ def test_upconv_equals_float64_transposed_conv_definition(method, n, c_in, c_out
     got = layer.apply({"params": {"kernel": jnp.asarray(w), "bias": jnp.asarray(b)}}, jnp.asarray(x))
     assert got.shape == (2, 2 * n, 2 * n, 2 * n, c_out) and got.dtype == jnp.float32
     assert rel_err(got, ref) < 1e-5
+
+
+# The fast tier runs each lever once (split inputs); the slow tier every combination, one input too.
+FAST_FORMS = {
+    ("subpixel", "folded", "transpose"),
+    ("subpixel_crop", "separate", "gather"),
+    ("subpixel_crop", "folded", "transpose"),
+    ("phases", "folded", "transpose"),
+    ("transpose", "separate", "gather"),
+}
+UPCONV_FORMS = [
+    (method, pad, regroup, split)
+    for method in ("subpixel", "subpixel_crop", "phases", "transpose")
+    for pad in ("separate", "folded")
+    for regroup in ("gather", "transpose")
+    for split in (True, False)
+    if method != "transpose" or (pad, regroup) == ("separate", "gather")  # the flipped-kernel form has neither
+]
+
+
+@pytest.mark.parametrize(
+    "method, conv_pad, regroup, split",
+    [p if p[3] and p[:3] in FAST_FORMS else pytest.param(*p, marks=pytest.mark.slow) for p in UPCONV_FORMS],
+)
+def test_upconv_forms_forward_and_gradients_equal_float64_reference(method, conv_pad, regroup, split, n=3):
+    """Every up-conv form (``upconv`` x ``conv_pad`` x ``kernel_regroup``, one input or the two parts of a
+    ``skip_concat: split`` input): output and the gradients of <g, output> with respect to the input(s)
+    and the kernel against the float64 definition."""
+    c_a, c_b, c_out = 3, 2, 4
+    x = RNG.standard_normal((2, n, n, n, c_a + c_b)).astype(np.float32)
+    w = RNG.standard_normal((4, 4, 4, c_a + c_b, c_out)).astype(np.float32)
+    b = RNG.standard_normal(c_out).astype(np.float32)
+    g = RNG.standard_normal((2, 2 * n, 2 * n, 2 * n, c_out)).astype(np.float32)
+    layer = model_mod.UpConv(c_out, method, conv_pad=conv_pad, kernel_regroup=regroup)
+    parts = (jnp.asarray(x[..., :c_a]), jnp.asarray(x[..., c_a:])) if split else jnp.asarray(x)
+
+    def inner(parts, w):
+        out = layer.apply({"params": {"kernel": w, "bias": jnp.asarray(b)}}, parts)
+        return jnp.sum(out * jnp.asarray(g)), out
+
+    (_, out), (dparts, dw) = jax.jit(jax.value_and_grad(inner, argnums=(0, 1), has_aux=True))(parts, jnp.asarray(w))
+    dx = jnp.concatenate(dparts, axis=-1) if split else dparts
+    ref_dx, ref_dw = unet_spec.conv_transpose_reference_grads(x, w, g)
+    assert out.shape == (2, 2 * n, 2 * n, 2 * n, c_out) and out.dtype == jnp.float32
+    assert rel_err(out, unet_spec.conv_transpose_reference(x, w, b)) < 1e-5
+    assert rel_err(dx, ref_dx) < 1e-5 and rel_err(dw, ref_dw) < 1e-5
+
+
+@pytest.mark.parametrize("method", [pytest.param("subpixel", marks=pytest.mark.slow), "subpixel_crop", "transpose"])
+def test_padded_output_channels_equal_float64_reference(method):
+    """``pad_out_channels``: the last layer's 5 channels computed as 8 (zero kernels), 5 returned; output and
+    gradients against the float64 definition, and the kernel parameter keeps its canonical shape."""
+    n, c_in, c_out = 3, 4, 5
+    x = RNG.standard_normal((2, n, n, n, c_in)).astype(np.float32)
+    w = RNG.standard_normal((4, 4, 4, c_in, c_out)).astype(np.float32)
+    b = RNG.standard_normal(c_out).astype(np.float32)
+    g = RNG.standard_normal((2, 2 * n, 2 * n, 2 * n, c_out)).astype(np.float32)
+    layer = model_mod.UpConv(c_out, method, pad_out=8)
+    assert jax.eval_shape(layer.init, jax.random.key(0), jnp.asarray(x))["params"]["kernel"].shape == w.shape
+
+    def inner(x, w, b):
+        out = layer.apply({"params": {"kernel": w, "bias": b}}, x)
+        return jnp.sum(out * jnp.asarray(g)), out
+
+    grad_fn = jax.jit(jax.value_and_grad(inner, argnums=(0, 1, 2), has_aux=True))
+    (_, out), (dx, dw, db) = grad_fn(*map(jnp.asarray, (x, w, b)))
+    ref_dx, ref_dw = unet_spec.conv_transpose_reference_grads(x, w, g)
+    assert out.shape == (2, 2 * n, 2 * n, 2 * n, c_out)
+    assert rel_err(out, unet_spec.conv_transpose_reference(x, w, b)) < 1e-5
+    assert rel_err(dx, ref_dx) < 1e-5 and rel_err(dw, ref_dw) < 1e-5
+    assert rel_err(db, g.astype(np.float64).sum(axis=(0, 1, 2, 3))) < 1e-5
+
+
+def test_phase_kernel_forms_are_the_same_permutation():
+    """The flip-reshape-transpose phase kernel is the gather of PHASE_TAPS, element for element."""
+    w = jnp.asarray(RNG.standard_normal((4, 4, 4, 3, 2)).astype(np.float32))
+    assert np.array_equal(model_mod.phase_kernel_transposed(w), model_mod.phase_kernel(w))
+
+
+def test_reference_grads_against_finite_differences():
+    """The float64 gradient reference equals central differences of the float64 forward reference
+    (exact for a bilinear function up to rounding)."""
+    x = RNG.standard_normal((1, 2, 2, 2, 2))
+    w = RNG.standard_normal((4, 4, 4, 2, 3))
+    g = RNG.standard_normal((1, 4, 4, 4, 3))
+    dx, dw = unet_spec.conv_transpose_reference_grads(x, w, g)
+    h = 1e-3
+    for arr, grad in ((x, dx), (w, dw)):
+        for idx in [tuple(RNG.integers(0, d) for d in arr.shape) for _ in range(6)]:
+            plus, minus = arr.copy(), arr.copy()
+            plus[idx] += h
+            minus[idx] -= h
+            args_p = (plus, w) if arr is x else (x, plus)
+            args_m = (minus, w) if arr is x else (x, minus)
+            f_p, f_m = (np.sum(g * unet_spec.conv_transpose_reference(*args)) for args in (args_p, args_m))
+            fd = (f_p - f_m) / (2 * h)
+            assert abs(fd - grad[idx]) < 1e-8 * max(1.0, abs(fd))
 
 
 @pytest.mark.parametrize("method", ["space_to_depth", "strided"])
@@ -110,3 +208,65 @@ def test_canonical_round_trip(tiny_cfg, tmp_path):
     assert set(back) == set(w) and all(np.array_equal(back[k], w[k]) for k in w)
     with pytest.raises(Exception, match=r"'down1/kernel' has shape \(4, 4, 4, 4, 4\), expected \(4, 4, 4, 4, 8\)"):
         unet_spec.load_weights(tmp_path / "w.npz", config_mod.replace(tiny_cfg, unet_widths=(8, 8, 8)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "levers",
+    [
+        {"conv_pad": "folded", "kernel_regroup": "transpose", "skip_concat": "split"},
+        {
+            "upconv": "subpixel_crop",
+            "conv_pad": "folded",
+            "kernel_regroup": "transpose",
+            "skip_concat": "split",
+            "pad_out_channels": 8,
+        },
+        {"upconv": "phases", "conv_pad": "folded", "skip_concat": "split"},
+        {"upconv": "transpose", "skip_concat": "split"},
+    ],
+)
+def test_tiny_net_levers_give_the_same_outputs_and_gradients(tiny_cfg, levers):
+    """The whole net with the step levers (fp32): output and parameter gradients as the default forms'."""
+    params = model_mod.init_params(tiny_cfg, seed=4)
+    x = jnp.asarray(RNG.standard_normal((2, 16, 16, 16, 4)).astype(np.float32))
+
+    def out_and_grads(cfg):
+        model = model_mod.build_model(cfg)
+        return jax.value_and_grad(lambda p: jnp.sum(model.apply({"params": p}, x) ** 2))(params)
+
+    (ref, ref_g), (got, got_g) = out_and_grads(tiny_cfg), out_and_grads(config_mod.replace(tiny_cfg, **levers))
+    assert abs(float(got) - float(ref)) < 1e-5 * abs(float(ref))
+    for key in ref_g:
+        for leaf in ("kernel", "bias"):
+            assert rel_err(got_g[key][leaf], np.asarray(ref_g[key][leaf], np.float64)) < 1e-4, (key, leaf)
+
+
+def test_flat_adam_equals_float64_adam():
+    """``adam_update: flat`` (optax.flatten) and the per-tensor Adam against Adam written out in float64
+    (Kingma & Ba 2015, Algorithm 1, PyTorch's eps placement) over three steps of a two-leaf tree."""
+    from jax_impl import train as train_mod
+
+    lrs = np.array([1e-2, 5e-3, 2e-3])
+    params = {"a": RNG.standard_normal((3, 4)).astype(np.float32), "b": RNG.standard_normal(5).astype(np.float32)}
+    grads = [{k: RNG.standard_normal(v.shape).astype(np.float32) for k, v in params.items()} for _ in range(3)]
+    ref = {k: v.astype(np.float64) for k, v in params.items()}
+    m = {k: np.zeros_like(v) for k, v in ref.items()}
+    v2 = {k: np.zeros_like(v) for k, v in ref.items()}
+    for t, g in enumerate(grads, start=1):
+        for k in ref:
+            m[k] = 0.9 * m[k] + 0.1 * g[k]
+            v2[k] = 0.999 * v2[k] + 0.001 * g[k].astype(np.float64) ** 2
+            mhat, vhat = m[k] / (1 - 0.9**t), v2[k] / (1 - 0.999**t)
+            ref[k] = ref[k] - lrs[t - 1] * mhat / (np.sqrt(vhat) + 1e-8)
+    for mode in ("per_tensor", "flat"):
+        tx = train_mod.make_optimizer(lrs, mode)
+        p = {k: jnp.asarray(v) for k, v in params.items()}
+        state = tx.init(p)
+        for g in grads:
+            updates, state = tx.update({k: jnp.asarray(v) for k, v in g.items()}, state, p)
+            p = optax.apply_updates(p, updates)
+        for k in ref:
+            assert rel_err(p[k], ref[k]) < 1e-6, (mode, k)
+    flat_state = train_mod.make_optimizer(lrs, "flat").init(params)
+    assert {leaf.shape for leaf in jax.tree.leaves(flat_state) if leaf.ndim} == {(17,)}  # one vector per moment

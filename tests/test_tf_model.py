@@ -14,7 +14,7 @@ from tf_impl import model as model_mod
 RNG = np.random.default_rng(1)
 
 
-@pytest.mark.parametrize("method", ["subpixel", "phases", "transpose"])
+@pytest.mark.parametrize("method", ["subpixel", "subpixel_crop", "phases", "transpose"])
 @pytest.mark.parametrize("n, c_in, c_out", [(1, 3, 2), (2, 4, 3), (5, 3, 4), (8, 6, 5)])
 def test_upconv_equals_float64_transposed_conv_definition(method, n, c_in, c_out):
     x = RNG.standard_normal((2, n, n, n, c_in)).astype(np.float32)
@@ -27,6 +27,75 @@ def test_upconv_equals_float64_transposed_conv_definition(method, n, c_in, c_out
     got = layer(tf.constant(x))
     assert tuple(got.shape) == (2, 2 * n, 2 * n, 2 * n, c_out) and got.dtype == tf.float32
     assert rel_err(got, unet_spec.conv_transpose_reference(x, w, b)) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "method, regroup",
+    [
+        ("subpixel", "gather"),
+        ("subpixel", "transpose"),
+        ("subpixel_crop", "gather"),
+        ("subpixel_crop", "transpose"),
+        ("phases", "transpose"),
+        ("transpose", "gather"),
+    ],
+)
+@pytest.mark.parametrize("split", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_upconv_forms_forward_and_gradients_equal_float64_reference(method, regroup, split, n=3):
+    """Every TF up-conv form (``upconv`` x ``kernel_regroup``, one input or the two parts of a
+    ``skip_concat: split`` input): output and the gradients of <g, output> with respect to the input(s)
+    and the kernel against the float64 definition."""
+    c_a, c_b, c_out = 3, 2, 4
+    x = RNG.standard_normal((2, n, n, n, c_a + c_b)).astype(np.float32)
+    w = RNG.standard_normal((4, 4, 4, c_a + c_b, c_out)).astype(np.float32)
+    b = RNG.standard_normal(c_out).astype(np.float32)
+    g = RNG.standard_normal((2, 2 * n, 2 * n, 2 * n, c_out)).astype(np.float32)
+    layer = model_mod.UpConv(c_out, method, regroup)
+    parts = [tf.constant(x[..., :c_a]), tf.constant(x[..., c_a:])] if split else [tf.constant(x)]
+    layer.build([p.shape for p in parts] if split else parts[0].shape)
+    layer.kernel.assign(w)
+    layer.bias.assign(b)
+    with tf.GradientTape() as tape:
+        tape.watch(parts)
+        out = layer(parts if split else parts[0])
+        inner = tf.reduce_sum(out * g)
+    *dparts, dw = tape.gradient(inner, [*parts, layer.kernel])
+    ref_dx, ref_dw = unet_spec.conv_transpose_reference_grads(x, w, g)
+    assert tuple(out.shape) == (2, 2 * n, 2 * n, 2 * n, c_out) and out.dtype == tf.float32
+    assert rel_err(out, unet_spec.conv_transpose_reference(x, w, b)) < 1e-5
+    assert rel_err(tf.concat(dparts, -1), ref_dx) < 1e-5 and rel_err(dw, ref_dw) < 1e-5
+
+
+@pytest.mark.parametrize("method", ["subpixel_crop", "transpose"])
+def test_padded_output_channels_equal_float64_reference(method):
+    """``pad_out_channels``: 5 channels computed as 8 (zero kernels), 5 returned; output and gradients
+    against the float64 definition, the kernel variable of canonical shape."""
+    n, c_in, c_out = 3, 4, 5
+    x = RNG.standard_normal((2, n, n, n, c_in)).astype(np.float32)
+    w = RNG.standard_normal((4, 4, 4, c_in, c_out)).astype(np.float32)
+    b = RNG.standard_normal(c_out).astype(np.float32)
+    g = RNG.standard_normal((2, 2 * n, 2 * n, 2 * n, c_out)).astype(np.float32)
+    layer = model_mod.UpConv(c_out, method, "gather", 8)
+    layer.build(x.shape)
+    layer.kernel.assign(w)
+    layer.bias.assign(b)
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        out = layer(xt)
+        inner = tf.reduce_sum(out * g)
+    dx, dw, db = tape.gradient(inner, [xt, layer.kernel, layer.bias])
+    ref_dx, ref_dw = unet_spec.conv_transpose_reference_grads(x, w, g)
+    assert tuple(out.shape) == (2, 2 * n, 2 * n, 2 * n, c_out) and tuple(layer.kernel.shape) == w.shape
+    assert rel_err(out, unet_spec.conv_transpose_reference(x, w, b)) < 1e-5
+    assert rel_err(dx, ref_dx) < 1e-5 and rel_err(dw, ref_dw) < 1e-5
+    assert rel_err(db, g.astype(np.float64).sum(axis=(0, 1, 2, 3))) < 1e-5
+
+
+def test_phase_kernel_forms_are_the_same_permutation():
+    """The flip-reshape-transpose phase kernel is the gather of PHASE_TAPS, element for element."""
+    w = tf.constant(RNG.standard_normal((4, 4, 4, 3, 2)).astype(np.float32))
+    assert np.array_equal(model_mod.phase_kernel_transposed(w).numpy(), model_mod.phase_kernel(w).numpy())
 
 
 @pytest.mark.parametrize("method", ["space_to_depth", "strided"])
@@ -66,7 +135,15 @@ def test_full_size_parameter_count_matches_spec():
     assert shapes == {f"{s.name}/kernel": s.kernel_shape for s in unet_spec.layer_specs(cfg)}
 
 
-@pytest.mark.parametrize("small", [{}, {"upconv_transpose_below": 4, "downconv_strided_below": 16, "upconv": "phases"}])
+@pytest.mark.parametrize(
+    "small",
+    [
+        {},
+        {"upconv_transpose_below": 4, "downconv_strided_below": 16, "upconv": "phases"},
+        {"kernel_regroup": "transpose", "skip_concat": "split"},
+        {"upconv": "subpixel_crop", "kernel_regroup": "transpose", "skip_concat": "split", "pad_out_channels": 8},
+    ],
+)
 def test_same_canonical_weights_give_same_outputs_as_jax(tiny_cfg, small):
     """Parity: one weights file, both frameworks, fp32: relative error < 1e-4 (also with other
     formulations per level in TF only)."""
@@ -85,3 +162,13 @@ def test_same_canonical_weights_give_same_outputs_as_jax(tiny_cfg, small):
     assert rel_err(out_tf, out_jax.astype(np.float64)) < 1e-4
     back = model_mod.params_to_canonical(tf_model)
     assert all(np.array_equal(back[k], weights[k]) for k in weights)
+
+
+def test_flat_adam_is_refused_in_one_line(tiny_cfg):
+    """``adam_update: flat`` is JAX's (optax.flatten); TF's trainer refuses it, naming the key and value."""
+    from shared_data.core.errors import UserError
+    from tf_impl import train as train_mod
+
+    with pytest.raises(UserError, match=r"'adam_update': TensorFlow has only per_tensor, got 'flat'"):
+        train_mod.make_optimizer(config_mod.replace(tiny_cfg, adam_update="flat"), np.array([1e-3]))
+    assert train_mod.make_optimizer(tiny_cfg, np.array([1e-3])).beta_1 == 0.9

@@ -2,8 +2,11 @@
 
 Mirrors :mod:`jax_impl.model` function by function: the same layer names (``down1`` ... ``last``),
 the same canonical (4, 4, 4, C_in, C_out) kernels, the same ``downconv`` (``space_to_depth`` /
-``strided``) and ``upconv`` (``subpixel`` / ``phases`` / ``transpose``) formulations and
-small-level overrides; the docstring of :mod:`jax_impl.model` derives them.
+``strided``) and ``upconv`` (``subpixel`` / ``subpixel_crop`` / ``phases`` / ``transpose``)
+formulations and small-level overrides, and the step levers ``kernel_regroup``, ``skip_concat`` and
+``pad_out_channels``; the docstring of :mod:`jax_impl.model` derives them. ``conv_pad: folded`` is
+JAX's only: ``tf.nn.conv3d`` takes no explicit padding, so TF's up-convs keep the pad as its own op
+under either value (XLA folds a pad into the convolution where it can).
 
 Precision follows Keras' mixed-precision policy: ``float32``, ``mixed_bfloat16`` or
 ``mixed_float16`` (variables float32, compute in the half type). The last layer's output is cast to
@@ -30,7 +33,7 @@ KERNEL_INIT = keras.initializers.RandomNormal(stddev=0.02)
 
 def phase_kernel(w: tf.Tensor) -> tf.Tensor:
     """(4, 4, 4, C_in, C_out) transposed-conv kernel -> (2, 2, 2, C_in, 8 C_out) phase kernel,
-    output channels ordered (r0, r1, r2, c_out)."""
+    output channels ordered (r0, r1, r2, c_out), by a gather of ``PHASE_TAPS``."""
     c_in, c_out = w.shape[3], w.shape[4]
     idx = PHASE_TAPS  # [r, a]
     taps = (
@@ -41,6 +44,17 @@ def phase_kernel(w: tf.Tensor) -> tf.Tensor:
     g = tf.gather(tf.reshape(w, (KERNEL**3, c_in, c_out)), taps)
     g = tf.transpose(g, (1, 3, 5, 6, 0, 2, 4, 7))  # a0, a1, a2, ci, r0, r1, r2, co
     return tf.reshape(g, (2, 2, 2, c_in, 8 * c_out))
+
+
+def phase_kernel_transposed(w: tf.Tensor) -> tf.Tensor:
+    """:func:`phase_kernel` as a flip, a reshape and a transpose (``PHASE_TAPS[r, a] = 3 - (2 a + r)``
+    per axis; :func:`jax_impl.model.phase_kernel_transposed`)."""
+    c_in, c_out = w.shape[3], w.shape[4]
+    g = tf.reshape(tf.reverse(w, axis=[0, 1, 2]), (2, 2, 2, 2, 2, 2, c_in, c_out))  # a0, r0, a1, r1, a2, r2
+    return tf.reshape(tf.transpose(g, (0, 2, 4, 6, 1, 3, 5, 7)), (2, 2, 2, c_in, 8 * c_out))
+
+
+PHASE_KERNEL = {"gather": phase_kernel, "transpose": phase_kernel_transposed}
 
 
 def side(x: tf.Tensor) -> int | tf.Tensor:
@@ -59,55 +73,104 @@ def depth_to_space(y: tf.Tensor, n: int | tf.Tensor, c_out: int) -> tf.Tensor:
     return tf.reshape(z, (-1, 2 * n, 2 * n, 2 * n, c_out))
 
 
-def conv_transpose_subpixel(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
-    """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` by phase convolution + depth-to-space."""
-    n, c_out = side(x), w.shape[-1]
-    xp = tf.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
-    y = tf.nn.conv3d(xp, phase_kernel(w), (1, 1, 1, 1, 1), "VALID")
-    return depth_to_space(y, n, c_out)
+def inputs_of(x) -> tuple[tf.Tensor, ...]:
+    """``x`` as a tuple of NDHWC inputs: one tensor, or the parts of a channel concatenation
+    (``skip_concat: split``)."""
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-def conv_transpose_phases(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+def split_sum(conv, xs: tuple[tf.Tensor, ...], wk: tf.Tensor) -> tf.Tensor:
+    """``conv(concat(xs, -1), wk)`` for a ``conv`` linear in its input, as the sum of ``conv(x_i, wk_i)``
+    over the slices of ``wk``'s input-channel axis 3 (:func:`jax_impl.model.split_sum`)."""
+    out, start = None, 0
+    for x in xs:
+        c = x.shape[-1]
+        y = conv(x, wk[:, :, :, start : start + c])
+        out, start = (y if out is None else out + y), start + c
+    return out
+
+
+def pad1(x: tf.Tensor) -> tf.Tensor:
+    """NDHWC ``x`` with one zero voxel added on each side of the three spatial axes."""
+    return tf.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
+
+
+def conv_transpose_subpixel(x, w: tf.Tensor, *, regroup: str = "gather", **_) -> tf.Tensor:
+    """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` (or the channel concatenation of a tuple) by phase
+    convolution + depth-to-space. ``tf.nn.conv3d`` takes no explicit padding, so the pad stays a
+    separate op under either ``conv_pad`` (XLA folds it into the convolution where it can)."""
+    xs = inputs_of(x)
+    n, c_out = side(xs[0]), w.shape[-1]
+
+    def conv(xi, wi):
+        return tf.nn.conv3d(pad1(xi), wi, (1, 1, 1, 1, 1), "VALID")
+
+    return depth_to_space(split_sum(conv, xs, PHASE_KERNEL[regroup](w)), n, c_out)
+
+
+def depth_to_space_crop(y: tf.Tensor, n: int | tf.Tensor, c_out: int) -> tf.Tensor:
+    """:func:`depth_to_space` for phase channels in reversed order: one interleaving transpose into
+    (B, 2n+2, 2n+2, 2n+2, C_out) and a crop of one voxel per side (:func:`jax_impl.model.depth_to_space_crop`
+    derives it)."""
+    z = tf.transpose(tf.reshape(y, (-1, n + 1, n + 1, n + 1, 2, 2, 2, c_out)), (0, 1, 4, 2, 5, 3, 6, 7))
+    z = tf.reshape(z, (-1, 2 * n + 2, 2 * n + 2, 2 * n + 2, c_out))
+    return z[:, 1 : 2 * n + 1, 1 : 2 * n + 1, 1 : 2 * n + 1]
+
+
+def conv_transpose_subpixel_crop(x, w: tf.Tensor, *, regroup: str = "gather", **_) -> tf.Tensor:
+    """:func:`conv_transpose_subpixel` with the phase channels in reversed order and the depth-to-space
+    as one transpose and a crop (:func:`depth_to_space_crop`)."""
+    xs = inputs_of(x)
+    n, c_in, c_out = side(xs[0]), w.shape[3], w.shape[-1]
+    wk = tf.reshape(PHASE_KERNEL[regroup](w), (2, 2, 2, c_in, 2, 2, 2, c_out))
+    wk = tf.reshape(tf.reverse(wk, axis=[4, 5, 6]), (2, 2, 2, c_in, 8 * c_out))
+
+    def conv(xi, wi):
+        return tf.nn.conv3d(pad1(xi), wi, (1, 1, 1, 1, 1), "VALID")
+
+    return depth_to_space_crop(split_sum(conv, xs, wk), n, c_out)
+
+
+def conv_transpose_phases(x, w: tf.Tensor, *, regroup: str = "gather", **_) -> tf.Tensor:
     """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` as 8 separate phase convolutions (no excess
     FLOPs), interleaved into (B, 2n, 2n, 2n, C_out)."""
-    n, c_out = side(x), w.shape[-1]
-    xp = tf.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
-    wk = tf.reshape(phase_kernel(w), (2, 2, 2, x.shape[-1], 2, 2, 2, c_out))
-    phases = [
-        [
-            [
-                tf.nn.conv3d(
-                    xp[:, r0 : r0 + n + 1, r1 : r1 + n + 1, r2 : r2 + n + 1],
-                    wk[..., r0, r1, r2, :],
-                    (1, 1, 1, 1, 1),
-                    "VALID",
-                )
-                for r2 in (0, 1)
-            ]
-            for r1 in (0, 1)
-        ]
-        for r0 in (0, 1)
-    ]
+    xs = inputs_of(x)
+    n, c_out = side(xs[0]), w.shape[-1]
+    wk = tf.reshape(PHASE_KERNEL[regroup](w), (2, 2, 2, w.shape[3], 2, 2, 2, c_out))
+
+    def phase(r0, r1, r2):
+        def conv(xi, wi):
+            xp = pad1(xi)[:, r0 : r0 + n + 1, r1 : r1 + n + 1, r2 : r2 + n + 1]
+            return tf.nn.conv3d(xp, wi, (1, 1, 1, 1, 1), "VALID")
+
+        return split_sum(conv, xs, wk[..., r0, r1, r2, :])
+
+    phases = [[[phase(r0, r1, r2) for r2 in (0, 1)] for r1 in (0, 1)] for r0 in (0, 1)]
     z = tf.stack([tf.stack([tf.stack(p2, axis=-2) for p2 in p1], axis=-3) for p1 in phases], axis=-4)
     z = tf.transpose(z, (0, 1, 4, 2, 5, 3, 6, 7))
     return tf.reshape(z, (-1, 2 * n, 2 * n, 2 * n, c_out))
 
 
-def conv_transpose_dilated(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+def conv_transpose_dilated(x, w: tf.Tensor, **_) -> tf.Tensor:
     """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` with ``tf.nn.conv3d_transpose`` (its kernel
-    layout is (k, k, k, C_out, C_in), hence the transpose)."""
-    n = side(x)
-    out_shape = tf.stack([tf.shape(x)[0], 2 * n, 2 * n, 2 * n, w.shape[-1]])
-    return tf.nn.conv3d_transpose(x, tf.transpose(w, (0, 1, 2, 4, 3)), out_shape, (1, 2, 2, 2, 1), "SAME")
+    layout is (k, k, k, C_out, C_in), hence the transpose): no depth-to-space pass."""
+    xs = inputs_of(x)
+    n = side(xs[0])
+    out_shape = tf.stack([tf.shape(xs[0])[0], 2 * n, 2 * n, 2 * n, w.shape[-1]])
+
+    def conv(xi, wi):
+        return tf.nn.conv3d_transpose(xi, tf.transpose(wi, (0, 1, 2, 4, 3)), out_shape, (1, 2, 2, 2, 1), "SAME")
+
+    return split_sum(conv, xs, w)
 
 
-def conv_strided(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+def conv_strided(x: tf.Tensor, w: tf.Tensor, **_) -> tf.Tensor:
     """Conv3D(k=4, s=2, p=1) of NDHWC ``x`` with DHWIO kernel ``w`` (explicit padding 1)."""
     xp = tf.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
     return tf.nn.conv3d(xp, w, (1, 2, 2, 2, 1), "VALID")
 
 
-def conv_space_to_depth(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+def conv_space_to_depth(x: tf.Tensor, w: tf.Tensor, **_) -> tf.Tensor:
     """Conv3D(k=4, s=2, p=1) as space-to-depth of the padded input + a 2x2x2 stride-1 VALID conv."""
     n, c = side(x), x.shape[-1]
     m = n // 2 + 1
@@ -122,31 +185,55 @@ def conv_space_to_depth(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     return tf.nn.conv3d(s, wk, (1, 1, 1, 1, 1), "VALID")
 
 
-UPCONV = {"subpixel": conv_transpose_subpixel, "phases": conv_transpose_phases, "transpose": conv_transpose_dilated}
+UPCONV = {
+    "subpixel": conv_transpose_subpixel,
+    "subpixel_crop": conv_transpose_subpixel_crop,
+    "phases": conv_transpose_phases,
+    "transpose": conv_transpose_dilated,
+}
 DOWNCONV = {"space_to_depth": conv_space_to_depth, "strided": conv_strided}
 
 
 class _Conv(keras.layers.Layer):
-    """A (4, 4, 4, C_in, features) kernel + bias applied by ``fn``; variables float32."""
+    """A (4, 4, 4, C_in, features) kernel + bias applied by ``fn``; variables float32.
+
+    The input is one NDHWC tensor or, for an up-conv under ``skip_concat: split``, a list of tensors
+    whose channels, concatenated, are the kernel's C_in. ``kernel_regroup`` is the config key; ``pad_out``
+    (> 1) rounds ``features`` up to a multiple of it with zero kernels and drops the extra output channels
+    (``pad_out_channels``, :class:`jax_impl.model._Conv`)."""
 
     fns: ClassVar[dict] = {}
 
-    def __init__(self, features: int, method: str, **kwargs):
+    def __init__(self, features: int, method: str, kernel_regroup: str = "gather", pad_out: int = 0, **kwargs):
         super().__init__(**kwargs)
-        self.features, self.method = features, method
+        self.features, self.method, self.kernel_regroup, self.pad_out = features, method, kernel_regroup, pad_out
 
     def build(self, input_shape):
+        nested = isinstance(input_shape, (list, tuple)) and not isinstance(input_shape[0], (int, type(None)))
+        c_in = sum(shape[-1] for shape in (input_shape if nested else [input_shape]))
         self.kernel = self.add_weight(
-            name="kernel", shape=(KERNEL, KERNEL, KERNEL, input_shape[-1], self.features), initializer=KERNEL_INIT
+            name="kernel", shape=(KERNEL, KERNEL, KERNEL, c_in, self.features), initializer=KERNEL_INIT
         )
         self.bias = self.add_weight(name="bias", shape=(self.features,), initializer="zeros")
 
     def call(self, x):
         dt = self.compute_dtype
-        return self.fns[self.method](tf.cast(x, dt), tf.cast(self.kernel, dt)) + tf.cast(self.bias, dt)
+        xs = tuple(tf.cast(xi, dt) for xi in inputs_of(x))
+        w, b = tf.cast(self.kernel, dt), tf.cast(self.bias, dt)
+        extra = -self.features % self.pad_out if self.pad_out > 1 else 0
+        if extra:
+            w, b = tf.pad(w, ((0, 0),) * 4 + ((0, extra),)), tf.pad(b, ((0, extra),))
+        y = self.fns[self.method](xs if len(xs) > 1 else xs[0], w, regroup=self.kernel_regroup) + b
+        return y[..., : self.features] if extra else y
 
     def get_config(self):
-        return {**super().get_config(), "features": self.features, "method": self.method}
+        return {
+            **super().get_config(),
+            "features": self.features,
+            "method": self.method,
+            "kernel_regroup": self.kernel_regroup,
+            "pad_out": self.pad_out,
+        }
 
 
 @keras.saving.register_keras_serializable(package=SERIALIZATION_PACKAGE)
@@ -176,18 +263,20 @@ def build_model(cfg: Config, batch_size: int | None = None, free_side: bool = Fa
     x, skips = inputs, []
     for i, w in enumerate(widths):
         method = conv_method("down", x.shape[1], cfg.downconv, cfg.downconv_strided_below)
-        x = DownConv(w, method, dtype=policy, name=f"down{i + 1}")(x)
+        x = DownConv(w, method, cfg.kernel_regroup, dtype=policy, name=f"down{i + 1}")(x)
         x = keras.layers.LeakyReLU(negative_slope=0.01, dtype=policy, name=f"down{i + 1}_act")(x)
         skips.append(x)
     n = len(widths)
     for j, w in enumerate(widths[-2::-1]):
         name = f"up{n - 1 - j}"
-        method = conv_method("up", x.shape[1], cfg.upconv, cfg.upconv_transpose_below)
-        x = UpConv(w, method, dtype=policy, name=name)(x)
+        method = conv_method("up", inputs_of(x)[0].shape[1], cfg.upconv, cfg.upconv_transpose_below)
+        x = UpConv(w, method, cfg.kernel_regroup, dtype=policy, name=name)(x)
         x = keras.layers.ReLU(dtype=policy, name=f"{name}_act")(x)
-        x = keras.layers.Concatenate(axis=-1, dtype=policy, name=f"{name}_concat")([x, skips[n - 2 - j]])
-    method = conv_method("up", x.shape[1], cfg.upconv, cfg.upconv_transpose_below)
-    x = UpConv(cfg.N_out_channels, method, dtype=policy, name="last")(x)
+        x = [x, skips[n - 2 - j]]
+        if cfg.skip_concat == "concat":
+            x = keras.layers.Concatenate(axis=-1, dtype=policy, name=f"{name}_concat")(x)
+    method = conv_method("up", inputs_of(x)[0].shape[1], cfg.upconv, cfg.upconv_transpose_below)
+    x = UpConv(cfg.N_out_channels, method, cfg.kernel_regroup, cfg.pad_out_channels, dtype=policy, name="last")(x)
     out = keras.layers.Activation("tanh", dtype="float32", name="tanh")(x)
     return keras.Model(inputs, out, name="unet")
 

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared_data.core.config import Config
-from shared_data.core.errors import run_cli
+from shared_data.core.errors import UserError, run_cli
 from shared_data.runtime import cli, logs
 from shared_data.runtime import run as run_mod
 from shared_data.runtime.nvtx import nvtx_range
@@ -51,6 +51,8 @@ def make_optimizer(cfg: Config, lr_table: np.ndarray) -> keras.optimizers.Optimi
     ``LossScaleOptimizer`` (dynamic) for float16 compute. Keras applies eps as
     ``m / (sqrt(v) + eps)`` on uncorrected moments, optax as ``m_hat / (sqrt(v_hat) + eps)``: the
     effective eps differs by 1 / sqrt(1 - beta_2^t), negligible unless gradients are ~1e-7."""
+    if cfg.adam_update != "per_tensor":  # Keras' Adam updates each variable; JAX's flat form is optax.flatten
+        raise UserError(f"config key 'adam_update': TensorFlow has only per_tensor, got {cfg.adam_update!r}")
     opt = keras.optimizers.Adam(learning_rate=TableSchedule(lr_table), beta_1=0.9, beta_2=0.999, epsilon=1e-8)
     if cfg.precision == "float16":
         opt = keras.optimizers.LossScaleOptimizer(

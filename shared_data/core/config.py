@@ -55,8 +55,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "lr_scaling": ("none", "sqrt", "linear"),
     "lr_schedule": ("cosine", "constant"),
     "amp_dtype": ("bfloat16", "float16"),
-    "upconv": ("subpixel", "phases", "transpose"),
+    "upconv": ("subpixel", "subpixel_crop", "phases", "transpose"),
     "downconv": ("space_to_depth", "strided"),
+    "conv_pad": ("separate", "folded"),
+    "kernel_regroup": ("gather", "transpose"),
+    "skip_concat": ("concat", "split"),
+    "adam_update": ("per_tensor", "flat"),
     "dali_h5_mode": ("parallel", "prefetch", "simple"),
     "grad_allreduce_dtype": ("float32", "bfloat16"),
 }
@@ -104,6 +108,10 @@ class Config:
     downconv: str
     upconv_transpose_below: int
     downconv_strided_below: int
+    conv_pad: str
+    kernel_regroup: str
+    skip_concat: str
+    pad_out_channels: int
     # --- training ---------------------------------------------------------------------------
     num_epochs: int
     global_batch_size: int
@@ -119,6 +127,7 @@ class Config:
     amp_dtype: str
     enable_jit: bool
     grad_allreduce_dtype: str
+    adam_update: str
     loss_scale_init: float
     loss_scale_period: int
     # --- run --------------------------------------------------------------------------------
@@ -290,6 +299,7 @@ RANGES: dict[str, tuple[float, bool]] = {
             "num_epochs",
             "upconv_transpose_below",
             "downconv_strided_below",
+            "pad_out_channels",
             "warmup_steps",
             "start_lr",
             "end_lr",
@@ -317,6 +327,7 @@ MAXIMA: dict[str, int] = {
     "keep_checkpoints": 10**4,
     "warmup_steps": 10**6,
     "unet_widths": 2**16,
+    "pad_out_channels": 256,
 }
 #: The most optimizer steps one run may take: one learning-rate entry each, built at start.
 MAX_TOTAL_STEPS = 10**6

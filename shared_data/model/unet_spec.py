@@ -196,6 +196,31 @@ def conv_transpose_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None 
     return out
 
 
+def conv_transpose_reference_grads(x: np.ndarray, w: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 gradients of ``sum(g * conv_transpose_reference(x, w))`` with respect to ``x`` and ``w``.
+
+    From the definition ``out[2 i - 1 + k] += x[i] @ w[k]`` (per axis, where the output index is in
+    range): ``dx[i] = sum_k g[2 i - 1 + k] @ w[k].T`` and ``dw[k] = sum_i x[i].T @ g[2 i - 1 + k]``
+    (summed over the batch). ``x`` (B, n, n, n, C_in), ``w`` (4, 4, 4, C_in, C_out), ``g`` (B, 2n, 2n,
+    2n, C_out); returns ``(dx, dw)`` of the shapes of ``x`` and ``w``, float64.
+    """
+    x, w, g = (np.asarray(a, np.float64) for a in (x, w, g))
+    n = x.shape[1]
+    dx, dw = np.zeros_like(x), np.zeros_like(w)
+    i = np.arange(n)
+    for k0 in range(KERNEL):
+        for k1 in range(KERNEL):
+            for k2 in range(KERNEL):
+                o = [2 * i - 1 + k for k in (k0, k1, k2)]
+                ok = [(oo >= 0) & (oo < 2 * n) for oo in o]
+                gk = g[:, o[0][ok[0]]][:, :, o[1][ok[1]]][:, :, :, o[2][ok[2]]]
+                xk = x[:, ok[0]][:, :, ok[1]][:, :, :, ok[2]]
+                dw[k0, k1, k2] += np.einsum("bxyzc,bxyzd->cd", xk, gk)
+                sel = np.ix_(np.arange(x.shape[0]), i[ok[0]], i[ok[1]], i[ok[2]])
+                dx[sel] += np.einsum("bxyzd,cd->bxyzc", gk, w[k0, k1, k2])
+    return dx, dw
+
+
 def conv_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     """Float64 reference of Conv3D(kernel 4, stride 2, padding 1), NDHWC, cross-correlation:
     ``out[o] = sum_k x[2 o - 1 + k] @ w[k]`` (zero outside the volume)."""
