@@ -31,7 +31,7 @@ DENSITY_SCALE = 14.0
 RHO_FLOOR = 1e-3
 TEMPERATURE_SCALE = 8.0
 VELOCITY_SCALE = 2000.0  # km/s
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # changes whenever the same arguments give other values (the "generator" attribute)
 
 NBODY_CHANNELS = ("dm_density", "dm_vx", "dm_vy", "dm_vz")
 HYDRO_CHANNELS = ("gas_density", "gas_temperature", "gas_vx", "gas_vy", "gas_vz")
@@ -147,6 +147,22 @@ def generate(args: argparse.Namespace) -> Path:
     return out
 
 
+def stale_note(path: Path) -> str:
+    """``""`` if ``path`` was written by this generator version, else a note that names its version and
+    how to regenerate it (files of other writers, without a ``generator`` attribute, get ``""``)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            written_by = f.attrs.get("generator")
+    except OSError:
+        return ""
+    current = f"shared_data.data.generate v{GENERATOR_VERSION}"
+    if written_by is None or str(written_by) == current:
+        return ""
+    return f" (written by {written_by}, this is v{GENERATOR_VERSION}: delete it to regenerate)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser(
         "shared_data.data.generate",
@@ -174,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.box = 0.25 * args.size
     out = Path(args.out)
     if args.if_missing and out.exists():
-        print(f"{out} exists; not regenerated")
+        print(f"{out} exists; not regenerated{stale_note(out)}")
     else:
         generate(args)
     if args.npy:
