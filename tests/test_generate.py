@@ -202,3 +202,22 @@ def test_dark_matter_is_the_linear_field_through_the_tsc_window_at_small_amplitu
     assert low.sum() > 100
     np.testing.assert_allclose(ratio[low].real, window[low], atol=1e-2)
     assert np.abs(ratio[low].imag).max() < 5e-3
+
+
+def test_if_missing_keeps_a_file_of_another_generator_version_and_says_so(tmp_path, capsys):
+    old = tmp_path / "old.h5"
+    with h5py.File(old, "w") as f:
+        f["Nbody"], f["Hydro"] = np.zeros((4, 8, 8, 8), np.float32), np.zeros((5, 8, 8, 8), np.float32)
+        f.attrs["generator"] = "shared_data.data.generate v1"
+    assert generate.main(["--out", str(old), "--size", "8", "--if-missing"]) == 0
+    assert capsys.readouterr().out == (
+        f"{old} exists; not regenerated (written by shared_data.data.generate v1, "
+        f"this is v{generate.GENERATOR_VERSION}: delete it to regenerate)\n"
+    )
+    with h5py.File(old) as f:
+        assert not f["Hydro"][...].any()  # kept as it was
+    new = tmp_path / "new.h5"
+    generate.main(["--out", str(new), "--size", "8", "--box", "2"])
+    capsys.readouterr()
+    generate.main(["--out", str(new), "--size", "8", "--if-missing"])
+    assert capsys.readouterr().out == f"{new} exists; not regenerated\n"
