@@ -190,7 +190,7 @@ PARTICLES_PER_SIDE = 2
 
 
 #: Particles deposited at a time: the temporaries of a chunk stay in the processor's cache, which
-#: makes the deposit 2-3x faster than on whole arrays.
+#: makes the deposit about 2x faster than on whole arrays.
 DEPOSIT_CHUNK = 1 << 16
 
 
