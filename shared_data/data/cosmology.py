@@ -30,8 +30,10 @@ in K, densities in units of the cosmic mean (rho / rho_mean = 1 + delta).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
+import multiprocessing
 from collections.abc import Callable
 
 import numpy as np
@@ -191,7 +193,7 @@ PARTICLES_PER_SIDE = 2
 
 #: Particles deposited at a time: the temporaries of a chunk stay in the processor's cache, which
 #: makes the deposit about 2x faster than on whole arrays.
-DEPOSIT_CHUNK = 1 << 16
+DEPOSIT_CHUNK = 1 << 18
 
 
 def tsc_deposit(pos: np.ndarray, size: int, values: list[np.ndarray]) -> list[np.ndarray]:
@@ -214,14 +216,17 @@ def tsc_deposit(pos: np.ndarray, size: int, values: list[np.ndarray]) -> list[np
                     ((c + 1) % size, 0.5 * (0.5 + d) ** 2),
                 )
             )
-        part = [v[chunk] for v in values]
+        idx, w = [], []  # the 27 cells of each particle, in a fixed order
         for ix, wx in axes[0]:
             for iy, wy in axes[1]:
                 ixy, wxy = ix * size + iy, wx * wy
                 for iz, wz in axes[2]:
-                    idx, w = ixy * size + iz, wxy * wz
-                    for grid, v in zip(out, part):
-                        np.add.at(grid, idx, w * v)
+                    idx.append(ixy * size + iz)
+                    w.append(wxy * wz)
+        idx, w = np.concatenate(idx), np.concatenate(w)
+        for grid, v in zip(out, values):
+            # bincount sums in input order, deterministically, and ~10x faster than np.add.at
+            grid += np.bincount(idx, weights=w * np.tile(v[chunk], 27), minlength=size**3)
     return [g.reshape(size, size, size) for g in out]
 
 
@@ -246,6 +251,28 @@ class Fields:
     k_nl: float
 
 
+#: The sub-lattice deposit's inputs, set by :func:`simulate` for the calls (and forked workers) it makes.
+_SUBLATTICE: tuple | None = None
+
+
+def _deposit_sublattice(o: tuple[float, float, float]) -> list[np.ndarray]:
+    """TSC deposit of mass and momentum of the particles at sub-lattice offset ``o`` (cells): their
+    displacement is the Fourier-shifted Zel'dovich field. Returns 4 (L, L, L) float64 grids."""
+    psi_k, (kx, ky, kz), cell, grid, mass_each, vel_factor = _SUBLATTICE
+    size = kx.shape[0]
+    shift = np.exp(1j * (kx * o[0] + ky * o[1] + kz * o[2]) * cell)
+    psi = np.stack([irfft3(p * shift, size) for p in psi_k]).reshape(3, -1)
+    pos = (grid + np.array(o)[:, None] + psi / cell) % size
+    return tsc_deposit(pos, size, [mass_each, *(mass_each * psi * vel_factor)])
+
+
+def _sum_in_order(parts, totals: tuple) -> None:
+    """Adds each sub-lattice's grids to ``totals`` in the order of ``parts`` (deterministic bytes)."""
+    for part in parts:
+        for total, p in zip(totals, part):
+            total += p
+
+
 def simulate(
     size: int,
     box: float,
@@ -256,9 +283,12 @@ def simulate(
     t0: float,
     gamma: float,
     on_stage: Callable[[str], None] = lambda stage: None,
+    workers: int = 1,
 ) -> Fields:
     """Run the generator physics (module docstring, steps 1-6) on a ``size``^3 grid; deterministic by seed.
-    ``on_stage(name)`` is called as each step starts (a 256^3 grid takes minutes)."""
+    ``on_stage(name)`` is called as each step starts (a 256^3 grid takes minutes). ``workers`` > 1
+    deposits the particle sub-lattices in that many forked processes (each holds about
+    12 x size^3 float64); the parts are summed in a fixed order, so the result does not depend on it."""
     on_stage("Gaussian random field")
     rng = np.random.default_rng(seed)
     delta_k = gaussian_field_k(size, box, cosmo.linear_power, rng)
@@ -282,14 +312,20 @@ def simulate(
     grid = np.indices((size,) * 3, dtype=np.float64).reshape(3, -1)
     offsets = (np.arange(PARTICLES_PER_SIDE) + 0.5) / PARTICLES_PER_SIDE - 0.5  # cells, symmetric about 0
     mass_each = np.full(size**3, 1.0 / PARTICLES_PER_SIDE**3)
+    global _SUBLATTICE
+    _SUBLATTICE = (psi_k, (kx, ky, kz), cell, grid, mass_each, vel_factor)
     mass, px, py, pz = (np.zeros((size,) * 3) for _ in range(4))
-    for o in itertools.product(offsets, repeat=3):
-        shift = np.exp(1j * (kx * o[0] + ky * o[1] + kz * o[2]) * cell)
-        psi = np.stack([irfft3(p * shift, size) for p in psi_k]).reshape(3, -1)
-        pos = (grid + np.array(o)[:, None] + psi / cell) % size
-        parts = tsc_deposit(pos, size, [mass_each, *(mass_each * psi * vel_factor)])
-        for total, part in zip((mass, px, py, pz), parts):
-            total += part
+    subs = list(itertools.product(offsets, repeat=3))
+    try:
+        if workers > 1:  # fork: the children read the module's _SUBLATTICE without a copy
+            ctx = multiprocessing.get_context("fork")
+            with concurrent.futures.ProcessPoolExecutor(min(workers, len(subs)), mp_context=ctx) as pool:
+                results = pool.map(_deposit_sublattice, subs)
+                _sum_in_order(results, (mass, px, py, pz))
+        else:
+            _sum_in_order(map(_deposit_sublattice, subs), (mass, px, py, pz))
+    finally:
+        _SUBLATTICE = None
     filled = mass > 1e-6
     v_lagr = np.stack([irfft3(p, size) for p in psi_k]) * vel_factor
     v_dm = np.where(filled, np.stack([px, py, pz]) / np.where(filled, mass, 1.0), v_lagr)
