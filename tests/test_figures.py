@@ -1,6 +1,7 @@
 """The figures read without squinting, checked through matplotlib's objects: linear throughput axes
 with min-max whiskers and the newest records, a titled loss plot on whole epochs where agreeing curves
-stay visible, a validation figure with a linear P-ratio axis, gaps for empty PDF bins, no machine path
+stay visible, a validation figure with a linear P-ratio axis and a panel around 1 (P ratio, r(k), the +-2% band)
+whose lines carry the spectra, gaps for empty PDF bins, no machine path
 in its title and tick labels that do not overlap, a ladder whose labels clear its whiskers."""
 
 from __future__ import annotations
@@ -152,3 +153,68 @@ def test_ladder_labels_clear_the_whiskers(tmp_path, figures):
     assert len(labels) == 8 + 5 and whiskers  # the frameworks' bars and the tutorial's five A100 rungs
     assert not any(overlap(a, b) for a in labels for b in whiskers)
     assert ax.get_yscale() == "linear"
+
+
+def full_fft_spectra(a: np.ndarray, b: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per bin of width k_f centred on n k_f (n = 1 .. side/2, the validate bins, in units of k_f):
+    mean |k| / k_f, P_b / P_a and r = P_ab / sqrt(P_aa P_bb) of the overdensities of ``a`` (truth) and
+    ``b``, from full complex FFTs summed over the bins (the normalisations cancel)."""
+    fa, fb = (np.fft.fftn(f / f.mean() - 1.0) for f in (a.astype(np.float64), b.astype(np.float64)))
+    n = np.fft.fftfreq(side, 1.0 / side)
+    kk = np.sqrt(n[:, None, None] ** 2 + n[None, :, None] ** 2 + n[None, None, :] ** 2).ravel()
+    shell = np.rint(kk).astype(int)  # |k| / k_f in [m - 1/2, m + 1/2) rounds to m (no mode on an edge)
+    shell[kk > side / 2] = -1  # beyond Nyquist
+    k, ratio, r = [], [], []
+    paa, pbb, pab = np.abs(fa.ravel()) ** 2, np.abs(fb.ravel()) ** 2, (fb * np.conj(fa)).real.ravel()
+    for m in range(1, side // 2 + 1):
+        sel = shell == m
+        k.append(kk[sel].mean())
+        ratio.append(pbb[sel].sum() / paa[sel].sum())
+        r.append(pab[sel].sum() / np.sqrt(paa[sel].sum() * pbb[sel].sum()))
+    return np.array(k), np.array(ratio), np.array(r)
+
+
+def test_validation_figure_near_one_panel_shows_ratio_and_r_with_the_band(data_dir, tmp_path, figures):
+    """The linear panel around 1 carries the model's P ratio and r(k) and the baseline's r(k) of gas
+    density and temperature, equal to a full-FFT float64 computation, and the shaded +-2% band."""
+    import h5py
+
+    truth = data_dir / "val_24.h5"
+    with h5py.File(truth) as f:
+        hydro, nbody, attrs = f["Hydro"][...], f["Nbody"][...], dict(f.attrs)
+    rng = np.random.default_rng(3)
+    pred = hydro.copy()
+    pred[:2] += (0.01 * rng.standard_normal(pred[:2].shape)).astype(np.float32)  # noisy density, temperature
+    pred_path = tmp_path / "pred.h5"
+    with h5py.File(pred_path, "w") as f:
+        f["Hydro"] = pred
+        for key in ("box_size_mpc_h", "density_scale", "temperature_scale", "igm_T0_K", "velocity_scale_km_s"):
+            f.attrs[key] = attrs[key]
+    validate.validate_files(pred_path, truth, tmp_path / "v", stem="v")
+    (fig,) = figures
+    panel = next(ax for ax in fig.axes if ax.get_ylabel() == "P_pred / P_true and r(k), linear")
+    assert panel.get_yscale() == "linear" and panel.get_xscale() == "linear"
+    lines = {line.get_label(): line for line in panel.get_lines()}
+    k_f = 2 * np.pi / attrs["box_size_mpc_h"]
+    gamma, s_rho, s_t, t0 = attrs["igm_gamma"], attrs["density_scale"], attrs["temperature_scale"], attrs["igm_T0_K"]
+    truth_phys = {"gas_density": np.exp(s_rho * hydro[0].astype(np.float64))}
+    truth_phys["gas_temperature"] = t0 * np.exp(s_t * hydro[1].astype(np.float64))
+    pred_phys = {"gas_density": np.exp(s_rho * pred[0].astype(np.float64))}
+    pred_phys["gas_temperature"] = t0 * np.exp(s_t * pred[1].astype(np.float64))
+    rho_dm = np.exp(s_rho * nbody[0].astype(np.float64))
+    base_phys = {"gas_density": rho_dm, "gas_temperature": t0 * rho_dm ** (gamma - 1)}
+    for name in ("gas_density", "gas_temperature"):
+        k, ratio, r = full_fft_spectra(truth_phys[name], pred_phys[name], 24)
+        _, _, r_base = full_fft_spectra(truth_phys[name], base_phys[name], 24)
+        for label, want in (("P ratio model", ratio), ("r model", r), ("r baseline", r_base)):
+            line = lines[f"{name} {label}"]
+            tol = 1e-5 if label == "r baseline" else 1e-9  # the baseline is computed from float32 values
+            np.testing.assert_allclose(line.get_xdata(), k * k_f, rtol=1e-9)
+            np.testing.assert_allclose(line.get_ydata(), want, rtol=tol)
+        assert np.nanmin(ratio) != pytest.approx(1, abs=1e-3)  # the noise shows: not a trivial comparison
+    (band,) = [p for p in panel.patches if p.get_label() == "1 ± 2%"]
+    y0, y1 = band.get_bbox().y0, band.get_bbox().y1
+    assert (y0, y1) == pytest.approx((0.98, 1.02))
+    lo, hi = panel.get_ylim()
+    assert 0.8 <= lo <= 0.96 and hi >= 1.04
+    assert panel.get_xlim()[1] == pytest.approx(np.pi / (attrs["box_size_mpc_h"] / 24) * 1.02)

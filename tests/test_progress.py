@@ -19,7 +19,7 @@ def test_generate_says_each_stage(tmp_path, capsys):
     assert err == [
         "[generate] v.h5, 16^3: Gaussian random field",
         "[generate] v.h5, 16^3: Zel'dovich displacements",
-        "[generate] v.h5, 16^3: dark matter on the grid (cloud-in-cell)",
+        "[generate] v.h5, 16^3: dark matter on the grid (2^3 particles per cell, TSC)",
         "[generate] v.h5, 16^3: gas: Jeans smoothing, temperature-density relation",
         "[generate] v.h5, 16^3: writing",
     ]

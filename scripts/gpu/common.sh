@@ -1,6 +1,7 @@
 # Sourced by the GPU recipes (run from the checkout's root on the GPU machine, $OUT set): the
 # environment (the checkout first on PYTHONPATH), a record of the device and of every installed
-# version, and the data (generated there; the 256^3 training volume takes ~30 s).
+# version, and the data (generated there; the 256^3 training volume takes ~150 s of CPU on the 2-core
+# machine, experiments/generator_lattice).
 command -v nvidia-smi >/dev/null || { echo "error: ${0##*/} needs an NVIDIA GPU (nvidia-smi not found)" >&2; exit 2; }
 mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6

@@ -14,8 +14,13 @@ in K, densities in units of the cosmic mean (rho / rho_mean = 1 + delta).
 4. **Zel'dovich approximation** (Zel'dovich 1970): particles on the grid move by
    Psi = D(z) grad(-nabla^-2 delta), i.e. Psi(k) = i k / k^2 delta(k) D(z), truncated by a Gaussian at the
    non-linear scale k_nl where the linear variance reaches one (Coles, Melott & Shandarin 1993,
-   MNRAS 260, 765); velocity v = a H(z) f Psi. Density and mass-weighted velocity come from a
-   cloud-in-cell (CIC) deposit (Hockney & Eastwood 1988); empty cells take the linear velocity.
+   MNRAS 260, 765); velocity v = a H(z) f Psi. Each cell carries 2^3 particles of mass 1/8 at
+   sub-lattice offsets of +-1/4 cell (the displacement there is the Fourier-shifted field); density
+   and mass-weighted velocity come from a triangular-shaped-cloud (TSC) deposit (Hockney & Eastwood
+   1988, sec. 5-2-3). One particle per cell with a cloud-in-cell deposit leaves the lattice visible
+   in voids, where particles are more than a cell apart (a plaid pattern and empty cells);
+   ``experiments/generator_lattice`` measures the schemes. Cells no particle reaches take the linear
+   velocity.
 5. **Gas**: the baryons follow the dark matter smoothed on the Jeans (filtering) scale,
    delta_gas(k) = delta_dm(k) / (1 + k^2 / k_J^2) (Hui & Gnedin 1997, MNRAS 292, 27; Gnedin & Hui
    1998), applied to the density and to the velocity field.
@@ -25,7 +30,10 @@ in K, densities in units of the cosmic mean (rho / rho_mean = 1 + delta).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import itertools
+import multiprocessing
 from collections.abc import Callable
 
 import numpy as np
@@ -177,25 +185,48 @@ def nonlinear_wavenumber(cosmo: Cosmology, z: float, k_max: float) -> float:
     return float(k[above[0]]) if len(above) else float("inf")
 
 
-def cic_deposit(pos: np.ndarray, size: int, values: list[np.ndarray]) -> list[np.ndarray]:
-    """Cloud-in-cell deposit of per-particle ``values`` at positions ``pos`` (3, n) in cell units
-    (periodic, cell i covers [i, i+1) with its centre at i) onto ``size``^3 grids (float64)."""
-    i0 = np.floor(pos).astype(np.int64)
-    frac = pos - i0
+#: Particles per cell along each axis. A lattice of spacing d cells deposited with TSC ripples by
+#: 2 |sinc(pi / d)|^3 of its mean: 1.8% in a void stretched 1.5x per axis with 2 particles per cell
+#: (d = 0.75), against 34% with one particle per cell and CIC (2 sinc(pi / 1.5)^2).
+PARTICLES_PER_SIDE = 2
+
+
+#: Particles deposited at a time: the temporaries of a chunk stay in the processor's cache, which
+#: makes the deposit about 2x faster than on whole arrays.
+DEPOSIT_CHUNK = 1 << 18
+
+
+def tsc_deposit(pos: np.ndarray, size: int, values: list[np.ndarray]) -> list[np.ndarray]:
+    """Triangular-shaped-cloud deposit of per-particle ``values`` (each (n,)) at positions ``pos``
+    (3, n) in cell units (periodic, cell i covers [i - 1/2, i + 1/2) with its centre at i) onto
+    ``size``^3 grids (float64). A particle at distance d from the nearest cell centre gives that cell
+    3/4 - d^2 and its two neighbours (1/2 -+ d)^2 / 2 along each axis (Hockney & Eastwood 1988,
+    sec. 5-2-3); the weights sum to 1, so the deposit conserves each value's total."""
     out = [np.zeros(size**3) for _ in values]
-    for ox in (0, 1):
-        wx = frac[0] if ox else 1 - frac[0]
-        ix = (i0[0] + ox) % size
-        for oy in (0, 1):
-            wy = frac[1] if oy else 1 - frac[1]
-            iy = (i0[1] + oy) % size
-            for oz in (0, 1):
-                wz = frac[2] if oz else 1 - frac[2]
-                iz = (i0[2] + oz) % size
-                idx = (ix * size + iy) * size + iz
-                w = wx * wy * wz
-                for grid, v in zip(out, values):
-                    grid += np.bincount(idx, weights=w * v, minlength=size**3)
+    for start in range(0, pos.shape[1], DEPOSIT_CHUNK):
+        chunk = slice(start, start + DEPOSIT_CHUNK)
+        axes = []
+        for x in pos[:, chunk]:
+            c = np.floor(x + 0.5).astype(np.int64)
+            d = x - c
+            axes.append(
+                (
+                    ((c - 1) % size, 0.5 * (0.5 - d) ** 2),
+                    (c % size, 0.75 - d**2),
+                    ((c + 1) % size, 0.5 * (0.5 + d) ** 2),
+                )
+            )
+        idx, w = [], []  # the 27 cells of each particle, in a fixed order
+        for ix, wx in axes[0]:
+            for iy, wy in axes[1]:
+                ixy, wxy = ix * size + iy, wx * wy
+                for iz, wz in axes[2]:
+                    idx.append(ixy * size + iz)
+                    w.append(wxy * wz)
+        idx, w = np.concatenate(idx), np.concatenate(w)
+        for grid, v in zip(out, values):
+            # bincount sums in input order, deterministically, and ~10x faster than np.add.at
+            grid += np.bincount(idx, weights=w * np.tile(v[chunk], 27), minlength=size**3)
     return [g.reshape(size, size, size) for g in out]
 
 
@@ -220,6 +251,28 @@ class Fields:
     k_nl: float
 
 
+#: The sub-lattice deposit's inputs, set by :func:`simulate` for the calls (and forked workers) it makes.
+_SUBLATTICE: tuple | None = None
+
+
+def _deposit_sublattice(o: tuple[float, float, float]) -> list[np.ndarray]:
+    """TSC deposit of mass and momentum of the particles at sub-lattice offset ``o`` (cells): their
+    displacement is the Fourier-shifted Zel'dovich field. Returns 4 (L, L, L) float64 grids."""
+    psi_k, (kx, ky, kz), cell, grid, mass_each, vel_factor = _SUBLATTICE
+    size = kx.shape[0]
+    shift = np.exp(1j * (kx * o[0] + ky * o[1] + kz * o[2]) * cell)
+    psi = np.stack([irfft3(p * shift, size) for p in psi_k]).reshape(3, -1)
+    pos = (grid + np.array(o)[:, None] + psi / cell) % size
+    return tsc_deposit(pos, size, [mass_each, *(mass_each * psi * vel_factor)])
+
+
+def _sum_in_order(parts, totals: tuple) -> None:
+    """Adds each sub-lattice's grids to ``totals`` in the order of ``parts`` (deterministic bytes)."""
+    for part in parts:
+        for total, p in zip(totals, part):
+            total += p
+
+
 def simulate(
     size: int,
     box: float,
@@ -230,9 +283,12 @@ def simulate(
     t0: float,
     gamma: float,
     on_stage: Callable[[str], None] = lambda stage: None,
+    workers: int = 1,
 ) -> Fields:
     """Run the generator physics (module docstring, steps 1-6) on a ``size``^3 grid; deterministic by seed.
-    ``on_stage(name)`` is called as each step starts (a 256^3 grid takes minutes)."""
+    ``on_stage(name)`` is called as each step starts (a 256^3 grid takes minutes). ``workers`` > 1
+    deposits the particle sub-lattices in that many forked processes (each holds about
+    12 x size^3 float64); the parts are summed in a fixed order, so the result does not depend on it."""
     on_stage("Gaussian random field")
     rng = np.random.default_rng(seed)
     delta_k = gaussian_field_k(size, box, cosmo.linear_power, rng)
@@ -246,16 +302,32 @@ def simulate(
     k2[0, 0, 0] = 1.0
     trunc = np.exp(-0.5 * k2 / k_nl**2) if np.isfinite(k_nl) else 1.0
     on_stage("Zel'dovich displacements")
-    psi = np.stack([irfft3(1j * kc / k2 * delta_k * growth * trunc, size) for kc in (kx, ky, kz)])
+    psi_k = np.stack([1j * kc / k2 * delta_k * growth * trunc for kc in (kx, ky, kz)])
+    if size % 2 == 0:  # a sub-cell shift of a Nyquist-plane mode is not a real field: those modes go
+        psi_k[:, size // 2] = psi_k[:, :, size // 2] = psi_k[..., -1] = 0.0
     vel_factor = cosmo.hubble(z) / (1 + z) * cosmo.growth_rate(z)  # a H f, km/s per Mpc/h
-    v_lagr = psi * vel_factor
 
-    on_stage("dark matter on the grid (cloud-in-cell)")
+    on_stage(f"dark matter on the grid ({PARTICLES_PER_SIDE}^3 particles per cell, TSC)")
     cell = box / size
     grid = np.indices((size,) * 3, dtype=np.float64).reshape(3, -1)
-    pos = (grid + psi.reshape(3, -1) / cell) % size
-    mass, px, py, pz = cic_deposit(pos, size, [np.ones(size**3), *v_lagr.reshape(3, -1)])
+    offsets = (np.arange(PARTICLES_PER_SIDE) + 0.5) / PARTICLES_PER_SIDE - 0.5  # cells, symmetric about 0
+    mass_each = np.full(size**3, 1.0 / PARTICLES_PER_SIDE**3)
+    global _SUBLATTICE
+    _SUBLATTICE = (psi_k, (kx, ky, kz), cell, grid, mass_each, vel_factor)
+    mass, px, py, pz = (np.zeros((size,) * 3) for _ in range(4))
+    subs = list(itertools.product(offsets, repeat=3))
+    try:
+        if workers > 1:  # fork: the children read the module's _SUBLATTICE without a copy
+            ctx = multiprocessing.get_context("fork")
+            with concurrent.futures.ProcessPoolExecutor(min(workers, len(subs)), mp_context=ctx) as pool:
+                results = pool.map(_deposit_sublattice, subs)
+                _sum_in_order(results, (mass, px, py, pz))
+        else:
+            _sum_in_order(map(_deposit_sublattice, subs), (mass, px, py, pz))
+    finally:
+        _SUBLATTICE = None
     filled = mass > 1e-6
+    v_lagr = np.stack([irfft3(p, size) for p in psi_k]) * vel_factor
     v_dm = np.where(filled, np.stack([px, py, pz]) / np.where(filled, mass, 1.0), v_lagr)
 
     on_stage("gas: Jeans smoothing, temperature-density relation")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ DENSITY_SCALE = 14.0
 RHO_FLOOR = 1e-3
 TEMPERATURE_SCALE = 8.0
 VELOCITY_SCALE = 2000.0  # km/s
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # changes whenever the same arguments give other values (the "generator" attribute)
 
 NBODY_CHANNELS = ("dm_density", "dm_vx", "dm_vy", "dm_vz")
 HYDRO_CHANNELS = ("gas_density", "gas_temperature", "gas_vx", "gas_vy", "gas_vz")
@@ -109,6 +110,14 @@ def write_h5(path: Path, nbody: np.ndarray, hydro: np.ndarray, attrs: dict, chun
     tmp.replace(path)
 
 
+def deposit_workers(args: argparse.Namespace) -> int:
+    """``--workers``, or with 0 the automatic count: 1 below 128^3 (forking costs more than it saves),
+    else one per core up to the 8 particle sub-lattices."""
+    if args.workers:
+        return args.workers
+    return 1 if args.size < 128 else min(8, os.cpu_count() or 1)
+
+
 def generate(args: argparse.Namespace) -> Path:
     """Generate and write the file described by parsed ``args``; return its path."""
     out = Path(args.out)
@@ -122,6 +131,7 @@ def generate(args: argparse.Namespace) -> Path:
         ("--t0", args.t0, args.t0 > 0, "> 0"),
         ("--gamma", args.gamma, 1 <= args.gamma <= 2, "in [1, 2]"),
         ("--chunk", args.chunk, args.chunk >= 0, ">= 0"),
+        ("--workers", args.workers, args.workers >= 0, ">= 0 (0: automatic)"),
     ):
         if not ok:
             raise UserError(f"{name} {value}: expected {want}")
@@ -129,7 +139,7 @@ def generate(args: argparse.Namespace) -> Path:
     t_start = time.perf_counter()
     say = lambda stage: print(f"[generate] {out.name}, {args.size}^3: {stage}", file=sys.stderr, flush=True)
     fields = cosmology.simulate(
-        args.size, args.box, args.redshift, args.seed, cosmo, args.k_jeans, args.t0, args.gamma, on_stage=say
+        args.size, args.box, args.redshift, args.seed, cosmo, args.k_jeans, args.t0, args.gamma, on_stage=say, workers=deposit_workers(args)
     )
     nbody, hydro = transform_fields(fields, args.t0)
     worst = float(np.abs(hydro).max())
@@ -145,6 +155,22 @@ def generate(args: argparse.Namespace) -> Path:
         f"z={args.redshift}, seed {args.seed}, k_nl={fields.k_nl:.3g} h/Mpc, {seconds:.1f} s"
     )
     return out
+
+
+def stale_note(path: Path) -> str:
+    """``""`` if ``path`` was written by this generator version, else a note that names its version and
+    how to regenerate it (files of other writers, without a ``generator`` attribute, get ``""``)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            written_by = f.attrs.get("generator")
+    except OSError:
+        return ""
+    current = f"shared_data.data.generate v{GENERATOR_VERSION}"
+    if written_by is None or str(written_by) == current:
+        return ""
+    return f" (written by {written_by}, this is v{GENERATOR_VERSION}: delete it to regenerate)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,6 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gamma", type=float, default=1.6, help="slope of T = T0 (1+delta)^(gamma-1)")
     p.add_argument("--chunk", type=int, default=32, help="HDF5 chunk side (0: contiguous)")
     p.add_argument("--npy", action="store_true", help="also write the DHWC .npy files for DALI's numpy reader")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="processes for the particle deposit (0: 1 below 128^3, else up to 8, one per core; each holds "
+        "~12 x size^3 x 8 bytes); the output does not depend on it",
+    )
     p.add_argument("--if-missing", action="store_true", help="do nothing if --out exists")
     return p
 
@@ -174,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.box = 0.25 * args.size
     out = Path(args.out)
     if args.if_missing and out.exists():
-        print(f"{out} exists; not regenerated")
+        print(f"{out} exists; not regenerated{stale_note(out)}")
     else:
         generate(args)
     if args.npy:

@@ -31,8 +31,10 @@ Metrics (``DIR/validation.json``):
   (otherwise the JSON says it is absent).
 
 Figure (``DIR/validation.png``): a slice of every channel, true / predicted / residual, in physical
-units with colour bars; P ratio, r(k), the two PDFs and the per-channel L1; the framework, weights and
-precision (the prediction's ``prediction_*`` attributes) in the title. Both files are written atomically.
+units with colour bars; P ratio, r(k), the two PDFs and the per-channel L1; across the bottom, on one
+linear axis against k, the model's P ratio and the r(k) of model and baseline with a shaded 1 +- 2% band;
+the framework, weights and precision (the prediction's ``prediction_*`` attributes) in the title. Both
+files are written atomically.
 """
 
 from __future__ import annotations
@@ -374,7 +376,8 @@ def provenance(attrs: dict) -> str:
 def figure(path: Path, pred: np.ndarray, truth: np.ndarray, metrics: dict, units: Units, title: str, z: int) -> None:
     """Write the validation figure (PNG, atomically): rows true / predicted / residual of the slice
     ``z`` (third axis) of every channel in physical units with colour bars, then P ratio, r(k),
-    the density and temperature PDFs and the per-channel L1."""
+    the density and temperature PDFs and the per-channel L1, and last, across the figure, a linear
+    panel around 1 (:func:`near_one_panel`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -382,7 +385,7 @@ def figure(path: Path, pred: np.ndarray, truth: np.ndarray, metrics: dict, units
 
     names = units.hydro_channels
     n = max(len(names), 5)
-    fig, axes = plt.subplots(4, n, figsize=(3.4 * n, 12.5), squeeze=False)
+    fig, axes = plt.subplots(5, n, figsize=(3.4 * n, 15.5), squeeze=False)
     extent = (0, truth.shape[1] * units.voxel_size) * 2
     for c, name in enumerate(names):
         t, p = physical(name, truth[c, :, :, z], units), physical(name, pred[c, :, :, z], units)
@@ -463,11 +466,64 @@ def figure(path: Path, pred: np.ndarray, truth: np.ndarray, metrics: dict, units
     ax_l1.legend(fontsize=6)
     for ax in axes[3, 5:]:
         ax.axis("off")
+    grid = axes[4, 0].get_gridspec()
+    for ax in axes[4]:
+        ax.remove()
+    near_one_panel(fig.add_subplot(grid[4, :]), metrics, styles)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     with atomic_path(path, ".png") as tmp:
         fig.savefig(tmp, dpi=90, format="png")
     plt.close(fig)
+
+
+#: Half-width of the shaded band around 1 in the linear panel of :func:`near_one_panel`.
+BAND = 0.02
+#: Lowest value the linear panel shows; lower values leave the axis, and the panel says so.
+NEAR_ONE_FLOOR = 0.8
+
+
+def near_one_panel(ax, metrics: dict, styles: dict[str, str]) -> None:
+    """Draw, on one linear axis against linear k (h/Mpc) up to Nyquist, P_pred / P_true and r(k) of
+    the model and r(k) of the baseline for gas density and temperature (``metrics["power"]``), with a
+    shaded band 1 +- :data:`BAND` and a dotted line at k_Nyquist / 2: a deficit of a few percent at
+    small scales is seen at once. The y range spans the lowest plotted value (at least
+    :data:`NEAR_ONE_FLOOR`, at most 0.96) to above 1 + BAND; values below it are named in a note.
+    Line labels: ``"<name> P ratio model"``, ``"<name> r model"``, ``"<name> r baseline"``."""
+    ax.axhspan(1 - BAND, 1 + BAND, color="0.85", zorder=0, label=f"1 ± {BAND:.0%}")
+    ax.axhline(1, color="k", lw=0.8)
+    lowest = []
+    for name, s in metrics["power"].items():
+        k = np.asarray(s["k"], float)
+        series = [("P ratio model", s["ratio_pred"], "-o"), ("r model", s["r_pred"], "-s")]
+        if "r_baseline" in s:
+            series.append(("r baseline", s["r_baseline"], "--"))
+        for what, values, style in series:
+            y = np.asarray([np.nan if v is None else v for v in values], float)
+            ax.plot(
+                k,
+                y,
+                style,
+                ms=3,
+                lw=1.2,
+                color=styles[name],
+                label=f"{name} {what}",
+                mfc="none" if what.startswith("r ") else styles[name],
+            )
+            lowest.append((float(np.nanmin(y)) if np.isfinite(y).any() else 1.0, f"{name} {what}"))
+    k_nyq = metrics["k_nyquist_h_mpc"]
+    ax.axvline(k_nyq / 2, color="gray", lw=0.8, ls=":", label="k_Nyquist / 2")
+    low = min((v for v, _ in lowest), default=1.0)
+    bottom = min(0.96, max(NEAR_ONE_FLOOR, low - 0.01))
+    ax.set_ylim(bottom, 1 + max(2 * BAND, (1 - bottom) / 3))
+    ax.set_xlim(0, k_nyq * 1.02)
+    off = [what for v, what in lowest if v < bottom]
+    if off:
+        ax.annotate("below the axis: " + ", ".join(off), (0.01, 0.97), xycoords="axes fraction", va="top", fontsize=7)
+    ax.set_xlabel("k [h/Mpc]")
+    ax.set_ylabel("P_pred / P_true and r(k), linear")
+    ax.set_title(f"near 1: power ratio and cross-correlation, band ± {BAND:.0%}", fontsize=9)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.005, 0.5))  # outside: the data stay clear
 
 
 # --- driver ------------------------------------------------------------------------------------------
