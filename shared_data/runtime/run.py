@@ -66,8 +66,11 @@ def workdir_for(cfg: Config, framework: str, workdir: str | None = None, run_num
 def check_data(cfg: Config) -> None:
     """Check, before anything in a run folder is touched, that the data of ``cfg`` exist and follow the
     contract: both split files (unless ``synthetic``) and, for the DALI numpy reader, their ``.npy``
-    twins, whose values are scanned for NaN and inf. Raises the
-    :class:`shared_data.core.errors.DatasetError` naming the file and the fix."""
+    twins. The values every loader reads (the HDF5 files, or the twins) are scanned for NaN, inf and
+    values beyond :data:`shared_data.data.dataset.MAX_ABS_VALUE` (one read of each file: 0.6 s for a
+    256^3 volume), so a bad value is named with its file and voxel before the first step, not
+    reported as a diverged loss. Raises the :class:`shared_data.core.errors.DatasetError` naming
+    the file and the fix."""
     from shared_data.data import dataset
 
     kind = loader_kinds.loader_kind(cfg)
@@ -79,11 +82,19 @@ def check_data(cfg: Config) -> None:
     ]
     if kind.host_reader == "inmem":
         check_host_memory(cfg, sum(i.size**3 * (i.n_in + i.n_out) * 4 for i in infos))
+    t0 = time.perf_counter()
     for split, info in zip(("train", "val"), infos):
         if kind.reads_npy:
             dataset.check_npy_twins(info, cfg.npy_files(split))
-            for npy in cfg.npy_files(split):  # the HDF5 readers check each crop; DALI's reader does not
+            for npy in cfg.npy_files(split):
                 dataset.check_finite_npy(npy)
+        else:
+            dataset.scan_values(info.path)
+    log.info(
+        "data values: finite and within +-%g in both files (checked in %.1f s)",
+        dataset.MAX_ABS_VALUE,
+        time.perf_counter() - t0,
+    )
 
 
 def available_memory_bytes() -> int | None:
@@ -372,17 +383,21 @@ class Run:
         the epoch's metrics.
 
         Raises:
-            UserError: a non-finite training loss (without fp16 loss scaling, which skips such steps).
+            UserError: a non-finite training loss (without fp16 loss scaling, which skips such steps);
+                the message names the file and crop when the step's batch is the cause
+                (:func:`batch_problem`).
         """
         seconds = time.perf_counter() - self._epoch_start
         losses = np.asarray(train_losses, np.float64)
         cfg, steps = self.cfg, self.steps_per_epoch
         if not np.isfinite(losses).all() and cfg.precision != "float16":
             bad = int(np.argmax(~np.isfinite(losses)))
-            raise UserError(
-                f"training diverged: loss is {losses[bad]} at step {epoch * steps + bad} of config "
-                f"{cfg.name!r}; lower start_lr or enable loss scaling"
-            )
+            where = f"training diverged: loss is {losses[bad]} at step {epoch * steps + bad} of config {cfg.name!r}"
+            cause = batch_problem(cfg, epoch, bad, self.global_batch // self.local_batch)
+            if cause:
+                raise UserError(f"{where} because of its data: {cause}")
+            checked = "; its crops are finite and within range, so" if cause is not None else ";"
+            raise UserError(f"{where}{checked} lower start_lr or enable loss scaling")
         t0 = time.perf_counter()
         val_loss = float(evaluate())
         val_seconds = time.perf_counter() - t0
@@ -451,6 +466,50 @@ class Run:
         if self._lock is not None:
             run_lock.release(self._lock)
         return dict(self.last)
+
+
+#: The largest density value x whose exp(density_scale x) (the ``lambda_rho`` loss term) float32
+#: holds, times density_scale: ln(3.4028235e38).
+LOG_FLOAT32_MAX = float(np.log(np.finfo(np.float32).max))
+
+
+def batch_problem(cfg: Config, epoch: int, step: int, replicas: int) -> str | None:
+    """Why the training batch of ``step`` (0-based, in ``epoch``; every replica's crops) makes the
+    loss non-finite, if its data does: each crop is read again from the training file (the crops
+    every loader reads, :func:`shared_data.data.host_batches.make_plan`) and checked for NaN, inf and
+    values beyond :data:`shared_data.data.dataset.MAX_ABS_VALUE`, and, with ``lambda_rho``, for a
+    target density whose exp(``density_scale`` x) overflows float32.
+
+    Returns:
+        the file, crop and value at fault; ``""`` when the crops are fine; None when the loader
+        reads no file (``synthetic``).
+    """
+    if not loader_kinds.loader_kind(cfg).uses_files:
+        return None
+    from shared_data.core.errors import DatasetError
+    from shared_data.data import crop_readers, host_batches
+
+    s = cfg.crop_size
+    reader = crop_readers.H5LowMemReader(cfg.data_file("train"), cfg.N_in_channels, cfg.N_out_channels, s)
+    plan = host_batches.make_plan(cfg, host_batches.TRAIN, epoch, range(replicas), replicas, reader.size)
+    buf_in = np.empty((cfg.N_in_channels, s, s, s), np.float32)
+    buf_tar = np.empty((cfg.N_out_channels, s, s, s), np.float32)
+    limit = LOG_FLOAT32_MAX / cfg.density_scale
+    for start in plan.draws[step].starts:
+        try:
+            reader.read(start, buf_in, buf_tar)
+        except DatasetError as err:
+            return str(err)
+        density = buf_tar[cfg.density_channel]
+        if cfg.lambda_rho and density.max() > limit:
+            i = tuple(np.argwhere(density > limit)[0])
+            x, y, z = (int(a) + int(b) for a, b in zip(i, start))
+            return (
+                f"{reader.path}: Hydro channel {cfg.density_channel} (density) holds {density[i]:.6g} at voxel "
+                f"({x}, {y}, {z}), beyond {limit:.4g}, where exp({cfg.density_scale:g} x) of the lambda_rho "
+                "loss term overflows float32"
+            )
+    return ""
 
 
 def recipe_changes(old_name, old: dict, new_name: str, new: dict) -> list[str]:
