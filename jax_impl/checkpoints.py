@@ -35,6 +35,18 @@ class Checkpoints:
             directory.absolute(), item_handlers=ocp.StandardCheckpointHandler(), options=options
         )
 
+    def close(self) -> None:
+        """Wait for orbax's background work and stop its threads: a run that ends early (an error, a
+        signal) must do this before the interpreter shuts down, or orbax's thread prints "cannot
+        schedule new futures after interpreter shutdown"."""
+        self.manager.close()
+
+    def __enter__(self) -> Checkpoints:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def epochs(self) -> list[int]:
         """The epochs with a finished checkpoint, oldest first."""
         return sorted(self.manager.all_steps())

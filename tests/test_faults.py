@@ -535,3 +535,161 @@ def test_batch_problem_reads_the_crops_of_the_step(tiny_cfg, data_dir, tmp_path)
     problem = run.batch_problem(cfg, 0, 1, 1)
     assert f"{train} Nbody crop at (" in problem and ": non-finite value nan at index (2, " in problem
     assert run.batch_problem(config_mod.replace(cfg, data_loader_config="synthetic"), 0, 1, 1) is None
+
+
+def test_an_early_error_closes_orbaxs_checkpoint_manager(tmp_path, tiny_argv, monkeypatch):
+    """Class 5: a JAX run that ends in a clean early error (here: a folder that holds a checkpoint,
+    without --resume) closes orbax's CheckpointManager before it returns, so no orbax thread is left
+    to print "cannot schedule new futures after interpreter shutdown" at exit."""
+    import orbax.checkpoint as ocp
+
+    from jax_impl import train
+
+    closed = []
+    real_close = ocp.CheckpointManager.close
+    monkeypatch.setattr(ocp.CheckpointManager, "close", lambda self: closed.append(self) or real_close(self))
+    work = tmp_path / "w"
+    (work / "checkpoints" / "1").mkdir(parents=True)
+    res = run_in_process(train.main, [*tiny_argv, "--workdir", str(work)])
+    assert_one_error_line(res, f"{work} already holds checkpoints (epoch 1); pass --resume")
+    assert len(closed) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("framework", "record", "lost"),
+    [
+        ("jax", "metrics.jsonl", ": epoch 2 is not checkpointed"),
+        ("jax", "out.log", ""),
+        ("tf", "metrics.jsonl", ": epoch 2 is not checkpointed"),
+    ],
+)
+def test_a_full_disk_during_a_log_write_keeps_the_last_checkpoint(
+    framework, record, lost, tmp_path, tiny_argv, monkeypatch
+):
+    """Class 5: ENOSPC injected into the write of metrics.jsonl (after a torn part of the line) or of
+    out.log (every write of the resumed run): one line naming the file, the reason and the checkpoint
+    kept, instead of a traceback (metrics.jsonl) or logging's traceback on stderr for every line and
+    exit 0 (out.log); once there is room, --resume finishes the run with one record per epoch."""
+    import errno
+    import io
+
+    from shared_data.runtime import records
+
+    train = __import__(f"{framework}_impl.train", fromlist=["train"])
+    work = tmp_path / "w"
+    argv = [*tiny_argv, "--num_epochs", "3", "--workdir", str(work)]
+    assert run_in_process(train.main, [*argv, "--stop_after_epoch", "1"]).returncode == 0
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    if record == "metrics.jsonl":
+
+        def append(self, _):
+            with open(self.path, "a") as fh:
+                fh.write('{"epoch": 2, "st')
+            raise full
+
+        monkeypatch.setattr(records.MetricsLog, "append", append)
+    else:
+
+        class FullDisk(io.StringIO):
+            def write(self, _):
+                raise full
+
+        monkeypatch.setattr(logging.FileHandler, "_open", lambda self: FullDisk())
+    res = run_in_process(train.main, [*argv, "--resume"])
+    assert_one_error_line(
+        res,
+        f"cannot write {work / record} (No space left on device){lost}; "
+        "the checkpoint of epoch 1 is kept and --resume continues from it",
+    )
+    assert "Logging error" not in res.stderr
+    assert _checkpoint_epochs(work / "checkpoints") == [1]
+    monkeypatch.undo()
+    assert run_in_process(train.main, [*argv, "--resume"]).returncode == 0
+    assert [json.loads(line)["epoch"] for line in (work / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def _main_of(module: str):
+    return __import__(module, fromlist=["main"]).main
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "texts"),
+    [
+        ("shared_data.data.generate", ["--out", "blocker/g.h5"], ["--out {t}/blocker/g.h5: {t}/blocker is a file"]),
+        ("shared_data.data.generate", ["--out", "folder"], ["--out {t}/folder is a folder, expected a file path"]),
+        ("shared_data.data.convert", ["v.h5"], ["output {t}/v_Hydro.npy is a folder, expected a file path"]),
+        ("jax_impl.export", ["--out", "blocker/e"], ["--out {t}/blocker/e: {t}/blocker is a file, expected a folder"]),
+        ("jax_impl.export", ["--out", "blocker"], ["--out {t}/blocker is a file, expected a folder"]),
+    ],
+)
+def test_generate_convert_and_export_outputs_that_cannot_be_written(data_dir, tmp_path, command, args, texts):
+    """Class 5: an output under a regular file (which holds for root) or where a folder is in the way
+    ends in one line before any work (generate does not simulate first), and nothing is written."""
+    import shutil
+
+    from shared_data.model import unet_spec
+
+    (tmp_path / "blocker").write_text("a file")
+    (tmp_path / "folder").mkdir()
+    shutil.copy(data_dir / "val_24.h5", tmp_path / "v.h5")
+    (tmp_path / "v_Hydro.npy").mkdir()
+    if command.endswith("export"):
+        cfg = __import__("shared_data.core.config", fromlist=["load_config"]).load_config("cpu_tiny")
+        unet_spec.save_weights(tmp_path / "w.npz", unet_spec.init_weights(cfg, 0))
+        args = ["--config", "cpu_tiny", "--weights", str(tmp_path / "w.npz"), *args]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        res = run_in_process(_main_of(command), [*args, "--size", "16"] if "generate" in command else args)
+    finally:
+        os.chdir(old)
+    assert_one_error_line(res, *(t.format(t=tmp_path) for t in texts))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_full_disk_during_convert_leaves_no_partial_twin(data_dir, tmp_path, monkeypatch):
+    """Class 5: ENOSPC while convert writes a .npy twin: one line naming the file and the reason;
+    no partial .npy (or temporary file) is left."""
+    import errno
+    import shutil
+
+    import numpy as np
+
+    from shared_data.data import convert
+
+    shutil.copy(data_dir / "val_24.h5", tmp_path / "v.h5")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(np.lib.format, "open_memmap", full)
+    res = run_in_process(convert.main, [str(tmp_path / "v.h5")])
+    assert_one_error_line(res, f"cannot write {tmp_path / 'v_Nbody.npy'} (No space left on device)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.h5"]
+
+
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [
+        ("jax_impl.predict", ["--input", "{val}", "--out", "{t}/p.h5"]),
+        ("jax_impl.export", ["--out", "{t}/e"]),
+        pytest.param("tf_impl.predict", ["--input", "{val}", "--out", "{t}/p.h5"], marks=pytest.mark.slow),
+    ],
+)
+def test_a_truncated_weights_file_is_one_line(data_dir, tmp_path, command, flags):
+    """Class 5: a weights .npz cut short (a copy interrupted, a full disk at its write) given to
+    predict or export: one line naming the file, nothing written."""
+    from shared_data.core.config import load_config
+    from shared_data.model import unet_spec
+
+    whole = tmp_path / "whole.npz"
+    unet_spec.save_weights(whole, unet_spec.init_weights(load_config("cpu_tiny"), 0))
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size * 2 // 3])
+    argv = ["--config", "cpu_tiny", "--weights", str(cut)]
+    argv += [f.format(t=tmp_path, val=data_dir / "val_24.h5") for f in flags]
+    res = run_in_process(_main_of(command), argv)
+    assert_one_error_line(res, f"weights file {cut} is damaged (truncated?) or not a canonical .npz weights file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.npz", "whole.npz"]

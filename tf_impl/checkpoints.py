@@ -46,6 +46,16 @@ class Checkpoints:
             (directory / "checkpoint").unlink()
             self.manager = tf.train.CheckpointManager(self.ckpt, str(directory), max_to_keep=keep)
 
+    def close(self) -> None:
+        """Nothing to stop (``tf.train.CheckpointManager`` saves in the caller's thread); the same
+        protocol as :meth:`jax_impl.checkpoints.Checkpoints.close`."""
+
+    def __enter__(self) -> Checkpoints:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def epochs(self) -> list[int]:
         if not self.directory.is_dir():
             return []

@@ -95,3 +95,20 @@ def check_writable(path: str | Path, flag: str, folder: bool = False) -> None:
         probe.unlink()
     except OSError as err:
         raise UserError(f"{flag} {path}: cannot write in {existing} ({err.strerror})") from None
+
+
+@contextlib.contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Turn an ``OSError`` inside the body (a full disk, a read-only file system, a quota) into one
+    line naming ``path`` and the reason.
+
+    Raises:
+        UserError: ``cannot write <path> (<reason>)``.
+    """
+    from shared_data.core.errors import UserError
+
+    try:
+        yield
+    except OSError as err:
+        reason = err.strerror or " ".join(str(err).split())[:200]
+        raise UserError(f"cannot write {path} ({reason})") from None

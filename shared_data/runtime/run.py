@@ -35,7 +35,7 @@ from shared_data.core import config as config_mod
 from shared_data.core import loader_kinds
 from shared_data.core.config import Config, batch_sizes, config_dict
 from shared_data.core.errors import UserError
-from shared_data.core.files import write_atomic
+from shared_data.core.files import write_atomic, writing
 from shared_data.model import schedule, unet_spec
 from shared_data.runtime import lock as run_lock
 from shared_data.runtime import signals
@@ -44,6 +44,7 @@ from shared_data.runtime.logs import (
     close_log_file,
     epoch_lines,
     input_bound_advice,
+    log_file_error,
     log_to_file,
     progress,
     share_line,
@@ -245,7 +246,11 @@ class Run:
         if not self.main:
             return
         self.metrics.truncate_after(start_epoch)
-        self._record_invocation(start_epoch, versions)
+        with self.writing(self.workdir / "run.json"):
+            self._record_invocation(start_epoch, versions)
+        failed = log_file_error()
+        if failed:  # out.log cannot be written: stop before the first step
+            raise self.write_error(*failed)
         self.writer = ScalarWriter(self.workdir / "tb", self.cfg.tensorboard)
         if start_epoch == 0 and self.writer._writer is not None:
             hparams = {"framework": self.framework, **config_dict(self.cfg), "global_batch": self.global_batch}
@@ -355,6 +360,26 @@ class Run:
             self._saved, self._running = epoch, None
         signals.raise_pending()
 
+    @contextlib.contextmanager
+    def writing(self, path: Path):
+        """Turn an ``OSError`` of a record's write (a full disk) into :meth:`write_error`."""
+        try:
+            yield
+        except OSError as err:
+            raise self.write_error(path, err) from None
+
+    def write_error(self, path: Path, err: OSError) -> UserError:
+        """The one line for a run record (``out.log``, ``metrics.jsonl``, ``run.json``) that cannot be
+        written: the file, the reason, the epoch not checkpointed and the checkpoint kept."""
+        reason = err.strerror or " ".join(str(err).split())[:200]
+        lost = f": epoch {self._running + 1} is not checkpointed" if self._running is not None else ""
+        kept = (
+            f"the checkpoint of epoch {self._saved} is kept and --resume continues from it"
+            if self._saved
+            else "no epoch is checkpointed, so the run starts again from scratch"
+        )
+        return UserError(f"cannot write {path} ({reason}){lost}; {kept}")
+
     def where(self) -> str:
         """Where a stopped run stands, for the line of a signal (:mod:`shared_data.runtime.signals`):
         which epoch is abandoned and which checkpoint ``--resume`` continues from."""
@@ -383,7 +408,8 @@ class Run:
         the epoch's metrics.
 
         Raises:
-            UserError: a non-finite training loss (without fp16 loss scaling, which skips such steps);
+            UserError: ``metrics.jsonl`` or ``out.log`` cannot be written (a full disk:
+                :meth:`write_error`); a non-finite training loss (without fp16 loss scaling, which skips such steps);
                 the message names the file and crop when the step's batch is the cause
                 (:func:`batch_problem`).
         """
@@ -422,7 +448,11 @@ class Run:
         )
         if loss_scale is not None:
             self.last["loss_scale"] = float(loss_scale)
-        self.metrics.append(self.last)
+        failed = log_file_error()
+        if failed:
+            raise self.write_error(*failed)
+        with self.writing(self.metrics.path):
+            self.metrics.append(self.last)
         if self.writer is not None:
             if step == steps * (epoch + 1) and epoch == 0:  # a fresh run: the first step's loss is the step-0 loss
                 self.writer.scalars(0, {"Loss/train": float(losses[0])})
@@ -577,5 +607,6 @@ def checkpoint_write_error(directory: Path, epoch: int, reason: str, kept: Seque
 def save_final_weights(path: str | None, weights: Callable[[], dict], main_process: bool) -> None:
     """Write ``weights()`` (canonical arrays) to ``path`` (atomic) on the main process, if a path is given."""
     if path and main_process:
-        unet_spec.save_weights(path, weights())
+        with writing(path):
+            unet_spec.save_weights(path, weights())
         log.info("wrote %s", path)
