@@ -67,7 +67,7 @@ class Checkpoints:
         try:
             self.manager.save(checkpoint_number=epoch)
         except (OSError, tf.errors.OpError) as err:  # TF reports a full disk as an OpError
-            reason = getattr(err, "strerror", None) or str(err).splitlines()[0][:200]
+            reason = run_mod.write_failure(err) or str(err).splitlines()[0][:200]
             raise run_mod.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
         if distribute.is_main_process():
             checksums.record(self.directory, epoch, self._files(epoch), self.epochs())
