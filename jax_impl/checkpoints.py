@@ -13,6 +13,7 @@ import jax
 
 from jax_impl import distribute
 from shared_data.core.errors import UserError
+from shared_data.core.files import write_failure
 from shared_data.runtime import checksums
 from shared_data.runtime import run as run_mod
 
@@ -43,7 +44,7 @@ class Checkpoints:
         try:
             self.manager.close()
         except Exception as err:  # a save that failed (a full disk) is reported already
-            if run_mod.write_failure(err) is None:
+            if write_failure(err) is None:
                 raise
 
     def __enter__(self) -> Checkpoints:
@@ -65,7 +66,7 @@ class Checkpoints:
             self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
             self.manager.wait_until_finished()
         except Exception as err:  # orbax wraps the OSError of a full disk, or tensorstore's error
-            reason = run_mod.write_failure(err)
+            reason = write_failure(err)
             if reason is None:
                 raise
             raise run_mod.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None

@@ -649,17 +649,23 @@ def test_generate_convert_and_export_outputs_that_cannot_be_written(data_dir, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
-def test_a_full_disk_during_convert_leaves_no_partial_twin(data_dir, tmp_path, monkeypatch):
-    """Class 5: ENOSPC while convert writes a .npy twin: one line naming the file and the reason;
-    no partial .npy (or temporary file) is left."""
+def test_a_full_disk_during_convert_or_predict_leaves_no_partial_file(data_dir, tmp_path, monkeypatch):
+    """Class 5: ENOSPC while convert writes a .npy twin, or while predict writes its HDF5 output
+    (h5py's own error, which quotes the OS error): one line naming the file and the reason; no
+    partial output (or temporary file) is left."""
     import errno
     import shutil
 
+    import h5py
     import numpy as np
 
+    from jax_impl import predict
+    from shared_data.core.config import load_config
     from shared_data.data import convert
+    from shared_data.model import unet_spec
 
     shutil.copy(data_dir / "val_24.h5", tmp_path / "v.h5")
+    unet_spec.save_weights(tmp_path / "w.npz", unet_spec.init_weights(load_config("cpu_tiny"), 0))
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -667,7 +673,23 @@ def test_a_full_disk_during_convert_leaves_no_partial_twin(data_dir, tmp_path, m
     monkeypatch.setattr(np.lib.format, "open_memmap", full)
     res = run_in_process(convert.main, [str(tmp_path / "v.h5")])
     assert_one_error_line(res, f"cannot write {tmp_path / 'v_Nbody.npy'} (No space left on device)")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.h5"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.h5", "w.npz"]
+
+    real_file = h5py.File
+
+    def h5_full(name, mode="r", *args, **kwargs):
+        if mode == "w":
+            raise OSError(
+                "Unable to synchronously create file (file write failed: errno = 28, "
+                "error message = 'No space left on device')"
+            )
+        return real_file(name, mode, *args, **kwargs)
+
+    monkeypatch.setattr(h5py, "File", h5_full)
+    argv = ["--config", "cpu_tiny", "--weights", str(tmp_path / "w.npz"), "--input", str(tmp_path / "v.h5")]
+    res = run_in_process(predict.main, [*argv, "--out", str(tmp_path / "p.h5")])
+    assert_one_error_line(res, f"cannot write {tmp_path / 'p.h5'} (No space left on device)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.h5", "w.npz"]
 
 
 @pytest.mark.parametrize(

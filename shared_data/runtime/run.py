@@ -586,42 +586,6 @@ def remove_partial_saves(directory: Path, patterns: Sequence[str]) -> None:
                 path.unlink(missing_ok=True)
 
 
-def os_error_in(err: BaseException | None) -> OSError | None:
-    """The ``OSError`` (a full disk, a vanished mount) that ``err`` is or wraps, else None."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, OSError):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
-
-
-def write_failure(err: BaseException) -> str | None:
-    """The reason a write failed, if ``err`` is or wraps one: an ``OSError``'s text, the OS error
-    code that tensorstore (orbax's writer) puts in its message (``[os_error_code='28']``), or the
-    text of a full disk, a quota, a read-only file system, a denied or failed I/O that TensorFlow's
-    ``OpError`` quotes; None for other errors."""
-    import errno
-    import re
-
-    os_error = os_error_in(err)
-    if os_error is not None:
-        return os_error.strerror or str(os_error)
-    known = [os.strerror(e) for e in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO, errno.EFBIG)]
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        code = re.search(r"os_error_code='(\d+)'", str(err))
-        if code:
-            return os.strerror(int(code[1]))
-        text = next((t for t in known if t in str(err)), None)
-        if text:
-            return text
-        err = err.__cause__ or err.__context__
-    return None
-
-
 def checkpoint_write_error(directory: Path, epoch: int, reason: str, kept: Sequence[int]) -> UserError:
     """The one-line error for a failed checkpoint save of ``epoch``, saying which checkpoint is kept."""
     older = [e for e in kept if e < epoch]
