@@ -6,12 +6,14 @@ and :meth:`Checkpoints.restore`; the trainer calls :meth:`Checkpoints.save` afte
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import jax
 
 from jax_impl import distribute
 from shared_data.core.errors import UserError
+from shared_data.core.files import write_failure
 from shared_data.runtime import checksums
 from shared_data.runtime import run as run_mod
 
@@ -35,6 +37,22 @@ class Checkpoints:
             directory.absolute(), item_handlers=ocp.StandardCheckpointHandler(), options=options
         )
 
+    def close(self) -> None:
+        """Wait for orbax's background work and stop its threads: a run that ends early (an error, a
+        signal) must do this before the interpreter shuts down, or orbax's thread prints "cannot
+        schedule new futures after interpreter shutdown"."""
+        try:
+            self.manager.close()
+        except Exception as err:  # a save that failed (a full disk) is reported already
+            if write_failure(err) is None:
+                raise
+
+    def __enter__(self) -> Checkpoints:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def epochs(self) -> list[int]:
         """The epochs with a finished checkpoint, oldest first."""
         return sorted(self.manager.all_steps())
@@ -42,14 +60,15 @@ class Checkpoints:
     def save(self, epoch: int, state) -> None:
         """Write ``state`` as the checkpoint of ``epoch``, wait until it is on disk and record its
         checksums (:mod:`shared_data.runtime.checksums`)."""
+        if not getattr(sys.unraisablehook, "quiet_closed_loop", False):
+            sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
         try:
             self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
             self.manager.wait_until_finished()
-        except Exception as err:  # orbax may wrap the OSError of a full disk
-            os_error = run_mod.os_error_in(err)
-            if os_error is None:
+        except Exception as err:  # orbax wraps the OSError of a full disk, or tensorstore's error
+            reason = write_failure(err)
+            if reason is None:
                 raise
-            reason = os_error.strerror or str(os_error)
             raise run_mod.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
         if distribute.is_main_process():
             checksums.record(self.directory, epoch, self._files(epoch), self.epochs())
@@ -101,6 +120,20 @@ class Checkpoints:
         except Exception as err:  # orbax raises many kinds for damaged files
             where = f"checkpoint {self.directory}/{epoch}"
             raise UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite") from None
+
+
+def _quiet_closed_loop(previous):
+    """``sys.unraisablehook`` that drops "Event loop is closed": when a save fails (a full disk)
+    tensorstore's remaining writes fail one by one and call back into orbax's event loop, which
+    closed with the first failure; each would print a traceback around the run's one error line.
+    Installed before the first save, as the first of them can come before orbax raises."""
+
+    def hook(unraisable) -> None:
+        if not (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.quiet_closed_loop = True
+    return hook
 
 
 def _first_line(err: BaseException) -> str:

@@ -40,8 +40,9 @@ def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[
         checkpoints = Checkpoints(directory, run_cfg.keep_checkpoints, read_only=True)
     finally:
         absl.setLevel(level)
-    epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
-    params = checkpoints.restore_params(epoch, jax.eval_shape(lambda: model_mod.init_params(run_cfg, 0)))
+    with checkpoints:  # closed on every exit (orbax's threads)
+        epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
+        params = checkpoints.restore_params(epoch, jax.eval_shape(lambda: model_mod.init_params(run_cfg, 0)))
     return model_mod.params_to_canonical(jax.device_get(params)), epoch
 
 

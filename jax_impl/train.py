@@ -185,35 +185,35 @@ def train_and_evaluate(
     model, tx = model_mod.build_model(cfg), make_optimizer(run.lr_table, cfg.adam_update)
     params = model_mod.params_from_canonical(run.initial_weights(init_weights))
     state = jax.device_put(create_train_state(cfg, params, tx), distribute.replicated(mesh))
-    ckpt = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, state)
-    start, restored = run.resume(ckpt)
-    if start:
-        state = restored
-    train_in, val_in = data_mod.make_input(cfg, "train", mesh, start), data_mod.make_input(cfg, "val", mesh)
-    train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, data_mod.batch_spec(cfg, mesh))
-    run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, state.params, val_in))
+    with Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, state) as ckpt:  # closed on every exit
+        start, restored = run.resume(ckpt)
+        if start:
+            state = restored
+        train_in, val_in = data_mod.make_input(cfg, "train", mesh, start), data_mod.make_input(cfg, "val", mesh)
+        train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, data_mod.batch_spec(cfg, mesh))
+        run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, state.params, val_in))
 
-    trace = (lambda: jax.profiler.start_trace(str(workdir / "profile")), jax.profiler.stop_trace)
-    with run.profile(*trace, use_cuda=jax.default_backend() == "gpu", annotate=jax.profiler.TraceAnnotation):
-        for epoch in run.epochs(start, stop_after_epoch):
-            losses = []
-            for batch in run.steps(train_in.epoch(epoch), epoch):
-                with nvtx_range("step dispatch", "blue"):
-                    state, m = train_fn(state, batch)
-                losses.append(m["loss"])
-            run.end_epoch(
-                epoch,
-                jax.device_get(jnp.stack(losses)),
-                lambda: evaluate(eval_fn, state.params, val_in),
-                step=int(state.step),
-                loss_scale=m.get("loss_scale"),
-            )
-            with run.saving(epoch + 1):
-                ckpt.save(epoch + 1, state)
+        trace = (lambda: jax.profiler.start_trace(str(workdir / "profile")), jax.profiler.stop_trace)
+        with run.profile(*trace, use_cuda=jax.default_backend() == "gpu", annotate=jax.profiler.TraceAnnotation):
+            for epoch in run.epochs(start, stop_after_epoch):
+                losses = []
+                for batch in run.steps(train_in.epoch(epoch), epoch):
+                    with nvtx_range("step dispatch", "blue"):
+                        state, m = train_fn(state, batch)
+                    losses.append(m["loss"])
+                run.end_epoch(
+                    epoch,
+                    jax.device_get(jnp.stack(losses)),
+                    lambda: evaluate(eval_fn, state.params, val_in),
+                    step=int(state.step),
+                    loss_scale=m.get("loss_scale"),
+                )
+                with run.saving(epoch + 1):
+                    ckpt.save(epoch + 1, state)
 
-    weights = lambda: model_mod.params_to_canonical(jax.device_get(state.params))
-    run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())
-    return state, run.finish(distribute.peak_memory_bytes())
+        weights = lambda: model_mod.params_to_canonical(jax.device_get(state.params))
+        run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())
+        return state, run.finish(distribute.peak_memory_bytes())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from shared_data.core.errors import UserError
+from shared_data.core.files import write_failure
 from shared_data.runtime import checksums
 from shared_data.runtime import run as run_mod
 from tf_impl import distribute
@@ -46,6 +47,16 @@ class Checkpoints:
             (directory / "checkpoint").unlink()
             self.manager = tf.train.CheckpointManager(self.ckpt, str(directory), max_to_keep=keep)
 
+    def close(self) -> None:
+        """Nothing to stop (``tf.train.CheckpointManager`` saves in the caller's thread); the same
+        protocol as :meth:`jax_impl.checkpoints.Checkpoints.close`."""
+
+    def __enter__(self) -> Checkpoints:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def epochs(self) -> list[int]:
         if not self.directory.is_dir():
             return []
@@ -57,7 +68,7 @@ class Checkpoints:
         try:
             self.manager.save(checkpoint_number=epoch)
         except (OSError, tf.errors.OpError) as err:  # TF reports a full disk as an OpError
-            reason = getattr(err, "strerror", None) or str(err).splitlines()[0][:200]
+            reason = write_failure(err) or str(err).splitlines()[0][:200]
             raise run_mod.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
         if distribute.is_main_process():
             checksums.record(self.directory, epoch, self._files(epoch), self.epochs())

@@ -36,9 +36,9 @@ def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[
         UserError: no checkpoint, or one that does not restore.
     """
     model = model_mod.build_model(run_cfg)
-    checkpoints = Checkpoints(directory, run_cfg.keep_checkpoints, model, read_only=True)
-    epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
-    checkpoints.restore(epoch)
+    with Checkpoints(directory, run_cfg.keep_checkpoints, model, read_only=True) as checkpoints:
+        epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
+        checkpoints.restore(epoch)
     return model_mod.params_to_canonical(model), epoch
 
 

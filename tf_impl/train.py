@@ -209,34 +209,35 @@ def train_and_evaluate(
         model, optimizer = model_mod.build_model(cfg), make_optimizer(cfg, run.lr_table)
         model_mod.params_from_canonical(model, run.initial_weights(init_weights))
         optimizer.build(model.trainable_variables)
-    ckpt = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, model, optimizer)
-    start, _ = run.resume(ckpt)
-    train_in, val_in = data_mod.make_input(cfg, "train", strategy, start), data_mod.make_input(cfg, "val", strategy)
-    train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, model, optimizer, data_mod.batch_spec(cfg, strategy))
-    run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, val_in))
+    with Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, model, optimizer) as ckpt:  # closed on every exit
+        start, _ = run.resume(ckpt)
+        train_in, val_in = data_mod.make_input(cfg, "train", strategy, start), data_mod.make_input(cfg, "val", strategy)
+        spec = data_mod.batch_spec(cfg, strategy)
+        train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, model, optimizer, spec)
+        run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, val_in))
 
-    trace = (lambda: tf.profiler.experimental.start(str(workdir / "profile")), tf.profiler.experimental.stop)
-    gpu = bool(tf.config.list_logical_devices("GPU"))
-    with run.profile(*trace, use_cuda=gpu, annotate=tf.profiler.experimental.Trace):
-        for epoch in run.epochs(start, stop_after_epoch):
-            losses = []
-            for batch in run.steps(train_in.epoch(epoch), epoch):
-                with nvtx_range("step dispatch", "blue"):
-                    m = train_fn(batch)
-                losses.append(m["loss"])
-            run.end_epoch(
-                epoch,
-                tf.stack(losses).numpy(),
-                lambda: evaluate(eval_fn, val_in),
-                step=int(optimizer.iterations.numpy()),
-                loss_scale=m.get("loss_scale"),
-            )
-            with run.saving(epoch + 1):
-                ckpt.save(epoch + 1)
+        trace = (lambda: tf.profiler.experimental.start(str(workdir / "profile")), tf.profiler.experimental.stop)
+        gpu = bool(tf.config.list_logical_devices("GPU"))
+        with run.profile(*trace, use_cuda=gpu, annotate=tf.profiler.experimental.Trace):
+            for epoch in run.epochs(start, stop_after_epoch):
+                losses = []
+                for batch in run.steps(train_in.epoch(epoch), epoch):
+                    with nvtx_range("step dispatch", "blue"):
+                        m = train_fn(batch)
+                    losses.append(m["loss"])
+                run.end_epoch(
+                    epoch,
+                    tf.stack(losses).numpy(),
+                    lambda: evaluate(eval_fn, val_in),
+                    step=int(optimizer.iterations.numpy()),
+                    loss_scale=m.get("loss_scale"),
+                )
+                with run.saving(epoch + 1):
+                    ckpt.save(epoch + 1)
 
-    weights = lambda: model_mod.params_to_canonical(model)
-    run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())
-    return model, run.finish(distribute.peak_memory_bytes())
+        weights = lambda: model_mod.params_to_canonical(model)
+        run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())
+        return model, run.finish(distribute.peak_memory_bytes())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

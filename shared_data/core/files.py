@@ -95,3 +95,58 @@ def check_writable(path: str | Path, flag: str, folder: bool = False) -> None:
         probe.unlink()
     except OSError as err:
         raise UserError(f"{flag} {path}: cannot write in {existing} ({err.strerror})") from None
+
+
+@contextlib.contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Turn a failed write inside the body (a full disk, a read-only file system, a quota:
+    :func:`write_failure`) into one line naming ``path`` and the reason.
+
+    Raises:
+        UserError: ``cannot write <path> (<reason>)``.
+    """
+    from shared_data.core.errors import UserError
+
+    try:
+        yield
+    except Exception as err:  # h5py, TensorFlow and tensorstore wrap the OSError or quote it
+        reason = write_failure(err)
+        if reason is None:
+            raise
+        raise UserError(f"cannot write {path} ({reason})") from None
+
+
+def os_error_in(err: BaseException | None) -> OSError | None:
+    """The ``OSError`` (a full disk, a vanished mount) that ``err`` is or wraps, else None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def write_failure(err: BaseException) -> str | None:
+    """The reason a write failed, if ``err`` is or wraps one: an ``OSError``'s text, the OS error
+    code that tensorstore (orbax's writer) puts in its message (``[os_error_code='28']``), or the
+    text of a full disk, a quota, a read-only file system, a denied or failed I/O that TensorFlow's
+    ``OpError`` quotes; None for other errors."""
+    import errno
+    import re
+
+    os_error = os_error_in(err)
+    if os_error is not None and os_error.strerror:
+        return os_error.strerror
+    known = [os.strerror(e) for e in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO, errno.EFBIG)]
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        code = re.search(r"os_error_code='(\d+)'", str(err))
+        if code:
+            return os.strerror(int(code[1]))
+        text = next((t for t in known if t in str(err)), None)
+        if text:
+            return text
+        err = err.__cause__ or err.__context__
+    return None if os_error is None else " ".join(str(os_error).split())[:200]

@@ -19,7 +19,7 @@ import numpy as np
 from shared_data.core.commands import make_parser
 from shared_data.data import dataset
 from shared_data.core.errors import run_cli
-from shared_data.core.files import atomic_path
+from shared_data.core.files import atomic_path, check_writable, writing
 
 SLAB = 16
 
@@ -32,6 +32,7 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
     Raises:
         DatasetError: ``path`` is missing, damaged, not of the dataset contract (``n_in``/``n_out``
             channels first, a cube, float32) or holds NaN/inf.
+        UserError: an output cannot be written (a folder in its place, a read-only folder, a full disk).
     """
     path = Path(path)
     info = dataset.validate(path, n_in, n_out)
@@ -43,12 +44,14 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
             return outs
         except dataset.DatasetError as err:
             print(f"reconverting: {err}")
+    for out in outs:
+        check_writable(out, "output")
     with dataset.open_h5(path) as f:
         for key, out in zip(dataset.KEYS, outs):
             ds = f[key]
             c, size = ds.shape[0], ds.shape[1]
             checksum = dataset.ChannelChecksum(info.path, info.attrs, key)
-            with atomic_path(out, suffix=".npy") as tmp:
+            with writing(out), atomic_path(out, suffix=".npy") as tmp:
                 mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(*ds.shape[1:], c))
                 for x0 in range(0, size, SLAB):
                     with dataset.reading(path, f"{key} (x from {x0})"):

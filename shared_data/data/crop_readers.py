@@ -39,7 +39,7 @@ class H5LowMemReader:
 
     Raises:
         DatasetError: at construction if the file breaks the contract; at :meth:`read` if the crop
-            holds NaN or inf.
+            holds NaN, inf or a value beyond :data:`shared_data.data.dataset.MAX_ABS_VALUE`.
     """
 
     def __init__(self, path: str | Path, n_in: int, n_out: int, crop_size: int):
@@ -73,7 +73,7 @@ class H5LowMemReader:
         s = self.crop_size
         with dataset.reading(self.path, f"the {key} crop at {(x, y, z)}"):
             self._handle()[key].read_direct(out, source_sel=np.s_[:, x : x + s, y : y + s, z : z + s])
-        if not np.isfinite(out).all():
+        if dataset.first_bad(out) is not None:
             dataset.check_finite(out, f"{self.path} {key} crop at {(x, y, z)}")
 
 

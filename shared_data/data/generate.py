@@ -27,6 +27,8 @@ import numpy as np
 from shared_data.core.commands import make_parser
 from shared_data.data import cosmology
 from shared_data.core.errors import DatasetError, UserError, run_cli
+from shared_data.core.files import check_writable, writing
+from shared_data.data.dataset import npy_paths
 
 DENSITY_SCALE = 14.0
 RHO_FLOOR = 1e-3
@@ -101,12 +103,16 @@ def write_h5(path: Path, nbody: np.ndarray, hydro: np.ndarray, attrs: dict, chun
     attrs = {**attrs, "Nbody_crc32": json.dumps(channel_crc32(nbody)), "Hydro_crc32": json.dumps(channel_crc32(hydro))}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with h5py.File(tmp, "w") as f:
-        for key, data in (("Nbody", nbody), ("Hydro", hydro)):
-            chunks = (1, *(min(chunk, data.shape[1]),) * 3) if chunk else None
-            f.create_dataset(key, data=data, chunks=chunks)
-        for k, v in attrs.items():
-            f.attrs[k] = v
+    try:
+        with writing(path), h5py.File(tmp, "w") as f:
+            for key, data in (("Nbody", nbody), ("Hydro", hydro)):
+                chunks = (1, *(min(chunk, data.shape[1]),) * 3) if chunk else None
+                f.create_dataset(key, data=data, chunks=chunks)
+            for k, v in attrs.items():
+                f.attrs[k] = v
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(path)
 
 
@@ -121,6 +127,10 @@ def deposit_workers(args: argparse.Namespace) -> int:
 def generate(args: argparse.Namespace) -> Path:
     """Generate and write the file described by parsed ``args``; return its path."""
     out = Path(args.out)
+    check_writable(out, "--out")  # before minutes of simulation
+    if args.npy:
+        for npy in npy_paths(out):
+            check_writable(npy, "--npy output")
     if args.size < 8:
         raise UserError(f"--size {args.size}: expected at least 8 voxels")
     for name, value, ok, want in (

@@ -23,7 +23,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
-from shared_data.core.files import write_atomic
+from shared_data.core.files import check_writable, write_atomic, writing
 from shared_data.inference import predict as predict_mod
 from shared_data.runtime.logs import setup_logging
 from shared_data.runtime.records import code_version
@@ -96,12 +96,12 @@ def main(
     cfg = predict_mod.prediction_config(predict_mod.config_from_args(args), args.precision)
     size = check_size(cfg, args.size)
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file, expected a folder")
+    check_writable(out, "--out", folder=True)
     weights, source = load_weights(cfg, args.weights, args.workdir)
     log.info("%s; config %r, %s, %s compute", banner, cfg.name, source, args.precision)
-    out.mkdir(parents=True, exist_ok=True)
-    files = export(cfg, weights, out, size)
+    with writing(out):
+        out.mkdir(parents=True, exist_ok=True)
+        files = export(cfg, weights, out, size)
     record = {
         "framework": framework,
         "files": files,
@@ -113,7 +113,8 @@ def main(
         "code": code_version(),
         "versions": versions(),
     }
-    write_atomic(out / RECORD, json.dumps(record, indent=1))
+    with writing(out / RECORD):
+        write_atomic(out / RECORD, json.dumps(record, indent=1))
     for name in [*files, RECORD]:
         log.info("wrote %s", out / name)
     return 0

@@ -261,8 +261,12 @@ def load_weights(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
     """Read and check a canonical weights file against ``cfg``'s layers.
 
     Raises:
-        UserError: missing file, missing or extra array, or a shape that does not match ``cfg``.
+        UserError: missing file, a damaged or truncated file, missing or extra array, or a shape
+            that does not match ``cfg``.
     """
+    import zipfile
+    import zlib
+
     from shared_data.core.errors import UserError
 
     path = Path(path)
@@ -271,9 +275,10 @@ def load_weights(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
     try:
         with np.load(path) as f:
             weights = {k: f[k] for k in f.files}
-    except (ValueError, OSError, AttributeError) as err:
+    except (ValueError, OSError, AttributeError, EOFError, zipfile.BadZipFile, zlib.error) as err:
         raise UserError(
-            f"weights file {path} is not a canonical .npz weights file ({str(err).splitlines()[0]})"
+            f"weights file {path} is damaged (truncated?) or not a canonical .npz weights file "
+            f"({str(err).splitlines()[0]})"
         ) from None
     expected = {}
     for s in layer_specs(cfg):

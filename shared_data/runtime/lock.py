@@ -48,7 +48,8 @@ def acquire(workdir: Path) -> Path:
     """Lock ``workdir`` (which exists) for this process; return the lock file's path.
 
     Raises:
-        UserError: another live process holds the folder (the message names its host, pid and start).
+        UserError: another live process holds the folder (the message names its host, pid and start);
+            the lock file cannot be written (a full disk).
     """
     path = (Path(workdir) / LOCK_NAME).absolute()
     release(path)
@@ -73,10 +74,15 @@ def acquire(workdir: Path) -> Path:
     stale = _read(fh)
     if stale:
         log.warning("taking over the lock of %s from a trainer that is gone (%s)", workdir, holder_text(stale))
-    fh.seek(0)
-    fh.truncate()
-    fh.write(json.dumps({"host": platform.node(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
-    fh.flush()
+    record = {"host": platform.node(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    try:  # unbuffered: a full disk fails here, not at a later flush
+        os.ftruncate(fh.fileno(), 0)
+        os.write(fh.fileno(), json.dumps(record).encode())
+    except OSError as err:
+        fh.close()
+        raise UserError(
+            f"cannot write the run folder {workdir}: {err.strerror} ({path}); nothing in it is changed"
+        ) from None
     _HELD[path] = fh
     return path
 

@@ -104,11 +104,42 @@ def _formatter(process_index: int) -> logging.Formatter:
     return logging.Formatter(f"%(asctime)s {tag}%(message)s", DATE_FORMAT)
 
 
+class _RunLogHandler(logging.FileHandler):
+    """``out.log``'s handler: a write that fails with an ``OSError`` (a full disk) is kept in
+    :attr:`error` and ends the writing to the file, instead of logging's traceback on stderr for
+    every later line; the run reports it (:func:`log_file_error`)."""
+
+    error: OSError | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.error is None:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        err = sys.exc_info()[1]
+        if not isinstance(err, OSError):
+            super().handleError(record)
+        elif self.error is None:
+            self.error = err
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as err:
+            self.error = self.error or err
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as err:  # the buffered lines of a full disk
+            self.error = self.error or err
+
+
 def log_to_file(path: Path, process_index: int = 0) -> None:
     """Append every log line of this process to ``path`` (``out.log``) from now on; one file handler."""
     close_log_file()
     root = logging.getLogger()
-    handler = logging.FileHandler(path, mode="a")
+    handler = _RunLogHandler(path, mode="a")
     handler.setFormatter(_formatter(process_index))
     handler._dlas = "file"  # type: ignore[attr-defined]
     root.addHandler(handler)
@@ -119,6 +150,14 @@ def log_to_file_only(level: int, message: str) -> None:
     record = log.makeRecord(log.name, level, __file__, 0, message, (), None)
     for h in _handlers("file"):
         h.handle(record)
+
+
+def log_file_error() -> tuple[Path, OSError] | None:
+    """``(path, error)`` when a write to the run's ``out.log`` failed (a full disk), else None."""
+    for h in _handlers("file"):
+        if getattr(h, "error", None) is not None:
+            return Path(h.baseFilename), h.error
+    return None
 
 
 def close_log_file() -> None:

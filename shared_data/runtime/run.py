@@ -35,7 +35,7 @@ from shared_data.core import config as config_mod
 from shared_data.core import loader_kinds
 from shared_data.core.config import Config, batch_sizes, config_dict
 from shared_data.core.errors import UserError
-from shared_data.core.files import write_atomic
+from shared_data.core.files import write_atomic, writing
 from shared_data.model import schedule, unet_spec
 from shared_data.runtime import lock as run_lock
 from shared_data.runtime import signals
@@ -44,6 +44,7 @@ from shared_data.runtime.logs import (
     close_log_file,
     epoch_lines,
     input_bound_advice,
+    log_file_error,
     log_to_file,
     progress,
     share_line,
@@ -66,8 +67,11 @@ def workdir_for(cfg: Config, framework: str, workdir: str | None = None, run_num
 def check_data(cfg: Config) -> None:
     """Check, before anything in a run folder is touched, that the data of ``cfg`` exist and follow the
     contract: both split files (unless ``synthetic``) and, for the DALI numpy reader, their ``.npy``
-    twins, whose values are scanned for NaN and inf. Raises the
-    :class:`shared_data.core.errors.DatasetError` naming the file and the fix."""
+    twins. The values every loader reads (the HDF5 files, or the twins) are scanned for NaN, inf and
+    values beyond :data:`shared_data.data.dataset.MAX_ABS_VALUE` (one read of each file: 0.23 s for a
+    256^3 volume), so a bad value is named with its file and voxel before the first step, not
+    reported as a diverged loss. Raises the :class:`shared_data.core.errors.DatasetError` naming
+    the file and the fix."""
     from shared_data.data import dataset
 
     kind = loader_kinds.loader_kind(cfg)
@@ -79,11 +83,19 @@ def check_data(cfg: Config) -> None:
     ]
     if kind.host_reader == "inmem":
         check_host_memory(cfg, sum(i.size**3 * (i.n_in + i.n_out) * 4 for i in infos))
+    t0 = time.perf_counter()
     for split, info in zip(("train", "val"), infos):
         if kind.reads_npy:
             dataset.check_npy_twins(info, cfg.npy_files(split))
-            for npy in cfg.npy_files(split):  # the HDF5 readers check each crop; DALI's reader does not
+            for npy in cfg.npy_files(split):
                 dataset.check_finite_npy(npy)
+        else:
+            dataset.scan_values(info.path)
+    log.info(
+        "data values: finite and within +-%g in both files (checked in %.1f s)",
+        dataset.MAX_ABS_VALUE,
+        time.perf_counter() - t0,
+    )
 
 
 def available_memory_bytes() -> int | None:
@@ -234,7 +246,11 @@ class Run:
         if not self.main:
             return
         self.metrics.truncate_after(start_epoch)
-        self._record_invocation(start_epoch, versions)
+        with self.writing(self.workdir / "run.json"):
+            self._record_invocation(start_epoch, versions)
+        failed = log_file_error()
+        if failed:  # out.log cannot be written: stop before the first step
+            raise self.write_error(*failed)
         self.writer = ScalarWriter(self.workdir / "tb", self.cfg.tensorboard)
         if start_epoch == 0 and self.writer._writer is not None:
             hparams = {"framework": self.framework, **config_dict(self.cfg), "global_batch": self.global_batch}
@@ -344,6 +360,26 @@ class Run:
             self._saved, self._running = epoch, None
         signals.raise_pending()
 
+    @contextlib.contextmanager
+    def writing(self, path: Path):
+        """Turn an ``OSError`` of a record's write (a full disk) into :meth:`write_error`."""
+        try:
+            yield
+        except OSError as err:
+            raise self.write_error(path, err) from None
+
+    def write_error(self, path: Path, err: OSError) -> UserError:
+        """The one line for a run record (``out.log``, ``metrics.jsonl``, ``run.json``) that cannot be
+        written: the file, the reason, the epoch not checkpointed and the checkpoint kept."""
+        reason = err.strerror or " ".join(str(err).split())[:200]
+        lost = f": epoch {self._running + 1} is not checkpointed" if self._running is not None else ""
+        kept = (
+            f"the checkpoint of epoch {self._saved} is kept and --resume continues from it"
+            if self._saved
+            else "no epoch is checkpointed, so the run starts again from scratch"
+        )
+        return UserError(f"cannot write {path} ({reason}){lost}; {kept}")
+
     def where(self) -> str:
         """Where a stopped run stands, for the line of a signal (:mod:`shared_data.runtime.signals`):
         which epoch is abandoned and which checkpoint ``--resume`` continues from."""
@@ -372,17 +408,22 @@ class Run:
         the epoch's metrics.
 
         Raises:
-            UserError: a non-finite training loss (without fp16 loss scaling, which skips such steps).
+            UserError: ``metrics.jsonl`` or ``out.log`` cannot be written (a full disk:
+                :meth:`write_error`); a non-finite training loss (without fp16 loss scaling, which skips such steps);
+                the message names the file and crop when the step's batch is the cause
+                (:func:`batch_problem`).
         """
         seconds = time.perf_counter() - self._epoch_start
         losses = np.asarray(train_losses, np.float64)
         cfg, steps = self.cfg, self.steps_per_epoch
         if not np.isfinite(losses).all() and cfg.precision != "float16":
             bad = int(np.argmax(~np.isfinite(losses)))
-            raise UserError(
-                f"training diverged: loss is {losses[bad]} at step {epoch * steps + bad} of config "
-                f"{cfg.name!r}; lower start_lr or enable loss scaling"
-            )
+            where = f"training diverged: loss is {losses[bad]} at step {epoch * steps + bad} of config {cfg.name!r}"
+            cause = batch_problem(cfg, epoch, bad, self.global_batch // self.local_batch)
+            if cause:
+                raise UserError(f"{where} because of its data: {cause}")
+            checked = "; its crops are finite and within range, so" if cause is not None else ";"
+            raise UserError(f"{where}{checked} lower start_lr or enable loss scaling")
         t0 = time.perf_counter()
         val_loss = float(evaluate())
         val_seconds = time.perf_counter() - t0
@@ -407,7 +448,11 @@ class Run:
         )
         if loss_scale is not None:
             self.last["loss_scale"] = float(loss_scale)
-        self.metrics.append(self.last)
+        failed = log_file_error()
+        if failed:
+            raise self.write_error(*failed)
+        with self.writing(self.metrics.path):
+            self.metrics.append(self.last)
         if self.writer is not None:
             if step == steps * (epoch + 1) and epoch == 0:  # a fresh run: the first step's loss is the step-0 loss
                 self.writer.scalars(0, {"Loss/train": float(losses[0])})
@@ -451,6 +496,50 @@ class Run:
         if self._lock is not None:
             run_lock.release(self._lock)
         return dict(self.last)
+
+
+#: The largest density value x whose exp(density_scale x) (the ``lambda_rho`` loss term) float32
+#: holds, times density_scale: ln(3.4028235e38).
+LOG_FLOAT32_MAX = float(np.log(np.finfo(np.float32).max))
+
+
+def batch_problem(cfg: Config, epoch: int, step: int, replicas: int) -> str | None:
+    """Why the training batch of ``step`` (0-based, in ``epoch``; every replica's crops) makes the
+    loss non-finite, if its data does: each crop is read again from the training file (the crops
+    every loader reads, :func:`shared_data.data.host_batches.make_plan`) and checked for NaN, inf and
+    values beyond :data:`shared_data.data.dataset.MAX_ABS_VALUE`, and, with ``lambda_rho``, for a
+    target density whose exp(``density_scale`` x) overflows float32.
+
+    Returns:
+        the file, crop and value at fault; ``""`` when the crops are fine; None when the loader
+        reads no file (``synthetic``).
+    """
+    if not loader_kinds.loader_kind(cfg).uses_files:
+        return None
+    from shared_data.core.errors import DatasetError
+    from shared_data.data import crop_readers, host_batches
+
+    s = cfg.crop_size
+    reader = crop_readers.H5LowMemReader(cfg.data_file("train"), cfg.N_in_channels, cfg.N_out_channels, s)
+    plan = host_batches.make_plan(cfg, host_batches.TRAIN, epoch, range(replicas), replicas, reader.size)
+    buf_in = np.empty((cfg.N_in_channels, s, s, s), np.float32)
+    buf_tar = np.empty((cfg.N_out_channels, s, s, s), np.float32)
+    limit = LOG_FLOAT32_MAX / cfg.density_scale
+    for start in plan.draws[step].starts:
+        try:
+            reader.read(start, buf_in, buf_tar)
+        except DatasetError as err:
+            return str(err)
+        density = buf_tar[cfg.density_channel]
+        if cfg.lambda_rho and density.max() > limit:
+            i = tuple(np.argwhere(density > limit)[0])
+            x, y, z = (int(a) + int(b) for a, b in zip(i, start))
+            return (
+                f"{reader.path}: Hydro channel {cfg.density_channel} (density) holds {density[i]:.6g} at voxel "
+                f"({x}, {y}, {z}), beyond {limit:.4g}, where exp({cfg.density_scale:g} x) of the lambda_rho "
+                "loss term overflows float32"
+            )
+    return ""
 
 
 def recipe_changes(old_name, old: dict, new_name: str, new: dict) -> list[str]:
@@ -497,17 +586,6 @@ def remove_partial_saves(directory: Path, patterns: Sequence[str]) -> None:
                 path.unlink(missing_ok=True)
 
 
-def os_error_in(err: BaseException | None) -> OSError | None:
-    """The ``OSError`` (a full disk, a vanished mount) that ``err`` is or wraps, else None."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, OSError):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
-
-
 def checkpoint_write_error(directory: Path, epoch: int, reason: str, kept: Sequence[int]) -> UserError:
     """The one-line error for a failed checkpoint save of ``epoch``, saying which checkpoint is kept."""
     older = [e for e in kept if e < epoch]
@@ -518,5 +596,6 @@ def checkpoint_write_error(directory: Path, epoch: int, reason: str, kept: Seque
 def save_final_weights(path: str | None, weights: Callable[[], dict], main_process: bool) -> None:
     """Write ``weights()`` (canonical arrays) to ``path`` (atomic) on the main process, if a path is given."""
     if path and main_process:
-        unet_spec.save_weights(path, weights())
+        with writing(path):
+            unet_spec.save_weights(path, weights())
         log.info("wrote %s", path)
