@@ -283,7 +283,9 @@ def test_the_evaluation_is_what_predict_and_validate_give(tiny_cfg, tmp_path):
     from jax_impl import predict, train
 
     cfg = config_mod.replace(tiny_cfg, num_epochs=1, quality_every_epochs=1, ema_decay=0.5, lambda_fourier=0.5)
-    train.train_and_evaluate(cfg, tmp_path / "run", save_weights=str(tmp_path / "w.npz"))
+    # one device: with the batch sharded over the tests' two CPU devices, XLA:CPU hangs in the step
+    # that holds the FFT of lambda_fourier (on 2 cores; each part alone runs)
+    train.train_and_evaluate(cfg, tmp_path / "run", num_devices=1, save_weights=str(tmp_path / "w.npz"))
     curve = quality.read_records(tmp_path / "run")
     argv = ["--config", "cpu_tiny", "--weights", str(tmp_path / "w.npz"), "--input", cfg.val_path]
     res = run_in_process(predict.main, [*argv, "--out", str(tmp_path / "p.h5"), "--validate", str(tmp_path / "v")])
@@ -294,3 +296,23 @@ def test_the_evaluation_is_what_predict_and_validate_give(tiny_cfg, tmp_path):
         n = len(curve[0]["channels"][name]["r"])
         np.testing.assert_allclose(curve[0]["channels"][name]["r"], s["r_pred"][:n], rtol=1e-6)
         np.testing.assert_allclose(curve[0]["channels"][name]["ratio"], s["ratio_pred"][:n], rtol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.study
+def test_the_gpu_recipe_runs_on_cpu_with_a_tiny_config(tmp_path):
+    """``experiments/time_to_quality/run.sh`` with ``CONFIG=cpu_tiny``: the JAX run records two
+    evaluations and the table names it (the GPU call runs the same script with ``short``)."""
+    import os
+    import subprocess
+    import sys
+
+    from shared_data.core.config import REPO_ROOT
+
+    env = dict(os.environ, OUT=str(tmp_path / "out"), CONFIG="cpu_tiny", PY=sys.executable, WORK=str(tmp_path / "w"))
+    res = subprocess.run(
+        ["bash", "experiments/time_to_quality/run.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len(quality.read_records(tmp_path / "out" / "jax_ttq")) == 2
+    assert "| jax_ttq | 2 |" in res.stdout and (tmp_path / "out" / "curve.png").stat().st_size > 0

@@ -312,8 +312,10 @@ RANGES: dict[str, tuple[float, bool]] = {
             "quality_every_epochs",
             "quality_ratio_tol",
             "quality_budget_sec",
+            "temperature_channel",
         )
     },
+    "quality_r_min": (-1, True),
     **{k: (0, False) for k in ("density_scale", "temperature_scale", "loss_scale_init", "quality_k_max")},
 }
 
@@ -379,7 +381,7 @@ def _check_ranges(cfg: Config, where: str) -> None:
         )
     if cfg.ema_decay >= 1.0:
         raise ConfigError(f"{where} key 'ema_decay': expected a number in [0, 1) (0: off), got {cfg.ema_decay}")
-    if not -1.0 <= cfg.quality_r_min <= 1.0:
+    if cfg.quality_r_min > 1.0:
         raise ConfigError(f"{where} key 'quality_r_min': expected a number in [-1, 1], got {cfg.quality_r_min}")
     if cfg.profile_steps is not None and (
         len(cfg.profile_steps) != 2 or not 0 <= cfg.profile_steps[0] < cfg.profile_steps[1]
