@@ -240,7 +240,8 @@ def test_a_reachable_target_stops_the_run_and_is_timed(tiny_cfg, tmp_path, frame
     train = _trainer(framework)
     cfg = config_mod.replace(tiny_cfg, num_epochs=3, start_lr=5e-3, **REACHABLE)
     _, result = train.train_and_evaluate(cfg, tmp_path / "met")
-    assert [h["epoch"] for h in read_metrics(tmp_path / "met")] == [1]
+    hist = read_metrics(tmp_path / "met")
+    assert [h["epoch"] for h in hist] == [1] and hist[0]["quality_met"] and hist[0]["framework"] == framework
     info = read_run_info(tmp_path / "met")["time_to_quality"]
     assert info["quality_met"] and info["framework"] == framework and info["device"] and info["evaluations"] == 1
     assert (
@@ -259,6 +260,9 @@ def test_a_reachable_target_stops_the_run_and_is_timed(tiny_cfg, tmp_path, frame
     assert [c["epoch"] for c in curve] == [1, 2] and all(c["shortfall"] > 0 for c in curve)
     assert info["best"]["shortfall"] == min(c["shortfall"] for c in curve) == result["quality_shortfall"]
     assert curve[0]["time_sec"] < curve[1]["time_sec"]
+    hist = read_metrics(tmp_path / "missed")
+    assert [h["quality_shortfall"] for h in hist] == [c["shortfall"] for c in curve]
+    assert "time_to_quality_sec" not in hist[-1]
 
 
 @pytest.mark.slow

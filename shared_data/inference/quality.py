@@ -21,6 +21,8 @@ The run stops after the first evaluation that meets it, or at the first epoch en
   ``time_sec`` (start of the run to the end of this evaluation), ``train_time_sec`` (the same without
   the evaluations' own time), ``eval_sec``, ``met``, ``shortfall`` (below) and per channel the
   binned ``k``, ``r``, ``ratio``, ``r_baseline`` and their worst values;
+* ``metrics.jsonl``: the evaluated epoch's record gets ``quality_time_sec``, ``quality_met`` and
+  ``quality_shortfall``, and the one that met the target ``time_to_quality_sec``, ``framework``, ``device``;
 * ``run.json``: ``time_to_quality`` with ``time_to_quality_sec`` (the ``time_sec`` of the evaluation
   that met the target; null when none did), ``train_sec_to_quality``, ``framework``, ``device``, the
   target, the number of evaluations, the reason the run stopped and ``best``: the evaluation with the
@@ -237,6 +239,10 @@ class Monitor:
         if self.run.main:
             with open(self.run.workdir / RECORD, "a") as fh:
                 fh.write(json.dumps(validate.to_json(record)) + "\n")
+            fields = {"quality_time_sec": now, "quality_met": result["met"], "quality_shortfall": result["shortfall"]}
+            if result["met"] and self.reached is None:
+                fields.update(time_to_quality_sec=now, framework=self.run.framework, device=self.device)
+            self.run.metrics.amend_last(validate.to_json(fields))
         log.info(summary_line(epoch, now, result))
         if self.best is None or result["shortfall"] < self.best["shortfall"]:
             self.best = record
