@@ -2,7 +2,7 @@
 # Loss levers against the same clock, in JAX on one H200 in one call (<= 9.5 min): each entry of
 # LEVERS (';'-separated, each a space-separated list of KEY=VALUE config overrides, "base" for none)
 # trains config short (`device` loader, bf16) for ~2 minutes: epochs of 32768 crops (~9.5 s of
-# steps), the cosine schedule over 6 epochs, a budget of 105 s from the trainer's start, a quality
+# steps), the cosine schedule over 5 epochs, a budget of 100 s from the trainer's start, a quality
 # evaluation after each epoch. The table printed last gives each run's metrics at its end and its
 # best shortfall against the time; curve.png shows the shortfall against time.
 #
@@ -17,7 +17,7 @@ set -uo pipefail
 source experiments/time_to_quality/setup.sh
 LEVERS=${LEVERS:-base;lambda_rho=0.01;lambda_fourier=1.0;loss_space=physical}
 if [[ $CONFIG == short ]]; then
-  RECIPE=(--Nsamples 32768 --num_epochs 6 --set quality_budget_sec=105)
+  RECIPE=(--Nsamples 32768 --num_epochs 5 --set quality_budget_sec=100)
 else
   RECIPE=(--Nsamples 16 --num_epochs 2 --set quality_budget_sec=60)
 fi
