@@ -155,8 +155,9 @@ def train_and_evaluate(
 ) -> tuple[TrainState, dict]:
     """Train ``cfg`` in ``workdir`` (checkpoints, ``metrics.jsonl``, TensorBoard, ``out.log``); return the
     final ``state`` and the last epoch's metrics (``train_loss``, ``val_loss``, ``samples_per_sec``,
-    ``compile_sec``, ``epoch``). ``stop_after_epoch`` ends this invocation early, as a job's time limit
-    would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues the run."""
+    ``compile_sec``, ``epoch``; ``time_to_quality_sec``, ... with ``quality_every_epochs``, which stops the
+    run at the target: :mod:`shared_data.inference.quality`). ``stop_after_epoch`` ends this invocation early,
+    as a job's time limit would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues it."""
     mesh = distribute.make_mesh(num_devices)
     settings = distribute.configure_xla(cfg)
     run = run_mod.Run(
