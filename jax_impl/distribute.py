@@ -173,6 +173,12 @@ def banner() -> str:
     return f"JAX {jax.__version__} on {jax.default_backend()}"
 
 
+def device_kind() -> str:
+    """The first device's name as the backend reports it (``NVIDIA H200``), else its platform (``cpu``)."""
+    d = jax.devices()[0]
+    return getattr(d, "device_kind", d.platform)
+
+
 def versions() -> dict:
     """Library versions, devices and backend, recorded by runs, benchmarks, predictions and exports."""
     import flax

@@ -51,13 +51,19 @@ def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple
     return predict_mod.load_weights(cfg, weights, workdir, restore_checkpoint)
 
 
-def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply:
-    """The compiled forward pass of ``cfg``'s model with ``weights``: NDHWC float32 windows
-    (B, w, w, w, N_in) -> (B, w, w, w, N_out) float32 NumPy; compiled once per window shape."""
+def forward_fn(cfg: Config):
+    """The compiled forward pass of ``cfg``'s model, ``forward(params, x)``: Flax parameters and NDHWC
+    float32 windows (B, w, w, w, N_in) -> (B, w, w, w, N_out) float32 NumPy; compiled once per window
+    shape (the trainer's time-to-quality mode calls it with the parameters of the moment)."""
     model = model_mod.build_model(cfg)
-    params = jax.device_put(model_mod.params_from_canonical(weights))
     forward = jax.jit(lambda p, x: model.apply({"params": p}, x))
-    return lambda x: np.asarray(forward(params, jnp.asarray(x, jnp.float32)))
+    return lambda params, x: np.asarray(forward(params, jnp.asarray(x, jnp.float32)))
+
+
+def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply:
+    """:func:`forward_fn` with the canonical ``weights``: windows -> outputs, as above."""
+    forward, params = forward_fn(cfg), jax.device_put(model_mod.params_from_canonical(weights))
+    return lambda x: forward(params, x)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,11 +25,13 @@ from flax import struct
 from flax.training.dynamic_scale import DynamicScale
 
 from jax_impl import data as data_mod
-from jax_impl import distribute
+from jax_impl import distribute, ema, predict
 from jax_impl import model as model_mod
 from jax_impl.checkpoints import Checkpoints
+from jax_impl.loss import loss_fn
 from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
+from shared_data.inference import quality
 from shared_data.runtime import cli, logs
 from shared_data.runtime import run as run_mod
 from shared_data.runtime.nvtx import nvtx_range
@@ -39,12 +41,14 @@ FRAMEWORK = "jax"
 
 
 class TrainState(struct.PyTreeNode):
-    """Everything a step changes: step count, float32 params, Adam state, fp16 loss scale (or None)."""
+    """Everything a step changes: step count, float32 params, Adam state, fp16 loss scale (or None),
+    the weight average of ``ema_decay`` (or None)."""
 
     step: jax.Array
     params: Any
     opt_state: Any
     dynamic_scale: DynamicScale | None
+    ema_params: Any = None
 
 
 def make_optimizer(lr_table: np.ndarray, adam_update: str = "per_tensor") -> optax.GradientTransformation:
@@ -69,24 +73,8 @@ def create_train_state(cfg: Config, params: dict, tx: optax.GradientTransformati
         dyn = DynamicScale(
             growth_interval=cfg.loss_scale_period - 1, scale=jnp.float32(cfg.loss_scale_init), fin_steps=jnp.int32(0)
         )
-    return TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params), dynamic_scale=dyn)
-
-
-def loss_fn(pred: jax.Array, batch: dict, cfg: Config) -> jax.Array:
-    """Masked mean over samples of L1(pred, target) + lambda_rho x L1(exp(s pred_rho), exp(s target_rho)).
-
-    ``pred``/targets (B, s, s, s, N_out); ``mask`` (B,). The rho term compares the density channel
-    in physical space, rho = exp(density_scale x) (the tutorial's ``lambda_rho``). Float32 result.
-    """
-    y = batch["targets"].astype(jnp.float32)
-    pred = pred.astype(jnp.float32)
-    per_sample = jnp.mean(jnp.abs(pred - y), axis=(1, 2, 3, 4))
-    if cfg.lambda_rho:
-        d, s = cfg.density_channel, cfg.density_scale
-        rho = jnp.mean(jnp.abs(jnp.exp(s * pred[..., d]) - jnp.exp(s * y[..., d])), axis=(1, 2, 3))
-        per_sample = per_sample + cfg.lambda_rho * rho
-    mask = batch["mask"]
-    return jnp.sum(per_sample * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    average = jax.tree.map(jnp.copy, params) if cfg.ema_decay else None
+    return TrainState(jnp.int32(0), params, tx.init(params), dyn, average)
 
 
 def train_step(state: TrainState, batch: dict, *, model, tx, cfg: Config) -> tuple[TrainState, dict]:
@@ -114,14 +102,17 @@ def train_step(state: TrainState, batch: dict, *, model, tx, cfg: Config) -> tup
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    average = None if state.ema_params is None else ema.update(state.ema_params, params, state.step, cfg.ema_decay)
     if dyn is not None:
         keep = functools.partial(jnp.where, finite)
-        params = jax.tree.map(keep, params, state.params)
-        opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+        params, opt_state, average = jax.tree.map(
+            keep, (params, opt_state, average), (state.params, state.opt_state, state.ema_params)
+        )
     metrics = {"loss": loss, "finite": finite}
     if dyn is not None:
         metrics["loss_scale"] = dyn.scale
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state, dynamic_scale=dyn), metrics
+    new = dict(step=state.step + 1, params=params, opt_state=opt_state, dynamic_scale=dyn, ema_params=average)
+    return state.replace(**new), metrics
 
 
 def eval_step(params: dict, batch: dict, *, model, cfg: Config) -> dict:
@@ -142,7 +133,7 @@ def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict):
     t_trace = time.perf_counter() - t0
     train_c = lowered.compile()
     t_train = time.perf_counter() - t0
-    eval_c = eval_fn.lower(distribute.abstract(state.params), batch).compile()
+    eval_c = eval_fn.lower(distribute.abstract(ema.weights(state)), batch).compile()
     log.info(logs.compile_line(t_train, t_trace, time.perf_counter() - t0 - t_train))
     return train_c, eval_c, t_train
 
@@ -167,8 +158,9 @@ def train_and_evaluate(
 ) -> tuple[TrainState, dict]:
     """Train ``cfg`` in ``workdir`` (checkpoints, ``metrics.jsonl``, TensorBoard, ``out.log``); return the
     final ``state`` and the last epoch's metrics (``train_loss``, ``val_loss``, ``samples_per_sec``,
-    ``compile_sec``, ``epoch``). ``stop_after_epoch`` ends this invocation early, as a job's time limit
-    would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues the run."""
+    ``compile_sec``, ``epoch``; ``time_to_quality_sec``, ... with ``quality_every_epochs``, which stops the
+    run at the target: :mod:`shared_data.inference.quality`). ``stop_after_epoch`` ends this invocation early,
+    as a job's time limit would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues it."""
     mesh = distribute.make_mesh(num_devices)
     settings = distribute.configure_xla(cfg)
     run = run_mod.Run(
@@ -191,7 +183,9 @@ def train_and_evaluate(
             state = restored
         train_in, val_in = data_mod.make_input(cfg, "train", mesh, start), data_mod.make_input(cfg, "val", mesh)
         train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, data_mod.batch_spec(cfg, mesh))
-        run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, state.params, val_in))
+        run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, ema.weights(state), val_in))
+        monitor = quality.Monitor(run, distribute.device_kind(), start)
+        forward = predict.forward_fn(monitor.predict_cfg)  # compiled at the first evaluation
 
         trace = (lambda: jax.profiler.start_trace(str(workdir / "profile")), jax.profiler.stop_trace)
         with run.profile(*trace, use_cuda=jax.default_backend() == "gpu", annotate=jax.profiler.TraceAnnotation):
@@ -204,16 +198,19 @@ def train_and_evaluate(
                 run.end_epoch(
                     epoch,
                     jax.device_get(jnp.stack(losses)),
-                    lambda: evaluate(eval_fn, state.params, val_in),
+                    lambda: evaluate(eval_fn, ema.weights(state), val_in),
                     step=int(state.step),
                     loss_scale=m.get("loss_scale"),
                 )
                 with run.saving(epoch + 1):
                     ckpt.save(epoch + 1, state)
+                if monitor.after_epoch(epoch, int(state.step), lambda: lambda x: forward(ema.weights(state), x)):
+                    break
 
-        weights = lambda: model_mod.params_to_canonical(jax.device_get(state.params))
+        weights = lambda: model_mod.params_to_canonical(jax.device_get(ema.weights(state)))
         run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())
-        return state, run.finish(distribute.peak_memory_bytes())
+        reached = monitor.finish()
+        return state, {**run.finish(distribute.peak_memory_bytes()), **reached}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

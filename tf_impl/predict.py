@@ -64,6 +64,33 @@ def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply
     return apply
 
 
+def forward_fn(cfg: Config):
+    """The forward pass of ``cfg``'s model for the weights of the moment, ``forward(variables)(x)``:
+    the values of ``variables`` (a Keras model's ``trainable_variables``, e.g. the trainer's) when
+    ``forward`` is called are copied into a model of the window's side (built once per side), which
+    maps NDHWC float32 windows (B, w, w, w, N_in) -> (B, w, w, w, N_out) float32 NumPy (the
+    trainer's time-to-quality mode)."""
+    models, forwards = {}, {}
+
+    def bind(variables) -> predict_mod.Apply:
+        values, fresh = [tf.identity(v) for v in variables], set()
+
+        def apply(x: np.ndarray) -> np.ndarray:
+            side = x.shape[1]
+            if side not in models:
+                models[side] = model_mod.build_model(config_mod.replace(cfg, crop_size=side))
+                forwards[side] = tf.function(lambda v, m=models[side]: m(v, training=False), jit_compile=cfg.enable_jit)
+            if side not in fresh:
+                for dst, src in zip(models[side].trainable_variables, values, strict=True):
+                    dst.assign(src)
+                fresh.add(side)
+            return forwards[side](tf.constant(x, tf.float32)).numpy()
+
+        return apply
+
+    return bind
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tf_impl.predict``: the shared command line (:func:`shared_data.inference.predict.main`)."""
     return predict_mod.main(

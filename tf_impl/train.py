@@ -20,13 +20,15 @@ import tensorflow as tf
 
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError, run_cli
+from shared_data.inference import quality
 from shared_data.runtime import cli, logs
 from shared_data.runtime import run as run_mod
 from shared_data.runtime.nvtx import nvtx_range
 from tf_impl import data as data_mod
-from tf_impl import distribute
+from tf_impl import distribute, ema, predict
 from tf_impl import model as model_mod
 from tf_impl.checkpoints import Checkpoints
+from tf_impl.loss import loss_fn
 
 log = logging.getLogger("dlas.tf")
 FRAMEWORK = "tf"
@@ -47,34 +49,19 @@ class TableSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def make_optimizer(cfg: Config, lr_table: np.ndarray) -> keras.optimizers.Optimizer:
-    """Adam (betas 0.9/0.999, eps 1e-8, as JAX) on the shared LR table; wrapped in Keras'
-    ``LossScaleOptimizer`` (dynamic) for float16 compute. Keras applies eps as
+    """Adam (betas 0.9/0.999, eps 1e-8, as JAX) on the shared LR table, with the weight average of
+    ``ema_decay`` (:mod:`tf_impl.ema`); in Keras' ``LossScaleOptimizer`` for float16. Keras applies eps as
     ``m / (sqrt(v) + eps)`` on uncorrected moments, optax as ``m_hat / (sqrt(v_hat) + eps)``: the
     effective eps differs by 1 / sqrt(1 - beta_2^t), negligible unless gradients are ~1e-7."""
     if cfg.adam_update != "per_tensor":  # Keras' Adam updates each variable; JAX's flat form is optax.flatten
         raise UserError(f"config key 'adam_update': TensorFlow has only per_tensor, got {cfg.adam_update!r}")
-    opt = keras.optimizers.Adam(learning_rate=TableSchedule(lr_table), beta_1=0.9, beta_2=0.999, epsilon=1e-8)
+    ema_kw = dict(use_ema=True, ema_momentum=cfg.ema_decay) if cfg.ema_decay else {}
+    opt = keras.optimizers.Adam(TableSchedule(lr_table), beta_1=0.9, beta_2=0.999, epsilon=1e-8, **ema_kw)
     if cfg.precision == "float16":
         opt = keras.optimizers.LossScaleOptimizer(
             opt, initial_scale=cfg.loss_scale_init, dynamic_growth_steps=cfg.loss_scale_period
         )
     return opt
-
-
-def loss_fn(pred: tf.Tensor, batch: dict, cfg: Config) -> tf.Tensor:
-    """Masked mean over samples of L1(pred, target) + lambda_rho x L1(exp(s pred_rho), exp(s target_rho)).
-
-    ``pred``/targets (B, s, s, s, N_out); ``mask`` (B,). Float32 result (as :func:`jax_impl.train.loss_fn`).
-    """
-    y = tf.cast(batch["targets"], tf.float32)
-    pred = tf.cast(pred, tf.float32)
-    per_sample = tf.reduce_mean(tf.abs(pred - y), axis=(1, 2, 3, 4))
-    if cfg.lambda_rho:
-        d, s = cfg.density_channel, cfg.density_scale
-        rho = tf.reduce_mean(tf.abs(tf.exp(s * pred[..., d]) - tf.exp(s * y[..., d])), axis=(1, 2, 3))
-        per_sample = per_sample + cfg.lambda_rho * rho
-    mask = batch["mask"]
-    return tf.reduce_sum(per_sample * mask) / tf.maximum(tf.reduce_sum(mask), 1.0)
 
 
 def replica_gradients(model: keras.Model, optimizer, batch: dict, cfg: Config, replicas: int):
@@ -190,8 +177,9 @@ def train_and_evaluate(
 ) -> tuple[keras.Model, dict]:
     """Train ``cfg`` in ``workdir`` (checkpoints, ``metrics.jsonl``, TensorBoard, ``out.log``); return the
     trained ``model`` and the last epoch's metrics (``train_loss``, ``val_loss``, ``samples_per_sec``,
-    ``compile_sec``, ``epoch``). ``stop_after_epoch`` ends this invocation early, as a job's time limit
-    would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues the run."""
+    ``compile_sec``, ``epoch``; ``time_to_quality_sec``, ... with ``quality_every_epochs``, which stops the
+    run at the target: :mod:`shared_data.inference.quality`). ``stop_after_epoch`` ends this invocation early,
+    as a job's time limit would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues it."""
     strategy = distribute.make_strategy(num_devices)
     settings = distribute.configure_xla(cfg)
     run = run_mod.Run(
@@ -214,7 +202,11 @@ def train_and_evaluate(
         train_in, val_in = data_mod.make_input(cfg, "train", strategy, start), data_mod.make_input(cfg, "val", strategy)
         spec = data_mod.batch_spec(cfg, strategy)
         train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, model, optimizer, spec)
-        run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, val_in))
+        averaged = ema.AveragedWeights(model, optimizer, strategy)
+        validation = lambda: averaged.read(lambda _: evaluate(eval_fn, val_in))
+        run.begin(start, compile_s, distribute.versions(), validation)
+        monitor = quality.Monitor(run, distribute.device_kind(), start)
+        forward = predict.forward_fn(monitor.predict_cfg)  # compiled at the first evaluation
 
         trace = (lambda: tf.profiler.experimental.start(str(workdir / "profile")), tf.profiler.experimental.stop)
         gpu = bool(tf.config.list_logical_devices("GPU"))
@@ -225,19 +217,17 @@ def train_and_evaluate(
                     with nvtx_range("step dispatch", "blue"):
                         m = train_fn(batch)
                     losses.append(m["loss"])
-                run.end_epoch(
-                    epoch,
-                    tf.stack(losses).numpy(),
-                    lambda: evaluate(eval_fn, val_in),
-                    step=int(optimizer.iterations.numpy()),
-                    loss_scale=m.get("loss_scale"),
-                )
+                step = int(optimizer.iterations.numpy())
+                run.end_epoch(epoch, tf.stack(losses).numpy(), validation, step=step, loss_scale=m.get("loss_scale"))
                 with run.saving(epoch + 1):
                     ckpt.save(epoch + 1)
+                if monitor.after_epoch(epoch, step, lambda: averaged.read(lambda m: forward(m.trainable_variables))):
+                    break
 
-        weights = lambda: model_mod.params_to_canonical(model)
+        weights = lambda: averaged.read(model_mod.params_to_canonical)
         run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())
-        return model, run.finish(distribute.peak_memory_bytes())
+        reached = monitor.finish()
+        return model, {**run.finish(distribute.peak_memory_bytes()), **reached}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

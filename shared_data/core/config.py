@@ -63,6 +63,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "adam_update": ("per_tensor", "flat"),
     "dali_h5_mode": ("parallel", "prefetch", "simple"),
     "grad_allreduce_dtype": ("float32", "bfloat16"),
+    "loss_space": ("log", "physical"),
 }
 
 
@@ -93,6 +94,8 @@ class Config:
     hydro_vector_channels: tuple[tuple[int, ...], ...]
     density_channel: int
     density_scale: float
+    temperature_channel: int
+    temperature_scale: float
     seed: int
     synthetic_volume_size: int
     dali_threads: int
@@ -123,6 +126,9 @@ class Config:
     base_batch_size: int
     warmup_steps: int
     lambda_rho: float
+    lambda_fourier: float
+    loss_space: str
+    ema_decay: float
     enable_amp: bool
     amp_dtype: str
     enable_jit: bool
@@ -138,6 +144,13 @@ class Config:
     xla_cache_dir: str
     profile_steps: tuple[int, ...] | None
     enable_manual_profiling: bool
+    # --- time to quality (shared_data.inference.quality) --------------------------------------
+    quality_every_epochs: int
+    quality_r_min: float
+    quality_ratio_tol: float
+    quality_k_max: float
+    quality_beat_baseline: bool
+    quality_budget_sec: float
     # --- bookkeeping (not YAML keys) -------------------------------------------------------
     name: str = "?"
     source: str = "?"
@@ -304,9 +317,16 @@ RANGES: dict[str, tuple[float, bool]] = {
             "start_lr",
             "end_lr",
             "lambda_rho",
+            "lambda_fourier",
+            "ema_decay",
+            "quality_every_epochs",
+            "quality_ratio_tol",
+            "quality_budget_sec",
+            "temperature_channel",
         )
     },
-    **{k: (0, False) for k in ("density_scale", "loss_scale_init")},
+    "quality_r_min": (-1, True),
+    **{k: (0, False) for k in ("density_scale", "temperature_scale", "loss_scale_init", "quality_k_max")},
 }
 
 #: The upper bound of each size-like key: far above any run of this kit, low enough that what is sized
@@ -328,6 +348,7 @@ MAXIMA: dict[str, int] = {
     "warmup_steps": 10**6,
     "unet_widths": 2**16,
     "pad_out_channels": 256,
+    "quality_every_epochs": 10**6,
 }
 #: The most optimizer steps one run may take: one learning-rate entry each, built at start.
 MAX_TOTAL_STEPS = 10**6
@@ -364,6 +385,15 @@ def _check_ranges(cfg: Config, where: str) -> None:
         raise ConfigError(
             f"{where} key 'density_channel': expected an index in [0, {cfg.N_out_channels}), got {cfg.density_channel}"
         )
+    if not 0 <= cfg.temperature_channel < cfg.N_out_channels or cfg.temperature_channel == cfg.density_channel:
+        raise ConfigError(
+            f"{where} key 'temperature_channel': expected an index in [0, {cfg.N_out_channels}) other than "
+            f"density_channel {cfg.density_channel}, got {cfg.temperature_channel}"
+        )
+    if cfg.ema_decay >= 1.0:
+        raise ConfigError(f"{where} key 'ema_decay': expected a number in [0, 1) (0: off), got {cfg.ema_decay}")
+    if cfg.quality_r_min > 1.0:
+        raise ConfigError(f"{where} key 'quality_r_min': expected a number in [-1, 1], got {cfg.quality_r_min}")
     if cfg.profile_steps is not None and (
         len(cfg.profile_steps) != 2 or not 0 <= cfg.profile_steps[0] < cfg.profile_steps[1]
     ):

@@ -295,7 +295,8 @@ def checkpoint_config(cfg: Config, workdir: str | Path) -> Config:
     values = read_run_info(Path(workdir)).get("config_values")
     if not isinstance(values, dict):
         return cfg
-    run_cfg = config_mod.make_config(values, cfg.name, f"{workdir}/run.json")
+    # a key the run's config lacks (added to the kit after the run) takes ``cfg``'s value
+    run_cfg = config_mod.make_config({**config_mod.config_dict(cfg), **values}, cfg.name, f"{workdir}/run.json")
     for key in MODEL_KEYS:
         if getattr(run_cfg, key) != getattr(cfg, key):
             raise ConfigError(

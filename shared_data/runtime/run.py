@@ -172,6 +172,7 @@ class Run:
         resume: bool = False,
         overwrite: bool = False,
     ):
+        self.started = time.perf_counter()  # the start of the run (time to quality counts from here)
         self.cfg, self.workdir, self.framework = cfg, Path(workdir), framework
         self.main = process_index == 0
         self.resume_requested, self.overwrite = resume, overwrite

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Loss levers against the same clock, in JAX on one H200 in one call (<= 9.5 min): each entry of
+# LEVERS (';'-separated, each a space-separated list of KEY=VALUE config overrides, "base" for none)
+# trains config short (`device` loader, bf16) for ~2 minutes: epochs of 32768 crops (~9.5 s of
+# steps), the cosine schedule over 5 epochs, a budget of 100 s from the trainer's start, a quality
+# evaluation after each epoch. The table printed last gives each run's metrics at its end and its
+# best shortfall against the time; curve.png shows the shortfall against time.
+#
+# Default LEVERS: the reference, the tutorial's physical-space density term, the Fourier-space L1,
+# the loss in physical units. Another set, e.g. LEVERS="ema_decay=0.999;start_lr=5e-4".
+#
+# On nvidia-h200, from the checkout's root, $OUT set:
+#   bash experiments/time_to_quality/levers.sh
+# The same on CPU with a tiny config (a smoke test, ~2 min on 2 cores):
+#   OUT=/tmp/out CONFIG=cpu_tiny bash experiments/time_to_quality/levers.sh
+set -uo pipefail
+source experiments/time_to_quality/setup.sh
+LEVERS=${LEVERS:-base;lambda_rho=0.01;lambda_fourier=1.0;loss_space=physical}
+if [[ $CONFIG == short ]]; then
+  RECIPE=(--Nsamples 32768 --num_epochs 5 --set quality_budget_sec=100)
+else
+  RECIPE=(--Nsamples 16 --num_epochs 2 --set quality_budget_sec=60)
+fi
+rc=0
+IFS=';' read -ra runs <<< "$LEVERS"
+for lever in "${runs[@]}"; do
+  flags=()
+  name=base
+  if [[ $lever != base ]]; then
+    for kv in $lever; do flags+=(--set "$kv"); done
+    name=$(echo "$lever" | tr ' =' '_-')
+  fi
+  echo "== $name"
+  timeout 150 bash -c "$(declare -f ttq); $(declare -p PY CONFIG TRAIN WORK OUT); ttq '$name' jax $(printf '%q ' "${RECIPE[@]}" "${flags[@]}")" || rc=$?
+done
+$PY experiments/time_to_quality/table.py "$OUT" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
+exit $rc

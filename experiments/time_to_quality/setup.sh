@@ -1,0 +1,43 @@
+# Sourced by this study's recipes (checkout root, $OUT set): the environment and the data, and the
+# arrays CONFIG / TRAIN (flags of the training command) and the run folder root WORK.
+#   CONFIG=short (default): the GPU set-up (scripts/gpu/common.sh: a GPU or one error line, the device
+#     record, data/train_256.h5 and data/val_128.h5), the `device` loader (volumes in GPU memory), bf16.
+#   CONFIG=cpu_tiny (or another CPU config): tiny generated volumes under $WORK, for a smoke test.
+# FRAMEWORK=tf adds TensorFlow's staged runtime (experiments/tf_on_h200/env.sh's steps).
+: "${OUT:?set OUT to the results folder}"
+CONFIG=${CONFIG:-short}
+PY=${PY:-python3}
+WORK=${WORK:-/tmp/time_to_quality}
+mkdir -p "$OUT" "$WORK"
+if [[ $CONFIG == short ]]; then
+  export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh (common.sh records its version)
+  source scripts/gpu/common.sh
+  if [[ ${FRAMEWORK:-jax} == tf ]]; then
+    if [[ ! -f /tmp/tf-env.sh ]]; then
+      bash .tf/last/tf-on-device.sh > "$OUT/tf_unpack.log" 2>&1 || { tail -5 "$OUT/tf_unpack.log"; exit 1; }
+    fi
+    source /tmp/tf-env.sh
+    export TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2
+    $PY -c "import tensorflow as tf, keras; print('tensorflow', tf.__version__, 'keras', keras.__version__)" | tee -a "$OUT/device.txt"
+  fi
+  TRAIN=(--data_loader_config device --enable_amp --set progress_bar=false)
+else
+  export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+  $PY -m shared_data.data.generate --out "$WORK/train_32.h5" --size 32 --seed 1 --chunk 16 --if-missing > /dev/null
+  $PY -m shared_data.data.generate --out "$WORK/val_32.h5" --size 32 --seed 2 --chunk 16 --if-missing > /dev/null
+  TRAIN=(--set "train_path=$WORK/train_32.h5" --set "val_path=$WORK/val_32.h5" --set "xla_cache_dir=$WORK/xla")
+fi
+
+# ttq NAME FRAMEWORK [flags...]: one time-to-quality run in $WORK/NAME; its log, quality.jsonl,
+# metrics.jsonl and run.json are copied to $OUT/NAME.
+ttq() {
+  local name=$1 framework=$2
+  shift 2
+  mkdir -p "$OUT/$name"
+  $PY -m "${framework}_impl.train" --config "$CONFIG" "${TRAIN[@]}" --set quality_every_epochs=1 "$@" \
+    --workdir "$WORK/$name" --overwrite 2>&1 | grep -v "^W0000\|^I0000\|^WARNING: All log" > "$OUT/$name/train.log"
+  local rc=${PIPESTATUS[0]}
+  cp "$WORK/$name"/{quality.jsonl,metrics.jsonl,run.json} "$OUT/$name/" 2>/dev/null
+  grep "quality after\|time to quality\|error:" "$OUT/$name/train.log" | tail -3
+  return "$rc"
+}

@@ -1,0 +1,94 @@
+"""The table of this study's runs: ``python experiments/time_to_quality/table.py OUT [--plot curve.png]``.
+
+Reads every ``OUT/<run>/quality.jsonl`` (one line per evaluation, :mod:`shared_data.inference.quality`)
+and ``OUT/<run>/run.json`` and prints, per run, the metrics of its last evaluation (worst bin up to
+k_max: gas density r and |P ratio - 1|, temperature r, |P ratio - 1| and r minus the baseline's r),
+the time from the start, the best shortfall and when it was reached, and the time to quality when the
+target was met. ``--plot`` draws the shortfall (<= 0: target met) of every run against time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DENSITY, TEMPERATURE = "gas_density", "gas_temperature"
+
+
+def runs(out: Path) -> dict[str, tuple[list[dict], dict]]:
+    """Run name -> (its evaluations, its run.json's ``time_to_quality``), runs with evaluations only."""
+    found = {}
+    for path in sorted(out.glob("*/quality.jsonl")):
+        curve = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        info_path = path.parent / "run.json"
+        info = json.loads(info_path.read_text()).get("time_to_quality", {}) if info_path.exists() else {}
+        if curve:
+            found[path.parent.name] = (curve, info)
+    return found
+
+
+def table(found: dict) -> str:
+    head = (
+        "| run | epochs | time s | rho r | rho abs(P-1) | T r | T abs(P-1) | T r - base | shortfall | best (at s) "
+        "| time to quality s |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    for name, (curve, info) in found.items():
+        last = curve[-1]
+        rho, t = last["channels"][DENSITY], last["channels"][TEMPERATURE]
+        best = min(curve, key=lambda c: c["shortfall"] if c["shortfall"] is not None else float("inf"))
+        base = t["r_minus_baseline_worst"]
+        ttq = info.get("time_to_quality_sec")
+        lines.append(
+            f"| {name} | {last['epoch']} | {last['time_sec']:.0f} "
+            f"| {rho['r_worst']:.4f} | {rho['ratio_dev_worst']:.4f} "
+            f"| {t['r_worst']:.4f} | {t['ratio_dev_worst']:.4f} | {'-' if base is None else f'{base:+.4f}'} "
+            f"| {_num(last['shortfall'])} | {_num(best['shortfall'])} ({best['time_sec']:.0f}) "
+            f"| {'not met' if ttq is None else f'{ttq:.0f}'} |"
+        )
+    return "\n".join(lines)
+
+
+def _num(x) -> str:
+    return "inf" if x is None else f"{x:.3g}"
+
+
+def plot(found: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, (curve, _) in found.items():
+        pts = [(c["time_sec"], c["shortfall"]) for c in curve if c["shortfall"] is not None]
+        if pts:
+            ax.plot(*zip(*pts), "-o", ms=3, label=name)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_xlabel("seconds from the start of the run")
+    ax.set_ylabel("shortfall (<= 0: target met)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path, help="the recipe's $OUT (one folder per run)")
+    p.add_argument("--plot", type=Path, help="write the shortfall curves here (PNG)")
+    args = p.parse_args()
+    found = runs(args.out)
+    if not found:
+        print(f"error: no run with a quality.jsonl under {args.out}", file=sys.stderr)
+        return 2
+    if args.plot:
+        plot(found, args.plot)
+    print(table(found))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

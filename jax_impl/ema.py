@@ -1,0 +1,27 @@
+"""The exponential moving average of the weights (``ema_decay``): the counterpart of :mod:`tf_impl.ema`.
+
+With decay d the average after optimizer step t (1-based) is a_1 = p_1 and a_t = d a_{t-1} + (1 - d) p_t,
+the rule of Keras' ``use_ema`` (``ema_momentum`` = d; ``BaseOptimizer._update_model_variables_moving_average``),
+computed with :func:`optax.incremental_update`. The average, not the trained parameters, is what the
+run evaluates (validation loss, time to quality) and saves with ``--save_weights``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def update(average: Any, params: Any, step: jax.Array, decay: float) -> Any:
+    """The average after the optimizer step that turned the parameters into ``params``; ``step`` is the
+    count of steps before it (0 for the first, which sets the average to ``params``)."""
+    step_size = jnp.where(step == 0, 1.0, 1.0 - decay).astype(jnp.float32)
+    return optax.incremental_update(params, average, step_size)
+
+
+def weights(state) -> Any:
+    """The parameters a run evaluates and saves: the average when ``ema_decay`` is on, else the trained ones."""
+    return state.params if state.ema_params is None else state.ema_params

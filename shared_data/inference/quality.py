@@ -1,0 +1,314 @@
+"""Time to quality: train until the model meets a physics target on the held-out volume, and time it.
+
+    python -m jax_impl.train --config short --set quality_every_epochs=1      (same for tf_impl.train)
+
+MLPerf-HPC style (its rules time a run from its start to the evaluation that reaches the target): with
+``quality_every_epochs: N`` (> 0) the trainer predicts the whole validation volume (``val_path``)
+after every N-th epoch with the model as it stands (its weight average when ``ema_decay`` is on),
+through the full-volume code path of ``predict`` (:func:`shared_data.inference.predict.predict_volume`,
+seamless windows, float32 compute), scores it with :func:`shared_data.inference.validate.compute_metrics`
+and tests the target of :class:`Target`:
+
+* for gas density and gas temperature, in every k bin (centre k <= ``quality_k_max`` h/Mpc, at least
+  one mode): r(k) >= ``quality_r_min`` and |P_pred / P_true - 1| <= ``quality_ratio_tol``;
+* with ``quality_beat_baseline``: temperature r(k) >= the dark-matter baseline's r(k) in those bins.
+
+The run stops after the first evaluation that meets it, or at the first epoch end past
+``quality_budget_sec`` seconds from the start (the model then at hand is evaluated too), or after
+``num_epochs``. Records, in the run folder (main process):
+
+* ``quality.jsonl``: one JSON line per evaluation, the curve against time: ``epoch``, ``step``,
+  ``time_sec`` (start of the run to the end of this evaluation), ``train_time_sec`` (the same without
+  the evaluations' own time), ``eval_sec``, ``met``, ``shortfall`` (below) and per channel the
+  binned ``k``, ``r``, ``ratio``, ``r_baseline`` and their worst values;
+* ``metrics.jsonl``: the evaluated epoch's record gets ``quality_time_sec``, ``quality_met`` and
+  ``quality_shortfall``, and the one that met the target ``time_to_quality_sec``, ``framework``, ``device``;
+* ``run.json``: ``time_to_quality`` with ``time_to_quality_sec`` (the ``time_sec`` of the evaluation
+  that met the target; null when none did), ``train_sec_to_quality``, ``framework``, ``device``, the
+  target, the number of evaluations, the reason the run stopped and ``best``: the evaluation with the
+  smallest shortfall (the target's result when met, the best reached otherwise).
+
+The clock starts when the trainer creates its :class:`shared_data.runtime.run.Run` (after the framework
+has been imported), so ``time_to_quality_sec`` counts everything after that as MLPerf does: reading the
+data, compiling, training, the per-epoch validation loss, checkpoints and the quality evaluations.
+``train_sec_to_quality`` leaves the quality evaluations out (the price of measuring, not of
+training). A resumed invocation's clock starts at its own start.
+
+The shortfall of an evaluation is the largest violation of a condition, in units of the condition's
+margin: (r_min - r) / (1 - r_min), (|ratio - 1| - tol) / tol and (r_baseline - r) / (1 - r_min),
+maximised over the bins and channels; the target holds exactly when it is <= 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from shared_data.core.config import Config
+from shared_data.core.errors import ConfigError
+from shared_data.core.files import write_atomic
+from shared_data.inference import predict as predict_mod
+from shared_data.inference import validate
+from shared_data.model import unet_spec
+from shared_data.runtime.records import read_run_info
+
+log = logging.getLogger("dlas")
+
+CHANNELS = (validate.DENSITY, validate.TEMPERATURE)
+RECORD = "quality.jsonl"
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The physics target (config keys ``quality_*``): r(k) >= ``r_min`` and |P ratio - 1| <= ``ratio_tol``
+    in every bin up to ``k_max`` h/Mpc for gas density and temperature, and with ``beat_baseline`` the
+    temperature's r(k) at least the dark-matter baseline's."""
+
+    r_min: float
+    ratio_tol: float
+    k_max: float
+    beat_baseline: bool
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Target:
+        return cls(cfg.quality_r_min, cfg.quality_ratio_tol, cfg.quality_k_max, cfg.quality_beat_baseline)
+
+
+def check(metrics: dict, target: Target) -> dict:
+    """Test ``target`` on ``metrics`` (:func:`shared_data.inference.validate.compute_metrics`' result).
+
+    Returns ``{"met": bool, "shortfall": float, "channels": {name: {...}}}``, per channel the bins
+    tested (``k``, ``r``, ``ratio``, ``r_baseline`` as lists) and ``r_worst``, ``ratio_dev_worst``,
+    ``r_minus_baseline_worst`` (None without a baseline or for density) and the channel's shortfall.
+    A NaN in a tested bin (an empty or zero spectrum) fails the target (shortfall inf).
+
+    Raises:
+        ValueError: no bin lies at or below ``k_max`` (the volume is too small for the target).
+    """
+    out, worst = {}, -math.inf
+    margin = max(1.0 - target.r_min, 1e-12)
+    for name in CHANNELS:
+        s = metrics["power"][name]
+        k, n = np.asarray(s["k"], np.float64), np.asarray(s["n_modes"])
+        sel = (k <= target.k_max) & (n > 0)
+        if not sel.any():
+            raise ValueError(f"no k bin at or below quality_k_max = {target.k_max} h/Mpc (first bin at {k[0]:.3g})")
+        r, ratio = np.asarray(s["r_pred"], np.float64)[sel], np.asarray(s["ratio_pred"], np.float64)[sel]
+        dev = np.abs(ratio - 1.0)
+        parts = [(target.r_min - r) / margin, (dev - target.ratio_tol) / max(target.ratio_tol, 1e-12)]
+        base = None
+        if name == validate.TEMPERATURE and target.beat_baseline and "r_baseline" in s:
+            base = np.asarray(s["r_baseline"], np.float64)[sel]
+            parts.append((base - r) / margin)
+        stacked = np.concatenate(parts)
+        shortfall = float(np.max(stacked)) if np.isfinite(stacked).all() else math.inf
+        worst = max(worst, shortfall)
+        out[name] = {
+            "k": k[sel].tolist(),
+            "r": r.tolist(),
+            "ratio": ratio.tolist(),
+            "r_baseline": None if base is None else base.tolist(),
+            "r_worst": float(np.min(r)),
+            "ratio_dev_worst": float(np.max(dev)),
+            "r_minus_baseline_worst": None if base is None else float(np.min(r - base)),
+            "shortfall": shortfall,
+        }
+    return {"met": worst <= 0.0, "shortfall": worst, "channels": out}
+
+
+def read_records(workdir) -> list[dict]:
+    """The evaluations of ``<workdir>/quality.jsonl``, oldest first (empty if none; a torn line is skipped)."""
+    path = Path(workdir) / RECORD
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("epoch"), int):
+            records.append(record)
+    return records
+
+
+def summary_line(epoch: int, seconds: float, result: dict) -> str:
+    """The log line of one evaluation (the same in both frameworks)."""
+    parts = []
+    for name, c in result["channels"].items():
+        text = f"{name} r >= {c['r_worst']:.4f}, |P ratio - 1| <= {c['ratio_dev_worst']:.4f}"
+        if c["r_minus_baseline_worst"] is not None:
+            text += f", r - baseline r >= {c['r_minus_baseline_worst']:+.4f}"
+        parts.append(text)
+    verdict = "target met" if result["met"] else f"target not met (shortfall {result['shortfall']:.3g})"
+    return f"quality after epoch {epoch} ({seconds:.1f} s from the start): " + "; ".join(parts) + f": {verdict}"
+
+
+class Monitor:
+    """The time-to-quality mode of a trainer's :class:`shared_data.runtime.run.Run` (off when
+    ``quality_every_epochs`` is 0: every method then does nothing).
+
+    The trainer calls :meth:`after_epoch` after each epoch's checkpoint and stops when it returns
+    True, then :meth:`finish` before ``run.finish()``. ``device`` names the accelerator for the records;
+    ``start_epoch`` is where the run starts (records of later epochs, from an earlier run, are dropped).
+    The validation volume is read at construction, so a missing file or attribute fails before training.
+
+    Raises:
+        DatasetError: the validation file breaks the dataset contract or lacks the attributes the
+            metrics need (:func:`shared_data.inference.validate.units_from_files`).
+        ConfigError: ``quality_k_max`` lies below the volume's first k bin.
+    """
+
+    def __init__(self, run, device: str, start_epoch: int = 0):
+        self.run, self.cfg, self.device = run, run.cfg, device
+        self.enabled = run.cfg.quality_every_epochs > 0
+        self.predict_cfg = predict_mod.prediction_config(run.cfg, "float32")
+        self.target = Target.from_config(run.cfg)
+        self.evaluations, self.best, self.reached = 0, None, None
+        self.eval_total, self.stopped = 0.0, "num_epochs trained"
+        if not self.enabled:
+            return
+        if run.main:  # a fresh or resumed run keeps the curve up to the epoch it starts from
+            keep = [r for r in read_records(run.workdir) if r["epoch"] <= start_epoch]
+            write_atomic(run.workdir / RECORD, "".join(json.dumps(r) + "\n" for r in keep))
+        path = run.cfg.data_file("val")
+        self.truth, attrs = validate.read_volume(path, "Hydro")
+        self.nbody, _ = validate.read_volume(path, "Nbody")
+        side = self.truth.shape[1]
+        self.units = validate.units_from_files({path: attrs}, side, {})
+        first_k = 2 * np.pi / (side * self.units.voxel_size)
+        if self.target.k_max < first_k:
+            raise ConfigError(
+                f"quality_k_max = {self.target.k_max} h/Mpc lies below the first k bin ({first_k:.3g} h/Mpc) of "
+                f"{path}: no bin to test"
+            )
+        self.align = predict_mod.alignment(self.predict_cfg)
+        self.overlap = unet_spec.receptive_margin(self.predict_cfg)
+        self.size = predict_mod.padded_side(side, self.align)
+        self.window = predict_mod.choose_window(
+            self.predict_cfg, self.size, None, self.overlap, "float32", predict_mod.DEFAULT_MEMORY_GB
+        )
+        x = np.ascontiguousarray(np.moveaxis(self.nbody, 0, -1))
+        self.x = np.pad(x, [(0, self.size - side)] * 3 + [(0, 0)])
+        log.info(
+            "time to quality: the whole %s (%d^3) every %d epoch(s); target r >= %g, |P ratio - 1| <= %g up to "
+            "k = %g h/Mpc for gas density and temperature%s%s",
+            path.name,
+            side,
+            run.cfg.quality_every_epochs,
+            self.target.r_min,
+            self.target.ratio_tol,
+            self.target.k_max,
+            ", temperature r >= the baseline's" if self.target.beat_baseline else "",
+            f"; budget {run.cfg.quality_budget_sec:g} s" if run.cfg.quality_budget_sec else "",
+        )
+
+    def elapsed(self) -> float:
+        """Seconds since the run started (:attr:`shared_data.runtime.run.Run.started`)."""
+        return time.perf_counter() - self.run.started
+
+    def evaluate(self, epoch: int, step: int, apply: predict_mod.Apply) -> dict:
+        """Predict the volume with ``apply`` (NDHWC float32 windows -> outputs), score it, record and
+        log the evaluation after ``epoch`` epochs (``step`` optimizer steps); return its record."""
+        t0 = time.perf_counter()
+        side = self.truth.shape[1]
+        hydro, _ = predict_mod.predict_volume(
+            self.x, apply, self.cfg.N_out_channels, self.window, self.overlap, self.align
+        )
+        pred = np.ascontiguousarray(np.moveaxis(hydro[:side, :side, :side], -1, 0))
+        result = check(validate.compute_metrics(pred, self.truth, self.nbody, self.units), self.target)
+        seconds = time.perf_counter() - t0
+        self.eval_total += seconds
+        self.evaluations += 1
+        now = self.elapsed()
+        record = {
+            "epoch": epoch,
+            "step": step,
+            "time_sec": now,
+            "train_time_sec": now - self.eval_total,
+            "eval_sec": seconds,
+            **result,
+        }
+        if self.run.main:
+            with open(self.run.workdir / RECORD, "a") as fh:
+                fh.write(json.dumps(validate.to_json(record)) + "\n")
+            fields = {"quality_time_sec": now, "quality_met": result["met"], "quality_shortfall": result["shortfall"]}
+            if result["met"] and self.reached is None:
+                fields.update(time_to_quality_sec=now, framework=self.run.framework, device=self.device)
+            self.run.metrics.amend_last(validate.to_json(fields))
+        log.info(summary_line(epoch, now, result))
+        if self.best is None or result["shortfall"] < self.best["shortfall"]:
+            self.best = record
+        if result["met"] and self.reached is None:
+            self.reached = record
+        return record
+
+    def after_epoch(self, epoch: int, step: int, make_apply: Callable[[], predict_mod.Apply]) -> bool:
+        """After epoch ``epoch`` (0-based) and its checkpoint: evaluate when due (every
+        ``quality_every_epochs``, and at an epoch end past the budget) with ``make_apply()``; return
+        whether the run stops here (target met, or budget spent)."""
+        if not self.enabled:
+            return False
+        budget = self.cfg.quality_budget_sec
+        over = bool(budget) and self.elapsed() >= budget
+        due = (epoch + 1) % self.cfg.quality_every_epochs == 0 or over
+        if due and self.evaluate(epoch + 1, step, make_apply())["met"]:
+            self.stopped = f"target met after epoch {epoch + 1}"
+            return True
+        if over:
+            self.stopped = f"budget of {budget:g} s spent after epoch {epoch + 1}"
+            log.info("time to quality: the budget of %g s is spent; stopping after epoch %d", budget, epoch + 1)
+        return over
+
+    def finish(self) -> dict:
+        """Log the outcome, write ``time_to_quality`` into ``run.json`` and return the fields the
+        trainer adds to its result (``time_to_quality_sec``, ``quality_met``, ...); {} when off."""
+        if not self.enabled:
+            return {}
+        best = self.best or {}
+        reached = self.reached
+        fields = {
+            "time_to_quality_sec": None if reached is None else reached["time_sec"],
+            "train_sec_to_quality": None if reached is None else reached["train_time_sec"],
+            "quality_met": reached is not None,
+            "quality_shortfall": best.get("shortfall"),
+            "framework": self.run.framework,
+            "device": self.device,
+        }
+        summary = {
+            **fields,
+            "target": dataclasses.asdict(self.target),
+            "evaluations": self.evaluations,
+            "quality_eval_sec": self.eval_total,
+            "stopped": self.stopped,
+            "best": {k: v for k, v in best.items()},
+        }
+        if reached is not None:
+            log.info(
+                "time to quality: %.1f s (%.1f s without the evaluations), epoch %d, %s on %s",
+                reached["time_sec"],
+                reached["train_time_sec"],
+                reached["epoch"],
+                self.run.framework,
+                self.device,
+            )
+        elif best:
+            log.info(
+                "time to quality: target not met in %d evaluation(s) (%s); best shortfall %.3g after epoch %d",
+                self.evaluations,
+                self.stopped,
+                best["shortfall"],
+                best["epoch"],
+            )
+        if self.run.main:
+            info = read_run_info(self.run.workdir)
+            info["time_to_quality"] = validate.to_json(summary)
+            write_atomic(self.run.workdir / "run.json", json.dumps(info, indent=1))
+        return validate.to_json(fields)

@@ -1,0 +1,322 @@
+"""Time to quality and the loss levers: the target test on hand-made spectra, each loss term and the
+weight average of both frameworks against float64 NumPy, and the stop rule in tiny runs (slow)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from shared_data.core import config as config_mod
+from shared_data.core.errors import ConfigError
+from shared_data.inference import quality, validate
+from shared_data.runtime.records import read_metrics, read_run_info
+
+# --- the target ------------------------------------------------------------------------------------
+
+
+def _metrics(r_rho, ratio_rho, r_t, ratio_t, r_base, k=(1.0, 3.0, 6.0, 9.0)):
+    def spectrum(r, ratio, base):
+        s = {
+            "k": np.array(k),
+            "n_modes": np.array([6, 20, 50, 90]),
+            "r_pred": np.array(r),
+            "ratio_pred": np.array(ratio),
+        }
+        if base is not None:
+            s["r_baseline"] = np.array(base)
+        return s
+
+    return {
+        "power": {
+            validate.DENSITY: spectrum(r_rho, ratio_rho, [1.0] * 4),
+            validate.TEMPERATURE: spectrum(r_t, ratio_t, r_base),
+        }
+    }
+
+
+TARGET = quality.Target(r_min=0.998, ratio_tol=0.02, k_max=6.3, beat_baseline=True)
+
+
+def test_target_holds_only_in_every_bin_up_to_k_max():
+    """Bins beyond k_max (the fourth, at 9) do not count; a violation in any bin below it does, with
+    the shortfall in units of the margin: (0.998 - 0.997) / 0.002 = 0.5, (0.05 - 0.02) / 0.02 = 1.5."""
+    good = _metrics([0.999] * 3 + [0.5], [1.01] * 3 + [0.5], [0.9995] * 3 + [0.1], [0.99] * 3 + [3.0], [0.999] * 4)
+    res = quality.check(good, TARGET)
+    assert res["met"] and res["channels"][validate.DENSITY]["k"] == [1.0, 3.0, 6.0]
+    assert res["channels"][validate.TEMPERATURE]["r_minus_baseline_worst"] == pytest.approx(0.0005)
+    # shortfall: max of (0.998 - 0.999) / 0.002 = -0.5, (0.01 - 0.02) / 0.02 = -0.5, baseline -0.25
+    assert res["shortfall"] == pytest.approx(-0.25)
+
+    low_r = _metrics([0.999, 0.997, 0.999, 1.0], [1.0] * 4, [0.9995] * 4, [1.0] * 4, [0.999] * 4)
+    res = quality.check(low_r, TARGET)
+    assert not res["met"] and res["shortfall"] == pytest.approx(0.5)
+    assert res["channels"][validate.DENSITY]["r_worst"] == pytest.approx(0.997)
+
+    deficit = _metrics([0.999] * 4, [1.0, 1.0, 0.95, 1.0], [0.9995] * 4, [1.0] * 4, [0.999] * 4)
+    assert quality.check(deficit, TARGET)["shortfall"] == pytest.approx(1.5)
+
+
+def test_temperature_must_beat_the_baseline_unless_switched_off():
+    """Temperature r = 0.9985 passes r_min but lies below the baseline's 0.9995 in one bin."""
+    m = _metrics([0.999] * 4, [1.0] * 4, [0.9985] * 4, [1.0] * 4, [0.999, 0.9995, 0.998, 0.9])
+    res = quality.check(m, TARGET)
+    assert not res["met"] and res["shortfall"] == pytest.approx((0.9995 - 0.9985) / 0.002)
+    relaxed = quality.Target(0.998, 0.02, 6.3, beat_baseline=False)
+    assert quality.check(m, relaxed)["met"]
+    assert quality.check(m, relaxed)["channels"][validate.TEMPERATURE]["r_baseline"] is None
+
+
+def test_nan_fails_and_no_bin_below_k_max_is_an_error():
+    m = _metrics([0.999, np.nan, 0.999, 1.0], [1.0] * 4, [0.9995] * 4, [1.0] * 4, [0.999] * 4)
+    res = quality.check(m, TARGET)
+    assert not res["met"] and res["shortfall"] == np.inf
+    with pytest.raises(ValueError, match=r"no k bin at or below quality_k_max = 0\.5"):
+        quality.check(m, quality.Target(0.998, 0.02, 0.5, True))
+
+
+def test_config_keys_and_their_checks():
+    cfg = config_mod.load_config("short")
+    assert (cfg.quality_r_min, cfg.quality_ratio_tol, cfg.quality_k_max) == (0.998, 0.02, 6.3)
+    assert cfg.quality_beat_baseline and cfg.quality_every_epochs == 0 and cfg.quality_budget_sec == 0
+    assert (cfg.lambda_fourier, cfg.loss_space, cfg.ema_decay) == (0.0, "log", 0.0)
+    with pytest.raises(ConfigError, match=r"key 'ema_decay': expected a number in \[0, 1\)"):
+        config_mod.replace(cfg, ema_decay=1.0)
+    with pytest.raises(ConfigError, match="key 'loss_space': expected one of log, physical"):
+        config_mod.replace(cfg, loss_space="linear")
+    with pytest.raises(ConfigError, match="key 'temperature_channel'"):
+        config_mod.replace(cfg, temperature_channel=0)
+
+
+# --- the loss terms --------------------------------------------------------------------------------
+
+
+def numpy_loss(pred, y, mask, cfg) -> float:
+    """The loss of jax_impl.loss / tf_impl.loss written out in float64 NumPy, term by term."""
+    pred, y = np.asarray(pred, np.float64), np.asarray(y, np.float64)
+    d, t = cfg.density_channel, cfg.temperature_channel
+
+    def space(x):
+        x = x.copy()
+        if cfg.loss_space == "physical":
+            x[..., d] = np.exp(cfg.density_scale * x[..., d])
+            x[..., t] = np.exp(cfg.temperature_scale * x[..., t])
+        return x
+
+    diff = space(pred) - space(y)
+    per = np.abs(diff).mean(axis=(1, 2, 3, 4))
+    rho = np.abs(np.exp(cfg.density_scale * pred[..., d]) - np.exp(cfg.density_scale * y[..., d])).mean(axis=(1, 2, 3))
+    per = per + cfg.lambda_rho * rho
+    modes = np.fft.rfftn(diff, axes=(1, 2, 3), norm="ortho")  # (B, s, s, s/2 + 1, C)
+    per = per + cfg.lambda_fourier * np.abs(modes).mean(axis=(1, 2, 3, 4))
+    return float(np.sum(per * mask) / max(mask.sum(), 1.0))
+
+
+LEVERS = [
+    dict(loss_space="log", lambda_rho=0.0, lambda_fourier=0.0),
+    dict(loss_space="log", lambda_rho=0.3, lambda_fourier=0.0),
+    dict(loss_space="log", lambda_rho=0.0, lambda_fourier=0.7),
+    dict(loss_space="physical", lambda_rho=0.0, lambda_fourier=0.0),
+    dict(loss_space="physical", lambda_rho=0.2, lambda_fourier=1.5),
+]
+
+
+@pytest.mark.parametrize("levers", LEVERS, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
+def test_loss_terms_match_numpy(tiny_cfg, levers):
+    """Both frameworks' loss on (3, 8, 8, 8, 5) values in (-0.3, 0.3), the last sample masked out,
+    equals the float64 NumPy loss to float32 round-off (1e-5 relative)."""
+    import jax.numpy as jnp
+    import tensorflow as tf
+
+    from jax_impl import loss as jax_loss
+    from tf_impl import loss as tf_loss
+
+    cfg = config_mod.replace(tiny_cfg, **levers)
+    rng = np.random.default_rng(7)
+    pred = rng.uniform(-0.3, 0.3, (3, 8, 8, 8, 5)).astype(np.float32)
+    y = rng.uniform(-0.3, 0.3, (3, 8, 8, 8, 5)).astype(np.float32)
+    mask = np.array([1.0, 1.0, 0.0], np.float32)
+    want = numpy_loss(pred, y, mask, cfg)
+    got_jax = float(jax_loss.loss_fn(jnp.asarray(pred), {"targets": jnp.asarray(y), "mask": jnp.asarray(mask)}, cfg))
+    got_tf = float(tf_loss.loss_fn(tf.constant(pred), {"targets": tf.constant(y), "mask": tf.constant(mask)}, cfg))
+    assert got_jax == pytest.approx(want, rel=1e-5)
+    assert got_tf == pytest.approx(want, rel=1e-5)
+    # the masked sample does not count: changing it leaves the loss as it is
+    y[2] += 0.1
+    assert float(tf_loss.loss_fn(tf.constant(pred), {"targets": tf.constant(y), "mask": tf.constant(mask)}, cfg)) == (
+        pytest.approx(got_tf, rel=1e-6)
+    )
+
+
+def test_fourier_term_gradients_agree_between_frameworks(tiny_cfg):
+    """TensorFlow composes its 3-D real FFT (no rfft3d gradient): its gradient of the Fourier term is
+    JAX's (rfftn) to 1e-4 relative."""
+    import jax
+    import jax.numpy as jnp
+    import tensorflow as tf
+
+    from jax_impl import loss as jax_loss
+    from tf_impl import loss as tf_loss
+
+    rng = np.random.default_rng(3)
+    diff = rng.normal(size=(2, 8, 8, 8, 3)).astype(np.float32)
+    g_jax = np.asarray(jax.grad(lambda d: jnp.sum(jax_loss.fourier_l1(d)))(jnp.asarray(diff)))
+    x = tf.Variable(diff)
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(tf_loss.fourier_l1(x))
+    g_tf = tape.gradient(total, x).numpy()
+    assert np.linalg.norm(g_tf - g_jax) / np.linalg.norm(g_jax) < 1e-4
+
+
+# --- the weight average ------------------------------------------------------------------------------
+
+
+def numpy_ema(history, decay):
+    """a_1 = p_1, a_t = d a_{t-1} + (1 - d) p_t in float64."""
+    average = np.asarray(history[0], np.float64)
+    for p in history[1:]:
+        average = decay * average + (1 - decay) * np.asarray(p, np.float64)
+    return average
+
+
+def test_jax_ema_matches_numpy():
+    import jax.numpy as jnp
+
+    from jax_impl import ema
+
+    rng = np.random.default_rng(1)
+    history = [rng.normal(size=(4, 3)).astype(np.float32) for _ in range(5)]
+    average = {"w": jnp.zeros((4, 3))}
+    for step, p in enumerate(history):
+        average = ema.update(average, {"w": jnp.asarray(p)}, jnp.int32(step), 0.8)
+    np.testing.assert_allclose(np.asarray(average["w"]), numpy_ema(history, 0.8), rtol=1e-5)
+
+
+def test_keras_ema_matches_numpy_and_swaps_back():
+    """Keras' ``use_ema`` follows the same recurrence over the weights after each Adam step, and
+    :class:`tf_impl.ema.AveragedWeights` shows the average inside its block, the weights after it."""
+    import keras
+    import tensorflow as tf
+
+    from tf_impl import ema
+
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    opt = keras.optimizers.Adam(0.1, use_ema=True, ema_momentum=0.7)
+    opt.build(model.trainable_variables)
+    averaged = ema.AveragedWeights(model, opt, tf.distribute.get_strategy())
+    rng = np.random.default_rng(2)
+    history = []
+    for _ in range(4):
+        grads = [tf.constant(rng.normal(size=v.shape).astype(np.float32)) for v in model.trainable_variables]
+        opt.apply(grads, model.trainable_variables)
+        history.append(model.trainable_variables[0].numpy().copy())
+    trained = model.trainable_variables[0].numpy().copy()
+    inside = averaged.read(lambda m: m.trainable_variables[0].numpy().copy())
+    np.testing.assert_allclose(inside, numpy_ema(history, 0.7), rtol=1e-5)
+    np.testing.assert_array_equal(model.trainable_variables[0].numpy(), trained)
+
+
+# --- the mode in tiny runs ---------------------------------------------------------------------------
+
+REACHABLE = dict(quality_every_epochs=1, quality_r_min=-1.0, quality_ratio_tol=1e6, quality_beat_baseline=False)
+
+
+def _trainer(framework):
+    if framework == "jax":
+        from jax_impl import train
+    else:
+        from tf_impl import train
+    return train
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_a_reachable_target_stops_the_run_and_is_timed(tiny_cfg, tmp_path, framework):
+    """r >= -1 and any ratio: met at the first evaluation, after epoch 1 of 3;
+    the run stops there and records the time, framework and device; an unreachable target (the
+    default one) trains all epochs, records every evaluation and the best shortfall."""
+    train = _trainer(framework)
+    cfg = config_mod.replace(tiny_cfg, num_epochs=3, start_lr=5e-3, **REACHABLE)
+    _, result = train.train_and_evaluate(cfg, tmp_path / "met")
+    hist = read_metrics(tmp_path / "met")
+    assert [h["epoch"] for h in hist] == [1] and hist[0]["quality_met"] and hist[0]["framework"] == framework
+    info = read_run_info(tmp_path / "met")["time_to_quality"]
+    assert info["quality_met"] and info["framework"] == framework and info["device"] and info["evaluations"] == 1
+    assert (
+        0 < info["train_sec_to_quality"] < info["time_to_quality_sec"] == pytest.approx(result["time_to_quality_sec"])
+    )
+    assert info["stopped"] == "target met after epoch 1"
+    curve = quality.read_records(tmp_path / "met")
+    assert len(curve) == 1 and curve[0]["met"] and curve[0]["time_sec"] == info["time_to_quality_sec"]
+
+    cfg = config_mod.replace(tiny_cfg, num_epochs=2, quality_every_epochs=1)
+    _, result = train.train_and_evaluate(cfg, tmp_path / "missed")
+    assert [h["epoch"] for h in read_metrics(tmp_path / "missed")] == [1, 2]
+    info = read_run_info(tmp_path / "missed")["time_to_quality"]
+    curve = quality.read_records(tmp_path / "missed")
+    assert not info["quality_met"] and info["time_to_quality_sec"] is None and result["time_to_quality_sec"] is None
+    assert [c["epoch"] for c in curve] == [1, 2] and all(c["shortfall"] > 0 for c in curve)
+    assert info["best"]["shortfall"] == min(c["shortfall"] for c in curve) == result["quality_shortfall"]
+    assert curve[0]["time_sec"] < curve[1]["time_sec"]
+    hist = read_metrics(tmp_path / "missed")
+    assert [h["quality_shortfall"] for h in hist] == [c["shortfall"] for c in curve]
+    assert "time_to_quality_sec" not in hist[-1]
+
+
+@pytest.mark.slow
+def test_the_budget_stops_the_run_and_the_last_model_is_evaluated(tiny_cfg, tmp_path):
+    """A budget already spent after epoch 1 stops there, with an evaluation although only every
+    second epoch is due."""
+    from jax_impl import train
+
+    cfg = config_mod.replace(tiny_cfg, num_epochs=3, quality_every_epochs=2, quality_budget_sec=1e-3)
+    train.train_and_evaluate(cfg, tmp_path / "run")
+    info = read_run_info(tmp_path / "run")["time_to_quality"]
+    assert info["stopped"] == "budget of 0.001 s spent after epoch 1" and info["evaluations"] == 1
+    assert [h["epoch"] for h in read_metrics(tmp_path / "run")] == [1]
+
+
+@pytest.mark.slow
+def test_the_evaluation_is_what_predict_and_validate_give(tiny_cfg, tmp_path):
+    """The quality record of a one-epoch run (EMA on) equals ``predict`` of its saved weights (the
+    average) scored by ``validate``: the mode reuses the full-volume path, with the averaged weights."""
+    from conftest import run_in_process
+
+    from jax_impl import predict, train
+
+    cfg = config_mod.replace(tiny_cfg, num_epochs=1, quality_every_epochs=1, ema_decay=0.5, lambda_fourier=0.5)
+    # one device: with the batch sharded over the tests' two CPU devices, XLA:CPU hangs in the step
+    # that holds the FFT of lambda_fourier (on 2 cores; each part alone runs)
+    train.train_and_evaluate(cfg, tmp_path / "run", num_devices=1, save_weights=str(tmp_path / "w.npz"))
+    curve = quality.read_records(tmp_path / "run")
+    argv = ["--config", "cpu_tiny", "--weights", str(tmp_path / "w.npz"), "--input", cfg.val_path]
+    res = run_in_process(predict.main, [*argv, "--out", str(tmp_path / "p.h5"), "--validate", str(tmp_path / "v")])
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads((tmp_path / "v" / "validation.json").read_text())
+    for name in quality.CHANNELS:
+        s = report["power"][name]
+        n = len(curve[0]["channels"][name]["r"])
+        np.testing.assert_allclose(curve[0]["channels"][name]["r"], s["r_pred"][:n], rtol=1e-6)
+        np.testing.assert_allclose(curve[0]["channels"][name]["ratio"], s["ratio_pred"][:n], rtol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.study
+def test_the_gpu_recipe_runs_on_cpu_with_a_tiny_config(tmp_path):
+    """``experiments/time_to_quality/run.sh`` with ``CONFIG=cpu_tiny``: the JAX run records two
+    evaluations and the table names it (the GPU call runs the same script with ``short``)."""
+    import os
+    import subprocess
+    import sys
+
+    from shared_data.core.config import REPO_ROOT
+
+    env = dict(os.environ, OUT=str(tmp_path / "out"), CONFIG="cpu_tiny", PY=sys.executable, WORK=str(tmp_path / "w"))
+    res = subprocess.run(
+        ["bash", "experiments/time_to_quality/run.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len(quality.read_records(tmp_path / "out" / "jax_ttq")) == 2
+    assert "| jax_ttq | 2 |" in res.stdout and (tmp_path / "out" / "curve.png").stat().st_size > 0

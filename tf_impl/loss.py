@@ -1,0 +1,72 @@
+"""The training loss of the TensorFlow trainer: the counterpart of :mod:`jax_impl.loss`, term by term.
+
+Per sample, in float32, over a crop of side s with N_out channels (channels last):
+
+* L1: mean over voxels and channels of |f(pred) - f(target)|, where ``f`` is the identity for
+  ``loss_space: log`` (the stored, log-transformed units) and, for ``loss_space: physical``,
+  rho / <rho> = exp(density_scale x) on ``density_channel`` and T / T0 = exp(temperature_scale x) on
+  ``temperature_channel`` (the other channels, velocities, are linear already);
+* ``lambda_rho`` x mean over voxels of |exp(s x_pred) - exp(s x_target)| on the density channel,
+  s = ``density_scale`` (the tutorial's physical-space term; in any ``loss_space``);
+* ``lambda_fourier`` x mean over the modes of the real 3-D FFT (``rfft3d`` over the crop's three
+  spatial axes, s x s x (s/2 + 1) modes, orthonormal: sum |F|^2 = sum |x|^2) and over channels of
+  |FFT(f(pred) - f(target))|: an L1 in Fourier space, which weights the small-scale modes as much
+  as the large ones (a pixel-space L1 lets the smooth part of the error dominate).
+
+The loss is the mean of the per-sample values over the samples whose ``mask`` is 1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from shared_data.core.config import Config
+
+
+def loss_space_scales(cfg: Config) -> np.ndarray:
+    """Per output channel, the scale ``a`` of ``f(x) = exp(a x)`` for ``loss_space: physical`` (0: f is
+    the identity); all zeros for ``loss_space: log``. (N_out,) float32."""
+    scales = np.zeros(cfg.N_out_channels, np.float32)
+    if cfg.loss_space == "physical":
+        scales[cfg.density_channel] = cfg.density_scale
+        scales[cfg.temperature_channel] = cfg.temperature_scale
+    return scales
+
+
+def to_loss_space(x: tf.Tensor, cfg: Config) -> tf.Tensor:
+    """``x`` (..., N_out) float32 in the units the loss compares (:func:`loss_space_scales`)."""
+    scales = loss_space_scales(cfg)
+    if not scales.any():
+        return x
+    return tf.where(tf.constant(scales > 0), tf.exp(tf.constant(scales) * x), x)
+
+
+def fourier_l1(diff: tf.Tensor) -> tf.Tensor:
+    """Per sample, the mean over the real-FFT modes and channels of |rfftn(diff)| (orthonormal), for
+    ``diff`` (B, s, s, s, C) float32; (B,) float32. TensorFlow registers no gradient for ``rfft3d``,
+    so the 3-D real FFT is composed: ``rfft`` along z, then ``fft2d`` over x and y (the same modes)."""
+    n = float(np.prod(diff.shape[1:4]))
+    half = tf.signal.rfft(tf.transpose(diff, (0, 4, 1, 2, 3)))  # (B, C, x, y, s/2 + 1)
+    modes = tf.signal.fft2d(tf.transpose(half, (0, 1, 4, 2, 3))) / np.complex64(np.sqrt(n))
+    return tf.reduce_mean(tf.abs(modes), axis=(1, 2, 3, 4))
+
+
+def loss_fn(pred: tf.Tensor, batch: dict, cfg: Config) -> tf.Tensor:
+    """The masked mean over samples of the module docstring's per-sample loss; float32 scalar.
+
+    ``pred`` and ``batch["targets"]`` (B, s, s, s, N_out) in stored units (any float dtype),
+    ``batch["mask"]`` (B,) float32.
+    """
+    y = tf.cast(batch["targets"], tf.float32)
+    pred = tf.cast(pred, tf.float32)
+    diff = to_loss_space(pred, cfg) - to_loss_space(y, cfg)
+    per_sample = tf.reduce_mean(tf.abs(diff), axis=(1, 2, 3, 4))
+    if cfg.lambda_rho:
+        d, s = cfg.density_channel, cfg.density_scale
+        rho = tf.reduce_mean(tf.abs(tf.exp(s * pred[..., d]) - tf.exp(s * y[..., d])), axis=(1, 2, 3))
+        per_sample = per_sample + cfg.lambda_rho * rho
+    if cfg.lambda_fourier:
+        per_sample = per_sample + cfg.lambda_fourier * fourier_l1(diff)
+    mask = batch["mask"]
+    return tf.reduce_sum(per_sample * mask) / tf.maximum(tf.reduce_sum(mask), 1.0)
