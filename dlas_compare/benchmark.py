@@ -157,7 +157,8 @@ class Session:
     the framework's import and device set-up; the train step (compiled, autotuned, its state) while
     the config differs only in :data:`INPUT_KEYS`; and, within one :meth:`run`, the input pipeline of
     IO, which FULL takes over. A run measures SYNTHETIC first (building the step), then IO (a new
-    pipeline), then FULL, so FULL follows IO without a pause in which its pipeline could read ahead.
+    pipeline), then FULL, so FULL follows IO without a pause in which its pipeline could read ahead;
+    its pipelines are closed when it ends, so their workers do not read during the next run.
     """
 
     def __init__(self, framework: str, num_devices: int | None = None):
@@ -181,7 +182,7 @@ class Session:
         key = {k: v for k, v in config_mod.config_dict(cfg).items() if k not in INPUT_KEYS}
         if key != self.step_key:
             self.step_from, self.step_key = None, key
-        records, input_from = {}, None
+        records, input_from, pipelines = {}, None, []
         for mode in [m for m in ("synthetic", "io", "full") if m in modes]:
             what = f"[benchmark] {self.framework} {mode}"
             reused = []
@@ -214,6 +215,10 @@ class Session:
                 self.step_from = bench
             if mode == "io":
                 input_from = bench
+            if mode != "synthetic":
+                pipelines.append(bench.batches)
+        for batches in pipelines:  # stop reading now, not in the next rung's windows
+            batches.close()
         return [records[m] for m in modes]
 
 
