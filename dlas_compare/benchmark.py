@@ -339,8 +339,10 @@ def run_process(
         res = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env)
         output = res.stderr.strip() or res.stdout.strip() or "no output"
         failure = f"exit {res.returncode}: {output.splitlines()[-1]}" if res.returncode else None
-    except subprocess.TimeoutExpired:
-        output, failure = "", f"timed out after {timeout:.0f} s"
+    except subprocess.TimeoutExpired as err:  # what it said before it was stopped (bytes on POSIX)
+        said = err.stderr or err.stdout or b""
+        output = (said.decode(errors="replace") if isinstance(said, bytes) else said).strip()
+        failure = f"timed out after {timeout:.0f} s"
     lines = out.read_text().splitlines()[before:] if out.exists() else []
     return [json.loads(line) for line in lines if line], failure, output
 

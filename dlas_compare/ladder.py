@@ -574,8 +574,10 @@ def run_group(
               f"{shlex.join(cmd[1:-4])}", flush=True)  # fmt: skip
         t0 = time.perf_counter()
         records, failure, output = run_process(cmd, out, timeout, env)
-        if failure and output:
-            print("\n".join(output.splitlines()[-15:]), flush=True)
+        lines = output.splitlines()
+        print("\n".join(f"[ladder]     {line}" for line in lines if line.startswith("[benchmark]")), flush=True)
+        if failure:
+            print("\n".join([line for line in lines if not line.startswith("[benchmark]")][-15:]), flush=True)
     print(f"[ladder] {fw} {rungs}: {failure or 'ok'} in {time.perf_counter() - t0:.0f} s", flush=True)
     return records, failure, flags
 

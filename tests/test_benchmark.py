@@ -162,8 +162,9 @@ def test_run_process_returns_appended_records_and_why_it_failed(tmp_path):
     failing = [sys.executable, "-c", f"import sys; {write}; print('first\\nlast words', file=sys.stderr); sys.exit(3)"]
     records, failure, output = benchmark.run_process(failing, out, 60)
     assert records == [{"new": 2}] and failure == "exit 3: last words" and output == "first\nlast words"
-    records, failure, _ = benchmark.run_process([sys.executable, "-c", "import time; time.sleep(5)"], out, 0.5)
-    assert records == [] and failure == "timed out after 0 s"
+    slow = "import sys, time; print('started', file=sys.stderr, flush=True); time.sleep(5)"
+    records, failure, output = benchmark.run_process([sys.executable, "-c", slow], out, 1.0)
+    assert records == [] and failure == "timed out after 1 s" and output == "started"  # what it said before
     records, failure, output = benchmark.run_process([sys.executable, "-c", f"{write}; print('done')"], out, 60)
     assert records == [{"new": 2}] and failure is None and output == "done"
     assert len(out.read_text().splitlines()) == 3

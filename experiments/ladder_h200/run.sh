@@ -14,7 +14,7 @@
 # On nvidia-h200, after DALI (.dali/p0-p2) and TF (.tf/p0-p5) are staged by their calls
 # (../shared/device/README.md), in one call that carries [".tf/last", ".daltf"], $OUT set:
 #   bash experiments/ladder_h200/run.sh
-# The same commands on CPU with a tiny config (a smoke test, ~3 min on 2 cores):
+# The same commands on CPU with a tiny config (a smoke test, ~1.5 min on 2 cores):
 #   OUT=/tmp/out CONFIG=cpu_tiny BUDGET=150 bash experiments/ladder_h200/run.sh
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}"
