@@ -759,7 +759,10 @@ def run_ladder(
                 spent = f"the ladder's time budget (--budget_sec {budget:.0f}) was spent"
                 outcome.update({(s.framework, s.index): {"status": "skipped", "reason": spent} for s in groups[0]})
             else:
-                outcome.update(_run_process(schedule, groups, common, timeout, left, runner, clock, done))
+                failed_before = any(o["status"] == "failed" for (f, _), o in outcome.items() if f == fw)
+                outcome.update(
+                    _run_process(schedule, groups, common, timeout, left, runner, clock, done, failed_before)
+                )
         records, status, reason, extra = [], "skipped", step.skip, {}
         if key in schedule.reuse:
             records = [dict(r) for r in schedule.reuse[key]]
@@ -787,11 +790,13 @@ def run_ladder(
     return summaries
 
 
-def _run_process(schedule, groups, common, timeout, left, runner, clock, done) -> dict:
+def _run_process(schedule, groups, common, timeout, left, runner, clock, done, failed_before=False) -> dict:
     """Run the first of ``groups`` in one process with the windows that fit ``left`` seconds for all
     of ``groups``; return each of its steps' outcome (records, status, reason, seconds, windows),
-    none for the steps after a failed one (the ladder runs them in a new process). ``done`` collects
-    (estimated, observed) set-up seconds of the processes that ran all their rungs."""
+    none for the steps after a failed one (the ladder runs them in a new process), unless the
+    framework had failed before (``failed_before``) and this process finished no rung either: then
+    every step fails with its reason (a process that cannot start is not started once per rung).
+    ``done`` collects (estimated, observed) set-up seconds of the processes that ran all their rungs."""
     group, budget = groups[0], schedule.budget
     windows, _ = schedule.windows(left, groups, budget_mod.observed_scale(done))
     modes = [schedule.modes[s.framework, s.index] for s in group]
@@ -815,6 +820,8 @@ def _run_process(schedule, groups, common, timeout, left, runner, clock, done) -
         if failure and failure.startswith("timed out") and left is not None and limit < timeout * len(group):
             status, reason = "stopped", f"the ladder's time budget (--budget_sec {budget:.0f}) ran out during it"
         result[s.framework, s.index] = {"records": by[s.index], "status": status, "reason": reason, **base}
+        if status == "failed" and failed_before and s is group[0]:
+            result.update({(t.framework, t.index): {"status": "failed", "reason": reason, **base} for t in group[1:]})
         if status == "stopped":
             spent = f"the ladder's time budget (--budget_sec {budget:.0f}) was spent"
             after = group[group.index(s) + 1 :]

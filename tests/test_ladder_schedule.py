@@ -186,6 +186,13 @@ def test_a_crash_loses_only_its_rung_and_the_rest_run_in_a_new_process(tiny_cfg,
     assert (jax[1]["status"], jax[2]["status"], jax[3]["status"]) == ("ran", "failed", "ran")
     assert jax[2]["reason"] == "exit 1: RuntimeError: boom"
     assert jax[3]["previous_rung"] == "baseline" and jax[3]["speedup_vs_previous"] == 7.0
+    # a process that fails at its first rung again is not started once per rung: TF's rungs 1 and 2
+    # each fail a process; the rest fail with the second's reason
+    fake = FakeRunner(crash={("tf", 1), ("tf", 2)})
+    summaries = ladder.run_ladder(schedule, [], tmp_path / "d.jsonl", 150.0, "short_opt", runner=fake, clock=fake.clock)
+    assert [idx for idx, fw, *_ in fake.calls if fw == "tf"] == [[1, 2, 3, 4, 5, 6], [2, 3, 4, 5, 6]]
+    tf = [(s["status"], s["reason"]) for s in summaries if s["framework"] == "tf"]
+    assert tf[:6] == [("failed", "exit 1: RuntimeError: boom")] * 6
 
 
 def test_resume_runs_only_what_the_first_call_did_not(tiny_cfg, tmp_path):
