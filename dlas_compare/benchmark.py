@@ -6,7 +6,11 @@
 Warm-up steps first (compilation, autotuning, pipeline start), then ``--windows`` timed windows of
 ``--steps`` steps, each ended by a device sync; with ``--window_sec S`` windows hold at most as many
 steps as one synced step says fit in S seconds and end once a step returns S seconds or more into
-them, so slow input pipelines and fast steps take about the same time.
+them, so slow input pipelines and fast steps take about the same time, but never fewer than
+``--min_window_steps`` steps (a window of one slow step measures when one batch happened to arrive,
+not the pipeline's rate). The modes of one command run in one process, SYNTHETIC first: FULL takes
+over SYNTHETIC's compiled step and IO's input pipeline (:class:`Session`); ``--rungs`` runs a list of
+such benchmarks (the ladder's rungs of one framework) in one process.
 Reports samples/s (median over windows), step time (p50 / p90 over windows), MFU (analytic model
 FLOPs x samples/s / peak), compile seconds, peak device memory, device, versions and the command
 line, as JSON (``--out``) and a table printed last.
@@ -41,8 +45,11 @@ FRAMEWORKS = ("jax", "tf", "torch")
 PEAK_TFLOPS = {"H200": 788.0, "H100": 989.0}
 
 
-def make_bench(framework: str, cfg: Config, mode: str, num_devices: int | None = None):
-    """The framework's ``Bench`` (``jax_impl.bench``, ``tf_impl.bench`` or ``dlas_compare.torch_ref``)."""
+def make_bench(framework: str, cfg: Config, mode: str, num_devices: int | None = None, step_from=None, input_from=None):
+    """The framework's ``Bench`` (``jax_impl.bench``, ``tf_impl.bench`` or ``dlas_compare.torch_ref``);
+    ``step_from``: a bench of the same framework whose train step and state it takes over (a config
+    that differs only in the input, :data:`INPUT_KEYS`), ``input_from``: one whose input pipeline it
+    takes over (the same config)."""
     if framework == "jax":
         from jax_impl.bench import Bench
     elif framework == "tf":
@@ -51,7 +58,7 @@ def make_bench(framework: str, cfg: Config, mode: str, num_devices: int | None =
         from dlas_compare.torch_ref import Bench
     else:
         raise UserError(f"--framework {framework!r}: expected one of {', '.join(FRAMEWORKS)}")
-    return Bench(cfg, mode, num_devices)
+    return Bench(cfg, mode, num_devices, step_from=step_from, input_from=input_from)
 
 
 def peak_tflops(device: str) -> float | None:
@@ -62,27 +69,31 @@ def peak_tflops(device: str) -> float | None:
 
 
 def timed_windows(
-    call, sync, warmup: int, steps: int, windows: int, window_sec: float | None = None
+    call, sync, warmup: int, steps: int, windows: int, window_sec: float | None = None, min_steps: int = 1
 ) -> tuple[float, list[float], list[int]]:
     """``warmup`` untimed calls of ``call()``, then ``windows`` windows of ``steps`` calls, each ended
     by ``sync(last result)``.
 
-    With ``window_sec`` (seconds) windows last about that long: one more untimed call, synced, gives
-    the seconds of a step, and a window holds ``min(steps, ceil(window_sec / that))`` calls; a window
-    also ends after the first call that returns ``window_sec`` or more after it began (an input
-    pipeline that blocks). The first rule bounds asynchronous steps, whose calls return at once.
+    With ``window_sec`` (seconds) windows last about that long, and hold at least ``min_steps`` calls
+    (a slow step's window holds enough steps to mean something): the last warm-up call (one more
+    call without warm-up), synced, gives the seconds of a step, and a window holds
+    ``min(steps, max(min_steps, ceil(window_sec / that)))`` calls; a window also ends after the first
+    call that returns ``window_sec`` or more after it began, once it holds ``min_steps`` calls (an
+    input pipeline that blocks). The first rule bounds asynchronous steps, whose calls return at once.
 
     Returns the warm-up seconds, the seconds per call of each window and the calls of each window.
     """
     t0 = time.perf_counter()
     out = None
-    for _ in range(warmup):
+    timed = window_sec is not None
+    for _ in range(warmup - 1 if timed and warmup else warmup):
         out = call()
     sync(out)
-    if window_sec is not None:
+    if timed:
         t1 = time.perf_counter()
         sync(call())
-        steps = min(steps, max(1, math.ceil(window_sec / max(time.perf_counter() - t1, 1e-9))))
+        steps = min(steps, max(min_steps, math.ceil(window_sec / max(time.perf_counter() - t1, 1e-9))))
+    min_steps = min(min_steps, steps)
     warm_sec = time.perf_counter() - t0
     per_call, counts = [], []
     for _ in range(windows):
@@ -91,7 +102,7 @@ def timed_windows(
         while n < steps:
             out = call()
             n += 1
-            if window_sec is not None and time.perf_counter() - t0 >= window_sec:
+            if timed and n >= min_steps and time.perf_counter() - t0 >= window_sec:
                 break
         sync(out)
         per_call.append((time.perf_counter() - t0) / n)
@@ -99,10 +110,11 @@ def timed_windows(
     return warm_sec, per_call, counts
 
 
-def measure(bench, warmup: int, steps: int, windows: int, window_sec: float | None = None) -> dict:
+def measure(bench, warmup: int, steps: int, windows: int, window_sec: float | None = None, min_steps: int = 1) -> dict:
     """Run the warm-up and the timed windows (:func:`timed_windows`); return timing statistics
     (seconds, samples/s; ``window_steps`` the steps each window held)."""
-    warm_sec, per_step, counts = timed_windows(bench.step, lambda _: bench.sync(), warmup, steps, windows, window_sec)
+    sync = lambda _: bench.sync()
+    warm_sec, per_step, counts = timed_windows(bench.step, sync, warmup, steps, windows, window_sec, min_steps)
     per_step = np.array(per_step)
     rates = bench.global_batch / per_step
     return {
@@ -115,6 +127,7 @@ def measure(bench, warmup: int, steps: int, windows: int, window_sec: float | No
         "windows": windows,
         "steps_per_window": steps,
         "window_sec": window_sec,
+        "min_window_steps": min_steps,
         "window_steps": counts,
     }
 
@@ -129,18 +142,95 @@ def run(
     num_devices: int | None = None,
     label: str | None = None,
     window_sec: float | None = None,
+    min_steps: int = 1,
 ) -> dict:
-    """Benchmark one (framework, config, mode); return the result record. One line on stderr per stage
-    (set-up and compilation, timing, result), since a large config takes minutes."""
-    what = f"[benchmark] {framework} {mode}"
-    source = "one cached batch" if mode == "synthetic" else f"{cfg.data_loader_config} loader"
-    stage(f"{what}: setting up ({source}, batch {cfg.global_batch_size}) and compiling the step")
-    bench = make_bench(framework, cfg, mode, num_devices)
-    ready = "input pipeline ready" if mode == "io" else f"compiled in {bench.compile_sec:.1f} s"
-    stage(f"{what}: {ready}; warm-up, then {windows} timed windows of up to {steps} steps")
-    record = run_bench(bench, cfg, mode, warmup, steps, windows, label, window_sec)
-    stage(f"{what}: {record['samples_per_sec']:.1f} samples/s")
-    return record
+    """Benchmark one (framework, config, mode) in a bench of its own; return the result record."""
+    return Session(framework, num_devices).run(cfg, [mode], warmup, steps, windows, label, window_sec, min_steps)[0]
+
+
+#: the config keys of the input pipeline: a rung that changes only these keeps the compiled train step
+INPUT_KEYS = ("data_loader_config", "num_data_workers")
+
+
+class Session:
+    """Benchmarks of one framework run one after another in this process, sharing what carries over:
+    the framework's import and device set-up; the train step (compiled, autotuned, its state) while
+    the config differs only in :data:`INPUT_KEYS`; and, within one :meth:`run`, the input pipeline of
+    IO, which FULL takes over. A run measures SYNTHETIC first (building the step), then IO (a new
+    pipeline), then FULL, so FULL follows IO without a pause in which its pipeline could read ahead;
+    its pipelines are closed when it ends, so their workers do not read during the next run.
+    """
+
+    def __init__(self, framework: str, num_devices: int | None = None):
+        self.framework, self.num_devices = framework, num_devices
+        self.step_from = None  # the bench that stepped last: its train step and state (JAX donates it)
+        self.step_key: dict | None = None
+
+    def run(
+        self,
+        cfg: Config,
+        modes: Sequence[str],
+        warmup: int,
+        steps: int,
+        windows: int,
+        label: str | None = None,
+        window_sec: float | None = None,
+        min_steps: int = 1,
+    ) -> list[dict]:
+        """Benchmark ``cfg`` in ``modes``; return the records in the order of ``modes``. One line on
+        stderr per stage (set-up and compilation, timing, result), since a large config takes minutes."""
+        key = {k: v for k, v in config_mod.config_dict(cfg).items() if k not in INPUT_KEYS}
+        if key != self.step_key:
+            self.step_from, self.step_key = None, key
+        records, input_from, pipelines = {}, None, []
+        for mode in [m for m in ("synthetic", "io", "full") if m in modes]:
+            what = f"[benchmark] {self.framework} {mode}"
+            reused = []
+            if mode != "io" and self.step_from is not None:
+                reused.append("train step")
+            if mode == "full" and input_from is not None:
+                reused.append("input pipeline")
+            if mode == "io" and "full" in modes and self.step_from is None:
+                stage(f"{what}: compiling the train step for FULL before its input pipeline starts")
+                self.step_from = make_bench(self.framework, cfg, "synthetic", self.num_devices)
+            source = "one cached batch" if mode == "synthetic" else f"{cfg.data_loader_config} loader"
+            stage(f"{what}: setting up ({source}, batch {cfg.global_batch_size}{', reusing the ' if reused else ''}"
+                  f"{' and the '.join(reused)})")  # fmt: skip
+            bench = make_bench(
+                self.framework,
+                cfg,
+                mode,
+                self.num_devices,
+                step_from=self.step_from,  # IO takes only its device set-up (TF's strategy)
+                input_from=input_from if mode == "full" else None,
+            )
+            ready = "input pipeline ready" if mode == "io" else f"step ready in {bench.compile_sec:.1f} s"
+            stage(f"{what}: {ready}; warm-up, then {windows} timed windows of up to {steps} steps")
+            record = run_bench(bench, cfg, mode, warmup, steps, windows, label, window_sec, min_steps,
+                               drain=mode != "synthetic" and read_ahead(cfg, bench, input_from))  # fmt: skip
+            record["reused"] = reused
+            stage(f"{what}: {record['samples_per_sec']:.1f} samples/s")
+            records[mode] = record
+            if mode != "io":
+                self.step_from = bench
+            if mode == "io":
+                input_from = bench
+            if mode != "synthetic":
+                pipelines.append(bench.batches)
+        for batches in pipelines:  # stop reading now, not in the next rung's windows
+            batches.close()
+        return [records[m] for m in modes]
+
+
+def read_ahead(cfg: Config, bench, input_from) -> bool:
+    """Whether ``bench``'s input pipeline can hold batches read before its timing starts: a DALI
+    pipeline fills its prefetch queue when built, and a host pipeline reads ahead while the bench
+    compiles its step after making it (``compile_sec`` > 0). A host loader, lazy until its first
+    batch is asked for, made after the step was ready (or taken over from IO, which just ran) has
+    read nothing ahead."""
+    from shared_data.core import loader_kinds
+
+    return input_from is None and (loader_kinds.loader_kind(cfg).dali or bench.compile_sec > 0)
 
 
 def stage(line: str) -> None:
@@ -148,10 +238,15 @@ def stage(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def prefetch_depth(cfg: Config) -> int:
+def prefetch_depth(cfg: Config, framework: str = "jax") -> int:
     """The batches an input pipeline can hold ready: the host loaders' read-ahead (workers + 1), the
-    transfer queue (2) and DALI's prefetch queue."""
-    return cfg.num_data_workers + 1 + 2 + cfg.dali_prefetch_queue_depth
+    transfer queue of JAX and TF (2; the PyTorch reference copies in its loader) and, for a DALI
+    loader, DALI's prefetch queue."""
+    from shared_data.core import loader_kinds
+
+    transfer = 0 if framework == "torch" else 2
+    dali = cfg.dali_prefetch_queue_depth if loader_kinds.loader_kind(cfg).dali else 0
+    return cfg.num_data_workers + 1 + transfer + dali
 
 
 def run_bench(
@@ -163,15 +258,18 @@ def run_bench(
     windows: int,
     label: str | None = None,
     window_sec: float | None = None,
+    min_steps: int = 1,
+    drain: bool = True,
 ) -> dict:
     """Time a ready ``bench`` (``step``/``sync``/``global_batch``/...; see :func:`make_bench`); return the
-    result record. In IO and FULL modes the warm-up is at least :func:`prefetch_depth` steps: the
-    batches the loaders read ahead while the step compiled are consumed before the timing starts, so
-    a slow loader is not hidden behind its own queue."""
+    result record. With ``drain``, in IO and FULL modes the warm-up is at least :func:`prefetch_depth`
+    steps: the batches a pipeline read ahead before the timing starts (while the step compiled) are
+    consumed first, so a slow loader is not hidden behind its own queue. :class:`Session` drains
+    where a pipeline can have read ahead (:func:`read_ahead`)."""
     framework = bench.framework
-    if mode != "synthetic":
-        warmup = max(warmup, prefetch_depth(cfg))
-    stats = measure(bench, warmup, steps, windows, window_sec)
+    if mode != "synthetic" and drain:
+        warmup = max(warmup, prefetch_depth(cfg, framework))
+    stats = measure(bench, warmup, steps, windows, window_sec, min_steps)
     stats["warmup_steps"] = warmup
     device = bench.device_name()
     flops = unet_spec.train_flops_per_sample(cfg)
@@ -241,8 +339,10 @@ def run_process(
         res = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env)
         output = res.stderr.strip() or res.stdout.strip() or "no output"
         failure = f"exit {res.returncode}: {output.splitlines()[-1]}" if res.returncode else None
-    except subprocess.TimeoutExpired:
-        output, failure = "", f"timed out after {timeout:.0f} s"
+    except subprocess.TimeoutExpired as err:  # what it said before it was stopped (bytes on POSIX)
+        said = err.stderr or err.stdout or b""
+        output = (said.decode(errors="replace") if isinstance(said, bytes) else said).strip()
+        failure = f"timed out after {timeout:.0f} s"
     lines = out.read_text().splitlines()[before:] if out.exists() else []
     return [json.loads(line) for line in lines if line], failure, output
 
@@ -295,29 +395,74 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         help="end a window early once it has lasted this many seconds (--steps is then the most per window)",
     )
+    p.add_argument(
+        "--min_window_steps",
+        type=int_at_least(1),
+        default=1,
+        help="with --window_sec, the fewest steps a window holds however long they take (default: %(default)s)",
+    )
     p.add_argument("--num_devices", type=int, help="data parallel over the first N devices (default: all)")
     p.add_argument("--label", help="name of this run in the table")
+    p.add_argument(
+        "--rungs",
+        metavar="JSON",
+        help="run several benchmarks in this process, in order (see run_rungs); needs --out",
+    )
     p.add_argument("--out", help="append the JSON records to this file (JSON lines)")
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    cfg = config_mod.config_from_args(args)
-    records = [
-        run(
-            args.framework,
-            cfg,
-            mode,
-            args.warmup,
-            args.steps,
-            args.windows,
-            args.num_devices,
-            args.label,
-            args.window_sec,
+def run_rungs(argv: list[str], path: str, out: str) -> list[dict]:
+    """``--rungs``: the benchmarks of the JSON file ``path``, a list of ``{"args": [...], "record":
+    {...}}``, one after another in one :class:`Session` (one per ``--num_devices``), each with the
+    command line ``argv`` (less ``--rungs``) plus its ``args``; each one's records, with its
+    ``record`` keys and ``rung_sec`` (seconds it took in this process), are appended to ``out`` as it
+    ends, so a later one that fails loses none of them. Returns all records.
+
+    Raises:
+        UserError: ``path`` is not such a list.
+    """
+    expected = f'--rungs {path}: expected a JSON list of {{"args": [...], "record": {{...}}}}'
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"{expected} ({err})") from None
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("args"), list) for e in entries
+    ):
+        raise UserError(expected)
+    i = argv.index("--rungs")
+    base = argv[:i] + argv[i + 2 :]
+    sessions, everything = {}, []
+    for entry in entries:
+        t0 = time.perf_counter()
+        args = build_parser().parse_args([*base, *entry["args"]])
+        cfg = config_mod.config_from_args(args)
+        session = sessions.setdefault(args.num_devices, Session(args.framework, args.num_devices))
+        records = session.run(
+            cfg, args.mode, args.warmup, args.steps, args.windows, args.label, args.window_sec, args.min_window_steps
         )
-        for mode in args.mode
-    ]
+        for r in records:
+            r.update(entry.get("record", {}), rung_sec=time.perf_counter() - t0)
+        append_records(out, records)
+        stage(f"[benchmark] {args.label or args.framework}: done in {time.perf_counter() - t0:.0f} s")
+        everything += records
+    return everything
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.rungs:
+        if not args.out:
+            raise UserError("--rungs needs --out (its records are appended there as each benchmark ends)")
+        print(table(run_rungs(argv, args.rungs, args.out)))
+        return 0
+    cfg = config_mod.config_from_args(args)
+    session = Session(args.framework, args.num_devices)
+    records = session.run(
+        cfg, args.mode, args.warmup, args.steps, args.windows, args.label, args.window_sec, args.min_window_steps
+    )
     if args.out:
         append_records(args.out, records)
     print(table(records))

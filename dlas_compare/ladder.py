@@ -1,13 +1,17 @@
 """The ladder command: the tutorial's lessons one rung at a time, IO / SYNTHETIC / FULL at each rung.
 
     python -m dlas_compare.ladder --frameworks jax tf --config cpu_default --out runs/ladder/cpu_default.jsonl
-    dlas-ladder --frameworks jax tf torch --config short_opt --steps 40 --window_sec 1 --budget_sec 510
+    dlas-ladder --frameworks jax tf torch --config short_opt --steps 40 --window_sec 1 --budget_sec 530
     python -m dlas_compare.ladder --replot runs/ladder/cpu_default.jsonl --figure ladder.png    # table + figure again
 
 The tutorial's README takes one training from a baseline up one lesson at a time and prints IO,
 SYNTHETIC and FULL at each step. Here each rung is a benchmark of the same config
-(:mod:`dlas_compare.benchmark`, one process per rung and framework, so device memory stays apart and XLA
-flags take effect), with the settings of the rung before plus one change:
+(:mod:`dlas_compare.benchmark`) with the settings of the rung before plus one change. A framework's
+rungs run in as few benchmark processes as its settings allow (:meth:`Schedule.groups`), so its
+import, GPU set-up and train step (compiled, autotuned) carry over from rung to rung: one for TF and
+one for PyTorch, two for JAX, which reads ``XLA_FLAGS`` once per process and adds the kit's flags at
+compilation (:func:`process_xla_flags`). Frameworks never share a process. A rung that crashes its
+process loses only itself: the rungs after it run in a new process.
 
     #  rung                change                                      lesson
     1  baseline            lowmem loader, 4 workers, fp32, TF without  the tutorial's starting point
@@ -27,14 +31,19 @@ last one that ran. The PyTorch reference (``torch``) runs on a GPU only.
 
 Each rung reports IO, SYNTHETIC and FULL samples/s, the FULL speedup over the baseline and over the
 previous rung, and a verdict: **input-bound** when FULL < 0.8 x SYNTHETIC and IO < SYNTHETIC (the
-pipeline alone cannot feed the step), **compute-bound** otherwise. A rung measures FULL and the modes
+pipeline alone cannot feed the step), **compute-bound** otherwise, and **unreliable**, no conclusion,
+when FULL > 1.1 x IO (training on the input cannot outrun the input alone: the windows measured
+noise). A rung measures FULL and the modes
 its change can move (a new input: IO; a new train step: SYNTHETIC); the other mode is the previous
 rung's, shown in parentheses (``--all_modes`` measures all three at every rung).
 
-The ladder says up front what it will run: every rung's modes and estimated seconds, the skipped
-ones with their reasons. With ``--budget_sec`` the timed windows are trimmed (never the rungs) so the
-estimate fits, and fitted again before each rung as the rungs' real times come in
-(:mod:`dlas_compare.ladder_budget`).
+The ladder says up front what it will run: its processes, every rung's modes and estimated seconds,
+the estimated total, the skipped rungs with their reasons. Timed windows hold at least
+``--min_window_steps`` steps (a slow rung's window of one step measures when a batch happened to
+arrive). With ``--budget_sec`` the windows are trimmed (never the rungs, never below that floor; the
+fast rungs' first) so the estimate fits, and fitted again before each process as the real times come
+in (:mod:`dlas_compare.ladder_budget`); if even the floor does not fit, the schedule names the rungs
+the budget is expected to stop.
 
 Output: the table on stdout; JSON lines appended to ``--out``, per rung that ran its benchmark
 records (the schema of :func:`dlas_compare.benchmark.run_bench`, plus ``ladder_id``, ``ladder_step``,
@@ -58,6 +67,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dlas_compare import ladder_budget as budget_mod
@@ -73,6 +83,7 @@ from shared_data.runtime.xla_flags import DEFAULT_XLA_FLAGS, default_xla_flags_o
 BASELINE_WORKERS = 4  # the tutorial's baseline worker count
 MORE_WORKERS = 8
 INPUT_BOUND = 0.8  # FULL below this fraction of SYNTHETIC (and IO below SYNTHETIC): input-bound
+UNRELIABLE = 1.1  # FULL above this multiple of IO: the windows measured noise
 SAME = 0.05  # a FULL ratio within 1 +- SAME over the previous rung counts as no change
 #: the settings the rungs own; a user's value for them would break the ladder's steps
 LADDER_KEYS = ("data_loader_config", "num_data_workers", "enable_amp", "enable_jit", "local_batch_size")
@@ -330,11 +341,18 @@ def xla_flags(settings: Settings, environ: dict | None = None) -> str:
 def verdict(io: float | None, synthetic: float | None, full: float | None) -> tuple[str | None, str]:
     """The bottleneck of a rung from its samples/s, and why in words.
 
-    ``input-bound`` when FULL < :data:`INPUT_BOUND` x SYNTHETIC and IO < SYNTHETIC (or IO was not
-    measured); ``compute-bound`` otherwise; None without SYNTHETIC or FULL.
+    ``unreliable`` when FULL > :data:`UNRELIABLE` x IO: training on the input cannot outrun the input
+    alone, so the windows measured noise (too few steps, or batches read ahead), and no bottleneck is
+    drawn from them. Else ``input-bound`` when FULL < :data:`INPUT_BOUND` x SYNTHETIC and IO <
+    SYNTHETIC (or IO was not measured); ``compute-bound`` otherwise; None without SYNTHETIC or FULL.
     """
     if synthetic is None or full is None:
         return None, "no verdict without SYNTHETIC and FULL"
+    if io is not None and full > UNRELIABLE * io:
+        return "unreliable", (
+            f"FULL {full:.1f} > {UNRELIABLE} x IO {io:.1f}: training on the input cannot outrun the input "
+            "alone, so these windows measured noise; no conclusion"
+        )
     low = full < INPUT_BOUND * synthetic
     if low and (io is None or io < synthetic):
         io_text = "IO not measured" if io is None else f"IO {io:.1f} < SYNTHETIC"
@@ -414,7 +432,7 @@ def lesson_line(summary: dict, step: Step, prev: dict | None) -> str:
     full = summary["full_samples_per_sec"]
     if step.rung.name == "baseline":
         s = step.settings
-        xla = {"tf": ", no XLA, the kit's XLA flags off", "jax": ", the kit's XLA flags off"}.get(step.framework, "")
+        xla = {"tf": ", no XLA", "jax": ", the kit's XLA flags off"}.get(step.framework, "")
         parts.append(f"{s.data_loader_config}, {s.num_data_workers} workers, fp32{xla}: FULL {full:.1f} samples/s")
     elif summary["speedup_vs_previous"] is not None:
         base = summary["speedup_vs_baseline"]
@@ -436,8 +454,10 @@ def lesson_line(summary: dict, step: Step, prev: dict | None) -> str:
 
 def table(summaries: list[dict]) -> str:
     """Framework, rung, IO / SYNTHETIC / FULL samples/s (in parentheses: taken from an earlier rung,
-    which measured it), FULL x baseline, x previous, verdict; a framework skipped at every rung for
-    one reason gets one row."""
+    which measured it), FULL x baseline, x previous, verdict, a framework's rungs together in order; a
+    framework skipped at every rung for one reason gets one row."""
+    first = {fw: i for i, fw in enumerate(dict.fromkeys(s["framework"] for s in summaries))}
+    summaries = sorted(summaries, key=lambda s: (first[s["framework"]], s["ladder_step"]))
     head = f"{'framework':<10}{'rung':<22}{'IO':>10}{'SYNTHETIC':>11}{'FULL':>10}{'x base':>8}{'x prev':>8}  verdict"
     lines = [head, "-" * len(head)]
     num = lambda v, fmt="{:.1f}": fmt.format(v) if v is not None else "-"
@@ -516,30 +536,57 @@ def forwarded_config_args(args: argparse.Namespace) -> list[str]:
     return config_mod.config_argv(args)
 
 
-def run_step(step: Step, modes: Sequence[str], common: list[str], timeout: float) -> tuple[list[dict], str | None, str]:
-    """Run one rung's benchmark process; return its records, why it failed (None: it did not) and
-    the ``XLA_FLAGS`` it started with."""
-    flags = xla_flags(step.settings)
+def process_xla_flags(step: Step, environ: dict | None = None) -> str:
+    """The ``XLA_FLAGS`` the benchmark process of ``step`` starts with, which a process reads once.
+    JAX: :func:`xla_flags` (its rungs before compilation run without the kit's flags, so the
+    compilation rung starts a process of its own). TF and PyTorch: the caller's, with which the kit
+    adds its flags at import: the flags act on XLA's compilations only, and before TF's compilation
+    rung XLA compiles only DALI's crop and copy functions there, which hold no convolution (all that
+    ``--xla_gpu_force_conv_nhwc`` changes); PyTorch does not read them. So TF's and PyTorch's rungs
+    share one process."""
+    if step.framework == "jax":
+        return xla_flags(step.settings, environ)
+    return (os.environ if environ is None else environ).get("XLA_FLAGS", "")
+
+
+def run_group(
+    steps: Sequence[Step], modes: Sequence[Sequence[str]], common: list[str], timeout: float
+) -> tuple[list[dict], str | None, str]:
+    """Run the rungs ``steps`` (one framework's, in order) in one benchmark process
+    (:func:`dlas_compare.benchmark.run_rungs`), each in its ``modes``; return their records (each with
+    its ``ladder_step``), why the process failed (None: it did not; the rungs it finished before
+    keep their records) and the ``XLA_FLAGS`` it started with."""
+    flags = process_xla_flags(steps[0])
     env = {**os.environ, "XLA_FLAGS": flags}
+    fw = steps[0].framework
     with tempfile.TemporaryDirectory(prefix="ladder_") as tmp:
-        out = Path(tmp) / "records.jsonl"
-        label = f"{step.framework} {step.index}. {step.rung.title}"
-        cmd = benchmark_command(step.framework, modes, [*common, *benchmark_args(step.settings)], label=label, out=out)
-        print(f"[ladder] {label}: XLA_FLAGS={shlex.quote(flags)} {shlex.join(cmd[1:-2])}", flush=True)
+        out, plan_file = Path(tmp) / "records.jsonl", Path(tmp) / "rungs.json"
+        entries = []
+        for step, rung_modes in zip(steps, modes):
+            label = f"{fw} {step.index}. {step.rung.title}"
+            args = ["--mode", *rung_modes, *benchmark_args(step.settings), "--label", label]
+            entries.append({"args": args, "record": {"ladder_step": step.index}})
+            print(f"[ladder]   {label}: {shlex.join(args[:-2])}", flush=True)
+        plan_file.write_text(json.dumps(entries))
+        cmd = benchmark_command(fw, modes[0], common, out=out, extra=["--rungs", str(plan_file)])
+        rungs = ("rungs " if len(steps) > 1 else "rung ") + ", ".join(str(s.index) for s in steps)
+        print(f"[ladder] {fw} {rungs} in one process: XLA_FLAGS={shlex.quote(flags)} "
+              f"{shlex.join(cmd[1:-4])}", flush=True)  # fmt: skip
         t0 = time.perf_counter()
         records, failure, output = run_process(cmd, out, timeout, env)
-        if failure and output:
-            print("\n".join(output.splitlines()[-15:]), flush=True)
-    print(f"[ladder] {step.framework} {step.index}. {step.rung.title}: {failure or 'ok'} in "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+        lines = output.splitlines()
+        print("\n".join(f"[ladder]     {line}" for line in lines if line.startswith("[benchmark]")), flush=True)
+        if failure:
+            print("\n".join([line for line in lines if not line.startswith("[benchmark]")][-15:]), flush=True)
+    print(f"[ladder] {fw} {rungs}: {failure or 'ok'} in {time.perf_counter() - t0:.0f} s", flush=True)
     return records, failure, flags
 
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """What the ladder runs, in order (every framework's rung 1, then rung 2, ...): ``order`` every
-    step, ``modes`` the modes each step measures (by framework and index), ``want`` the windows asked
-    for, ``budget`` seconds (None: no budget), ``reuse`` the benchmark records of the steps an earlier
+    """What the ladder runs, in order (each process's rungs together, :func:`make_schedule`): ``order`` every step,
+    ``modes`` the modes each step measures (by framework and index), ``want`` the windows asked for,
+    ``budget`` seconds (None: no budget), ``reuse`` the benchmark records of the steps an earlier
     ladder ran with the same settings (by framework and index)."""
 
     order: list[Step]
@@ -551,16 +598,37 @@ class Schedule:
     def to_run(self, step: Step) -> bool:
         return step.skip is None and (step.framework, step.index) not in self.reuse
 
-    def runs(self, after: int = 0) -> list[tuple[str, str, int]]:
-        """(framework, rung, modes measured) of the steps to run from position ``after`` of ``order``."""
-        return [(s.framework, s.rung.name, len(self.modes[s.framework, s.index])) for s in self.order[after:] if
-                self.to_run(s)]  # fmt: skip
+    def groups(self, done: Sequence[tuple[str, int]] = ()) -> list[list[Step]]:
+        """The benchmark processes, in order: one framework's consecutive steps to run (less those in
+        ``done``) that start with the same ``XLA_FLAGS`` (:func:`process_xla_flags`)."""
+        groups: list[list[Step]] = []
+        for s in self.order:
+            if not self.to_run(s) or (s.framework, s.index) in done:
+                continue
+            last = groups[-1][-1] if groups else None
+            if last and last.framework == s.framework and process_xla_flags(last) == process_xla_flags(s):
+                groups[-1].append(s)
+            else:
+                groups.append([s])
+        return groups
 
-    def windows(self, left: float | None, after: int = 0, scale: float = 1.0) -> tuple[budget_mod.Windows, bool]:
-        """The windows of the next rung with ``left`` seconds of budget (None: the wanted ones)."""
+    def runs(self, groups: Sequence[Sequence[Step]]) -> list[budget_mod.Run]:
+        """The budget's view of ``groups``: each step's framework, rung, modes and whether it starts
+        a process."""
+        return [
+            budget_mod.Run(s.framework, s.rung.name, tuple(self.modes[s.framework, s.index]), i == 0)
+            for group in groups
+            for i, s in enumerate(group)
+        ]
+
+    def windows(
+        self, left: float | None, groups: Sequence[Sequence[Step]] | None = None, scale: float = 1.0
+    ) -> tuple[budget_mod.Windows, bool]:
+        """The windows of the next process with ``left`` seconds of budget for ``groups`` (default:
+        all; None left: the wanted windows)."""
         if left is None:
             return self.want, True
-        return budget_mod.fit_windows(self.runs(after), left, self.want, scale)
+        return budget_mod.fit_windows(self.runs(self.groups() if groups is None else groups), left, self.want, scale)
 
 
 def make_schedule(
@@ -571,10 +639,11 @@ def make_schedule(
     all_modes: bool = False,
     resume: list[dict] = (),
 ) -> Schedule:
-    """The :class:`Schedule` of the planned ``steps``: rung-major order, the modes each rung measures
+    """The :class:`Schedule` of the planned ``steps``: a framework's rungs run in as few processes as
+    :meth:`Schedule.groups` allows, the processes in the order of their first rung, the modes each rung measures
     (:func:`dlas_compare.ladder_budget.modes_of`), and the rungs ``resume`` (the records of an earlier
     ladder, :func:`read_ladder`) ran with the same settings, which are not run again."""
-    order = [plan_[i] for i in range(len(RUNGS)) for plan_ in steps.values()]
+    order = [s for plan_ in steps.values() for s in plan_]
     measured = {(s.framework, s.index): budget_mod.modes_of(s.rung.name, modes, all_modes) for s in order}
     settings = {(s.framework, s.index): dataclasses.asdict(s.settings) for s in order if s.skip is None}
     ran = {
@@ -586,38 +655,74 @@ def make_schedule(
     reuse = {
         key: [r for r in resume if "mode" in r and (r["framework"], r["ladder_step"]) == key] for key in sorted(ran)
     }
-    return Schedule(order, measured, want, budget, reuse)
+    by_framework = Schedule(order, measured, want, budget, reuse)
+    # processes by their first rung, then framework: every framework's ladder starts before any
+    # framework's second process (the budget, if short, stops the last); a step that does not run
+    # stays after the step of its framework before it
+    position = {fw: i for i, fw in enumerate(steps)}
+    group_key = {(s.framework, s.index): (g[0].index, position[s.framework]) for g in by_framework.groups() for s in g}
+    keys, current = {}, {}
+    for s in order:
+        before = current.get(s.framework, (s.index, position[s.framework]))
+        current[s.framework] = group_key.get((s.framework, s.index), before)
+        keys[s.framework, s.index] = (*current[s.framework], position[s.framework], s.index)
+    return dataclasses.replace(by_framework, order=sorted(order, key=lambda s: keys[s.framework, s.index]))
 
 
 def schedule_lines(schedule: Schedule, left: float | None) -> list[str]:
-    """What the ladder will run, said before it starts: the windows, the estimated seconds of each
-    rung and in all against ``left`` seconds of budget, and every skipped rung with its reason."""
+    """What the ladder will run, said before it starts: the processes, the windows, the estimated
+    seconds of each rung and in all against ``left`` seconds of budget, and every skipped rung with
+    its reason."""
     windows, fits = schedule.windows(left)
-    runs = [s for s in schedule.order if schedule.to_run(s)]
-    est = {id(s): budget_mod.estimate(s.framework, s.rung.name, len(schedule.modes[s.framework, s.index]), windows)
-           for s in runs}  # fmt: skip
-    total = sum(est.values())
+    groups = schedule.groups()
+    runs = schedule.runs(groups)
+    steps = [s for group in groups for s in group]
+    est = {(s.framework, s.index): budget_mod.estimate(dataclasses.replace(r, new_process=False), windows)
+           for s, r in zip(steps, runs)}  # fmt: skip
+    total = budget_mod.total(runs, windows)
+    cut, elapsed = [], 0.0
+    for s, r in zip(steps, runs):
+        elapsed += budget_mod.estimate(r, windows)
+        if left is not None and elapsed > left:
+            cut.append(f"{s.framework} {s.index}")
+    floor = f"at least {windows.min_steps} steps each"
     head = (
-        f"schedule: {len(runs)} rungs run, {len(schedule.reuse)} taken from --resume, "
-        f"{len(schedule.order) - len(runs) - len(schedule.reuse)} skipped; timed windows "
-        f"{windows.windows} x {windows.window_sec:g} s per mode; estimated {total:.0f} s"
+        f"schedule: {len(steps)} rungs run in {len(groups)} processes, {len(schedule.reuse)} taken from --resume, "
+        f"{len(schedule.order) - len(steps) - len(schedule.reuse)} skipped; timed windows "
+        f"{windows.windows} x {windows.window_sec:g} s per mode ({floor}); estimated {total:.0f} s"
     )
     if left is not None:
         head += f" of the {left:.0f} s left of --budget_sec {schedule.budget:.0f}"
         if not fits:
-            head += " (over it even at the smallest windows: the budget stops the last rungs)"
+            head += " (over it even at the smallest windows: the budget stops the last rungs"
+            head += f", by the estimate {', '.join(cut)})"
         elif windows != schedule.want:
             head += f" (windows trimmed from {schedule.want.windows} x {schedule.want.window_sec:g} s)"
-    lines = [head + "; set-up times estimated from one H200 and rescaled as rungs end"]
+    lines = [head + "; set-up times estimated from one H200 and rescaled as processes end"]
+    first = {(g[0].framework, g[0].index): g for g in groups}
     for s in schedule.order:
+        key = (s.framework, s.index)
+        if key in first:
+            g = first[key]
+            start = budget_mod.setup_sec(s.framework, "", True) - budget_mod.setup_sec(s.framework, "")
+            lines.append(f"  {s.framework} process (rungs {', '.join(str(t.index) for t in g)}): "
+                         f"XLA_FLAGS={shlex.quote(process_xla_flags(s))}, ~{start:.0f} s to start")  # fmt: skip
         label = f"  {s.framework} {s.index}. {s.rung.title}: "
         if schedule.to_run(s):
-            lines.append(label + f"{' '.join(schedule.modes[s.framework, s.index])}, ~{est[id(s)]:.0f} s")
+            lines.append(label + f"{' '.join(schedule.modes[key])}, ~{est[key]:.0f} s")
         elif s.skip is None:
             lines.append(label + "ran in the --resume ladder with these settings: its records are reused")
         else:
             lines.append(label + f"skipped: {s.skip}")
     return lines
+
+
+def _split(records: list[dict], steps: Sequence[Step], modes: dict) -> tuple[dict, dict]:
+    """The records of each of ``steps`` by index (their ``ladder_step``): those of the steps that have
+    every mode they measure (None for the others), and all of them."""
+    by = {s.index: [r for r in records if r.get("ladder_step") == s.index] for s in steps}
+    complete = lambda s: {r["mode"] for r in by[s.index]} >= set(modes[s.framework, s.index])
+    return {s.index: by[s.index] if complete(s) else None for s in steps}, by
 
 
 def run_ladder(
@@ -630,51 +735,50 @@ def run_ladder(
     runner=None,
     clock=time.perf_counter,
 ) -> list:
-    """Run ``schedule``'s steps in its order, each in its modes with the benchmark flags ``common`` and
-    the windows that fit what is left of the budget, appending each rung's records and summary to
-    ``out`` as it ends; return the summaries. Once the budget has passed since ``start`` (``clock()``;
-    default now), the remaining rungs are skipped and a running one is stopped. ``config`` names the
-    config in the summaries; ``runner`` (default :func:`run_step`) runs one rung's process."""
-    runner = runner or run_step
+    """Run ``schedule``'s steps in its order, each framework's in as few processes as
+    :meth:`Schedule.groups` allows, with the benchmark flags ``common`` and the windows that fit what
+    is left of the budget (fitted again before each process), appending each rung's records and
+    summary to ``out`` as its process ends; return the summaries. Once the budget has passed since
+    ``start`` (``clock()``; default now), the remaining rungs are skipped and a running process is
+    stopped. A process that fails loses only the rung it was in: the rungs after it run in a new
+    process. ``config`` names the config in the summaries; ``runner`` (default :func:`run_group`)
+    runs one process. ``timeout`` is seconds per rung."""
+    runner = runner or run_group
     budget = schedule.budget
     ladder_id = f"{platform.node()} {datetime.datetime.now().isoformat(timespec='seconds')}"
     ran: dict[str, list[dict]] = {}
+    outcome: dict[tuple[str, int], dict] = {}
     summaries, done = [], []
     t0 = clock() if start is None else start
-    for position, step in enumerate(schedule.order):
-        fw = step.framework
-        records, status, reason = [], "skipped", step.skip
-        left = None if budget is None else budget - (clock() - t0)
-        resumed, took, windows = None, None, None
-        if reason is None and (fw, step.index) in schedule.reuse:
-            records = [dict(r) for r in schedule.reuse[fw, step.index]]
-            status, resumed = "ran", records[0]["ladder_id"] if records else None
-        elif reason is None and left is not None and left <= 0:
-            reason = f"the ladder's time budget (--budget_sec {budget:.0f}) was spent"
-        elif reason is None:
-            modes = schedule.modes[fw, step.index]
-            windows, _ = schedule.windows(left, position, budget_mod.observed_scale(done))
-            limit = timeout if left is None else min(timeout, left)
-            t1 = clock()
-            records, reason, flags = runner(step, modes, [*common, *windows.args()], limit)
-            took = clock() - t1
-            status = "failed" if reason else "ran"
-            if reason and reason.startswith("timed out") and limit < timeout:
-                status, reason = "stopped", f"the ladder's time budget (--budget_sec {budget:.0f}) ran out during it"
-            if status == "ran":
-                done.append((fw, step.rung.name, max(took - len(modes) * windows.windows * windows.window_sec, 0.0)))
-            for r in records:
-                r.update(ladder_step=step.index, ladder_rung=step.rung.name)
-                r.update(ladder_settings=dataclasses.asdict(step.settings), ladder_xla_flags=flags)
+    for step in schedule.order:
+        fw, key = step.framework, (step.framework, step.index)
+        if schedule.to_run(step) and key not in outcome:
+            left = None if budget is None else budget - (clock() - t0)
+            groups = schedule.groups(done=list(outcome))
+            if left is not None and left <= 0:
+                spent = f"the ladder's time budget (--budget_sec {budget:.0f}) was spent"
+                outcome.update({(s.framework, s.index): {"status": "skipped", "reason": spent} for s in groups[0]})
+            else:
+                failed_before = any(o["status"] == "failed" for (f, _), o in outcome.items() if f == fw)
+                outcome.update(
+                    _run_process(schedule, groups, common, timeout, left, runner, clock, done, failed_before)
+                )
+        records, status, reason, extra = [], "skipped", step.skip, {}
+        if key in schedule.reuse:
+            records = [dict(r) for r in schedule.reuse[key]]
+            status, extra["resumed_from"] = "ran", records[0]["ladder_id"] if records else None
+        elif key in outcome:
+            got = outcome[key]
+            records, status, reason = got.get("records", []), got["status"], got.get("reason")
+            extra = {k: got.get(k) for k in ("rung_sec", "process_sec", "process_rungs", "windows")}
         for r in records:
             r["ladder_id"] = ladder_id
         summary = summarize(step, records, status, reason, ran.setdefault(fw, []))
+        summary.update({"resumed_from": None, "rung_sec": None, "process_sec": None, "process_rungs": None,
+                        "windows": None, **extra})  # fmt: skip
         summary.update(
             config=config,
             ladder_id=ladder_id,
-            resumed_from=resumed,
-            process_sec=took,
-            windows=dataclasses.asdict(windows) if windows else None,
             command=shlex.join(sys.argv),
             date=datetime.datetime.now().isoformat(timespec="seconds"),
         )
@@ -684,6 +788,52 @@ def run_ladder(
         append_records(out, records + [summary])
         print(f"[ladder] {summary['line']}", flush=True)
     return summaries
+
+
+def _run_process(schedule, groups, common, timeout, left, runner, clock, done, failed_before=False) -> dict:
+    """Run the first of ``groups`` in one process with the windows that fit ``left`` seconds for all
+    of ``groups``; return each of its steps' outcome (records, status, reason, seconds, windows),
+    none for the steps after a failed one (the ladder runs them in a new process), unless the
+    framework had failed before (``failed_before``) and this process finished no rung either: then
+    every step fails with its reason (a process that cannot start is not started once per rung).
+    ``done`` collects (estimated, observed) set-up seconds of the processes that ran all their rungs."""
+    group, budget = groups[0], schedule.budget
+    windows, _ = schedule.windows(left, groups, budget_mod.observed_scale(done))
+    modes = [schedule.modes[s.framework, s.index] for s in group]
+    limit = timeout * len(group) if left is None else min(timeout * len(group), left)
+    t1 = clock()
+    records, failure, flags = runner(group, modes, [*common, *windows.args()], limit)
+    took = clock() - t1
+    complete, by = _split(records, group, schedule.modes)
+    result, rungs = {}, [s.index for s in group]
+    for s in group:
+        got = complete[s.index]
+        base = {"process_sec": took, "process_rungs": rungs, "windows": dataclasses.asdict(windows)}
+        for r in by[s.index]:
+            r.update(ladder_step=s.index, ladder_rung=s.rung.name)
+            r.update(ladder_settings=dataclasses.asdict(s.settings), ladder_xla_flags=flags)
+        if got is not None:
+            result[s.framework, s.index] = {"records": got, "status": "ran", "rung_sec": got[0].get("rung_sec"), **base}
+            continue
+        reason = failure or "its process ended without its records"
+        status = "failed"
+        if failure and failure.startswith("timed out") and left is not None and limit < timeout * len(group):
+            status, reason = "stopped", f"the ladder's time budget (--budget_sec {budget:.0f}) ran out during it"
+        result[s.framework, s.index] = {"records": by[s.index], "status": status, "reason": reason, **base}
+        if status == "failed" and failed_before and s is group[0]:
+            result.update({(t.framework, t.index): {"status": "failed", "reason": reason, **base} for t in group[1:]})
+        if status == "stopped":
+            spent = f"the ladder's time budget (--budget_sec {budget:.0f}) was spent"
+            after = group[group.index(s) + 1 :]
+            result.update({(t.framework, t.index): {"status": "skipped", "reason": spent} for t in after})
+        break
+    ran_all = all(result.get((s.framework, s.index), {}).get("status") == "ran" for s in group)
+    if ran_all:
+        run_list = schedule.runs([group])
+        est = sum(budget_mod.setup_sec(r.framework, r.rung, r.new_process) for r in run_list)
+        timed = sum(budget_mod.window_cost(r.rung, m, windows) for r in run_list for m in r.modes)
+        done.append((est, max(took - timed, 0.0)))
+    return result
 
 
 def read_ladder(path: Path, flag: str = "--replot") -> list[dict]:
@@ -731,6 +881,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         default=2.0,
         help="timed windows of about this many seconds (at most, with a budget; default: %(default)s)",
+    )
+    p.add_argument(
+        "--min_window_steps",
+        type=int_at_least(1),
+        default=budget_mod.MIN_STEPS,
+        help="the fewest steps a timed window holds however slow (the budget never trims below; default: %(default)s)",
     )
     p.add_argument(
         "--all_modes",
@@ -792,11 +948,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     figure = Path(args.figure or out.with_suffix(".png"))
     resume = read_ladder(Path(args.resume), "--resume") if args.resume else []
     steps = {}
-    for fw in args.frameworks:
-        found = probe(fw)
+    with ThreadPoolExecutor(len(args.frameworks)) as pool:  # the probes are processes: all at once
+        found_all = list(pool.map(probe, args.frameworks))
+    for fw, found in zip(args.frameworks, found_all):
         steps[fw] = plan(fw, found, cfg, args.more_workers, args.num_devices)
         print(f"[ladder] {fw}: {found.reason or f'{found.devices} device(s), {found.device}'}", flush=True)
-    want = budget_mod.Windows(args.windows, args.window_sec)
+    want = budget_mod.Windows(args.windows, args.window_sec, args.min_window_steps)
     schedule = make_schedule(steps, args.modes, want, args.budget_sec, args.all_modes, resume)
     left = None if args.budget_sec is None else args.budget_sec - (time.perf_counter() - start)
     print("\n".join(f"[ladder] {line}" for line in schedule_lines(schedule, left)), flush=True)

@@ -113,11 +113,23 @@ def versions() -> dict | None:
 
 class Bench:
     """The PyTorch reference in the benchmark modes (see :mod:`dlas_compare.benchmark`). FULL and IO read
-    through the same shared DALI pipelines (``nvidia.dali.plugin.pytorch``) or the NumPy loader."""
+    through the same shared DALI pipelines (``nvidia.dali.plugin.pytorch``) or the NumPy loader.
+
+    ``step_from``: a Bench whose train step (model, optimizer, cudnn's autotuned algorithms) this one
+    takes over instead of building and autotuning its own; ``input_from``: one whose input pipeline
+    it takes over."""
 
     framework = "torch"
 
-    def __init__(self, cfg: Config, mode: str, num_devices: int | None = None, compile_model: bool = False):
+    def __init__(
+        self,
+        cfg: Config,
+        mode: str,
+        num_devices: int | None = None,
+        compile_model: bool = False,
+        step_from=None,
+        input_from=None,
+    ):
         import time
 
         kind = loader_kinds.loader_kind(cfg)
@@ -140,8 +152,10 @@ class Bench:
         self._out = None
         s, b = cfg.crop_size, self.global_batch
         if mode in ("io", "full"):
-            self.batches = self._batches()
-        if mode in ("synthetic", "full"):
+            self.batches = input_from.batches if input_from else self._batches()
+        if mode in ("synthetic", "full") and step_from is not None:
+            self.train_step, self.batch = step_from.train_step, step_from.batch
+        elif mode in ("synthetic", "full"):
             model = build_model(cfg).cuda()
             params_from_canonical(model, init_weights(cfg, cfg.seed))
             self.train_step = make_train_step(cfg, model, compile_model=compile_model)

@@ -18,11 +18,15 @@ from shared_data.model import schedule, unet_spec
 
 
 class Bench:
-    """``step()`` dispatches one unit of work, ``sync()`` waits for it; ``global_batch`` samples per step."""
+    """``step()`` dispatches one unit of work, ``sync()`` waits for it; ``global_batch`` samples per step.
+
+    ``step_from``: a Bench whose compiled train step and (latest, since the step donates it) state this
+    one takes over instead of compiling its own; ``input_from``: one whose input pipeline it takes over.
+    """
 
     framework = "jax"
 
-    def __init__(self, cfg: Config, mode: str, num_devices: int | None = None):
+    def __init__(self, cfg: Config, mode: str, num_devices: int | None = None, step_from=None, input_from=None):
         distribute.configure_xla(cfg)
         self.cfg, self.mode = cfg, mode
         self.mesh = distribute.make_mesh(num_devices)
@@ -31,12 +35,16 @@ class Bench:
         self.compile_sec = 0.0
         self._out = None
         if mode in ("io", "full"):
-            self.batches = host_batches.forever(data_mod.make_input(cfg, "train", self.mesh))
-        if mode in ("synthetic", "full"):
+            self.batches = (
+                input_from.batches if input_from else host_batches.forever(data_mod.make_input(cfg, "train", self.mesh))
+            )
+        spec = data_mod.batch_spec(cfg, self.mesh)
+        if mode in ("synthetic", "full") and step_from is not None:
+            self.train_fn, self.state = step_from.train_fn, step_from.state
+        elif mode in ("synthetic", "full"):
             tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6), cfg.adam_update)
             params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))
             self.state = jax.device_put(train_mod.create_train_state(cfg, params, tx), distribute.replicated(self.mesh))
-            spec = data_mod.batch_spec(cfg, self.mesh)
             model = model_mod.build_model(cfg)
             self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, model, tx, self.state, spec)
         if mode == "synthetic":

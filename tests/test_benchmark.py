@@ -20,7 +20,7 @@ from shared_data.runtime import nvtx
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_every_mode_writes_the_schema(tiny_cfg, framework, tmp_path):
-    records = [benchmark.run(framework, tiny_cfg, mode, warmup=1, steps=2, windows=2) for mode in benchmark.MODES]
+    records = benchmark.Session(framework).run(tiny_cfg, benchmark.MODES, warmup=1, steps=2, windows=2)
     out = tmp_path / "r.jsonl"
     out.write_text("".join(json.dumps(r) + "\n" for r in records))
     for r, mode in zip(map(json.loads, out.read_text().splitlines()), benchmark.MODES):
@@ -28,25 +28,40 @@ def test_every_mode_writes_the_schema(tiny_cfg, framework, tmp_path):
         assert math.isfinite(r["samples_per_sec"]) and r["samples_per_sec"] > 0
         assert 0 < r["step_ms_p50"] <= r["step_ms_p90"] and r["global_batch"] == tiny_cfg.global_batch_size
         assert r["mfu"] is None  # no known peak for a CPU
-        # IO and FULL drain what the loaders read ahead: 1 worker + 1, the transfer queue 2, DALI's 2
-        assert r["warmup_steps"] == (1 if mode == "synthetic" else 6)
+        # the lowmem loader starts reading at its first batch, after the step is compiled, and FULL
+        # takes over IO's pipeline: nothing read ahead to drain
+        assert r["warmup_steps"] == 1
     assert "samples/s" in benchmark.table(records)
 
 
 def test_window_sec_bounds_windows():
-    """Blocking calls of 20 ms: with window_sec 0.05 the synced probe call sizes windows at 3 calls
-    (ceil(0.05 / 0.02+)), far below the 100 steps asked for. Asynchronous calls (returning at once,
-    the work waited for by sync: 20 ms per call) are bounded the same way by the probe."""
+    """Blocking calls of 20 ms: with window_sec 0.05 the synced last warm-up call sizes windows at 3
+    calls (ceil(0.05 / 0.02+)), far below the 100 steps asked for. Asynchronous calls (returning at
+    once, the work waited for by sync: 20 ms per call) are bounded the same way by the probe."""
     import time
 
     call = lambda: time.sleep(0.02)
     warm, per_call, counts = benchmark.timed_windows(call, lambda _: None, 1, 100, 2, window_sec=0.05)
-    assert all(1 <= n <= 3 for n in counts) and all(t >= 0.02 for t in per_call) and warm >= 0.04
+    assert all(1 <= n <= 3 for n in counts) and all(t >= 0.02 for t in per_call) and warm >= 0.02
     pending = []
     sync = lambda _: (time.sleep(0.02 * len(pending)), pending.clear())
     counts = benchmark.timed_windows(lambda: pending.append(1), sync, 1, 100, 2, window_sec=0.05)[2]
     assert all(1 <= n <= 3 for n in counts)
     assert benchmark.timed_windows(lambda: None, lambda _: None, 0, 5, 3)[2] == [5, 5, 5]
+
+
+def test_min_steps_floor_holds_slow_steps_and_steps_caps_it():
+    """Calls of 30 ms with windows of 10 ms: without a floor each window holds one call (the first
+    already passes 10 ms); with min_steps 4 each holds exactly 4 (120 ms, past window_sec, but the
+    floor wins), and the floor never exceeds --steps (3). Warm-up 3: two calls, then the synced one
+    that sizes the windows, 3 x 30 ms in all."""
+    import time
+
+    call = lambda: time.sleep(0.03)
+    assert benchmark.timed_windows(call, lambda _: None, 0, 40, 2, window_sec=0.01)[2] == [1, 1]
+    warm, per_call, counts = benchmark.timed_windows(call, lambda _: None, 3, 40, 2, window_sec=0.01, min_steps=4)
+    assert counts == [4, 4] and all(0.03 <= t < 0.05 for t in per_call) and 0.09 <= warm < 0.15
+    assert benchmark.timed_windows(call, lambda _: None, 0, 3, 2, window_sec=0.01, min_steps=4)[2] == [3, 3]
 
 
 def test_analytic_flops_match_xla_cost_analysis():
@@ -147,8 +162,47 @@ def test_run_process_returns_appended_records_and_why_it_failed(tmp_path):
     failing = [sys.executable, "-c", f"import sys; {write}; print('first\\nlast words', file=sys.stderr); sys.exit(3)"]
     records, failure, output = benchmark.run_process(failing, out, 60)
     assert records == [{"new": 2}] and failure == "exit 3: last words" and output == "first\nlast words"
-    records, failure, _ = benchmark.run_process([sys.executable, "-c", "import time; time.sleep(5)"], out, 0.5)
-    assert records == [] and failure == "timed out after 0 s"
+    slow = "import sys, time; print('started', file=sys.stderr, flush=True); time.sleep(5)"
+    records, failure, output = benchmark.run_process([sys.executable, "-c", slow], out, 1.0)
+    assert records == [] and failure == "timed out after 1 s" and output == "started"  # what it said before
     records, failure, output = benchmark.run_process([sys.executable, "-c", f"{write}; print('done')"], out, 60)
     assert records == [{"new": 2}] and failure is None and output == "done"
     assert len(out.read_text().splitlines()) == 3
+
+
+@pytest.mark.slow
+def test_rungs_share_one_process_and_a_failing_one_keeps_the_others_records(tiny_cfg, tmp_path, capsys):
+    """--rungs, JAX: rung 1 (IO, SYNTHETIC, FULL on 1 lowmem worker) compiles the step once, its FULL
+    takes over SYNTHETIC's step and IO's pipeline (no compile, no drain: warm-up 1 step); rung 2 (2
+    workers: only the input differs) reuses the step; rung 3 (FULL alone, DALI) drains what its
+    pipeline prefetched when built (1 worker + 1, the transfer queue 2, DALI's 2: 6 steps); rung 4
+    names an unknown key: one error line, and rungs 1-3 keep their records."""
+    from shared_data.core.errors import run_cli
+
+    plan, out = tmp_path / "rungs.json", tmp_path / "records.jsonl"
+    rung = lambda step, *args: {"args": [*args, "--label", f"rung {step}"], "record": {"ladder_step": step}}
+    plan.write_text(json.dumps([
+        rung(1, "--mode", "io", "synthetic", "full", "--data_loader_config", "lowmem", "--num_data_workers", "1"),
+        rung(2, "--mode", "io", "full", "--data_loader_config", "lowmem", "--num_data_workers", "2"),
+        rung(3, "--mode", "full", "--data_loader_config", "dali-npy", "--num_data_workers", "1"),
+        rung(4, "--mode", "full", "--set", "no_such_key=1"),
+    ]))  # fmt: skip
+    config = ["--config", "cpu_tiny"] + [
+        a for k in ("train_path", "val_path", "xla_cache_dir") for a in ("--set", f"{k}={getattr(tiny_cfg, k)}")
+    ]
+    argv = ["--framework", "jax", *config, "--warmup", "1", "--steps", "2", "--windows", "2", "--window_sec", "5"]
+    assert run_cli(benchmark.main, [*argv, "--min_window_steps", "2", "--rungs", str(plan), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith("error: override 'no_such_key=1': unknown key")
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    got = [(r["ladder_step"], r["mode"], r["reused"], r["warmup_steps"]) for r in records]
+    assert got == [
+        (1, "io", [], 1),
+        (1, "synthetic", [], 1),
+        (1, "full", ["train step", "input pipeline"], 1),
+        (2, "io", [], 1),
+        (2, "full", ["train step", "input pipeline"], 1),
+        (3, "full", ["train step"], 6),
+    ]
+    assert records[1]["compile_sec"] > 0 and {r["compile_sec"] for r in records[2:]} == {0.0}
+    assert all(r["window_steps"] == [2, 2] and r["min_window_steps"] == 2 and r["rung_sec"] > 0 for r in records)
+    assert [r["config_values"]["num_data_workers"] for r in records] == [1, 1, 1, 2, 2, 1]

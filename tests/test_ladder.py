@@ -104,9 +104,11 @@ def test_plan_on_gpu_machines(tiny_cfg):
 
 
 def test_verdict_rule_on_hand_made_numbers():
-    """Input-bound when FULL < 0.8 x SYNTHETIC and IO < SYNTHETIC; compute-bound otherwise."""
-    assert ladder.verdict(50, 100, 79)[0] == "input-bound"
-    assert ladder.verdict(50, 100, 80)[0] == "compute-bound"  # 80 is not below 0.8 x 100
+    """Input-bound when FULL < 0.8 x SYNTHETIC and IO < SYNTHETIC; compute-bound otherwise; unreliable
+    when FULL > 1.1 x IO."""
+    assert ladder.verdict(75, 100, 79)[0] == "input-bound"
+    assert ladder.verdict(75, 100, 80)[0] == "compute-bound"  # 80 is not below 0.8 x 100
+    assert ladder.verdict(50, 100, 79)[0] == "unreliable"  # 79 > 1.1 x 50
     bound, why = ladder.verdict(150, 100, 50)
     assert bound == "compute-bound" and "contend" in why  # the pipeline alone keeps up
     assert ladder.verdict(None, 100, 50) == ("input-bound", "FULL 50.0 < 0.8 x SYNTHETIC 100.0 and IO not measured")

@@ -25,15 +25,19 @@ def test_recipe_smoke_on_cpu(tmp_path):
                          text=True, timeout=600)  # fmt: skip
     assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
     log = (out / "ladder_cpu_tiny.log").read_text().splitlines()
-    schedule = next(i for i, line in enumerate(log) if line.startswith("[ladder] schedule: 10 rungs run"))
-    assert schedule < next(i for i, line in enumerate(log) if line.startswith("[ladder] jax 1. baseline: XLA_FLAGS="))
-    command = next(line for line in log if line.startswith("[ladder] jax 1. baseline: XLA_FLAGS="))
-    assert "--config cpu_tiny" in command and "--steps 40 --windows 2 --window_sec 0.50" in command
+    schedule = next(
+        i for i, line in enumerate(log) if line.startswith("[ladder] schedule: 10 rungs run in 3 processes")
+    )
+    first = "[ladder] jax rungs 1, 2, 3, 4 in one process: XLA_FLAGS="
+    assert schedule < next(i for i, line in enumerate(log) if line.startswith(first))
+    command = next(line for line in log if line.startswith(first))
+    assert "--config cpu_tiny" in command and "--steps 40 --windows 2 --window_sec 0.50 --min_window_steps 5" in command
     summaries = [json.loads(line) for line in (out / "ladder_cpu_tiny.jsonl").read_text().splitlines()]
     summaries = [s for s in summaries if s.get("record") == "ladder_summary"]
-    assert [(s["framework"], s["ladder_step"]) for s in summaries] == [
-        (fw, i) for i in range(1, 8) for fw in ("jax", "tf", "torch")
-    ]
+    # each framework's first process, then JAX's second (rung 5: the kit's XLA flags)
+    assert [(s["framework"], s["ladder_step"]) for s in summaries] == [("jax", i) for i in range(1, 5)] + [
+        (fw, i) for fw in ("tf", "torch") for i in range(1, 8)
+    ] + [("jax", i) for i in range(5, 8)]
     assert summaries[0]["status"] == "ran" and summaries[0]["full_samples_per_sec"] > 0
     assert {s["status"] for s in summaries} <= {"ran", "stopped", "skipped"}
     if importlib.util.find_spec("torch") is None:

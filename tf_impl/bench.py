@@ -19,21 +19,33 @@ from tf_impl import train as train_mod
 
 
 class Bench:
-    """``step()`` dispatches one unit of work, ``sync()`` waits for it; ``global_batch`` samples per step."""
+    """``step()`` dispatches one unit of work, ``sync()`` waits for it; ``global_batch`` samples per step.
+
+    ``step_from``: a Bench whose compiled train step (model and optimizer in its closure) this one
+    takes over instead of building its own; ``input_from``: one whose input pipeline it takes over.
+    Either gives its distribution strategy too.
+    """
 
     framework = "tf"
 
-    def __init__(self, cfg: Config, mode: str, num_devices: int | None = None):
+    def __init__(self, cfg: Config, mode: str, num_devices: int | None = None, step_from=None, input_from=None):
         distribute.configure_xla(cfg)
         self.cfg, self.mode = cfg, mode
-        self.strategy = distribute.make_strategy(num_devices)
+        shared = step_from or input_from  # one strategy for the step and the input it is fed
+        self.strategy = shared.strategy if shared else distribute.make_strategy(num_devices)
         self.replicas = distribute.num_replicas(self.strategy)
         self.global_batch, local_batch = batch_sizes(cfg, self.replicas)
         self.compile_sec = 0.0
         self._out = None
         if mode in ("io", "full"):
-            self.batches = host_batches.forever(data_mod.make_input(cfg, "train", self.strategy))
-        if mode in ("synthetic", "full"):
+            self.batches = (
+                input_from.batches
+                if input_from
+                else host_batches.forever(data_mod.make_input(cfg, "train", self.strategy))
+            )
+        if mode in ("synthetic", "full") and step_from is not None:
+            self.train_fn = step_from.train_fn
+        elif mode in ("synthetic", "full"):
             with self.strategy.scope():
                 model = model_mod.build_model(cfg)
                 optimizer = train_mod.make_optimizer(cfg, schedule.lr_table(cfg, self.global_batch, 10**6))

@@ -2,22 +2,25 @@
 # The tutorial's ladder on one H200 in JAX, TensorFlow and the PyTorch reference, in one 10-minute call:
 # short_opt (64^3 crops, batch 64, the full 117 M-parameter net), rungs 1-6 for JAX and TF, 1-4 for
 # PyTorch (the reference has no compilation switch and no GPU-resident loader), data parallel skipped
-# on one GPU. The ladder prints its schedule first (each rung's modes and estimated seconds); its time
-# budget trims the timed windows to fit, and stops at DEADLINE seconds after this script starts
-# (BUDGET at most), so set-up (TF unpacked, data ~40 s) and ladder end inside the call's 600 s. The
-# rungs' set-up alone is estimated at ~860 s: a second call right after the first, with RESUME=<the
-# first call's jsonl, copied into the checkout>, runs only the rungs the first did not finish.
+# on one GPU. Each framework's rungs run in as few processes as its settings allow (JAX 1-4 and 5-6,
+# TF 1-6, PyTorch 1-4), so imports, GPU set-up and compiled steps carry over. Timed windows hold at
+# least 5 steps (a slow lowmem rung's window is ~5 s); the ladder prints its schedule first (its
+# processes, each rung's modes and estimated seconds, the total, and the rungs the budget is expected
+# to stop if the total is over it), trims the fast rungs' windows to fit, and stops at DEADLINE
+# seconds after this script starts (BUDGET at most), so set-up (TF unpacked, data ~35 s) and ladder
+# end inside the call's 600 s. A later call with RESUME=<this call's jsonl, copied into the checkout>
+# runs only the rungs this one did not finish.
 #
 # On nvidia-h200, after DALI (.dali/p0-p2) and TF (.tf/p0-p5) are staged by their calls
 # (../shared/device/README.md), in one call that carries [".tf/last", ".daltf"], $OUT set:
 #   bash experiments/ladder_h200/run.sh
-# The same commands on CPU with a tiny config (a smoke test, ~3 min on 2 cores):
+# The same commands on CPU with a tiny config (a smoke test, ~1.5 min on 2 cores):
 #   OUT=/tmp/out CONFIG=cpu_tiny BUDGET=150 bash experiments/ladder_h200/run.sh
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}"
 CONFIG=${CONFIG:-short_opt}
 PY=${PY:-python3}
-BUDGET=${BUDGET:-510}
+BUDGET=${BUDGET:-540}
 DEADLINE=${DEADLINE:-570}
 RESUME=${RESUME:-}
 mkdir -p "$OUT"
@@ -44,7 +47,7 @@ left=$((DEADLINE - SECONDS))
 budget=$((left < BUDGET ? left : BUDGET))
 echo "set-up took ${SECONDS} s; the ladder's budget: ${budget} s" | tee "$OUT/timeline.txt"
 $PY -m dlas_compare.ladder --frameworks jax tf torch --config "$CONFIG" "${DATA[@]}" \
-  --warmup 2 --steps 40 --windows 3 --window_sec 1 --timeout 150 --budget_sec "$budget" ${RESUME:+--resume "$RESUME"} \
+  --warmup 2 --steps 40 --windows 3 --window_sec 1 --min_window_steps 5 --timeout 150 --budget_sec "$budget" ${RESUME:+--resume "$RESUME"} \
   --out "$OUT/ladder_$CONFIG.jsonl" --figure "$OUT/ladder_$CONFIG.png" 2>&1 | grep --line-buffered -v "^W0000\|^I0000" \
   | tee "$OUT/ladder_$CONFIG.log"
 status=${PIPESTATUS[0]}

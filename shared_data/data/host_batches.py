@@ -147,14 +147,20 @@ class NumpyLoader:
         return {"inputs": x, "targets": y, "mask": self.plan.masks[step]}
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        """The batches in order; closed early (``close()``, or dropped), it cancels the reads not yet
+        started and waits only for those under way."""
         with cf.ThreadPoolExecutor(self.num_workers, thread_name_prefix="crops") as pool:
             pending: collections.deque = collections.deque()
-            for step in range(len(self.plan)):
-                pending.append(pool.submit(self.load, step))
-                if len(pending) >= self.prefetch:
+            try:
+                for step in range(len(self.plan)):
+                    pending.append(pool.submit(self.load, step))
+                    if len(pending) >= self.prefetch:
+                        yield pending.popleft().result()
+                while pending:
                     yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
+            finally:
+                for future in pending:
+                    future.cancel()
 
 
 def device_gather_setup(reader, cfg: Config) -> tuple[np.ndarray, dict]:
