@@ -25,9 +25,10 @@ pytestmark = pytest.mark.slow
 RTOL, ATOL = 1e-4, 1e-6  # fp32, different reduction orders; updates are ~lr = 1e-3
 # bfloat16 compute, 1 vs 2 devices: batch-split bf16 reductions round differently and Adam turns a
 # changed near-zero gradient into a step of up to ~lr, so elements differ by up to 7e-4. Compared
-# instead: |update_2 - update_1| / |update_1| over all parameters (L2), seen 0.055 on CPU; a
-# replica that missed the gradient sum (training on its half batch alone) gives 0.50
-BF16_REL_UPDATE = 0.15
+# instead: |update_2 - update_1| / |update_1| over all parameters (L2). On CPU with the generated
+# 32^3 volume this is 0.17 (bf16 against fp32 compute on one device: 0.08); a replica that missed
+# the gradient sum (training on its half batch alone) gives 0.52. The bound sits between the two.
+BF16_REL_UPDATE = 0.3
 
 
 def _global_batches(cfg, steps=3):
