@@ -340,6 +340,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(framework, tmp_
     assert [json.loads(line)["epoch"] for line in (work / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_prediction_provenance_is_checked(tiny_cfg, data_dir, tmp_path):
     """Class 8: a prediction records its own Hydro checksum (not the input's) and its input's Nbody
     checksums; validate refuses to score it against another volume of the same size."""

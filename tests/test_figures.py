@@ -97,6 +97,7 @@ def test_loss_title_names_the_device_from_run_json(tmp_path, tiny_cfg):
     assert plots.run_title(tiny_cfg, [run]) == "loss, config cpu_tiny, 1 x cpu, batch 4"
 
 
+@pytest.mark.slow
 def test_validation_figure_linear_ratio_gaps_short_title_no_overlap(data_dir, tmp_path, figures):
     truth = data_dir / "val_24.h5"
     validate.validate_files(truth, truth, tmp_path, stem="v")
@@ -174,6 +175,7 @@ def full_fft_spectra(a: np.ndarray, b: np.ndarray, side: int) -> tuple[np.ndarra
     return np.array(k), np.array(ratio), np.array(r)
 
 
+@pytest.mark.slow
 def test_validation_figure_near_one_panel_shows_ratio_and_r_with_the_band(data_dir, tmp_path, figures):
     """The linear panel around 1 carries the model's P ratio and r(k) and the baseline's r(k) of gas
     density and temperature, equal to a full-FFT float64 computation, and the shaded +-2% band."""

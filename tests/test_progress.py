@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import pytest
 
 from dlas_compare import benchmark
 from shared_data.data import generate
@@ -25,6 +26,7 @@ def test_generate_says_each_stage(tmp_path, capsys):
     ]
 
 
+@pytest.mark.slow
 def test_benchmark_says_each_stage(tiny_argv, capsys):
     argv = [*tiny_argv, "--mode", "io", "synthetic", "--warmup", "0", "--steps", "1", "--windows", "1"]
     assert benchmark.main(argv) == 0

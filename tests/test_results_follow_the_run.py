@@ -9,12 +9,14 @@ import os
 import time
 
 import numpy as np
+import pytest
 
 from dlas_compare import plots
 from jax_impl import train as jax_train
 from shared_data.model import unet_spec
 
 
+@pytest.mark.slow
 def test_resume_updates_the_weights_in_the_run_folder(tiny_cfg, tiny_argv, tmp_path, caplog):
     run = tmp_path / "jax"
     weights = run / "weights.npz"
