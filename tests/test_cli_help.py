@@ -123,3 +123,23 @@ def test_predict_takes_the_trainers_jit_switch(tiny_cfg):
             ["--config", "cpu_tiny", "--weights", "W.npz", "--input", "x.h5", "--out", "y.h5", flag]
         )
         assert predict_mod.config_from_args(args).enable_jit is want
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--data_loader_config", "dali-npyy"], "argument --data_loader_config: invalid choice: 'dali-npyy'"),
+        (["--num_epochs"], "argument --num_epochs: expected one argument"),
+    ],
+)
+def test_a_flag_error_is_one_line_without_the_usage_block(argv, says, capsys):
+    """argparse's own errors (unknown flag, bad choice, missing value) are one ``error:`` line, exit 2."""
+    from jax_impl import train
+
+    with pytest.raises(SystemExit) as exit_:
+        train.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.count("\n") == 1 and "usage:" not in err, err
+    assert err.startswith("python -m jax_impl.train: error: ") and says in err, err

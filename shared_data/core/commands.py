@@ -56,9 +56,18 @@ def package_version() -> str:
         return "unknown (not installed)"
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors (an unknown flag, a bad choice, a missing value) are one
+    line, ``<command>: error: <what> (--help lists the flags)``, exit code 2, without the usage block
+    argparse prints first: every bad input of the kit ends in one ``error:`` line."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
 def make_parser(module: str, description: str | None = None, **kwargs) -> argparse.ArgumentParser:
     """The parser of command ``module``: its usage names the command as the user typed it
-    (:func:`command_name`) and it takes ``--version``."""
-    parser = argparse.ArgumentParser(prog=command_name(module), description=description, **kwargs)
+    (:func:`command_name`), it takes ``--version`` and its errors are one line (:class:`OneLineErrorParser`)."""
+    parser = OneLineErrorParser(prog=command_name(module), description=description, **kwargs)
     parser.add_argument("--version", action="version", version=f"%(prog)s (dlas-cosmo {package_version()})")
     return parser
