@@ -106,7 +106,7 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
         "--set",
         "num_epochs=2",
         "--set",
-        "Nsamples=2000",
+        "Nsamples=1200",
         "--num_devices",
         "1",
         "--workdir",
@@ -117,7 +117,7 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
     end = time.monotonic() + 300
     while _checkpoint_epochs(workdir / "checkpoints") != [1] and time.monotonic() < end:
         time.sleep(0.05)
-    time.sleep(0.5)  # inside epoch 2: 500 steps, seconds even on a fast CPU
+    time.sleep(0.5)  # inside epoch 2: 300 steps, seconds even on a fast CPU
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err[-2000:]
@@ -126,7 +126,7 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"stopped by {name} during epoch 2 (step "), last
     assert last.endswith(
-        " of 500): that epoch is abandoned; the checkpoint of epoch 1 is kept and --resume continues from it"
+        " of 300): that epoch is abandoned; the checkpoint of epoch 1 is kept and --resume continues from it"
     )
     assert _checkpoint_epochs(workdir / "checkpoints") == [1]
     assert (workdir / run_lock.LOCK_NAME).read_text() == ""
