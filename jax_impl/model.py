@@ -66,7 +66,7 @@ import numpy as np
 from jax import lax
 
 from shared_data.core.config import Config
-from shared_data.model.unet_spec import KERNEL, PHASE_TAPS, conv_method, encoder_widths
+from shared_data.model.unet_spec import KERNEL, PHASE_TAPS, conv_method, encoder_widths, split_sum
 
 DIMS = ("NDHWC", "DHWIO", "NDHWC")
 KERNEL_INIT = nn.initializers.normal(stddev=0.02)
@@ -112,17 +112,6 @@ def inputs_of(x: jax.Array | tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
     """``x`` as a tuple of NDHWC inputs: one array, or the parts of a channel concatenation
     (``skip_concat: split``)."""
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-
-def split_sum(conv, xs: tuple[jax.Array, ...], wk: jax.Array) -> jax.Array:
-    """``conv(concatenate(xs, -1), wk)`` for a ``conv`` linear in its input, as the sum of ``conv(x_i,
-    wk_i)`` over the slices ``wk_i`` of ``wk``'s input-channel axis 3: no concatenated input is built."""
-    out, start = None, 0
-    for x in xs:
-        c = x.shape[-1]
-        y = conv(x, wk[:, :, :, start : start + c])
-        out, start = (y if out is None else out + y), start + c
-    return out
 
 
 def pad1(x: jax.Array) -> jax.Array:

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared_data.core.config import Config
-from shared_data.model.unet_spec import KERNEL, PHASE_TAPS, conv_method, encoder_widths
+from shared_data.model.unet_spec import KERNEL, PHASE_TAPS, conv_method, encoder_widths, split_sum
 
 #: Keras' registered-name prefix of the custom layers (``dlas_cosmo>DownConv``): a ``.keras`` file of
 #: the model loads with ``keras.models.load_model`` once this module is imported.
@@ -77,17 +77,6 @@ def inputs_of(x) -> tuple[tf.Tensor, ...]:
     """``x`` as a tuple of NDHWC inputs: one tensor, or the parts of a channel concatenation
     (``skip_concat: split``)."""
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-
-def split_sum(conv, xs: tuple[tf.Tensor, ...], wk: tf.Tensor) -> tf.Tensor:
-    """``conv(concat(xs, -1), wk)`` for a ``conv`` linear in its input, as the sum of ``conv(x_i, wk_i)``
-    over the slices of ``wk``'s input-channel axis 3 (:func:`jax_impl.model.split_sum`)."""
-    out, start = None, 0
-    for x in xs:
-        c = x.shape[-1]
-        y = conv(x, wk[:, :, :, start : start + c])
-        out, start = (y if out is None else out + y), start + c
-    return out
 
 
 def pad1(x: tf.Tensor) -> tf.Tensor:

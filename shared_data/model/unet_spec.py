@@ -147,6 +147,19 @@ def conv_method(kind: str, n: int | None, method: str, plain_below: int) -> str:
     return method
 
 
+def split_sum(conv, xs: tuple, wk):
+    """``conv(concatenate(xs, -1), wk)`` for a ``conv`` linear in its input, as the sum of
+    ``conv(x_i, wk_i)`` over the slices ``wk_i`` of ``wk``'s input-channel axis 3: no concatenated
+    input is built (``skip_concat: split``). ``xs`` NDHWC arrays or tensors of either framework (only
+    slicing and ``+`` are used); ``wk`` (k, k, k, sum of the inputs' channels, C_out)."""
+    out, start = None, 0
+    for x in xs:
+        c = x.shape[-1]
+        y = conv(x, wk[:, :, :, start : start + c])
+        out, start = (y if out is None else out + y), start + c
+    return out
+
+
 def forward_flops(cfg: Config, crop_size: int | None = None, count_padding: bool = True) -> float:
     """Multiply-add FLOPs (2 per MAC) of one sample's forward pass through the conv layers.
 
