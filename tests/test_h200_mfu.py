@@ -69,3 +69,17 @@ def test_table_lists_steps_against_the_jax_baseline_and_failures(levers):
     lines = text.splitlines()
     assert "-4.00 ms" in lines[3] and "13.00/13.10" in lines[3] and "30.0%" in lines[3]
     assert lines[4].split() == ["tf", "best", "boom"]
+
+
+def test_every_variant_starts_from_the_default_forms_whatever_the_config_holds(levers, tmp_path, monkeypatch):
+    seen = []
+
+    def make_bench(framework, cfg, mode):
+        seen.append((cfg.upconv, cfg.conv_pad, cfg.kernel_regroup, cfg.pad_out_channels))
+        raise RuntimeError("not built in this test")
+
+    monkeypatch.setattr(levers.benchmark, "make_bench", make_bench)
+    forms = ["--set", "upconv=subpixel_crop", "--set", "conv_pad=folded", "--set", "pad_out_channels=8"]
+    argv = ["run", "--config", "cpu_tiny", *forms, "--variants", "baseline", "kernel_regroup=transpose"]
+    assert levers.main([*argv, "--out", str(tmp_path / "jax.jsonl")]) == 0
+    assert seen == [("subpixel", "separate", "gather", 0), ("subpixel", "separate", "transpose", 0)]

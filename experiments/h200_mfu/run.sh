@@ -103,3 +103,5 @@ for d in "$OUT"/breakdown_*; do [[ -f $d/hlo.txt ]] && gzip -f "$d/hlo.txt"; don
 RECORDS=("$OUT/jax.jsonl")
 for f in torch tf; do [[ -f $OUT/$f.jsonl ]] && RECORDS+=("$OUT/$f.jsonl"); done
 $PY $STUDY/levers.py table "${RECORDS[@]}" --breakdowns "$OUT/breakdown_baseline" "$OUT/breakdown_best" | tee "$OUT/table.txt"
+# a call returns at most 8 files of $OUT: the breakdown folders and bookkeeping go in one archive
+( cd "$OUT" && tar czf raw.tar.gz --remove-files breakdown_* ./*.started timeline.txt 2>/dev/null )
