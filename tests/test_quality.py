@@ -310,6 +310,7 @@ def test_the_gpu_recipe_runs_on_cpu_with_a_tiny_config(tmp_path):
     import os
     import subprocess
     import sys
+    import tarfile
 
     from shared_data.core.config import REPO_ROOT
 
@@ -318,5 +319,8 @@ def test_the_gpu_recipe_runs_on_cpu_with_a_tiny_config(tmp_path):
         ["bash", "experiments/time_to_quality/run.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
     )
     assert res.returncode == 0, res.stderr[-2000:]
-    assert len(quality.read_records(tmp_path / "out" / "jax_ttq")) == 2
+    with tarfile.open(tmp_path / "out" / "runs.tar") as tar:  # the run's records, in one file
+        tar.extractall(tmp_path / "runs", filter="data")
+    assert len(quality.read_records(tmp_path / "runs" / "jax_ttq")) == 2
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["curve.png", "runs.tar", "table.txt"]
     assert "| jax_ttq | 2 |" in res.stdout and (tmp_path / "out" / "curve.png").stat().st_size > 0

@@ -6,7 +6,7 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh
 source scripts/gpu/common.sh
-R=$OUT/r; mkdir -p $R; cp $OUT/device.txt $OUT/pip_freeze.txt $OUT/generate.log $R/ 2>/dev/null
+R=$OUT/r; mkdir -p $R; cp $OUT/device.txt $OUT/setup.log $R/ 2>/dev/null
 {
 timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_jax.py 2>&1 | grep -v Warning | tail -8 | tee $R/check_gpu.log
 timeout 180 python3 experiments/dali_full_speed/stages.py --config short_opt --out $R/dali_stages.jsonl 2>&1 | grep -E "^(cut|layout|axes|flips|channels) "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Loss levers against the same clock, in JAX on one H200 in one call (<= 9.5 min): each entry of
 # LEVERS (';'-separated, each a space-separated list of KEY=VALUE config overrides, "base" for none)
-# trains config short (`device` loader, bf16) for ~2 minutes: epochs of 32768 crops (~9.5 s of
+# trains config short_opt (`device` loader, bf16) for ~2 minutes: epochs of 32768 crops (~9.5 s of
 # steps), the cosine schedule over 5 epochs, a budget of 100 s from the trainer's start, a quality
 # evaluation after each epoch. The table printed last gives each run's metrics at its end and its
 # best shortfall against the time; curve.png shows the shortfall against time.
@@ -31,7 +31,7 @@ for lever in "${runs[@]}"; do
     name=$(echo "$lever" | tr ' =' '_-')
   fi
   echo "== $name"
-  timeout 150 bash -c "$(declare -f ttq); $(declare -p PY CONFIG TRAIN WORK OUT); ttq '$name' jax $(printf '%q ' "${RECIPE[@]}" "${flags[@]}")" || rc=$?
+  timeout 150 bash -c "$(declare -f ttq); $(declare -p PY CONFIG TRAIN_CONFIG TRAIN WORK OUT); ttq '$name' jax $(printf '%q ' "${RECIPE[@]}" "${flags[@]}")" || rc=$?
 done
-$PY experiments/time_to_quality/table.py "$OUT" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
+$PY experiments/time_to_quality/table.py "$WORK/records" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
 exit $rc

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The JAX time-to-quality run on one H200 in one call (<= 9.5 min): config short, the `device` loader,
+# The JAX time-to-quality run on one H200 in one call (<= 9.5 min): config short_opt, the `device` loader,
 # bf16, epochs of 65536 crops (~19 s of steps) each followed by a quality evaluation of the whole
 # 128^3 validation volume, a budget of 450 s from the trainer's start, the cosine schedule over 17
 # epochs (about what fits: ~19 s of steps, ~3 s of checkpoint and ~3 s of evaluation an epoch). EMA of the weights (ema_decay 0.999, ~1000 steps = one
@@ -21,5 +21,5 @@ fi
 # shellcheck disable=SC2086
 ttq jax_ttq jax "${RECIPE[@]}" ${EXTRA:-}
 rc=$?
-$PY experiments/time_to_quality/table.py "$OUT" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
+$PY experiments/time_to_quality/table.py "$WORK/records" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
 exit $rc

@@ -1,14 +1,20 @@
-# Sourced by this study's recipes (checkout root, $OUT set): the environment and the data, and the
-# arrays CONFIG / TRAIN (flags of the training command) and the run folder root WORK.
+# Sourced by this study's recipes (checkout root, $OUT set): the environment and the data, and
+# CONFIG / TRAIN_CONFIG / TRAIN (the training command's config and flags) and the run folder root WORK
+# (one per recipe). $OUT gets device.txt, setup.log, runs.tar (each run's train.log, quality.jsonl,
+# metrics.jsonl and run.json, appended as the run ends), table.txt and curve.png: a GPU call returns at
+# most 8 files of $OUT.
 #   CONFIG=short (default): the GPU set-up (scripts/gpu/common.sh: a GPU or one error line, the device
-#     record, data/train_256.h5 and data/val_128.h5), the `device` loader (volumes in GPU memory), bf16.
+#     record, data/train_256.h5 and data/val_128.h5), config short_opt (short with bf16 and the step's
+#     fastest forms) with the `device` loader (volumes in GPU memory).
 #   CONFIG=cpu_tiny (or another CPU config): tiny generated volumes under $WORK, for a smoke test.
 # FRAMEWORK=tf adds TensorFlow's staged runtime (experiments/tf_on_h200/env.sh's steps).
 : "${OUT:?set OUT to the results folder}"
 CONFIG=${CONFIG:-short}
 PY=${PY:-python3}
-WORK=${WORK:-/tmp/time_to_quality}
+WORK=${WORK:-/tmp/time_to_quality/$(basename "$0" .sh)}
+TRAIN_CONFIG=$CONFIG
 mkdir -p "$OUT" "$WORK"
+rm -rf "$WORK/records" "$OUT/runs.tar"
 if [[ $CONFIG == short ]]; then
   export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh (common.sh records its version)
   source scripts/gpu/common.sh
@@ -20,6 +26,7 @@ if [[ $CONFIG == short ]]; then
     export TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2
     $PY -c "import tensorflow as tf, keras; print('tensorflow', tf.__version__, 'keras', keras.__version__)" | tee -a "$OUT/device.txt"
   fi
+  TRAIN_CONFIG=short_opt
   TRAIN=(--data_loader_config device --enable_amp --set progress_bar=false)
 else
   export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
@@ -29,15 +36,17 @@ else
 fi
 
 # ttq NAME FRAMEWORK [flags...]: one time-to-quality run in $WORK/NAME; its log, quality.jsonl,
-# metrics.jsonl and run.json are copied to $OUT/NAME.
+# metrics.jsonl and run.json are kept in $WORK/records/NAME and appended to $OUT/runs.tar.
 ttq() {
   local name=$1 framework=$2
   shift 2
-  mkdir -p "$OUT/$name"
-  $PY -m "${framework}_impl.train" --config "$CONFIG" "${TRAIN[@]}" --set quality_every_epochs=1 "$@" \
-    --workdir "$WORK/$name" --overwrite 2>&1 | grep -v "^W0000\|^I0000\|^WARNING: All log" > "$OUT/$name/train.log"
+  local rec="$WORK/records/$name"
+  mkdir -p "$rec"
+  $PY -m "${framework}_impl.train" --config "$TRAIN_CONFIG" "${TRAIN[@]}" --set quality_every_epochs=1 "$@" \
+    --workdir "$WORK/$name" --overwrite 2>&1 | grep -v "^W0000\|^I0000\|^WARNING: All log" > "$rec/train.log"
   local rc=${PIPESTATUS[0]}
-  cp "$WORK/$name"/{quality.jsonl,metrics.jsonl,run.json} "$OUT/$name/" 2>/dev/null
-  grep "quality after\|time to quality\|error:" "$OUT/$name/train.log" | tail -3
+  cp "$WORK/$name"/{quality.jsonl,metrics.jsonl,run.json} "$rec/" 2>/dev/null
+  tar -rf "$OUT/runs.tar" -C "$WORK/records" "$name"
+  grep "quality after\|time to quality\|error:" "$rec/train.log" | tail -3
   return "$rc"
 }

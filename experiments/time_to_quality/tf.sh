@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The TensorFlow time-to-quality run on one H200 in one call (<= 9.5 min): run.sh's recipe (config
-# short, `device` loader, bf16, epochs of 65536 crops, a quality evaluation after each, EMA 0.999)
+# short_opt, `device` loader, bf16, epochs of 65536 crops, a quality evaluation after each, EMA 0.999)
 # with TF's staged runtime; the budget is 390 s over 14 epochs, as TF's set-up (its runtime unpacked when missing)
 # and its cold compile (~40 s) take longer than JAX's. EXTRA adds flags, as in run.sh.
 #
@@ -19,5 +19,5 @@ fi
 # shellcheck disable=SC2086
 ttq tf_ttq tf "${RECIPE[@]}" ${EXTRA:-}
 rc=$?
-$PY experiments/time_to_quality/table.py "$OUT" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
+$PY experiments/time_to_quality/table.py "$WORK/records" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
 exit $rc

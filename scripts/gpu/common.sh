@@ -1,13 +1,14 @@
 # Sourced by the GPU recipes (run from the checkout's root on the GPU machine, $OUT set): the
 # environment (the checkout first on PYTHONPATH), a record of the device and of every installed
 # version, and the data (generated there; the 256^3 training volume takes ~150 s of CPU on the 2-core
-# machine, experiments/generator_lattice).
+# machine, experiments/generator_lattice). Two files in $OUT: device.txt, and setup.log (the installed
+# packages, then the data's generation): a call returns at most 8 of $OUT's files.
 command -v nvidia-smi >/dev/null || { echo "error: ${0##*/} needs an NVIDIA GPU (nvidia-smi not found)" >&2; exit 2; }
 mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/device.txt
 python3 -c "import jax, flax, optax, torch, nvidia.dali as d; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'torch', torch.__version__, 'dali', d.__version__)" | tee -a $OUT/device.txt
-python3 -m pip list --format=freeze 2>/dev/null > $OUT/pip_freeze.txt
+python3 -m pip list --format=freeze 2>/dev/null > $OUT/setup.log
 mkdir -p data
-python3 -m shared_data.data.generate --out data/train_256.h5 --size 256 --seed 1 --npy --if-missing > $OUT/generate.log 2>&1
-python3 -m shared_data.data.generate --out data/val_128.h5 --size 128 --seed 2 --npy --if-missing >> $OUT/generate.log 2>&1
+python3 -m shared_data.data.generate --out data/train_256.h5 --size 256 --seed 1 --npy --if-missing >> $OUT/setup.log 2>&1
+python3 -m shared_data.data.generate --out data/val_128.h5 --size 128 --seed 2 --npy --if-missing >> $OUT/setup.log 2>&1
