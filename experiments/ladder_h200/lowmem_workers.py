@@ -131,7 +131,13 @@ def main() -> None:
     control = [rate(busy, args.jobs, w, lambda n: cf.ProcessPoolExecutor(n, initializer=init, initargs=(cfg,)))
                for w in (1, 2)]  # fmt: skip
     rows.append(("control: Python loop, processes", *control))
-    for name, fn in (("Python loop", busy), ("h5py reads", read_only), ("symmetry copies", sym_only), ("reads + symmetry", whole)):
+    parts = [
+        ("Python loop", busy),
+        ("h5py reads", read_only),
+        ("symmetry copies", sym_only),
+        ("reads + symmetry", whole),
+    ]
+    for name, fn in parts:
         one, two = (rate(fn, args.jobs, w, cf.ThreadPoolExecutor) for w in (1, 2))
         rows.append((f"{name}, threads", one, two))
     procs = [rate(whole, args.jobs, w, lambda n: cf.ProcessPoolExecutor(n, initializer=init, initargs=(cfg,)))
@@ -148,9 +154,11 @@ def main() -> None:
     rows.append(("NumpyLoader (lowmem)", *loader))
     wait_ms, read_ms = phil_wait()
     print(f"crop {args.crop}^3, batch {args.batch}, {args.data}")
-    print(f"h5py's lock (phil) while another thread reads: waited {wait_ms:.2f} ms on average; one crop read "
-          f"(both volumes) {read_ms:.2f} ms")
-    print(f"{"variant":<34}{'1 worker':>10}{'2 workers':>11}{'x':>6}   (batches/s)")
+    print(
+        f"h5py's lock (phil) while another thread reads: waited {wait_ms:.2f} ms on average; one crop read "
+        f"(both volumes) {read_ms:.2f} ms"
+    )
+    print(f"{'variant':<34}{'1 worker':>10}{'2 workers':>11}{'x':>6}   (batches/s)")
     for name, one, two in rows:
         print(f"{name:<34}{one:>10.1f}{two:>11.1f}{two / one:>6.2f}")
 
