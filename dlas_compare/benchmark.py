@@ -294,14 +294,17 @@ def stage(line: str) -> None:
 
 
 def prefetch_depth(cfg: Config, framework: str = "jax") -> int:
-    """The batches an input pipeline can hold ready: the host loaders' read-ahead (workers + 1), the
-    transfer queue of JAX and TF (2; the PyTorch reference copies in its loader) and, for a DALI
-    loader, DALI's prefetch queue."""
+    """The batches an input pipeline can hold ready: the host workers' read-ahead (workers + 1; the
+    native host loaders' threads and ``dali-h5``'s Python workers; DALI's own readers and the
+    device-resident loaders have none), the transfer queue of JAX and TF (2; the PyTorch reference
+    copies in its loader) and, for a DALI loader, DALI's prefetch queue."""
     from shared_data.core import loader_kinds
 
+    kind = loader_kinds.loader_kind(cfg)
+    host_workers = not kind.device_volumes and (not kind.dali or kind.crops_outside_dali)
     transfer = 0 if framework == "torch" else 2
-    dali = cfg.dali_prefetch_queue_depth if loader_kinds.loader_kind(cfg).dali else 0
-    return cfg.num_data_workers + 1 + transfer + dali
+    dali = cfg.dali_prefetch_queue_depth if kind.dali else 0
+    return (cfg.num_data_workers + 1 if host_workers else 0) + transfer + dali
 
 
 def run_bench(

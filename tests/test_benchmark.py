@@ -173,8 +173,9 @@ def test_rungs_share_one_process_and_a_failing_one_keeps_the_others_records(tiny
     """--rungs, JAX: rung 1 (IO, SYNTHETIC, FULL on 1 lowmem worker) compiles the step once, its FULL
     takes over SYNTHETIC's step and IO's pipeline (no compile); rung 2 (2 workers: only the input
     differs) reuses the step; rung 3 (FULL alone, DALI); every IO and FULL drains between 1 step and
-    its pipeline's depth + DRAIN_EXTRA (1 worker + 1, the transfer queue 2, DALI's 2, + 4: 10), and
-    SYNTHETIC none; rung 4 names an unknown key: one error line, and rungs 1-3 keep their records."""
+    its pipeline's depth + DRAIN_EXTRA (lowmem: workers + 1 and the transfer queue 2, + 4: at most 9;
+    DALI's reader: the transfer queue 2 and DALI's 2, + 4: 8), and SYNTHETIC none; rung 4 names an
+    unknown key: one error line, and rungs 1-3 keep their records."""
     from shared_data.core.errors import run_cli
 
     plan, out = tmp_path / "rungs.json", tmp_path / "records.jsonl"
@@ -201,8 +202,11 @@ def test_rungs_share_one_process_and_a_failing_one_keeps_the_others_records(tiny
         (2, "full", ["train step", "input pipeline"], 1),
         (3, "full", ["train step"], 1),
     ]
-    assert records[1]["drained_steps"] == 0 and benchmark.DRAIN_EXTRA == 4
-    assert all(1 <= r["drained_steps"] <= 10 for r in records if r["mode"] != "synthetic")
+    caps = [2 + 2 + 4 if r["loader"] == "dali-npy" else r["config_values"]["num_data_workers"] + 1 + 2 + 4
+            for r in records]  # fmt: skip
+    assert records[1]["drained_steps"] == 0 and caps[-1] == benchmark.prefetch_depth(
+        config_mod.replace(tiny_cfg, data_loader_config="dali-npy")) + benchmark.DRAIN_EXTRA  # fmt: skip
+    assert all(1 <= r["drained_steps"] <= cap for r, cap in zip(records, caps) if r["mode"] != "synthetic")
     assert records[1]["compile_sec"] > 0 and {r["compile_sec"] for r in records[2:]} == {0.0}
     assert all(r["window_steps"] == [2, 2] and r["min_window_steps"] == 2 and r["rung_sec"] > 0 for r in records)
     assert [r["config_values"]["num_data_workers"] for r in records] == [1, 1, 1, 2, 2, 1]
@@ -301,3 +305,18 @@ def test_drain_of_an_empty_queue_costs_two_batches(monkeypatch):
     monkeypatch.setattr(benchmark, "make_bench", lambda framework, *a, **k: _FakeBench(*a, **k))
     (io,) = benchmark.Session("jax").run(cfg, ["io"], warmup=2, steps=40, windows=1, window_sec=0.25, min_steps=5)
     assert io["drained_steps"] == 2 and abs(io["samples_per_sec"] / 80 - 1) < 0.1
+
+
+def test_prefetch_depth_counts_the_queues_each_loader_has():
+    """lowmem with 4 workers: 4 + 1 read ahead and JAX's transfer queue of 2 (7; PyTorch copies in its
+    loader: 5); DALI's numpy reader: no host workers, the transfer queue 2 and DALI's queue (2): 4;
+    dali-h5's Python workers read ahead like the host loaders' (9); the device loader: 2."""
+    cfg = config_mod.load_config("cpu_tiny", overrides={"num_data_workers": 4, "dali_prefetch_queue_depth": 2})
+    depth = lambda loader, fw="jax": benchmark.prefetch_depth(config_mod.replace(cfg, data_loader_config=loader), fw)
+    assert (depth("lowmem"), depth("lowmem", "torch"), depth("dali-npy"), depth("dali-h5"), depth("device")) == (
+        7,
+        5,
+        4,
+        9,
+        2,
+    )
