@@ -1,13 +1,15 @@
-"""Does the ``lowmem`` loader scale with ``num_data_workers``? Batches per second of the kit's
-NumPy loader (threads, one h5py handle per process) with 1 and 2 workers, and of its two parts alone
-in 1 and 2 threads: the h5py ``read_direct`` of the crops and the NumPy symmetry copies; and, for
-comparison, the same reads in 2 processes (each with its own handle, as the tutorial's PyTorch
-DataLoader workers). The control, a pure Python loop in 2 processes, says how many cores the machine
-gives while it runs (a shared machine may give fewer than it has).
+"""Does the ``lowmem`` loader scale with ``num_data_workers``? Batches per second of the kit's NumPy
+loader (threads, one h5py handle per process) with 1 and 2 workers (``--workers``), and of its two
+parts alone in as many threads: the h5py ``read_direct`` of the crops and the NumPy symmetry copies;
+and, for comparison, the same reads in as many processes (each with its own handle, as the
+tutorial's PyTorch DataLoader workers). The control, a pure Python loop in 2 processes, says how
+many cores the machine gives while it runs (a shared machine may give fewer than it has).
 
     python experiments/ladder_h200/lowmem_workers.py --data /tmp/train_128.h5 --crop 32 --batch 8
 
-A table is printed last: one line per variant, batches/s and the speed-up of 2 over 1.
+A table is printed last: one line per variant, batches/s per worker count and the last's speed-up
+over the first. On the 16-core GPU host, after setup.sh: ``--data data/train_256.h5 --crop 64
+--batch 8 --workers 1 4 8``.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ def main() -> None:
     p.add_argument("--crop", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--jobs", type=int, default=24, help="batches per measurement")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts (the first is the base)")
     args = p.parse_args()
     cfg = config_mod.load_config(
         "cpu_tiny",
@@ -127,10 +130,8 @@ def main() -> None:
         },
     )
     init(cfg)
-    rows = []
-    control = [rate(busy, args.jobs, w, lambda n: cf.ProcessPoolExecutor(n, initializer=init, initargs=(cfg,)))
-               for w in (1, 2)]  # fmt: skip
-    rows.append(("control: Python loop, processes", *control))
+    processes = lambda n: cf.ProcessPoolExecutor(n, initializer=init, initargs=(cfg,))
+    rows = [("control: Python loop, processes", [rate(busy, args.jobs, w, processes) for w in args.workers])]
     parts = [
         ("Python loop", busy),
         ("h5py reads", read_only),
@@ -138,29 +139,27 @@ def main() -> None:
         ("reads + symmetry", whole),
     ]
     for name, fn in parts:
-        one, two = (rate(fn, args.jobs, w, cf.ThreadPoolExecutor) for w in (1, 2))
-        rows.append((f"{name}, threads", one, two))
-    procs = [rate(whole, args.jobs, w, lambda n: cf.ProcessPoolExecutor(n, initializer=init, initargs=(cfg,)))
-             for w in (1, 2)]  # fmt: skip
-    rows.append(("reads + symmetry, processes", *procs))
+        rows.append((f"{name}, threads", [rate(fn, args.jobs, w, cf.ThreadPoolExecutor) for w in args.workers]))
+    rows.append(("reads + symmetry, processes", [rate(whole, args.jobs, w, processes) for w in args.workers]))
     loader = []
-    for w in (1, 2):
+    for w in args.workers:
         reader, plan = _setup(config_mod.replace(cfg, num_data_workers=w))
         it = iter(host_batches.NumpyLoader(reader, plan, cfg, num_workers=w))
         next(it)
         t0 = time.perf_counter()
         n = sum(1 for _ in it)
         loader.append(n / (time.perf_counter() - t0))
-    rows.append(("NumpyLoader (lowmem)", *loader))
+    rows.append(("NumpyLoader (lowmem)", loader))
     wait_ms, read_ms = phil_wait()
     print(f"crop {args.crop}^3, batch {args.batch}, {args.data}")
     print(
         f"h5py's lock (phil) while another thread reads: waited {wait_ms:.2f} ms on average; one crop read "
         f"(both volumes) {read_ms:.2f} ms"
     )
-    print(f"{'variant':<34}{'1 worker':>10}{'2 workers':>11}{'x':>6}   (batches/s)")
-    for name, one, two in rows:
-        print(f"{name:<34}{one:>10.1f}{two:>11.1f}{two / one:>6.2f}")
+    head = "".join(f"{f'{w} workers':>11}" for w in args.workers)
+    print(f"{'batches/s':<34}{head}   x (last / first)")
+    for name, rates in rows:
+        print(f"{name:<34}" + "".join(f"{r:>11.1f}" for r in rates) + f"   {rates[-1] / rates[0]:.2f}")
 
 
 if __name__ == "__main__":
