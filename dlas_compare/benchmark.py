@@ -3,7 +3,8 @@
     python -m dlas_compare.benchmark --framework jax --mode synthetic --config short_opt
     python -m dlas_compare.benchmark --framework torch --mode full --config short_opt --data_loader_config dali-npy
 
-Warm-up steps first (compilation, autotuning, pipeline start), then ``--windows`` timed windows of
+Warm-up steps first (compilation, autotuning, pipeline start), in IO and FULL a drain of what the
+input read ahead (steps until one waits on the loader, :func:`drain`), then ``--windows`` timed windows of
 ``--steps`` steps, each ended by a device sync; with ``--window_sec S`` windows hold at most as many
 steps as one synced step says fit in S seconds and end once a step returns S seconds or more into
 them, so slow input pipelines and fast steps take about the same time, but never fewer than
@@ -69,10 +70,18 @@ def peak_tflops(device: str) -> float | None:
 
 
 def timed_windows(
-    call, sync, warmup: int, steps: int, windows: int, window_sec: float | None = None, min_steps: int = 1
+    call,
+    sync,
+    warmup: int,
+    steps: int,
+    windows: int,
+    window_sec: float | None = None,
+    min_steps: int = 1,
+    before_timing=None,
 ) -> tuple[float, list[float], list[int]]:
     """``warmup`` untimed calls of ``call()``, then ``windows`` windows of ``steps`` calls, each ended
-    by ``sync(last result)``.
+    by ``sync(last result)``. ``before_timing()``, when given, runs after the warm-up and before the
+    windows are sized (e.g. :func:`drain`); its seconds count in the warm-up's.
 
     With ``window_sec`` (seconds) windows last about that long, and hold at least ``min_steps`` calls
     (a slow step's window holds enough steps to mean something): the last warm-up call (one more
@@ -89,6 +98,8 @@ def timed_windows(
     for _ in range(warmup - 1 if timed and warmup else warmup):
         out = call()
     sync(out)
+    if before_timing is not None:
+        before_timing()
     if timed:
         t1 = time.perf_counter()
         sync(call())
@@ -110,11 +121,65 @@ def timed_windows(
     return warm_sec, per_call, counts
 
 
-def measure(bench, warmup: int, steps: int, windows: int, window_sec: float | None = None, min_steps: int = 1) -> dict:
-    """Run the warm-up and the timed windows (:func:`timed_windows`); return timing statistics
-    (seconds, samples/s; ``window_steps`` the steps each window held)."""
+#: a drain's call that takes more than this many times its fastest call (and :data:`DRAIN_FLOOR_SEC`)
+#: waited on the input's producer: what the pipeline had read ahead is consumed
+DRAIN_WAIT_RATIO = 3.0
+DRAIN_FLOOR_SEC = 1e-3
+#: calls a drain may take beyond :func:`prefetch_depth` (an estimate of the queues' depth: tf.data's
+#: autotuned prefetch and a worker's batch under way hold a few more)
+DRAIN_EXTRA = 4
+
+
+def drain(call, sync, cap: int) -> int:
+    """Consume the batches an input pipeline read ahead (while a step compiled, a previous mode ran,
+    anything paused): synced calls of ``call()`` until one waits on the producer, or ``cap`` calls.
+
+    A call waits when it takes more than :data:`DRAIN_WAIT_RATIO` times the fastest so far (and
+    :data:`DRAIN_FLOOR_SEC`): the queued batches were fast, the next is not. An empty queue makes
+    every call alike slow, so the drain pauses as long as its first call took: when the next call
+    is then :data:`DRAIN_WAIT_RATIO` times faster, it took the batch made during the pause, nothing
+    was queued, and the drain ends (a full queue's fast calls are as fast after the pause; so are a
+    slow consumer's, whose queue never empties and never inflates a rate). A full queue costs its
+    depth in fast calls and one wait, an empty one two calls and the pause.
+
+    Returns the calls made (the last one included)."""
+    fastest = first = math.inf
+    for n in range(1, cap + 1):
+        t0 = time.perf_counter()
+        sync(call())
+        took = time.perf_counter() - t0
+        if took > DRAIN_WAIT_RATIO * max(fastest, DRAIN_FLOOR_SEC):
+            return n
+        if n == 1:
+            first = took
+            time.sleep(took)
+        elif n == 2 and DRAIN_WAIT_RATIO * max(took, DRAIN_FLOOR_SEC) < first:
+            return n
+        fastest = min(fastest, took)
+    return cap
+
+
+def measure(
+    bench,
+    warmup: int,
+    steps: int,
+    windows: int,
+    window_sec: float | None = None,
+    min_steps: int = 1,
+    drain_cap: int = 0,
+) -> dict:
+    """Run the warm-up, a :func:`drain` of at most ``drain_cap`` calls (0: none) and the timed
+    windows (:func:`timed_windows`); return timing statistics (seconds, samples/s; ``window_steps``
+    the steps each window held, ``drained_steps`` the drain's calls)."""
     sync = lambda _: bench.sync()
-    warm_sec, per_step, counts = timed_windows(bench.step, sync, warmup, steps, windows, window_sec, min_steps)
+    drained = [0]
+
+    def before_timing():
+        drained[0] = drain(bench.step, sync, drain_cap) if drain_cap else 0
+
+    warm_sec, per_step, counts = timed_windows(
+        bench.step, sync, warmup, steps, windows, window_sec, min_steps, before_timing
+    )
     per_step = np.array(per_step)
     rates = bench.global_batch / per_step
     return {
@@ -129,6 +194,7 @@ def measure(bench, warmup: int, steps: int, windows: int, window_sec: float | No
         "window_sec": window_sec,
         "min_window_steps": min_steps,
         "window_steps": counts,
+        "drained_steps": drained[0],
     }
 
 
@@ -157,8 +223,9 @@ class Session:
     the framework's import and device set-up; the train step (compiled, autotuned, its state) while
     the config differs only in :data:`INPUT_KEYS`; and, within one :meth:`run`, the input pipeline of
     IO, which FULL takes over. A run measures SYNTHETIC first (building the step), then IO (a new
-    pipeline), then FULL, so FULL follows IO without a pause in which its pipeline could read ahead;
-    its pipelines are closed when it ends, so their workers do not read during the next run.
+    pipeline), then FULL; IO and FULL drain what their pipeline read ahead before timing
+    (:func:`run_bench`). Its pipelines are closed when it ends, so their workers do not read during
+    the next run.
     """
 
     def __init__(self, framework: str, num_devices: int | None = None):
@@ -206,8 +273,7 @@ class Session:
             )
             ready = "input pipeline ready" if mode == "io" else f"step ready in {bench.compile_sec:.1f} s"
             stage(f"{what}: {ready}; warm-up, then {windows} timed windows of up to {steps} steps")
-            record = run_bench(bench, cfg, mode, warmup, steps, windows, label, window_sec, min_steps,
-                               drain=mode != "synthetic" and read_ahead(cfg, bench, input_from))  # fmt: skip
+            record = run_bench(bench, cfg, mode, warmup, steps, windows, label, window_sec, min_steps)
             record["reused"] = reused
             stage(f"{what}: {record['samples_per_sec']:.1f} samples/s")
             records[mode] = record
@@ -222,31 +288,23 @@ class Session:
         return [records[m] for m in modes]
 
 
-def read_ahead(cfg: Config, bench, input_from) -> bool:
-    """Whether ``bench``'s input pipeline can hold batches read before its timing starts: a DALI
-    pipeline fills its prefetch queue when built, and a host pipeline reads ahead while the bench
-    compiles its step after making it (``compile_sec`` > 0). A host loader, lazy until its first
-    batch is asked for, made after the step was ready (or taken over from IO, which just ran) has
-    read nothing ahead."""
-    from shared_data.core import loader_kinds
-
-    return input_from is None and (loader_kinds.loader_kind(cfg).dali or bench.compile_sec > 0)
-
-
 def stage(line: str) -> None:
     """Say on stderr what the benchmark is doing (the table on stdout stays the result)."""
     print(line, file=sys.stderr, flush=True)
 
 
 def prefetch_depth(cfg: Config, framework: str = "jax") -> int:
-    """The batches an input pipeline can hold ready: the host loaders' read-ahead (workers + 1), the
-    transfer queue of JAX and TF (2; the PyTorch reference copies in its loader) and, for a DALI
-    loader, DALI's prefetch queue."""
+    """The batches an input pipeline can hold ready: the host workers' read-ahead (workers + 1; the
+    native host loaders' threads and ``dali-h5``'s Python workers; DALI's own readers and the
+    device-resident loaders have none), the transfer queue of JAX and TF (2; the PyTorch reference
+    copies in its loader) and, for a DALI loader, DALI's prefetch queue."""
     from shared_data.core import loader_kinds
 
+    kind = loader_kinds.loader_kind(cfg)
+    host_workers = not kind.device_volumes and (not kind.dali or kind.crops_outside_dali)
     transfer = 0 if framework == "torch" else 2
-    dali = cfg.dali_prefetch_queue_depth if loader_kinds.loader_kind(cfg).dali else 0
-    return cfg.num_data_workers + 1 + transfer + dali
+    dali = cfg.dali_prefetch_queue_depth if kind.dali else 0
+    return (cfg.num_data_workers + 1 if host_workers else 0) + transfer + dali
 
 
 def run_bench(
@@ -262,14 +320,13 @@ def run_bench(
     drain: bool = True,
 ) -> dict:
     """Time a ready ``bench`` (``step``/``sync``/``global_batch``/...; see :func:`make_bench`); return the
-    result record. With ``drain``, in IO and FULL modes the warm-up is at least :func:`prefetch_depth`
-    steps: the batches a pipeline read ahead before the timing starts (while the step compiled) are
-    consumed first, so a slow loader is not hidden behind its own queue. :class:`Session` drains
-    where a pipeline can have read ahead (:func:`read_ahead`)."""
+    result record. With ``drain``, in IO and FULL modes the warm-up is followed by a :func:`drain` of
+    at most :func:`prefetch_depth` + :data:`DRAIN_EXTRA` steps: whatever the pipeline read ahead
+    before the timing starts (its workers read whenever nobody consumes) is consumed first, so a
+    slow loader is not hidden behind its own queue; ``drained_steps`` in the record."""
     framework = bench.framework
-    if mode != "synthetic" and drain:
-        warmup = max(warmup, prefetch_depth(cfg, framework))
-    stats = measure(bench, warmup, steps, windows, window_sec, min_steps)
+    cap = prefetch_depth(cfg, framework) + DRAIN_EXTRA if mode != "synthetic" and drain else 0
+    stats = measure(bench, warmup, steps, windows, window_sec, min_steps, cap)
     stats["warmup_steps"] = warmup
     device = bench.device_name()
     flops = unet_spec.train_flops_per_sample(cfg)

@@ -5,12 +5,13 @@ A framework's rungs run in as few benchmark processes as its settings allow (``d
 groups them; ``dlas_compare.benchmark --rungs`` runs a group): a process starts once
 (:data:`PROCESS_SEC`: Python, the framework's import, GPU and DALI set-up), then each rung adds its
 own set-up (:data:`SETUP_SEC`: compiling or autotuning a train step the process has not built yet,
-starting its input pipeline and draining what it read ahead, stopping it) and its timed windows. A
-window holds at least :data:`MIN_STEPS` steps however long they take (:data:`STEP_SEC`), so a slow
-rung's window means something; the budget shares what is left after the set-up among the windows,
-trimming ``--window_sec`` (and ``--windows``, down to :data:`FLOOR`) rather than dropping rungs, so
-the fast rungs' windows shrink first and the slow ones' floors stay. Before each process the windows
-are fitted again, with the set-up estimates scaled by what the processes that ran took.
+starting its input pipeline, stopping it), in IO and FULL a drain of what the pipeline read ahead
+(:data:`DRAIN_STEPS`), and its timed windows. A window holds at least :data:`MIN_STEPS` steps
+however long they take (:data:`STEP_SEC`), so a slow rung's window means something; the budget
+shares what is left after the set-up among the windows, trimming ``--window_sec`` (and
+``--windows``, down to :data:`FLOOR`) rather than dropping rungs, so the fast rungs' windows shrink
+first and the slow ones' floors stay. Before each process the windows are fitted again, with the
+set-up estimates scaled by what the processes that ran took.
 
 A rung measures the modes its change can move (:data:`CHANGED_MODES`): a new input (workers, DALI,
 GPU-resident) its IO and FULL, a new train step (precision, compilation) its SYNTHETIC and FULL; the
@@ -34,37 +35,48 @@ CHANGED_MODES = {
 }
 
 #: seconds to start one benchmark process on one H200 (``short_opt``): Python, the framework's import,
-#: GPU and DALI set-up, the data file's checks. From the ladder's rung-3 processes (DALI: no compile,
-#: warm-up of ~1 s): JAX 21 s, TF 54 s, PyTorch 76 s, less their compile/autotune (1, 18, 52 s),
-#: warm-up and windows.
-PROCESS_SEC = {"jax": 15.0, "tf": 28.0, "torch": 18.0}
-#: seconds of a rung outside its timed windows in a process that ran the rungs before it (``short_opt``,
-#: batch 64, the modes of :data:`CHANGED_MODES`): building its train step where the process has none
-#: with the same precision and compilation (``compile_sec`` of the records: JAX fp32 24 s, bf16 32 s;
-#: TF 18 s, bf16 10 s + 4 s, its XLA step ~45 s (stopped at 63 s in one process with its set-up);
-#: PyTorch's cudnn.benchmark autotuning 58 s fp32, 36 s bf16), two warm-up steps per mode (~1 s
-#: each on lowmem; a new DALI pipeline drains its prefetch, :func:`dlas_compare.benchmark.read_ahead`),
-#: making and stopping a pipeline (the lowmem workers finish their pending reads, ~4 s), and ~2 s of
-#: the model's and records' own.
+#: GPU and DALI set-up, the data file's checks. From the ladder's processes on one H200 (two calls):
+#: the process's seconds outside its rungs (2-3 s) plus its first rung's seconds outside that rung's
+#: compilation, warm-up and windows, less ~1.5 s of the rung's own: JAX 13 and 15 s, TF 30 s,
+#: PyTorch 13 and 15 s.
+PROCESS_SEC = {"jax": 15.0, "tf": 30.0, "torch": 15.0}
+#: seconds of a rung outside its drains and timed windows in a process that ran the rungs before it
+#: (``short_opt``, batch 64, the modes of :data:`CHANGED_MODES`): its ``rung_sec`` less its windows
+#: (steps x batch / samples/s) in the ladder's records on one H200, less the process's start in a
+#: first rung and the warm-up steps beyond 2 that drained DALI's queue then (~1 s). Mostly building
+#: its train step where the process has none with the same precision and compilation
+#: (``compile_sec``: JAX fp32 23 s, bf16 29 s, compiled 18 s; TF 16.5 s, bf16 8 s, XLA 32 s;
+#: PyTorch's cudnn.benchmark autotuning 55 s fp32, 32 s bf16), two warm-up steps per mode (a new
+#: lowmem pipeline's first batches ~4-7 s, DALI's ~1-3 s), making and stopping pipelines (TF's 8
+#: lowmem workers ~12 s) and ~1-2 s of the model's and records' own.
 SETUP_SEC = {
-    "jax": {"baseline": 36, "workers": 12, "dali": 5, "amp": 36, "compile": 35, "device": 10, "data_parallel": 40},
-    "tf": {"baseline": 26, "workers": 10, "dali": 10, "amp": 16, "compile": 48, "device": 12, "data_parallel": 50},
-    "torch": {"baseline": 66, "workers": 12, "dali": 5, "amp": 40, "compile": 40, "device": 10, "data_parallel": 60},
+    "jax": {"baseline": 29, "workers": 7, "dali": 2, "amp": 36, "compile": 19, "device": 3, "data_parallel": 40},
+    "tf": {"baseline": 27, "workers": 20, "dali": 3, "amp": 18, "compile": 44, "device": 3, "data_parallel": 50},
+    "torch": {"baseline": 63, "workers": 12, "dali": 2, "amp": 35, "compile": 40, "device": 10, "data_parallel": 60},
 }
 DEFAULT_PROCESS_SEC = 20.0
 DEFAULT_SETUP_SEC = 30.0
 #: seconds per step on one H200 (``short_opt``, batch 64) of the input modes (IO, FULL) and of
-#: SYNTHETIC, per rung: lowmem with 4 workers ~62-100 samples/s, with 8 ~55; DALI ~550-700; the
-#: fp32 step ~650-1340 samples/s, bf16 ~1000-2350, compiled ~3700, GPU-resident input ~3400
+#: SYNTHETIC, per rung: lowmem with 4 or 8 workers ~75-100 samples/s (its reads do not scale with
+#: threads: h5py holds one lock per process for each read); DALI ~520-790; FULL with bf16 ~610-750,
+#: compiled ~680-700; GPU-resident input ~3500; the fp32 step ~650-1340 samples/s, bf16 ~1000-2340,
+#: compiled ~3700
 STEP_SEC = {
-    "baseline": (1.05, 0.1),
-    "workers": (1.2, 0.1),
+    "baseline": (0.85, 0.1),
+    "workers": (0.85, 0.1),
     "dali": (0.12, 0.1),
-    "amp": (0.12, 0.065),
-    "compile": (0.12, 0.05),
-    "device": (0.03, 0.05),
+    "amp": (0.11, 0.065),
+    "compile": (0.1, 0.02),
+    "device": (0.02, 0.02),
     "data_parallel": (0.12, 0.05),
 }
+#: input steps a drain costs before an IO or FULL mode's windows (:func:`dlas_compare.benchmark.drain`):
+#: the call that waits on the loader, and the queue's fast calls or an empty queue's pause, about one
+#: more. A FULL step less than :data:`DRAIN_WAIT_RATIO` times faster than its loader is never seen
+#: waiting: that drain runs to its cap, :data:`DRAIN_CAP_STEPS` (DALI's depth 4 + 4 on one H200)
+DRAIN_STEPS = 2
+DRAIN_CAP_STEPS = 8
+DRAIN_WAIT_RATIO = 3.0  # dlas_compare.benchmark.DRAIN_WAIT_RATIO
 MIN_STEPS = 5  # the fewest steps a timed window holds: several loader workers' batches, not one arrival
 SCALE_RANGE = (0.25, 4.0)  # how far the observed set-up times may rescale the table
 
@@ -117,10 +129,21 @@ def setup_sec(framework: str, rung: str, new_process: bool = False) -> float:
 
 
 def window_cost(rung: str, mode: str, windows: Windows) -> float:
-    """Estimated seconds of one mode's timed windows: each lasts ``window_sec`` or ``min_steps``
-    steps of :data:`STEP_SEC`, whichever is longer."""
-    step = STEP_SEC.get(rung, (0.1, 0.1))[mode == "synthetic"]
-    return windows.windows * max(windows.window_sec, windows.min_steps * step)
+    """Estimated seconds of one mode's timed windows, each ``window_sec`` or ``min_steps`` steps of
+    :data:`STEP_SEC`, whichever is longer, and in IO and FULL the drain before them
+    (:func:`drain_steps`)."""
+    step_in, step_synthetic = STEP_SEC.get(rung, (0.1, 0.1))
+    step = step_synthetic if mode == "synthetic" else step_in
+    return drain_steps(rung, mode) * step + windows.windows * max(windows.window_sec, windows.min_steps * step)
+
+
+def drain_steps(rung: str, mode: str) -> int:
+    """Steps of the drain before ``mode``'s windows (:data:`DRAIN_STEPS`, :data:`DRAIN_CAP_STEPS`; none
+    in SYNTHETIC)."""
+    if mode == "synthetic":
+        return 0
+    step_in, step_synthetic = STEP_SEC.get(rung, (0.1, 0.1))
+    return DRAIN_CAP_STEPS if mode == "full" and step_in < DRAIN_WAIT_RATIO * step_synthetic else DRAIN_STEPS
 
 
 def estimate(run: Run, windows: Windows, scale: float = 1.0) -> float:

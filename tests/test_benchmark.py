@@ -28,9 +28,7 @@ def test_every_mode_writes_the_schema(tiny_cfg, framework, tmp_path):
         assert math.isfinite(r["samples_per_sec"]) and r["samples_per_sec"] > 0
         assert 0 < r["step_ms_p50"] <= r["step_ms_p90"] and r["global_batch"] == tiny_cfg.global_batch_size
         assert r["mfu"] is None  # no known peak for a CPU
-        # the lowmem loader starts reading at its first batch, after the step is compiled, and FULL
-        # takes over IO's pipeline: nothing read ahead to drain
-        assert r["warmup_steps"] == 1
+        assert r["warmup_steps"] == 1 and (r["drained_steps"] >= 1) == (mode != "synthetic")
     assert "samples/s" in benchmark.table(records)
 
 
@@ -173,10 +171,11 @@ def test_run_process_returns_appended_records_and_why_it_failed(tmp_path):
 @pytest.mark.slow
 def test_rungs_share_one_process_and_a_failing_one_keeps_the_others_records(tiny_cfg, tmp_path, capsys):
     """--rungs, JAX: rung 1 (IO, SYNTHETIC, FULL on 1 lowmem worker) compiles the step once, its FULL
-    takes over SYNTHETIC's step and IO's pipeline (no compile, no drain: warm-up 1 step); rung 2 (2
-    workers: only the input differs) reuses the step; rung 3 (FULL alone, DALI) drains what its
-    pipeline prefetched when built (1 worker + 1, the transfer queue 2, DALI's 2: 6 steps); rung 4
-    names an unknown key: one error line, and rungs 1-3 keep their records."""
+    takes over SYNTHETIC's step and IO's pipeline (no compile); rung 2 (2 workers: only the input
+    differs) reuses the step; rung 3 (FULL alone, DALI); every IO and FULL drains between 1 step and
+    its pipeline's depth + DRAIN_EXTRA (lowmem: workers + 1 and the transfer queue 2, + 4: at most 9;
+    DALI's reader: the transfer queue 2 and DALI's 2, + 4: 8), and SYNTHETIC none; rung 4 names an
+    unknown key: one error line, and rungs 1-3 keep their records."""
     from shared_data.core.errors import run_cli
 
     plan, out = tmp_path / "rungs.json", tmp_path / "records.jsonl"
@@ -201,8 +200,123 @@ def test_rungs_share_one_process_and_a_failing_one_keeps_the_others_records(tiny
         (1, "full", ["train step", "input pipeline"], 1),
         (2, "io", [], 1),
         (2, "full", ["train step", "input pipeline"], 1),
-        (3, "full", ["train step"], 6),
+        (3, "full", ["train step"], 1),
     ]
+    caps = [2 + 2 + 4 if r["loader"] == "dali-npy" else r["config_values"]["num_data_workers"] + 1 + 2 + 4
+            for r in records]  # fmt: skip
+    assert records[1]["drained_steps"] == 0 and caps[-1] == benchmark.prefetch_depth(
+        config_mod.replace(tiny_cfg, data_loader_config="dali-npy")) + benchmark.DRAIN_EXTRA  # fmt: skip
+    assert all(1 <= r["drained_steps"] <= cap for r, cap in zip(records, caps) if r["mode"] != "synthetic")
     assert records[1]["compile_sec"] > 0 and {r["compile_sec"] for r in records[2:]} == {0.0}
     assert all(r["window_steps"] == [2, 2] and r["min_window_steps"] == 2 and r["rung_sec"] > 0 for r in records)
     assert [r["config_values"]["num_data_workers"] for r in records] == [1, 1, 1, 2, 2, 1]
+
+
+class _Producer:
+    """A loader: a thread puts one batch every ``period`` seconds into a queue of ``depth`` (and holds
+    one more while the queue is full), whenever nobody consumes."""
+
+    def __init__(self, period: float, depth: int):
+        import queue
+        import threading
+
+        self.period, self.queue, self.stop = period, queue.Queue(depth), threading.Event()
+        threading.Thread(target=self._produce, daemon=True).start()
+
+    def _produce(self):
+        while not self.stop.wait(self.period):
+            self.queue.put(object())
+
+    def __next__(self):
+        return self.queue.get()
+
+    def close(self):
+        self.stop.set()
+
+
+class _FakeBench:
+    """A bench on a :class:`_Producer` (IO: a pull; FULL: a pull and a 5 ms step; SYNTHETIC: the step)
+    whose set-up pauses ``PAUSE`` seconds, as compiling or a previous mode does, so its loader's
+    queue fills before the timing starts."""
+
+    framework, global_batch, compile_sec, PERIOD, PAUSE = "jax", 4, 0.0, 0.05, 0.6
+
+    def __init__(self, cfg, mode, num_devices=None, step_from=None, input_from=None):
+        import time
+
+        self.mode = mode
+        if mode != "synthetic":
+            depth = benchmark.prefetch_depth(cfg)
+            self.batches = input_from.batches if input_from else _Producer(self.PERIOD, depth)
+            time.sleep(self.PAUSE)
+
+    def step(self):
+        import time
+
+        if self.mode != "io":
+            time.sleep(0.005)
+        if self.mode != "synthetic":
+            next(self.batches)
+
+    sync = lambda self: None
+    device_name = lambda self: "fake"
+    versions = lambda self: {}
+    peak_memory_bytes = lambda self: None
+
+
+def test_drain_measures_the_loader_not_its_read_ahead(monkeypatch):
+    """A loader of 4 workers (queue of prefetch_depth 7, plus the batch its producer holds) making a
+    batch of 4 every 50 ms: 80 samples/s. IO's pipeline and FULL (taking it over) each start after a
+    0.6 s pause that fills the queue; without a drain the 2 warm-up steps and the window-sizing step
+    leave 5 queued batches for the first 0.25 s window (~10 steps: 13 + 80 samples/s x 5/10 off, a
+    median of 2 windows ~40% over). The drain takes the 8 queued batches and the first waiting
+    pull, so both rates are within 10% of 80 and the record says what it drained."""
+    cfg = config_mod.load_config("cpu_tiny", overrides={"num_data_workers": 4})
+    monkeypatch.setattr(benchmark, "make_bench", lambda framework, *a, **k: _FakeBench(*a, **k))
+    session = benchmark.Session("jax")
+    io, full = session.run(cfg, ["io", "full"], warmup=2, steps=40, windows=2, window_sec=0.25, min_steps=5)
+    true_rate = _FakeBench.global_batch / _FakeBench.PERIOD
+    for r in (io, full):
+        assert abs(r["samples_per_sec"] / true_rate - 1) < 0.1, (r["mode"], r["samples_per_sec"])
+        assert 7 <= r["drained_steps"] <= benchmark.prefetch_depth(cfg) + benchmark.DRAIN_EXTRA
+
+
+def test_drain_stops_at_the_first_wait_and_at_its_cap():
+    """Calls of 1 ms from a queue of 3, then 30 ms waits: the drain takes the 3 fast calls and the
+    first slow one (4); calls that never wait (a consumer slower than its loader) stop at the cap;
+    an empty queue (every call 30 ms, but the one after the drain's pause of 30 ms finds the batch
+    made meanwhile: 1 ms) stops after that call (2), having paused once."""
+    import time
+
+    times = iter([0.001] * 3 + [0.03] * 10)
+    assert benchmark.drain(lambda: time.sleep(next(times)), lambda _: None, 10) == 4
+    assert benchmark.drain(lambda: time.sleep(0.01), lambda _: None, 6) == 6
+    times = iter([0.03, 0.001, 0.03, 0.03])
+    t0 = time.perf_counter()
+    assert benchmark.drain(lambda: time.sleep(next(times)), lambda _: None, 10) == 2
+    assert 0.06 <= time.perf_counter() - t0 < 0.09
+
+
+def test_drain_of_an_empty_queue_costs_two_batches(monkeypatch):
+    """The loader of the test above (80 samples/s) with no pause: IO's pipeline is consumed from its
+    start, so its queue is empty; the drain ends after its second call (~2 batch periods, 0.1 s)."""
+    monkeypatch.setattr(_FakeBench, "PAUSE", 0.0)
+    cfg = config_mod.load_config("cpu_tiny", overrides={"num_data_workers": 4})
+    monkeypatch.setattr(benchmark, "make_bench", lambda framework, *a, **k: _FakeBench(*a, **k))
+    (io,) = benchmark.Session("jax").run(cfg, ["io"], warmup=2, steps=40, windows=1, window_sec=0.25, min_steps=5)
+    assert io["drained_steps"] == 2 and abs(io["samples_per_sec"] / 80 - 1) < 0.1
+
+
+def test_prefetch_depth_counts_the_queues_each_loader_has():
+    """lowmem with 4 workers: 4 + 1 read ahead and JAX's transfer queue of 2 (7; PyTorch copies in its
+    loader: 5); DALI's numpy reader: no host workers, the transfer queue 2 and DALI's queue (2): 4;
+    dali-h5's Python workers read ahead like the host loaders' (9); the device loader: 2."""
+    cfg = config_mod.load_config("cpu_tiny", overrides={"num_data_workers": 4, "dali_prefetch_queue_depth": 2})
+    depth = lambda loader, fw="jax": benchmark.prefetch_depth(config_mod.replace(cfg, data_loader_config=loader), fw)
+    assert (depth("lowmem"), depth("lowmem", "torch"), depth("dali-npy"), depth("dali-h5"), depth("device")) == (
+        7,
+        5,
+        4,
+        9,
+        2,
+    )

@@ -95,63 +95,83 @@ def test_one_h200_schedule_runs_each_framework_in_as_few_processes_as_its_flags_
     ]
     assert budget.modes_of("amp", ladder.MODES, all_modes=True) == ["io", "synthetic", "full"]
 
-    # set-up 455 s by the table: processes JAX 15 + 15, TF 28, PyTorch 18; rungs JAX 36+12+5+36 and
-    # 35+10, TF 26+10+10+16+48+12, PyTorch 66+12+5+40
+    # set-up 398 s by the table: processes JAX 15 + 15, TF 30, PyTorch 15; rungs JAX 29+7+2+36 and
+    # 19+3, TF 27+20+3+18+44+3, PyTorch 63+12+2+35
     runs = schedule.runs(groups)
-    assert sum(budget.setup_sec(r.framework, r.rung, r.new_process) for r in runs) == 455
-    # windows of 3 x 1 s, at least 5 steps: the lowmem rungs' input modes last 5 steps of 1.05 s
-    # (baseline) or 1.2 s (more workers): 15.75 and 18 s; the other 23 modes 3 s
-    assert budget.total(runs, budget.Windows(3, 1.0)) == pytest.approx(455 + 6 * 15.75 + 6 * 18 + 23 * 3)
+    assert sum(budget.setup_sec(r.framework, r.rung, r.new_process) for r in runs) == 398
+    # windows of 3 x 1 s, at least 5 steps: the 12 lowmem input modes last a drain of 2 steps of
+    # 0.85 s and 3 windows of 5: 14.45 s; the other 23 modes 3 s, and the drains of their 14 input
+    # modes: 2 steps in IO (DALI 0.12 s x3, GPU-resident 0.02 s x2) and in the compiled FULL (0.1 s,
+    # 5 x its step: x2), 8 (the cap) in a FULL within 3 x its step (DALI 0.12 s x3, bf16 0.11 s x3,
+    # GPU-resident 0.02 s x2)
+    drains = 2 * (3 * 0.12 + 2 * 0.02 + 2 * 0.1) + 8 * (3 * 0.12 + 3 * 0.11 + 2 * 0.02)
+    assert [budget.drain_steps("dali", m) for m in ("io", "synthetic", "full")] == [2, 0, 8]
+    assert budget.total(runs, budget.Windows(3, 1.0)) == pytest.approx(398 + 12 * 14.45 + 23 * 3 + drains)
     assert schedule.windows(1000.0) == (budget.Windows(3, 1.0), True)
     lines = ladder.schedule_lines(schedule, 1000.0)
     assert lines[0].startswith(
         "schedule: 16 rungs run in 4 processes, 0 taken from --resume, 5 skipped; timed windows 3 x 1 s per "
-        "mode (at least 5 steps each); estimated 726 s of the 1000 s left of --budget_sec 1000;"
+        "mode (at least 5 steps each); estimated 647 s of the 1000 s left of --budget_sec 1000;"
     )
     assert lines[1] == f"  jax process (rungs 1, 2, 3, 4): XLA_FLAGS='{flags[0]}', ~15 s to start"
-    assert "  jax 1. baseline: io synthetic full, ~70 s" in lines  # 36 + 2 x 15.75 + 3
-    assert "  tf 5. compilation: synthetic full, ~54 s" in lines
-    assert "  torch 2. more workers: io full, ~48 s" in lines
+    assert "  jax 1. baseline: io synthetic full, ~61 s" in lines  # 29 + 2 x 14.45 + 3
+    assert "  tf 5. compilation: synthetic full, ~50 s" in lines  # 44 + 3 + 3 + 0.2
+    assert "  torch 2. more workers: io full, ~41 s" in lines  # 12 + 2 x 14.45
     assert f"  tf 7. data parallel: skipped: {ONE_GPU}" in lines
     assert len(lines) == 1 + 4 + 21
 
 
 def test_the_budget_trims_fast_windows_first_and_never_the_floor(tiny_cfg):
-    schedule = ladder.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), 709.0)
-    # a slow rung's window is its 5-step floor at any window_sec up to 5 x 1.05 s: trimming leaves it
-    slow = [budget.window_cost("baseline", "io", budget.Windows(3, sec)) for sec in (1.0, 0.74, 0.5)]
-    assert slow == [pytest.approx(15.75)] * 3
-    assert budget.window_cost("dali", "io", budget.Windows(3, 0.74)) == pytest.approx(2.22)
-    # 3 windows: 455 + 202.5 (the floors) + 23 x 3 x s <= 709: s = 0.74
-    assert schedule.windows(709.0) == (budget.Windows(3, 0.74), True)
-    assert "(windows trimmed from 3 x 1 s)" in ladder.schedule_lines(schedule, 709.0)[0]
-    # 3 windows at the floor's 0.5 s (0.6 s for 5 DALI steps) are 695.3 s; 2 windows: 455 + 135 +
-    # 23 x 2 x s <= 690 fits s = 1
-    assert schedule.windows(690.0) == (budget.Windows(2, 1.0), True)
-    assert schedule.windows(630.0) == (budget.Windows(2, 0.86), True)  # s <= 40 / 46
-    # the floor: 2 windows of 0.5 s, at least 5 steps: 615.2 s, over 610
-    assert schedule.windows(610.0) == (budget.Windows(2, 0.5), False)
-    head = ladder.schedule_lines(schedule, 535.0)[0]
+    schedule = ladder.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), 640.0)
+    # a slow rung's window is its 5-step floor at any window_sec up to 5 x 0.85 s: trimming leaves it
+    slow = [budget.window_cost("baseline", "io", budget.Windows(3, sec)) for sec in (1.0, 0.89, 0.5)]
+    assert slow == [pytest.approx(14.45)] * 3  # the drain's 2 x 0.85 s and 3 x 5 x 0.85 s
+    assert budget.window_cost("dali", "io", budget.Windows(3, 0.89)) == pytest.approx(0.24 + 2.67)
+    assert budget.window_cost("dali", "full", budget.Windows(3, 0.89)) == pytest.approx(0.96 + 2.67)
+    assert budget.window_cost("dali", "synthetic", budget.Windows(3, 0.89)) == pytest.approx(2.67)  # no drain
+    # 3 windows: 398 + 173.4 (the lowmem floors) + 7.04 (the other drains) + 23 x 3 x s <= 640: s = 0.89
+    assert schedule.windows(640.0) == (budget.Windows(3, 0.89), True)
+    assert "(windows trimmed from 3 x 1 s)" in ladder.schedule_lines(schedule, 640.0)[0]
+    # 3 windows at the floor's 0.5 s (0.6 s for 5 DALI steps) are 615.2 s; 2 windows: 398 + 12 x 10.2
+    # + 7.04 + 23 x 2 x s <= 610 fits s = 1
+    assert schedule.windows(610.0) == (budget.Windows(2, 1.0), True)
+    assert schedule.windows(570.0) == (budget.Windows(2, 0.92), True)  # s <= 42.56 / 46
+    # the floor: 2 windows of 0.5 s, at least 5 steps: 551.9 s, over 551
+    assert schedule.windows(551.0) == (budget.Windows(2, 0.5), False)
+    head = ladder.schedule_lines(schedule, 520.0)[0]
     assert head.split("; ")[2].endswith(
-        "estimated 615 s of the 535 s left of --budget_sec 709 (over it even at the smallest windows: the "
-        "budget stops the last rungs, by the estimate torch 4, jax 5, jax 6)"
+        "estimated 552 s of the 520 s left of --budget_sec 640 (over it even at the smallest windows: the "
+        "budget stops the last rungs, by the estimate jax 5, jax 6)"
     )
 
 
+def test_the_recipe_s_budget_plans_every_rung_on_one_h200(tiny_cfg):
+    """run.sh gives the ladder the call (--budget_sec 570, its set-up done by setup.sh in a call
+    before); the probes take ~12 s of it: the 16 rungs fit in the 558 s left, at 2 windows of 0.66 s
+    (at least 5 steps: a lowmem window ~4.3 s), none expected to be stopped; at the floor (2 x 0.5 s)
+    they take 552 s."""
+    schedule = ladder.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0, 5), 570.0)
+    assert schedule.windows(558.0) == (budget.Windows(2, 0.66), True)
+    assert budget.total(schedule.runs(schedule.groups()), budget.FLOOR) == pytest.approx(551.94)
+    head = ladder.schedule_lines(schedule, 558.0)[0]
+    assert head.startswith("schedule: 16 rungs run in 4 processes, 0 taken from --resume, 5 skipped")
+    assert "estimated 558 s of the 558 s left of --budget_sec 570 (windows trimmed from 3 x 1 s)" in head
+
+
 def test_run_with_the_table_s_times_fits_the_budget(tiny_cfg, tmp_path):
-    schedule = ladder.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), 730.0)
+    schedule = ladder.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), 660.0)
     fake = FakeRunner()
     out = tmp_path / "ladder.jsonl"
     summaries = ladder.run_ladder(schedule, [], out, 150.0, "short_opt", runner=fake, clock=fake.clock)
     assert [(fw, idx) for idx, fw, *_ in fake.calls] == [(fw, idx) for fw, idx in PROCESSES]
     assert {w for *_, w, _ in fake.calls} == {budget.Windows(3, 1.0)}  # the table is right: nothing trimmed
-    assert fake.now == pytest.approx(726.5)
+    assert fake.now == pytest.approx(647.44)
     statuses = [s["status"] for s in summaries]
     assert statuses.count("ran") == 16 and statuses.count("skipped") == 5
     assert len([json.loads(line) for line in out.read_text().splitlines()]) == 16 + 35 + 5
 
     jax = {s["ladder_step"]: s for s in summaries if s["framework"] == "jax"}
-    assert jax[1]["rung_sec"] == pytest.approx(36 + 2 * 15.75 + 3) and jax[1]["process_rungs"] == [1, 2, 3, 4]
+    assert jax[1]["rung_sec"] == pytest.approx(29 + 2 * 14.45 + 3) and jax[1]["process_rungs"] == [1, 2, 3, 4]
     assert jax[1]["windows"] == {"windows": 3, "window_sec": 1.0, "min_steps": 5} and jax[7]["process_sec"] is None
     assert jax[2]["measured_modes"] == ["io", "full"] and jax[2]["values_from"] == {"io": 2, "synthetic": 1, "full": 2}
     assert jax[2]["synthetic_samples_per_sec"] == 1300.0 and jax[4]["io_samples_per_sec"] == pytest.approx(770.0)
@@ -163,18 +183,19 @@ def test_run_with_the_table_s_times_fits_the_budget(tiny_cfg, tmp_path):
 
 
 def test_a_slower_machine_gets_the_floor_and_loses_the_last_rungs(tiny_cfg, tmp_path):
-    schedule = ladder.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), 730.0)
+    schedule = ladder.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), 660.0)
     fake = FakeRunner(slow=1.3)
     summaries = ladder.run_ladder(schedule, [], tmp_path / "a.jsonl", 150.0, "short_opt", runner=fake, clock=fake.clock)
     assert fake.calls[0][2] == budget.Windows(3, 1.0)  # the table's estimate, before anything ran
-    # JAX's first process took 1.3 x 104 + 82.5 s: set-up 1.3 x the table's; the rest gets the floor
+    # JAX's first process took 1.3 x its 88 s of set-up and its windows: set-up 1.3 x the table's;
+    # the rest gets the floor
     assert {c[2] for c in fake.calls[1:]} == {budget.Windows(2, 0.5)}
     stopped = [(s["framework"], s["ladder_step"], s["status"], s["reason"]) for s in summaries
                if s["status"] != "ran" and not s["reason"].startswith(("1 GPU", "the reference"))]  # fmt: skip
-    budget_text = "the ladder's time budget (--budget_sec 730)"
+    budget_text = "the ladder's time budget (--budget_sec 660)"
     assert stopped == [("jax", 5, "stopped", f"{budget_text} ran out during it"),
                        ("jax", 6, "skipped", f"{budget_text} was spent")]  # fmt: skip
-    assert fake.now == pytest.approx(730.0) and [s["status"] for s in summaries].count("ran") == 14
+    assert fake.now == pytest.approx(660.0) and [s["status"] for s in summaries].count("ran") == 14
 
 
 def test_a_crash_loses_only_its_rung_and_the_rest_run_in_a_new_process(tiny_cfg, tmp_path):
@@ -199,11 +220,11 @@ def test_resume_runs_only_what_the_first_call_did_not(tiny_cfg, tmp_path):
     plans = one_h200_plans(tiny_cfg)
     first = tmp_path / "first.jsonl"
     fake = FakeRunner(slow=1.3)
-    schedule = ladder.make_schedule(plans, ladder.MODES, budget.Windows(3, 1.0), 730.0)
+    schedule = ladder.make_schedule(plans, ladder.MODES, budget.Windows(3, 1.0), 660.0)
     ladder.run_ladder(schedule, [], first, 150.0, "short_opt", runner=fake, clock=fake.clock)
-    again = ladder.make_schedule(plans, ladder.MODES, budget.Windows(3, 1.0), 730.0, resume=ladder.read_ladder(first))
+    again = ladder.make_schedule(plans, ladder.MODES, budget.Windows(3, 1.0), 660.0, resume=ladder.read_ladder(first))
     assert len(again.reuse) == 14 and ("jax", 5) not in again.reuse
-    assert ladder.schedule_lines(again, 730.0)[0].startswith(
+    assert ladder.schedule_lines(again, 660.0)[0].startswith(
         "schedule: 2 rungs run in 1 processes, 14 taken from --resume, 5 skipped"
     )
     second = FakeRunner()
@@ -254,7 +275,7 @@ def test_main_with_fake_probes_and_benchmarks(tiny_cfg, tmp_path, monkeypatch, c
     assert ladder.main(args + ["--window_sec", "0.5", "--windows", "2", "--budget_sec", "3600"]) == 0
     printed = capsys.readouterr().out.splitlines()
     head = next(i for i, line in enumerate(printed) if line.startswith("[ladder] schedule: 16 rungs run"))
-    assert printed[head + 2] == "[ladder]   jax 1. baseline: io synthetic full, ~58 s"  # 36 + 2 x 10.5 + 1
+    assert printed[head + 2] == "[ladder]   jax 1. baseline: io synthetic full, ~50 s"  # 29 + 2 x 10.2 + 1
     assert head < next(i for i, line in enumerate(printed) if line.startswith("[ladder] jax 1. baseline: the tutorial"))
     assert {w for *_, w, _ in fake.calls} == {budget.Windows(2, 0.5)}
     assert (tmp_path / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -3,37 +3,36 @@
 # short_opt (64^3 crops, batch 64, the full 117 M-parameter net), rungs 1-6 for JAX and TF, 1-4 for
 # PyTorch (the reference has no compilation switch and no GPU-resident loader), data parallel skipped
 # on one GPU. Each framework's rungs run in as few processes as its settings allow (JAX 1-4 and 5-6,
-# TF 1-6, PyTorch 1-4), so imports, GPU set-up and compiled steps carry over. Timed windows hold at
-# least 5 steps (a slow lowmem rung's window is ~5 s); the ladder prints its schedule first (its
+# TF 1-6, PyTorch 1-4), so imports, GPU set-up and compiled steps carry over. Before the timed windows
+# of every IO and FULL mode the benchmark drains what the loader read ahead. Timed windows hold at
+# least 5 steps (a slow lowmem rung's window is ~4 s); the ladder prints its schedule first (its
 # processes, each rung's modes and estimated seconds, the total, and the rungs the budget is expected
 # to stop if the total is over it), trims the fast rungs' windows to fit, and stops at DEADLINE
-# seconds after this script starts (BUDGET at most), so set-up (TF unpacked, data ~35 s) and ladder
-# end inside the call's 600 s. A later call with RESUME=<this call's jsonl, copied into the checkout>
-# runs only the rungs this one did not finish.
+# seconds after this script starts (BUDGET at most). The set-up (TF unpacked, the DALI TF plugin, the
+# data) is setup.sh's, in a call before on the same warm machine, so the ladder has this whole call.
+# A later call with RESUME=<this call's jsonl, copied into the checkout> runs only the rungs this one
+# did not finish. Writes 4 files under $OUT: timeline.txt, ladder_$CONFIG.{jsonl,log,png}.
 #
-# On nvidia-h200, after DALI (.dali/p0-p2) and TF (.tf/p0-p5) are staged by their calls
-# (../shared/device/README.md), in one call that carries [".tf/last", ".daltf"], $OUT set:
+# On nvidia-h200, in the call after experiments/ladder_h200/setup.sh's, $OUT set:
 #   bash experiments/ladder_h200/run.sh
-# The same commands on CPU with a tiny config (a smoke test, ~1.5 min on 2 cores):
+# The same commands on CPU with a tiny config (a smoke test, ~2.5 min on 2 cores):
 #   OUT=/tmp/out CONFIG=cpu_tiny BUDGET=150 bash experiments/ladder_h200/run.sh
 set -uo pipefail
 : "${OUT:?set OUT to the results folder}"
 CONFIG=${CONFIG:-short_opt}
 PY=${PY:-python3}
-BUDGET=${BUDGET:-540}
-DEADLINE=${DEADLINE:-570}
+BUDGET=${BUDGET:-570}
+DEADLINE=${DEADLINE:-585}
 RESUME=${RESUME:-}
 mkdir -p "$OUT"
 if [[ $CONFIG == short_opt ]]; then
-  export PYTHONPATH=/tmp/site  # DALI, staged by ../shared/device/stage-dali.sh
-  source scripts/gpu/common.sh  # a GPU (else one error line), the environment, device record, data
-  if [[ ! -f /tmp/tf-env.sh ]]; then
-    bash .tf/last/tf-on-device.sh > "$OUT/tf_unpack.log" 2>&1 || { tail -5 "$OUT/tf_unpack.log"; exit 1; }
-  fi
+  command -v nvidia-smi >/dev/null || { echo "error: ${0##*/} needs an NVIDIA GPU (nvidia-smi not found)" >&2; exit 2; }
+  for f in /tmp/tf-env.sh data/train_256_Nbody.npy data/val_128.h5; do
+    [[ -e $f ]] || { echo "error: $f not found: run bash experiments/ladder_h200/setup.sh in a call before this one" >&2; exit 2; }
+  done
+  export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6  # as scripts/gpu/common.sh
   source /tmp/tf-env.sh
   export TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2
-  bash experiments/tf_on_h200/plugin.sh  # the DALI TF plugin carried in .daltf/
-  $PY -c "import tensorflow as tf, keras; print('tensorflow', tf.__version__, 'keras', keras.__version__)" | tee -a "$OUT/device.txt"
   DATA=()
 else
   export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
