@@ -195,13 +195,17 @@ class Bench:
         from shared_data.data.sampler import TRAIN
 
         reader = crop_readers.make_reader(cfg)
-        for epoch in itertools.count():
-            for b in host_batches.NumpyLoader(
-                reader, host_batches.make_plan(cfg, TRAIN, epoch, [0], 1, reader.size), cfg
-            ):
-                x = torch.from_numpy(b["inputs"]).pin_memory().cuda(non_blocking=True)
-                y = torch.from_numpy(b["targets"]).pin_memory().cuda(non_blocking=True)
-                yield x.permute(0, 4, 1, 2, 3), y.permute(0, 4, 1, 2, 3)
+        workers = host_batches.crop_workers(reader, cfg)  # lowmem: worker processes, as JAX and TF
+        try:
+            for epoch in itertools.count():
+                plan = host_batches.make_plan(cfg, TRAIN, epoch, [0], 1, reader.size)
+                for b in host_batches.NumpyLoader(reader, plan, cfg, workers=workers):
+                    x = torch.from_numpy(b["inputs"]).pin_memory().cuda(non_blocking=True)
+                    y = torch.from_numpy(b["targets"]).pin_memory().cuda(non_blocking=True)
+                    yield x.permute(0, 4, 1, 2, 3), y.permute(0, 4, 1, 2, 3)
+        finally:
+            if workers is not None:
+                workers.close()
 
     def step(self) -> None:
         if self.mode == "io":

@@ -30,15 +30,21 @@ class Input:
     def __init__(self, cfg: Config, split: str, mesh: Mesh):
         self.cfg, self.split, self.mesh = cfg, SPLITS[split], mesh
         self.reader = crop_readers.make_reader(cfg, split)
+        self.workers = host_batches.crop_workers(self.reader, cfg)  # lowmem: processes, started at the first batch
         self.shards = distribute.local_shards(mesh)
         self.replicas = distribute.num_replicas(mesh)
         self.steps = len(self.plan(0))
+
+    def close(self) -> None:
+        """Stop the ``lowmem`` worker processes and free their shared memory (also done at exit)."""
+        if self.workers is not None:
+            self.workers.close()
 
     def plan(self, epoch: int) -> host_batches.EpochPlan:
         return host_batches.make_plan(self.cfg, self.split, epoch, self.shards, self.replicas, self.reader.size)
 
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
-        host = iter(host_batches.NumpyLoader(self.reader, self.plan(epoch), self.cfg))
+        host = iter(host_batches.NumpyLoader(self.reader, self.plan(epoch), self.cfg, workers=self.workers))
         return prefetch_to_mesh(host, self.mesh)
 
 

@@ -3,7 +3,8 @@ device-resident ``device`` loader, and DALI.
 
 ``make_input(cfg, split, strategy)`` returns an :class:`Input` whose ``epoch(e)`` iterates that
 epoch's batches, distributed over the strategy's replicas. The crop and symmetry logic is the
-shared one (:func:`shared_data.data.host_batches.NumpyLoader.load`), run in parallel by ``tf.data``'s map.
+shared one (:func:`shared_data.data.host_batches.NumpyLoader.load`), run in parallel by ``tf.data``'s map
+(for ``lowmem``, each map call hands its batch to a worker process, as in JAX).
 """
 
 from __future__ import annotations
@@ -27,9 +28,15 @@ class Input:
     def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy):
         self.cfg, self.split, self.strategy = cfg, SPLITS[split], strategy
         self.reader = crop_readers.make_reader(cfg, split)
+        self.workers = host_batches.crop_workers(self.reader, cfg)  # lowmem: processes, started at the first batch
         self.shards = distribute.local_shards(strategy)
         self.replicas = distribute.num_replicas(strategy)
         self.steps = len(self.plan(0))
+
+    def close(self) -> None:
+        """Stop the ``lowmem`` worker processes and free their shared memory (also done at exit)."""
+        if self.workers is not None:
+            self.workers.close()
 
     def plan(self, epoch: int, shards: list[int] | None = None) -> host_batches.EpochPlan:
         return host_batches.make_plan(
@@ -38,7 +45,7 @@ class Input:
 
     def dataset(self, epoch: int, shard: int) -> tf.data.Dataset:
         """One replica's batches of ``epoch``: (B_local, s, s, s, C) dicts, read in parallel, prefetched."""
-        source = host_batches.NumpyLoader(self.reader, self.plan(epoch, [shard]), self.cfg)
+        source = host_batches.NumpyLoader(self.reader, self.plan(epoch, [shard]), self.cfg, workers=self.workers)
         cfg, s = self.cfg, self.cfg.crop_size
 
         def load(step):

@@ -7,6 +7,8 @@ returns channels-last DHWC arrays, the layout of the models.
 
 * ``lowmem`` (the tutorial's): h5py ``read_direct`` of just the crop; the file is opened lazily,
   once per process (a forked child reopens it; a spawned child receives no handle when pickled).
+  h5py holds a process-wide lock for the whole read, so threads sharing a handle read one crop at a
+  time; the native loaders read it in worker processes (:mod:`shared_data.data.crop_workers`).
 * ``inmem``: both volumes read into memory once (per process), crops are slices.
 * ``synthetic``: a random volume of ``synthetic_volume_size`` made once per process from the seed;
   the same copy pattern with no file (the tutorial's ``RandomJunkDataset``).
@@ -165,12 +167,16 @@ def make_sample(crop_in: np.ndarray, crop_tar: np.ndarray, sym: int, cfg: Config
     return x, y
 
 
-def make_batch(reader, draws: Draws, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
+def make_batch(
+    reader, draws: Draws, cfg: Config, out: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Read and transform every draw: returns ``(inputs, targets)``, float32 NDHWC
-    (n, s, s, s, N_in) and (n, s, s, s, N_out)."""
+    (n, s, s, s, N_in) and (n, s, s, s, N_out), written into ``out`` (arrays of those shapes, e.g.
+    a shared-memory slot of :mod:`shared_data.data.crop_workers`) where given, else new arrays."""
     s, n = cfg.crop_size, len(draws)
-    xs = np.empty((n, s, s, s, cfg.N_in_channels), np.float32)
-    ys = np.empty((n, s, s, s, cfg.N_out_channels), np.float32)
+    if out is None:
+        out = np.empty((n, s, s, s, cfg.N_in_channels), np.float32), np.empty((n, s, s, s, cfg.N_out_channels), np.float32)
+    xs, ys = out
     buf_in = np.empty((cfg.N_in_channels, s, s, s), np.float32)
     buf_tar = np.empty((cfg.N_out_channels, s, s, s), np.float32)
     for i in range(n):

@@ -26,7 +26,8 @@ import numpy as np
 from shared_data.core import config as config_mod
 from shared_data.data import symmetry
 from shared_data.core.config import Config
-from shared_data.data.crop_readers import make_batch
+from shared_data.data.crop_readers import H5LowMemReader, make_batch
+from shared_data.data.crop_workers import CropWorkers
 from shared_data.data.sampler import TRAIN, VAL, Draws, epoch_draws  # noqa: F401 (TRAIN/VAL re-exported)
 
 
@@ -125,16 +126,26 @@ def forever(inp) -> Iterator:
 
 
 class NumpyLoader:
-    """Iterate a plan's batches in order, read by ``num_workers`` threads, ``prefetch`` batches ahead.
+    """Iterate a plan's batches in order, ``num_workers`` batches read at once, ``prefetch`` ahead.
 
-    NumPy copies and h5py reads release the GIL for their bulk work, so threads overlap reading with
-    the training step without the fork/spawn cost of processes (the DALI loaders use processes).
+    Each batch is read by a thread of this process, or, where ``workers`` is given (``lowmem``), by
+    a worker process of ``workers`` that the thread hands it to and waits for
+    (:class:`shared_data.data.crop_workers.CropWorkers`). ``inmem`` and ``synthetic`` crops are NumPy
+    copies, which release the GIL, so threads overlap them with the training step; ``lowmem``
+    reads hold h5py's process-wide lock for their whole length, so only processes, each with its own
+    file handle, read in parallel. Either way the batches equal :meth:`load`'s bit for bit.
     """
 
     def __init__(
-        self, reader, plan: EpochPlan, cfg: Config, num_workers: int | None = None, prefetch: int | None = None
+        self,
+        reader,
+        plan: EpochPlan,
+        cfg: Config,
+        num_workers: int | None = None,
+        prefetch: int | None = None,
+        workers: CropWorkers | None = None,
     ):
-        self.reader, self.plan, self.cfg = reader, plan, cfg
+        self.reader, self.plan, self.cfg, self.workers = reader, plan, cfg, workers
         self.num_workers = num_workers or cfg.num_data_workers
         self.prefetch = prefetch or self.num_workers + 1
 
@@ -142,8 +153,14 @@ class NumpyLoader:
         return len(self.plan)
 
     def load(self, step: int) -> dict[str, np.ndarray]:
-        """The batch of ``step`` (synchronously)."""
-        x, y = make_batch(self.reader, self.plan.draws[step], self.cfg)
+        """The batch of ``step`` (synchronously; read by a worker process where ``workers`` is given).
+
+        Raises:
+            DatasetError: the crops cannot be read or hold bad values (naming the file).
+            RuntimeError: a worker process died or hung (:meth:`CropWorkers.batch`).
+        """
+        draws = self.plan.draws[step]
+        x, y = self.workers.batch(draws) if self.workers else make_batch(self.reader, draws, self.cfg)
         return {"inputs": x, "targets": y, "mask": self.plan.masks[step]}
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
@@ -161,6 +178,15 @@ class NumpyLoader:
             finally:
                 for future in pending:
                     future.cancel()
+
+
+def crop_workers(reader, cfg: Config) -> CropWorkers | None:
+    """The worker processes a native loader of ``reader`` reads through: ``cfg.num_data_workers``
+    processes (started at the first batch) for an h5py reader (``lowmem``), None (threads) for the
+    in-memory and synthetic readers."""
+    if isinstance(reader, H5LowMemReader):
+        return CropWorkers(reader, cfg, cfg.num_data_workers)
+    return None
 
 
 def device_gather_setup(reader, cfg: Config) -> tuple[np.ndarray, dict]:

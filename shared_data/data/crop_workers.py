@@ -1,0 +1,217 @@
+"""Worker processes of the ``lowmem`` loader: each reads crops through its own h5py handle and writes
+each batch into a shared-memory slot that the parent copies out.
+
+h5py holds one process-wide lock for the whole of a read, and the HDF5 library serializes its
+calls, so threads of one process read crops one at a time whatever their number. Processes, each
+with its own handle (the tutorial's PyTorch ``DataLoader`` workers), read in parallel.
+
+* Start: the workers are forked from a fork server (a fresh interpreter that has imported this
+  module, not the parent, whose TensorFlow/JAX threads a fork would copy mid-state), once per
+  :class:`CropWorkers`, when the first batch is asked for; they serve every later epoch.
+* Transfer: a batch (600 MB for 64 crops of 64^3 x 9 channels) never goes through a pipe. The parent
+  sends a slot name and the draws (a few hundred bytes); the worker writes inputs and targets into
+  the slot (:func:`shared_data.data.crop_readers.make_batch` with ``out``); the parent copies them out
+  and puts the slot back on the free list, so slots are reused and the caller owns its arrays.
+* End: :meth:`CropWorkers.close`, the object's collection, or the interpreter's exit stop the workers
+  (a worker still running after :data:`JOIN_S` is terminated) and unlink every slot.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+import signal
+import threading
+import weakref
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.shared_memory import SharedMemory
+
+import numpy as np
+
+from shared_data.core.config import Config
+from shared_data.core.errors import UserError
+from shared_data.data.crop_readers import make_batch
+from shared_data.data.sampler import Draws
+
+#: Seconds a batch may take before the loader gives up on its worker (a read that hangs, e.g. on a
+#: stalled network file system); a batch of 64 crops of 64^3 takes seconds.
+BATCH_TIMEOUT_S = 300.0
+#: Seconds :meth:`CropWorkers.close` waits for a worker to finish its batch before terminating it.
+JOIN_S = 5.0
+SHM_DIR = "/dev/shm"
+
+
+def batch_shapes(n: int, cfg: Config) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the inputs (n, s, s, s, N_in) and targets (n, s, s, s, N_out) of a batch of ``n`` crops."""
+    s = cfg.crop_size
+    return (n, s, s, s, cfg.N_in_channels), (n, s, s, s, cfg.N_out_channels)
+
+
+def _views(buf, n: int, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
+    """float32 inputs and targets of a batch of ``n`` crops laid one after the other at the start of ``buf``."""
+    shape_x, shape_y = batch_shapes(n, cfg)
+    x = np.ndarray(shape_x, np.float32, buffer=buf)
+    y = np.ndarray(shape_y, np.float32, buffer=buf, offset=x.nbytes)
+    return x, y
+
+
+# --- in the worker ---------------------------------------------------------------------------------
+
+_WORKER: dict = {}
+
+
+def _init(reader, cfg: Config) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes the workers
+    _WORKER.update(reader=reader, cfg=cfg, slots={})
+
+
+def _fill(slot: str, draws: Draws) -> None:
+    """Write the batch of ``draws`` into shared-memory segment ``slot`` (attached once per worker)."""
+    reader, cfg, slots = _WORKER["reader"], _WORKER["cfg"], _WORKER["slots"]
+    if slot not in slots:
+        slots[slot] = SharedMemory(name=slot)
+    make_batch(reader, draws, cfg, out=_views(slots[slot].buf, len(draws), cfg))
+
+
+# --- in the parent ---------------------------------------------------------------------------------
+
+
+class _Pool:
+    """The executor and the slots of one :class:`CropWorkers` (what its finalizer releases)."""
+
+    def __init__(self):
+        self.executor: cf.ProcessPoolExecutor | None = None
+        self.slots: list[SharedMemory] = []
+        self.free: list[SharedMemory] = []
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            executor, self.executor = self.executor, None
+            slots, self.slots, self.free = self.slots, [], []
+        if executor is not None:
+            procs = list((getattr(executor, "_processes", None) or {}).values())
+            executor.shutdown(wait=False, cancel_futures=True)
+            for p in procs:
+                p.join(JOIN_S)
+                if p.is_alive():
+                    p.terminate()
+                    p.join(JOIN_S)
+        for shm in slots:
+            try:
+                shm.close()
+            except BufferError:  # a view still exported by a thread that timed out; the unlink frees it
+                pass
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+
+
+class CropWorkers:
+    """``num_workers`` processes that read batches of ``reader``'s crops into shared memory.
+
+    Args:
+        reader: a picklable crop reader (:class:`shared_data.data.crop_readers.H5LowMemReader`); each
+            worker gets a copy, which opens the file itself.
+        cfg: crop size, channel counts and vector channels (:func:`make_batch`).
+        num_workers: processes (``cfg.num_data_workers``).
+
+    Thread-safe: :meth:`batch` may be called from several threads at once (a slot each).
+    """
+
+    def __init__(self, reader, cfg: Config, num_workers: int):
+        self.reader, self.cfg, self.num_workers = reader, cfg, num_workers
+        self._pool = _Pool()
+        self._finalizer = weakref.finalize(self, self._pool.close)
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the running workers (empty before the first batch and after :meth:`close`)."""
+        executor = self._pool.executor
+        return sorted((getattr(executor, "_processes", None) or {}).keys()) if executor else []
+
+    @property
+    def slot_names(self) -> list[str]:
+        """Names of the shared-memory segments (files under /dev/shm) this object holds now."""
+        return [shm.name for shm in self._pool.slots]
+
+    def _executor(self) -> cf.ProcessPoolExecutor:
+        pool = self._pool
+        with pool.lock:
+            if pool.closed:
+                raise RuntimeError(f"the lowmem workers reading {self.reader.path} are closed")
+            if pool.executor is None:
+                ctx = mp.get_context("forkserver")
+                ctx.set_forkserver_preload([__name__])
+                pool.executor = cf.ProcessPoolExecutor(
+                    self.num_workers, mp_context=ctx, initializer=_init, initargs=(self.reader, self.cfg)
+                )
+            return pool.executor
+
+    def _slot(self, nbytes: int) -> SharedMemory:
+        pool = self._pool
+        with pool.lock:
+            for i, shm in enumerate(pool.free):
+                if shm.size >= nbytes:
+                    return pool.free.pop(i)
+            if os.path.isdir(SHM_DIR):
+                st = os.statvfs(SHM_DIR)
+                if st.f_bavail * st.f_frsize < nbytes:
+                    raise UserError(
+                        f"{SHM_DIR} has {st.f_bavail * st.f_frsize / 2**20:.0f} MiB free; a lowmem batch needs "
+                        f"{nbytes / 2**20:.0f} MiB there per data worker (give the container more shared memory, "
+                        "e.g. docker --shm-size, or use --data_loader_config inmem)"
+                    )
+            shm = SharedMemory(create=True, size=nbytes)
+            pool.slots.append(shm)
+            return shm
+
+    def batch(self, draws: Draws) -> tuple[np.ndarray, np.ndarray]:
+        """The batch of ``draws``, read by a worker: ``(inputs, targets)`` float32 (n, s, s, s, N_in)
+        and (n, s, s, s, N_out), new arrays owned by the caller, equal bit for bit to
+        ``make_batch(reader, draws, cfg)``.
+
+        Raises:
+            DatasetError: the worker's read failed (the file removed, truncated or damaged; its message
+                names the file).
+            RuntimeError: a worker died (killed, or crashed in the HDF5 library), the batch took more
+                than :data:`BATCH_TIMEOUT_S`, or the workers are closed.
+        """
+        executor = self._executor()
+        shape_x, shape_y = batch_shapes(len(draws), self.cfg)
+        slot = self._slot(4 * (int(np.prod(shape_x)) + int(np.prod(shape_y))))
+        reusable = False
+        try:
+            future = executor.submit(_fill, slot.name, draws)
+            try:
+                future.result(timeout=BATCH_TIMEOUT_S)
+            except cf.TimeoutError:
+                raise RuntimeError(
+                    f"a lowmem worker reading {self.reader.path} took more than {BATCH_TIMEOUT_S:.0f} s for one batch"
+                ) from None
+            except BrokenProcessPool:
+                raise RuntimeError(
+                    f"a lowmem worker reading {self.reader.path} ended unexpectedly (killed, out of memory, or "
+                    "crashed in the HDF5 library)"
+                ) from None
+            except BaseException:
+                reusable = future.done()  # the worker raised: it no longer writes into the slot
+                raise
+            reusable = True
+            x, y = _views(slot.buf, len(draws), self.cfg)
+            out = np.array(x, copy=True), np.array(y, copy=True)
+            del x, y
+            return out
+        finally:
+            if reusable:
+                with self._pool.lock:
+                    if not self._pool.closed:
+                        self._pool.free.append(slot)
+
+    def close(self) -> None:
+        """Stop the workers (a batch under way for at most :data:`JOIN_S`) and unlink the slots; idempotent."""
+        self._finalizer()
