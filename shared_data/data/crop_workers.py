@@ -19,11 +19,15 @@ with its own handle (the tutorial's PyTorch ``DataLoader`` workers), read in par
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
+import types
 import weakref
+from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.shared_memory import SharedMemory
 
@@ -75,6 +79,23 @@ def _fill(slot: str, draws: Draws) -> None:
 
 
 # --- in the parent ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _main_hidden(hide: bool = True) -> Iterator[None]:
+    """While a worker starts, show :mod:`multiprocessing` an empty ``__main__``: a started process
+    otherwise imports the parent's main module (``python -m jax_impl.train`` would import JAX or
+    TensorFlow into every worker, seconds each), and a script without an ``if __name__ ==
+    "__main__"`` guard would run again there. The workers need only this module."""
+    if not hide:
+        yield
+        return
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 class _Pool:
@@ -182,12 +203,14 @@ class CropWorkers:
                 than :data:`BATCH_TIMEOUT_S`, or the workers are closed.
         """
         executor = self._executor()
+        start = len(getattr(executor, "_processes", None) or {}) < self.num_workers  # a submit may start one
         shape_x, shape_y = batch_shapes(len(draws), self.cfg)
         slot = self._slot(4 * (int(np.prod(shape_x)) + int(np.prod(shape_y))))
-        reusable = False
+        reusable, future = False, None
         try:
-            future = executor.submit(_fill, slot.name, draws)
             try:
+                with self._pool.lock if start else contextlib.nullcontext(), _main_hidden(start):
+                    future = executor.submit(_fill, slot.name, draws)
                 future.result(timeout=BATCH_TIMEOUT_S)
             except cf.TimeoutError:
                 raise RuntimeError(
@@ -199,7 +222,7 @@ class CropWorkers:
                     "crashed in the HDF5 library)"
                 ) from None
             except BaseException:
-                reusable = future.done()  # the worker raised: it no longer writes into the slot
+                reusable = future is not None and future.done()  # a worker raised: it writes no more
                 raise
             reusable = True
             x, y = _views(slot.buf, len(draws), self.cfg)
