@@ -1,5 +1,7 @@
 """Does the ``lowmem`` loader scale with ``num_data_workers``? Batches per second of the kit's NumPy
-loader (threads, one h5py handle per process) with 1 and 2 workers (``--workers``), and of its two
+loader with 1 and 2 workers (``--workers``) as threads sharing one h5py handle (``NumpyLoader``
+alone) and as the ``lowmem`` worker processes, each with its own handle
+(``host_batches.crop_workers``, batches through shared memory); and of its two
 parts alone in as many threads: the h5py ``read_direct`` of the crops and the NumPy symmetry copies;
 and, for comparison, the same reads in as many processes (each with its own handle, as the
 tutorial's PyTorch DataLoader workers). The control, a pure Python loop in 2 processes, says how
@@ -141,15 +143,20 @@ def main() -> None:
     for name, fn in parts:
         rows.append((f"{name}, threads", [rate(fn, args.jobs, w, cf.ThreadPoolExecutor) for w in args.workers]))
     rows.append(("reads + symmetry, processes", [rate(whole, args.jobs, w, processes) for w in args.workers]))
-    loader = []
-    for w in args.workers:
-        reader, plan = _setup(config_mod.replace(cfg, num_data_workers=w))
-        it = iter(host_batches.NumpyLoader(reader, plan, cfg, num_workers=w))
-        next(it)
-        t0 = time.perf_counter()
-        n = sum(1 for _ in it)
-        loader.append(n / (time.perf_counter() - t0))
-    rows.append(("NumpyLoader (lowmem)", loader))
+    for name, processes in [("threads", False), ("processes", True)]:
+        loader = []
+        for w in args.workers:
+            wcfg = config_mod.replace(cfg, num_data_workers=w)
+            reader, plan = _setup(wcfg)
+            workers = host_batches.crop_workers(reader, wcfg) if processes else None
+            it = iter(host_batches.NumpyLoader(reader, plan, wcfg, workers=workers))
+            next(it)  # the workers start
+            t0 = time.perf_counter()
+            n = sum(1 for _ in it)
+            loader.append(n / (time.perf_counter() - t0))
+            if workers is not None:
+                workers.close()
+        rows.append((f"NumpyLoader, {name}", loader))
     wait_ms, read_ms = phil_wait()
     print(f"crop {args.crop}^3, batch {args.batch}, {args.data}")
     print(
