@@ -8,6 +8,8 @@ import gc
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -15,7 +17,8 @@ import pytest
 from conftest import assert_one_error_line, run_in_process
 
 from shared_data.core import config as config_mod
-from shared_data.core.errors import DatasetError
+from shared_data.core.config import REPO_ROOT
+from shared_data.core.errors import DatasetError, UserError
 from shared_data.data import crop_readers, crop_workers, host_batches
 from shared_data.data.sampler import TRAIN, VAL
 
@@ -134,3 +137,61 @@ def test_inmem_and_synthetic_readers_keep_threads(tiny_cfg):
     for kind in ("inmem", "synthetic"):
         cfg = config_mod.replace(tiny_cfg, data_loader_config=kind)
         assert host_batches.crop_workers(crop_readers.make_reader(cfg), cfg) is None
+
+
+class _HangingReader(crop_readers.H5LowMemReader):
+    """A reader whose reads hang (a stalled file system), for the bounded wait."""
+
+    def read(self, start, out_in, out_tar):
+        time.sleep(60)
+
+
+def test_a_hanging_worker_ends_in_an_error_within_the_bound(tiny_cfg, tmp_path, monkeypatch):
+    monkeypatch.setattr(crop_workers, "BATCH_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(crop_workers, "JOIN_S", 0.5)
+    cfg, reader, _ = _setup(tiny_cfg, tmp_path, 1)
+    workers = crop_workers.CropWorkers(_HangingReader(cfg.train_path, 4, 5, 16), cfg, 1)
+    plan = host_batches.make_plan(cfg, TRAIN, 0, [0], 1, reader.size)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=f"reading {cfg.train_path} took more than 0 s for one batch"):
+        workers.batch(plan.draws[0])
+    pids = workers.pids
+    workers.close()  # terminates the hanging worker after JOIN_S
+    assert time.monotonic() - t0 < 10 and all(_gone(p) for p in pids)
+
+
+def test_too_little_shared_memory_is_one_clear_error(tiny_cfg, tmp_path, monkeypatch):
+    cfg, reader, workers = _setup(tiny_cfg, tmp_path, 1)
+    free = os.statvfs_result((4096, 4096, 0, 0, 100, 0, 0, 0, 0, 255))  # 100 blocks of 4 KiB: 0.4 MiB
+    monkeypatch.setattr(crop_workers.os, "statvfs", lambda path: free)
+    plan = host_batches.make_plan(cfg, TRAIN, 0, [0], 1, reader.size)
+    with pytest.raises(UserError, match=r"^/dev/shm has 0 MiB free; a lowmem batch needs 1 MiB there per data worker"):
+        workers.batch(plan.draws[0])
+    workers.close()
+
+
+_CHILD = """
+import sys
+from shared_data.core import config as config_mod
+from shared_data.data import crop_readers, host_batches
+from shared_data.data.sampler import TRAIN
+cfg = config_mod.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1], num_data_workers=2))
+reader = crop_readers.make_reader(cfg)
+workers = host_batches.crop_workers(reader, cfg)
+plan = host_batches.make_plan(cfg, TRAIN, 0, [0], 1, reader.size)
+next(iter(host_batches.NumpyLoader(reader, plan, cfg, workers=workers)))
+print(*workers.pids, *workers.slot_names, flush=True)
+raise ValueError("the training step failed")
+"""
+
+
+def test_an_exception_that_ends_the_interpreter_leaves_nothing(tiny_cfg):
+    """A run that ends by an exception, with the loader neither closed nor exhausted."""
+    cmd = [sys.executable, "-c", _CHILD, str(tiny_cfg.train_path)]
+    res = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "ValueError: the training step failed" in res.stderr, res.stderr[-2000:]
+    pids = [int(w) for w in res.stdout.split() if w.isdigit()]
+    slots = [w for w in res.stdout.split() if not w.isdigit()]
+    assert len(pids) == 2 and 1 <= len(slots) <= 2, res.stdout
+    assert all(_gone(p) for p in pids) and not any(os.path.exists(f"/dev/shm/{s}") for s in slots)
+    assert "leaked" not in res.stderr, res.stderr[-2000:]  # the resource tracker had nothing to clean up
