@@ -60,7 +60,7 @@ def test_worker_batches_equal_the_synchronous_ones_bit_for_bit(tiny_cfg, tmp_pat
             assert len(workers.pids) == num_workers and pids in (None, workers.pids)  # the same processes
             pids = workers.pids
         assert got[-1]["mask"].tolist() == [1, 1, 0, 0]
-        assert len(workers.slot_names) <= num_workers  # slots reused, one per batch under way
+        assert len(workers.slot_names) <= num_workers + 1  # reused: one per batch in flight (the prefetch)
     finally:
         workers.close()
 
@@ -192,6 +192,6 @@ def test_an_exception_that_ends_the_interpreter_leaves_nothing(tiny_cfg):
     assert res.returncode == 1 and "ValueError: the training step failed" in res.stderr, res.stderr[-2000:]
     pids = [int(w) for w in res.stdout.split() if w.isdigit()]
     slots = [w for w in res.stdout.split() if not w.isdigit()]
-    assert len(pids) == 2 and 1 <= len(slots) <= 2, res.stdout
+    assert len(pids) == 2 and 1 <= len(slots) <= 3, res.stdout
     assert all(_gone(p) for p in pids) and not any(os.path.exists(f"/dev/shm/{s}") for s in slots)
     assert "leaked" not in res.stderr, res.stderr[-2000:]  # the resource tracker had nothing to clean up

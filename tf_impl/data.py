@@ -62,7 +62,7 @@ class Input:
         ds = tf.data.Dataset.range(len(source))
         ds = ds.map(
             lambda i: tf.numpy_function(load, [i], (tf.float32, tf.float32, tf.float32), stateful=False),
-            num_parallel_calls=cfg.num_data_workers,
+            num_parallel_calls=source.in_flight,
             deterministic=True,
         )
         return ds.map(to_dict).prefetch(tf.data.AUTOTUNE)

@@ -126,14 +126,16 @@ def forever(inp) -> Iterator:
 
 
 class NumpyLoader:
-    """Iterate a plan's batches in order, ``num_workers`` batches read at once, ``prefetch`` ahead.
+    """Iterate a plan's batches in order, ``prefetch`` batches ahead.
 
-    Each batch is read by a thread of this process, or, where ``workers`` is given (``lowmem``), by
-    a worker process of ``workers`` that the thread hands it to and waits for
-    (:class:`shared_data.data.crop_workers.CropWorkers`). ``inmem`` and ``synthetic`` crops are NumPy
-    copies, which release the GIL, so threads overlap them with the training step; ``lowmem``
-    reads hold h5py's process-wide lock for their whole length, so only processes, each with its own
-    file handle, read in parallel. Either way the batches equal :meth:`load`'s bit for bit.
+    Each batch is read by one of ``num_workers`` threads of this process, or, where ``workers`` is
+    given (``lowmem``), by one of its worker processes, which a thread hands the batch to and waits
+    for (:class:`shared_data.data.crop_workers.CropWorkers`); then :attr:`in_flight` threads (the
+    ``prefetch`` batches) keep a batch queued behind each process's, so a process never idles while
+    its last batch travels back. ``inmem`` and ``synthetic`` crops are NumPy copies, which release the
+    GIL, so threads overlap them with the training step; ``lowmem`` reads hold h5py's process-wide
+    lock for their whole length, so only processes, each with its own file handle, read in parallel.
+    Either way the batches equal :meth:`load`'s bit for bit.
     """
 
     def __init__(
@@ -148,6 +150,11 @@ class NumpyLoader:
         self.reader, self.plan, self.cfg, self.workers = reader, plan, cfg, workers
         self.num_workers = num_workers or cfg.num_data_workers
         self.prefetch = prefetch or self.num_workers + 1
+
+    @property
+    def in_flight(self) -> int:
+        """Batches read at once: ``num_workers`` threads, or ``prefetch`` handed to ``workers``."""
+        return self.prefetch if self.workers else self.num_workers
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -166,7 +173,7 @@ class NumpyLoader:
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         """The batches in order; closed early (``close()``, or dropped), it cancels the reads not yet
         started and waits only for those under way."""
-        with cf.ThreadPoolExecutor(self.num_workers, thread_name_prefix="crops") as pool:
+        with cf.ThreadPoolExecutor(self.in_flight, thread_name_prefix="crops") as pool:
             pending: collections.deque = collections.deque()
             try:
                 for step in range(len(self.plan)):
