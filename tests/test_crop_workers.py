@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -146,18 +147,23 @@ class _HangingReader(crop_readers.H5LowMemReader):
         time.sleep(60)
 
 
-def test_a_hanging_worker_ends_in_an_error_within_the_bound(tiny_cfg, tmp_path, monkeypatch):
-    monkeypatch.setattr(crop_workers, "BATCH_TIMEOUT_S", 0.5)
+def test_a_hanging_worker_ends_in_an_error_within_the_bound_and_is_stopped(tiny_cfg, tmp_path, monkeypatch):
+    monkeypatch.setattr(crop_workers, "BATCH_TIMEOUT_S", 1.0)
     monkeypatch.setattr(crop_workers, "JOIN_S", 0.5)
     cfg, reader, _ = _setup(tiny_cfg, tmp_path, 1)
     workers = crop_workers.CropWorkers(_HangingReader(cfg.train_path, 4, 5, 16), cfg, 1)
     plan = host_batches.make_plan(cfg, TRAIN, 0, [0], 1, reader.size)
+    seen: list[int] = []
+    timer = threading.Timer(0.3, lambda: seen.extend(workers.pids))
+    timer.start()
     t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match=f"reading {cfg.train_path} took more than 0 s for one batch"):
+    with pytest.raises(RuntimeError, match=f"reading {cfg.train_path} took more than 1 s for one batch"):
         workers.batch(plan.draws[0])
-    pids = workers.pids
-    workers.close()  # terminates the hanging worker after JOIN_S
-    assert time.monotonic() - t0 < 10 and all(_gone(p) for p in pids)
+    assert time.monotonic() - t0 < 10
+    timer.join()
+    assert len(seen) == 1 and _gone(seen[0]) and workers.pids == []  # stopped: the exit will not wait on it
+    with pytest.raises(RuntimeError, match="are closed"):
+        workers.batch(plan.draws[0])
 
 
 def test_too_little_shared_memory_is_one_clear_error(tiny_cfg, tmp_path, monkeypatch):

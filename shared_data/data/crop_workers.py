@@ -200,7 +200,7 @@ class CropWorkers:
             DatasetError: the worker's read failed (the file removed, truncated or damaged; its message
                 names the file).
             RuntimeError: a worker died (killed, or crashed in the HDF5 library), the batch took more
-                than :data:`BATCH_TIMEOUT_S`, or the workers are closed.
+                than :data:`BATCH_TIMEOUT_S` (the workers are then closed), or the workers are closed.
         """
         executor = self._executor()
         start = len(getattr(executor, "_processes", None) or {}) < self.num_workers  # a submit may start one
@@ -213,6 +213,7 @@ class CropWorkers:
                     future = executor.submit(_fill, slot.name, draws)
                 future.result(timeout=BATCH_TIMEOUT_S)
             except cf.TimeoutError:
+                self.close()  # a hung worker would otherwise hold the interpreter's exit
                 raise RuntimeError(
                     f"a lowmem worker reading {self.reader.path} took more than {BATCH_TIMEOUT_S:.0f} s for one batch"
                 ) from None
