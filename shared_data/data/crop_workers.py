@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import types
 import weakref
 from collections.abc import Iterator
@@ -86,7 +87,8 @@ def _main_hidden(hide: bool = True) -> Iterator[None]:
     """While a worker starts, show :mod:`multiprocessing` an empty ``__main__``: a started process
     otherwise imports the parent's main module (``python -m jax_impl.train`` would import JAX or
     TensorFlow into every worker, seconds each), and a script without an ``if __name__ ==
-    "__main__"`` guard would run again there. The workers need only this module."""
+    "__main__"`` guard would run again there. The workers need only this module. The swap lasts the
+    few milliseconds of a start, at the first batches of a :class:`CropWorkers`."""
     if not hide:
         yield
         return
@@ -116,8 +118,10 @@ class _Pool:
         if executor is not None:
             procs = list((getattr(executor, "_processes", None) or {}).values())
             executor.shutdown(wait=False, cancel_futures=True)
+            deadline = time.monotonic() + JOIN_S  # one bound for all the workers
             for p in procs:
-                p.join(JOIN_S)
+                p.join(max(0.0, deadline - time.monotonic()))
+            for p in procs:
                 if p.is_alive():
                     p.terminate()
                     p.join(JOIN_S)
