@@ -264,6 +264,7 @@ class _FakeBench:
     peak_memory_bytes = lambda self: None
 
 
+@pytest.mark.slow  # seconds of real waiting: the fast tier stays under a minute
 def test_drain_measures_the_loader_not_its_read_ahead(monkeypatch):
     """A loader of 4 workers (queue of prefetch_depth 7, plus the batch its producer holds) making a
     batch of 4 every 50 ms: 80 samples/s. IO's pipeline and FULL (taking it over) each start after a

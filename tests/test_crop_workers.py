@@ -147,6 +147,7 @@ class _HangingReader(crop_readers.H5LowMemReader):
         time.sleep(60)
 
 
+@pytest.mark.slow  # seconds of real waiting: the fast tier stays under a minute
 def test_a_hanging_worker_ends_in_an_error_within_the_bound_and_is_stopped(tiny_cfg, tmp_path, monkeypatch):
     monkeypatch.setattr(crop_workers, "BATCH_TIMEOUT_S", 1.0)
     monkeypatch.setattr(crop_workers, "JOIN_S", 0.5)

@@ -51,6 +51,7 @@ VALUES = st.one_of(
 )
 
 
+@pytest.mark.slow  # 300 generated configs
 @settings(max_examples=300, **SETTINGS)
 @given(key=st.sampled_from(sorted(config_mod.FIELDS)), value=VALUES)
 @example(key="start_lr", value=3.4028235677973366e38)  # finite, but scaled beyond float32 in the LR table

@@ -164,6 +164,7 @@ def test_user_errors(tiny_cfg, capsys):
     )
 
 
+@pytest.mark.slow  # seconds of real waiting: the fast tier stays under a minute
 def test_spent_budget_skips_the_rungs(tiny_cfg, tmp_path):
     out = tmp_path / "ladder.jsonl"
     args = ["--frameworks", "jax", *_config_args(tiny_cfg), "--budget_sec", "0.001", "--out", str(out)]
