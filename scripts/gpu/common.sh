@@ -8,6 +8,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/device.txt
 python3 -c "import jax, flax, optax, torch, nvidia.dali as d; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'torch', torch.__version__, 'dali', d.__version__)" | tee -a $OUT/device.txt
+df -h /dev/shm | tail -1 | sed 's/^/shared memory (lowmem workers): /' | tee -a $OUT/device.txt
 python3 -m pip list --format=freeze 2>/dev/null > $OUT/setup.log
 mkdir -p data
 python3 -m shared_data.data.generate --out data/train_256.h5 --size 256 --seed 1 --npy --if-missing >> $OUT/setup.log 2>&1
