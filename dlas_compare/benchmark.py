@@ -224,7 +224,9 @@ class Session:
     the config differs only in :data:`INPUT_KEYS`; and, within one :meth:`run`, the input pipeline of
     IO, which FULL takes over. A run measures SYNTHETIC first (building the step), then IO (a new
     pipeline), then FULL; IO and FULL drain what their pipeline read ahead before timing
-    (:func:`run_bench`). Its pipelines are closed when it ends, so their workers do not read during
+    (:func:`run_bench`), except a FULL whose IO outran the step's SYNTHETIC (measured in this session
+    for the same step): its queue cannot lift FULL above the step, and a drain would only add steps.
+    Its pipelines are closed when it ends, so their workers do not read during
     the next run.
     """
 
@@ -232,6 +234,7 @@ class Session:
         self.framework, self.num_devices = framework, num_devices
         self.step_from = None  # the bench that stepped last: its train step and state (JAX donates it)
         self.step_key: dict | None = None
+        self.step_rate: float | None = None  # SYNTHETIC samples/s of that train step, once measured
 
     def run(
         self,
@@ -248,7 +251,7 @@ class Session:
         stderr per stage (set-up and compilation, timing, result), since a large config takes minutes."""
         key = {k: v for k, v in config_mod.config_dict(cfg).items() if k not in INPUT_KEYS}
         if key != self.step_key:
-            self.step_from, self.step_key = None, key
+            self.step_from, self.step_key, self.step_rate = None, key, None
         records, input_from, pipelines = {}, None, []
         for mode in [m for m in ("synthetic", "io", "full") if m in modes]:
             what = f"[benchmark] {self.framework} {mode}"
@@ -273,8 +276,14 @@ class Session:
             )
             ready = "input pipeline ready" if mode == "io" else f"step ready in {bench.compile_sec:.1f} s"
             stage(f"{what}: {ready}; warm-up, then {windows} timed windows of up to {steps} steps")
-            record = run_bench(bench, cfg, mode, warmup, steps, windows, label, window_sec, min_steps)
+            # a loader that outruns the step cannot lift FULL above the step, whatever it read ahead
+            outrun = (
+                mode == "full" and "io" in records and (self.step_rate or math.inf) <= records["io"]["samples_per_sec"]
+            )
+            record = run_bench(bench, cfg, mode, warmup, steps, windows, label, window_sec, min_steps, not outrun)
             record["reused"] = reused
+            if mode == "synthetic":
+                self.step_rate = record["samples_per_sec"]
             stage(f"{what}: {record['samples_per_sec']:.1f} samples/s")
             records[mode] = record
             if mode != "io":

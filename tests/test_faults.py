@@ -99,6 +99,7 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
     that says the epoch is abandoned and which checkpoint is kept, exit 128 + signal; no traceback,
     no C++ abort; the lock is released and --resume trains epoch 2 again."""
     workdir = tmp_path / "w"
+    steps = 300 if framework == "jax" else 150  # epochs of seconds in either framework (TF's steps are slower)
     # one device: XLA:CPU's in-process all-reduce over 2 forced host devices can stall on long runs
     # on 2 shared cores, signal or not
     argv = [
@@ -106,7 +107,7 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
         "--set",
         "num_epochs=2",
         "--set",
-        "Nsamples=1200",
+        f"Nsamples={4 * steps}",
         "--num_devices",
         "1",
         "--workdir",
@@ -117,7 +118,7 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
     end = time.monotonic() + 300
     while _checkpoint_epochs(workdir / "checkpoints") != [1] and time.monotonic() < end:
         time.sleep(0.05)
-    time.sleep(0.5)  # inside epoch 2: 300 steps, seconds even on a fast CPU
+    time.sleep(0.5)  # inside epoch 2: seconds of steps even on a fast CPU
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err[-2000:]
@@ -126,7 +127,7 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"stopped by {name} during epoch 2 (step "), last
     assert last.endswith(
-        " of 300): that epoch is abandoned; the checkpoint of epoch 1 is kept and --resume continues from it"
+        f" of {steps}): that epoch is abandoned; the checkpoint of epoch 1 is kept and --resume continues from it"
     )
     assert _checkpoint_epochs(workdir / "checkpoints") == [1]
     assert (workdir / run_lock.LOCK_NAME).read_text() == ""
