@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (if needed), check the style (ruff) and run the test suite on CPU: the README's second command.
 #   bash scripts/test.sh            everything (tests marked gpu skip themselves without a GPU)
-#   bash scripts/test.sh --fast     the unit tier: not slow, not gpu, not study (well under a minute)
+#   bash scripts/test.sh --fast     the unit tier: not slow, not gpu, not study (about a minute)
 # Other arguments go to pytest (bash scripts/test.sh -k resume, bash scripts/test.sh -m gpu).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
