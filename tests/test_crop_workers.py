@@ -202,3 +202,19 @@ def test_an_exception_that_ends_the_interpreter_leaves_nothing(tiny_cfg):
     assert len(pids) == 2 and 1 <= len(slots) <= 3, res.stdout
     assert all(_gone(p) for p in pids) and not any(os.path.exists(f"/dev/shm/{s}") for s in slots)
     assert "leaked" not in res.stderr, res.stderr[-2000:]  # the resource tracker had nothing to clean up
+
+
+def test_closing_a_benchmarks_endless_batches_stops_the_inputs_workers(tiny_cfg, tmp_path):
+    """``host_batches.forever`` (the benchmarks' batches): closing it closes the input, so a lowmem
+    input's worker processes end then, not at its collection."""
+    from jax_impl import data as jax_data
+    from jax_impl import distribute
+
+    cfg, _, _ = _setup(tiny_cfg, tmp_path, 2, data_loader_config="lowmem")
+    inp = jax_data.make_input(cfg, "train", distribute.make_mesh(1))
+    batches = host_batches.forever(inp)
+    next(batches)
+    pids = inp.workers.pids
+    assert len(pids) == 2
+    batches.close()
+    assert inp.workers.pids == [] and all(_gone(p) for p in pids)

@@ -118,11 +118,17 @@ class EpochCursor:
 
 
 def forever(inp) -> Iterator:
-    """Batches of epoch 0, 1, 2, ... of an input (anything with ``epoch(e)``) without end (benchmarks)."""
+    """Batches of epoch 0, 1, 2, ... of an input (anything with ``epoch(e)``) without end (benchmarks).
+    Closing the generator closes the input where it has ``close()`` (``lowmem``'s worker processes
+    stop then, not at the input's collection), as the PyTorch reference's loader does."""
     epoch = 0
-    while True:
-        yield from inp.epoch(epoch)
-        epoch += 1
+    try:
+        while True:
+            yield from inp.epoch(epoch)
+            epoch += 1
+    finally:
+        if hasattr(inp, "close"):
+            inp.close()
 
 
 class NumpyLoader:
