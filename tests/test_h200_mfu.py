@@ -44,7 +44,7 @@ def test_choose_takes_the_levers_above_noise_and_the_fastest_upconv(levers):
     assert best["levers"] == ["command_buffers", "conv_pad=folded", "upconv=transpose"]
     assert best["xla_flags"] == levers.COMMAND_BUFFER_FLAGS
     assert best["gain_ms"]["skip_concat=split"] == pytest.approx(-0.5) and best["baseline_ms"] == 17.0
-    assert levers.overrides_of("best", "tf", best) == {"upconv": "transpose"}  # conv_pad is JAX's only
+    assert levers.overrides_of("best", "tf", best) == {"conv_pad": "folded", "upconv": "transpose"}
     with pytest.raises(SystemExit, match="no measured JAX baseline"):
         levers.choose(records[1:])
 

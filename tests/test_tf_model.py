@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -30,27 +31,30 @@ def test_upconv_equals_float64_transposed_conv_definition(method, n, c_in, c_out
 
 
 @pytest.mark.parametrize(
-    "method, regroup",
+    "method, conv_pad, regroup",
     [
-        ("subpixel", "gather"),
-        ("subpixel", "transpose"),
-        ("subpixel_crop", "gather"),
-        ("subpixel_crop", "transpose"),
-        ("phases", "transpose"),
-        ("transpose", "gather"),
+        ("subpixel", "separate", "gather"),
+        ("subpixel", "separate", "transpose"),
+        ("subpixel", "folded", "gather"),
+        ("subpixel_crop", "separate", "gather"),
+        ("subpixel_crop", "separate", "transpose"),
+        ("subpixel_crop", "folded", "transpose"),
+        ("phases", "separate", "transpose"),
+        ("phases", "folded", "gather"),
+        ("transpose", "separate", "gather"),
     ],
 )
 @pytest.mark.parametrize("split", [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_upconv_forms_forward_and_gradients_equal_float64_reference(method, regroup, split, n=3):
-    """Every TF up-conv form (``upconv`` x ``kernel_regroup``, one input or the two parts of a
-    ``skip_concat: split`` input): output and the gradients of <g, output> with respect to the input(s)
-    and the kernel against the float64 definition."""
+def test_upconv_forms_forward_and_gradients_equal_float64_reference(method, conv_pad, regroup, split, n=3):
+    """Every TF up-conv form (``upconv`` x ``conv_pad`` x ``kernel_regroup``, one input or the two parts
+    of a ``skip_concat: split`` input): output and the gradients of <g, output> with respect to the
+    input(s) and the kernel against the float64 definition."""
     c_a, c_b, c_out = 3, 2, 4
     x = RNG.standard_normal((2, n, n, n, c_a + c_b)).astype(np.float32)
     w = RNG.standard_normal((4, 4, 4, c_a + c_b, c_out)).astype(np.float32)
     b = RNG.standard_normal(c_out).astype(np.float32)
     g = RNG.standard_normal((2, 2 * n, 2 * n, 2 * n, c_out)).astype(np.float32)
-    layer = model_mod.UpConv(c_out, method, regroup)
+    layer = model_mod.UpConv(c_out, method, regroup, conv_pad=conv_pad)
     parts = [tf.constant(x[..., :c_a]), tf.constant(x[..., c_a:])] if split else [tf.constant(x)]
     layer.build([p.shape for p in parts] if split else parts[0].shape)
     layer.kernel.assign(w)
@@ -142,6 +146,7 @@ def test_full_size_parameter_count_matches_spec():
         {"upconv_transpose_below": 4, "downconv_strided_below": 16, "upconv": "phases"},
         {"kernel_regroup": "transpose", "skip_concat": "split"},
         {"upconv": "subpixel_crop", "kernel_regroup": "transpose", "skip_concat": "split", "pad_out_channels": 8},
+        {"upconv": "subpixel_crop", "conv_pad": "folded", "kernel_regroup": "transpose", "pad_out_channels": 8},
     ],
 )
 def test_same_canonical_weights_give_same_outputs_as_jax(tiny_cfg, small):
@@ -162,6 +167,37 @@ def test_same_canonical_weights_give_same_outputs_as_jax(tiny_cfg, small):
     assert rel_err(out_tf, out_jax.astype(np.float64)) < 1e-4
     back = model_mod.params_to_canonical(tf_model)
     assert all(np.array_equal(back[k], weights[k]) for k in weights)
+
+
+def test_folded_pad_gradients_compiled_equal_separate_pad_and_survive_saving(tiny_cfg, tmp_path):
+    """``conv_pad: folded`` (XLA convolutions with their own padding and a hand-given gradient): the
+    XLA-compiled gradients of <g, model(x)> with respect to the input and every variable equal those of
+    the separate-pad model in float32, and a saved ``.keras`` file loads with the setting and the outputs."""
+    weights = unet_spec.init_weights(tiny_cfg, 3)
+    x = tf.constant(RNG.standard_normal((2, 16, 16, 16, 4)).astype(np.float32))
+    g = tf.constant(RNG.standard_normal((2, 16, 16, 16, 5)).astype(np.float32))
+    forms = {"upconv": "subpixel_crop", "kernel_regroup": "transpose"}
+    grads = {}
+    for conv_pad in ("separate", "folded"):
+        model = model_mod.build_model(config_mod.replace(tiny_cfg, conv_pad=conv_pad, **forms))
+        model_mod.params_from_canonical(model, weights)
+
+        @tf.function(jit_compile=True)
+        def inner_grads(x, model=model):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                inner = tf.reduce_sum(model(x) * g)
+            return tape.gradient(inner, [x, *model.trainable_variables])
+
+        grads[conv_pad] = inner_grads(x)
+    assert len(grads["folded"]) == len(grads["separate"]) > 1
+    for got, want in zip(grads["folded"], grads["separate"]):
+        assert rel_err(got, want.numpy().astype(np.float64)) < 1e-5
+    path = tmp_path / "folded.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert model_mod.conv_layers(loaded)["last"].conv_pad == "folded"
+    assert rel_err(loaded(x), model(x).numpy().astype(np.float64)) < 1e-6
 
 
 def test_flat_adam_is_refused_in_one_line(tiny_cfg):

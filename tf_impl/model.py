@@ -4,9 +4,10 @@ Mirrors :mod:`jax_impl.model` function by function: the same layer names (``down
 the same canonical (4, 4, 4, C_in, C_out) kernels, the same ``downconv`` (``space_to_depth`` /
 ``strided``) and ``upconv`` (``subpixel`` / ``subpixel_crop`` / ``phases`` / ``transpose``)
 formulations and small-level overrides, and the step levers ``kernel_regroup``, ``skip_concat`` and
-``pad_out_channels``; the docstring of :mod:`jax_impl.model` derives them. ``conv_pad: folded`` is
-JAX's only: ``tf.nn.conv3d`` takes no explicit padding, so TF's up-convs keep the pad as its own op
-under either value (XLA folds a pad into the convolution where it can).
+``pad_out_channels`` and ``conv_pad``; the docstring of :mod:`jax_impl.model` derives them.
+``tf.nn.conv3d`` takes no explicit padding, so ``conv_pad: folded`` runs the up-convs' convolutions as
+XLA convolutions with their own padding (:func:`conv3d_padded`), the op JAX's ``conv_general_dilated``
+lowers to.
 
 Precision follows Keras' mixed-precision policy: ``float32``, ``mixed_bfloat16`` or
 ``mixed_float16`` (variables float32, compute in the half type). The last layer's output is cast to
@@ -20,6 +21,12 @@ from typing import ClassVar
 import keras
 import numpy as np
 import tensorflow as tf
+
+# XLA's convolution with explicit padding (XlaConvV2) and its dimension numbers: TensorFlow's own XLA
+# bridge, not part of TF's public API; it runs compiled, in tf.function graphs and eagerly (compiled on
+# demand).
+from tensorflow.compiler.tf2xla.python import xla as tf_xla
+from tensorflow.compiler.xla import xla_data_pb2
 
 from shared_data.core.config import Config
 from shared_data.model.unet_spec import KERNEL, PHASE_TAPS, conv_method, encoder_widths, split_sum
@@ -84,15 +91,72 @@ def pad1(x: tf.Tensor) -> tf.Tensor:
     return tf.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
 
 
-def conv_transpose_subpixel(x, w: tf.Tensor, *, regroup: str = "gather", **_) -> tf.Tensor:
+def _dimension_numbers(lhs: str, rhs: str, out: str) -> xla_data_pb2.ConvolutionDimensionNumbers:
+    """XLA convolution dimension numbers from layout strings: ``lhs``/``out`` name the batch ``B``,
+    feature ``F`` and spatial ``012`` axes, ``rhs`` the input ``I``, output ``O`` and spatial axes."""
+    dn = xla_data_pb2.ConvolutionDimensionNumbers()
+    dn.input_batch_dimension, dn.input_feature_dimension = lhs.index("B"), lhs.index("F")
+    dn.input_spatial_dimensions.extend(lhs.index(a) for a in "012")
+    dn.kernel_input_feature_dimension, dn.kernel_output_feature_dimension = rhs.index("I"), rhs.index("O")
+    dn.kernel_spatial_dimensions.extend(rhs.index(a) for a in "012")
+    dn.output_batch_dimension, dn.output_feature_dimension = out.index("B"), out.index("F")
+    dn.output_spatial_dimensions.extend(out.index(a) for a in "012")
+    return dn
+
+
+#: NDHWC input, DHWIO kernel, NDHWC output.
+CONV_DIMS = _dimension_numbers("B012F", "012IO", "B012F")
+#: The kernel gradient as a convolution: the input's channels are the batch, its batch the feature; the
+#: output gradient is the kernel; the result comes out as a DHWIO kernel.
+KERNEL_GRAD_DIMS = _dimension_numbers("F012B", "I012O", "012BF")
+
+
+def _xla_conv(x: tf.Tensor, w: tf.Tensor, pads, dims) -> tf.Tensor:
+    return tf_xla.conv(x, w, [1, 1, 1], pads, [1, 1, 1], [1, 1, 1], dims, precision_config=None)
+
+
+def conv3d_padded(x: tf.Tensor, w: tf.Tensor, pads) -> tf.Tensor:
+    """Stride-1 convolution of NDHWC ``x`` with DHWIO kernel ``w``, the convolution padding ``pads``
+    ((lo, hi) per spatial axis) itself: no padded copy of ``x``. Output (B, n + lo + hi - k + 1, ...,
+    C_out) in ``x``'s dtype.
+
+    Its gradient is given here (XLA's convolution op has none registered in TF), the standard pair
+    for a stride-1 convolution: the input gradient is the output gradient convolved with the spatially
+    flipped kernel (input and output channels swapped) under padding (k - 1 - lo, k - 1 - hi); the
+    kernel gradient is the input, padded by ``pads``, correlated with the output gradient over batch and
+    positions (:data:`KERNEL_GRAD_DIMS`)."""
+    pads = [tuple(p) for p in pads]
+
+    @tf.custom_gradient
+    def conv(x, w):
+        def grad(dy):
+            k = w.shape[:3]
+            w_flipped = tf.transpose(tf.reverse(w, axis=[0, 1, 2]), (0, 1, 2, 4, 3))
+            dx_pads = [(ki - 1 - lo, ki - 1 - hi) for ki, (lo, hi) in zip(k, pads)]
+            return _xla_conv(dy, w_flipped, dx_pads, CONV_DIMS), _xla_conv(x, dy, pads, KERNEL_GRAD_DIMS)
+
+        return _xla_conv(x, w, pads, CONV_DIMS), grad
+
+    return conv(x, w)
+
+
+def conv_phase(xi: tf.Tensor, wi: tf.Tensor, fold_pad: bool) -> tf.Tensor:
+    """A 2x2x2 phase convolution of NDHWC ``xi`` padded by one voxel per side: (B, n+1, n+1, n+1, C)
+    out. ``fold_pad``: the convolution pads (:func:`conv3d_padded`), else a pad and a VALID conv."""
+    if fold_pad:
+        return conv3d_padded(xi, wi, [(1, 1)] * 3)
+    return tf.nn.conv3d(pad1(xi), wi, (1, 1, 1, 1, 1), "VALID")
+
+
+def conv_transpose_subpixel(x, w: tf.Tensor, *, fold_pad: bool = False, regroup: str = "gather") -> tf.Tensor:
     """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` (or the channel concatenation of a tuple) by phase
-    convolution + depth-to-space. ``tf.nn.conv3d`` takes no explicit padding, so the pad stays a
-    separate op under either ``conv_pad`` (XLA folds it into the convolution where it can)."""
+    convolution + depth-to-space. ``fold_pad``: the one-voxel padding is the convolution's own
+    (``conv_pad: folded``, :func:`conv_phase`); ``regroup``: ``PHASE_KERNEL`` key."""
     xs = inputs_of(x)
     n, c_out = side(xs[0]), w.shape[-1]
 
     def conv(xi, wi):
-        return tf.nn.conv3d(pad1(xi), wi, (1, 1, 1, 1, 1), "VALID")
+        return conv_phase(xi, wi, fold_pad)
 
     return depth_to_space(split_sum(conv, xs, PHASE_KERNEL[regroup](w)), n, c_out)
 
@@ -106,7 +170,7 @@ def depth_to_space_crop(y: tf.Tensor, n: int | tf.Tensor, c_out: int) -> tf.Tens
     return z[:, 1 : 2 * n + 1, 1 : 2 * n + 1, 1 : 2 * n + 1]
 
 
-def conv_transpose_subpixel_crop(x, w: tf.Tensor, *, regroup: str = "gather", **_) -> tf.Tensor:
+def conv_transpose_subpixel_crop(x, w: tf.Tensor, *, fold_pad: bool = False, regroup: str = "gather") -> tf.Tensor:
     """:func:`conv_transpose_subpixel` with the phase channels in reversed order and the depth-to-space
     as one transpose and a crop (:func:`depth_to_space_crop`)."""
     xs = inputs_of(x)
@@ -115,20 +179,23 @@ def conv_transpose_subpixel_crop(x, w: tf.Tensor, *, regroup: str = "gather", **
     wk = tf.reshape(tf.reverse(wk, axis=[4, 5, 6]), (2, 2, 2, c_in, 8 * c_out))
 
     def conv(xi, wi):
-        return tf.nn.conv3d(pad1(xi), wi, (1, 1, 1, 1, 1), "VALID")
+        return conv_phase(xi, wi, fold_pad)
 
     return depth_to_space_crop(split_sum(conv, xs, wk), n, c_out)
 
 
-def conv_transpose_phases(x, w: tf.Tensor, *, regroup: str = "gather", **_) -> tf.Tensor:
+def conv_transpose_phases(x, w: tf.Tensor, *, fold_pad: bool = False, regroup: str = "gather") -> tf.Tensor:
     """ConvTranspose3d(k=4, s=2, p=1) of NDHWC ``x`` as 8 separate phase convolutions (no excess
-    FLOPs), interleaved into (B, 2n, 2n, 2n, C_out)."""
+    FLOPs), interleaved into (B, 2n, 2n, 2n, C_out). Phase ``r`` reads the window ``[r - 1, r + n)``
+    of ``x`` per axis: with ``fold_pad`` the convolution pads ``(1 - r, r)`` itself."""
     xs = inputs_of(x)
     n, c_out = side(xs[0]), w.shape[-1]
     wk = tf.reshape(PHASE_KERNEL[regroup](w), (2, 2, 2, w.shape[3], 2, 2, 2, c_out))
 
     def phase(r0, r1, r2):
         def conv(xi, wi):
+            if fold_pad:
+                return conv3d_padded(xi, wi, [(1 - r, r) for r in (r0, r1, r2)])
             xp = pad1(xi)[:, r0 : r0 + n + 1, r1 : r1 + n + 1, r2 : r2 + n + 1]
             return tf.nn.conv3d(xp, wi, (1, 1, 1, 1, 1), "VALID")
 
@@ -187,15 +254,24 @@ class _Conv(keras.layers.Layer):
     """A (4, 4, 4, C_in, features) kernel + bias applied by ``fn``; variables float32.
 
     The input is one NDHWC tensor or, for an up-conv under ``skip_concat: split``, a list of tensors
-    whose channels, concatenated, are the kernel's C_in. ``kernel_regroup`` is the config key; ``pad_out``
-    (> 1) rounds ``features`` up to a multiple of it with zero kernels and drops the extra output channels
-    (``pad_out_channels``, :class:`jax_impl.model._Conv`)."""
+    whose channels, concatenated, are the kernel's C_in. ``kernel_regroup`` and ``conv_pad`` are the
+    config keys; ``pad_out`` (> 1) rounds ``features`` up to a multiple of it with zero kernels and drops
+    the extra output channels (``pad_out_channels``, :class:`jax_impl.model._Conv`)."""
 
     fns: ClassVar[dict] = {}
 
-    def __init__(self, features: int, method: str, kernel_regroup: str = "gather", pad_out: int = 0, **kwargs):
+    def __init__(
+        self,
+        features: int,
+        method: str,
+        kernel_regroup: str = "gather",
+        pad_out: int = 0,
+        conv_pad: str = "separate",
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.features, self.method, self.kernel_regroup, self.pad_out = features, method, kernel_regroup, pad_out
+        self.conv_pad = conv_pad
 
     def build(self, input_shape):
         nested = isinstance(input_shape, (list, tuple)) and not isinstance(input_shape[0], (int, type(None)))
@@ -212,7 +288,8 @@ class _Conv(keras.layers.Layer):
         extra = -self.features % self.pad_out if self.pad_out > 1 else 0
         if extra:
             w, b = tf.pad(w, ((0, 0),) * 4 + ((0, extra),)), tf.pad(b, ((0, extra),))
-        y = self.fns[self.method](xs if len(xs) > 1 else xs[0], w, regroup=self.kernel_regroup) + b
+        fold_pad = self.conv_pad == "folded"
+        y = self.fns[self.method](xs if len(xs) > 1 else xs[0], w, fold_pad=fold_pad, regroup=self.kernel_regroup) + b
         return y[..., : self.features] if extra else y
 
     def get_config(self):
@@ -222,6 +299,7 @@ class _Conv(keras.layers.Layer):
             "method": self.method,
             "kernel_regroup": self.kernel_regroup,
             "pad_out": self.pad_out,
+            "conv_pad": self.conv_pad,
         }
 
 
@@ -259,13 +337,15 @@ def build_model(cfg: Config, batch_size: int | None = None, free_side: bool = Fa
     for j, w in enumerate(widths[-2::-1]):
         name = f"up{n - 1 - j}"
         method = conv_method("up", inputs_of(x)[0].shape[1], cfg.upconv, cfg.upconv_transpose_below)
-        x = UpConv(w, method, cfg.kernel_regroup, dtype=policy, name=name)(x)
+        x = UpConv(w, method, cfg.kernel_regroup, conv_pad=cfg.conv_pad, dtype=policy, name=name)(x)
         x = keras.layers.ReLU(dtype=policy, name=f"{name}_act")(x)
         x = [x, skips[n - 2 - j]]
         if cfg.skip_concat == "concat":
             x = keras.layers.Concatenate(axis=-1, dtype=policy, name=f"{name}_concat")(x)
     method = conv_method("up", inputs_of(x)[0].shape[1], cfg.upconv, cfg.upconv_transpose_below)
-    x = UpConv(cfg.N_out_channels, method, cfg.kernel_regroup, cfg.pad_out_channels, dtype=policy, name="last")(x)
+    x = UpConv(
+        cfg.N_out_channels, method, cfg.kernel_regroup, cfg.pad_out_channels, cfg.conv_pad, dtype=policy, name="last"
+    )(x)
     out = keras.layers.Activation("tanh", dtype="float32", name="tanh")(x)
     return keras.Model(inputs, out, name="unet")
 

@@ -55,8 +55,8 @@ COMMAND_BUFFER_FLAGS = (
     "--xla_gpu_enable_command_buffer=+CONVOLUTION,+CUDNN,+CUSTOM_CALL,+CUBLAS,+CUBLASLT"
     " --xla_gpu_graph_min_graph_size=1"
 )
-#: The config keys of the levers TF has (``conv_pad: folded`` and ``adam_update: flat`` are JAX's).
-TF_KEYS = ("upconv", "kernel_regroup", "skip_concat", "pad_out_channels")
+#: The config keys of the levers TF has (``adam_update: flat`` is JAX's).
+TF_KEYS = ("upconv", "conv_pad", "kernel_regroup", "skip_concat", "pad_out_channels")
 #: A lever joins the combination when it shortens the baseline's median step by more than this share.
 NOISE = 0.01
 TRACED_STEPS = 5
