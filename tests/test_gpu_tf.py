@@ -45,16 +45,25 @@ def rel_err(a, b):
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "xla"])
-@pytest.mark.parametrize("method", ["subpixel", "phases", "transpose"])
+@pytest.mark.parametrize(
+    "method, conv_pad",
+    [
+        ("subpixel", "separate"),
+        ("subpixel_crop", "folded"),
+        ("phases", "separate"),
+        ("phases", "folded"),
+        ("transpose", "separate"),
+    ],
+)
 @pytest.mark.parametrize("n, c_in, c_out", [(1, 64, 32), (2, 64, 32), (16, 32, 16)])
-def test_upconv_on_gpu_equals_float64_reference(method, jit, n, c_in, c_out):
+def test_upconv_on_gpu_equals_float64_reference(method, conv_pad, jit, n, c_in, c_out):
     from tf_impl import model as model_mod
 
     x = RNG.standard_normal((2, n, n, n, c_in)).astype(np.float32)
     w = RNG.standard_normal((4, 4, 4, c_in, c_out)).astype(np.float32)
     b = RNG.standard_normal(c_out).astype(np.float32)
     with tf.device("/GPU:0"):
-        layer = model_mod.UpConv(c_out, method)
+        layer = model_mod.UpConv(c_out, method, conv_pad=conv_pad)
         layer.build(x.shape)
         layer.kernel.assign(w)
         layer.bias.assign(b)
