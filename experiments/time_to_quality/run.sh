@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The JAX time-to-quality run on one H200 in one call (<= 9.5 min): config short_opt, the `device` loader,
-# bf16, epochs of 65536 crops (~19 s of steps) each followed by a quality evaluation of the whole
-# 128^3 validation volume, a budget of 450 s from the trainer's start, the cosine schedule over 17
-# epochs (about what fits: ~19 s of steps, ~3 s of checkpoint and ~3 s of evaluation an epoch). EMA of the weights (ema_decay 0.999, ~1000 steps = one
-# epoch) is on by default: the evaluated model is then the average of the last epoch's weights, not
-# the last step's, at ~1 ms a step. The loss levers stay off until levers.sh has measured them; set
-# EXTRA to try the winner (EXTRA="--set lambda_fourier=1.0"). Question and results: README.md here.
+# bf16, the loss levers' winner (the loss in physical units with the Fourier-space L1: levers.sh's
+# first round, README.md here), epochs of 65536 crops (~18 s of steps with the Fourier term) each
+# followed by a quality evaluation of the whole 128^3 validation volume, a budget of 450 s from the
+# trainer's start, the cosine schedule over 17 epochs (about what fits: ~18 s of steps, ~4 s of
+# checkpoint and evaluation and ~1 s of weight average an epoch). EMA of the weights (ema_decay 0.999,
+# ~1000 steps = one epoch) is on: the evaluated model is the average of the last epoch's weights, not
+# the last step's. EXTRA adds flags (EXTRA="--set start_lr=5e-4").
 #
 # On nvidia-h200, from the checkout's root, $OUT set:
 #   bash experiments/time_to_quality/run.sh
@@ -13,13 +14,14 @@
 #   OUT=/tmp/out CONFIG=cpu_tiny bash experiments/time_to_quality/run.sh
 set -uo pipefail
 source experiments/time_to_quality/setup.sh
+LOSS=(--set loss_space=physical --set lambda_fourier=1.0)
 if [[ $CONFIG == short ]]; then
   RECIPE=(--Nsamples 65536 --num_epochs 17 --set quality_budget_sec=450 --set ema_decay=0.999)
 else
   RECIPE=(--Nsamples 16 --num_epochs 2 --set quality_budget_sec=60 --set ema_decay=0.9)
 fi
 # shellcheck disable=SC2086
-ttq jax_ttq jax "${RECIPE[@]}" ${EXTRA:-}
+ttq jax_ttq jax "${RECIPE[@]}" "${LOSS[@]}" ${EXTRA:-}
 rc=$?
 $PY experiments/time_to_quality/table.py "$WORK/records" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
 exit $rc
