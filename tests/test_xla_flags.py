@@ -6,14 +6,25 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
+
 from shared_data.core.config import REPO_ROOT
 from shared_data.runtime.xla_flags import DEFAULT_XLA_FLAGS, apply_default_xla_flags, default_xla_flags_off
 
 
 def test_defaults_are_appended_once_and_user_values_win():
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    assert apply_default_xla_flags(env) == "--xla_force_host_platform_device_count=2 --xla_gpu_force_conv_nhwc=true"
+    assert apply_default_xla_flags(env) == (
+        "--xla_force_host_platform_device_count=2 --xla_gpu_force_conv_nhwc=true --xla_cpu_multi_thread_eigen=false"
+    )
     assert apply_default_xla_flags(env) == env["XLA_FLAGS"]  # idempotent
+    one = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    assert apply_default_xla_flags(one) == "--xla_force_host_platform_device_count=1 --xla_gpu_force_conv_nhwc=true"
+    mine = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4 --xla_cpu_multi_thread_eigen=true"}
+    assert apply_default_xla_flags(mine).split()[1:] == [
+        "--xla_cpu_multi_thread_eigen=true",
+        "--xla_gpu_force_conv_nhwc=true",
+    ]
     assert (
         apply_default_xla_flags({"XLA_FLAGS": "--xla_gpu_force_conv_nhwc=false"}) == "--xla_gpu_force_conv_nhwc=false"
     )
@@ -42,3 +53,37 @@ def test_importing_jax_impl_sets_them_before_jax_starts():
     )
     assert res.returncode == 0, res.stderr[-1500:]
     assert res.stdout.split() == ["--xla_cpu_enable_fast_math=false", "--xla_gpu_force_conv_nhwc=true"]
+
+
+FFT_STEPS = """
+import jax_impl  # the kit's XLA flags, before JAX starts
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax_impl.loss import fourier_l1
+mesh = Mesh(np.array(jax.devices()), ("data",))
+x = jax.device_put(np.random.default_rng(0).random((4, 16, 16, 16, 5), np.float32), NamedSharding(mesh, P("data")))
+step = jax.jit(jax.value_and_grad(lambda x: jnp.mean(fourier_l1(x))))
+first = float(step(x)[0])
+for _ in range(30):
+    x = x - 0.1 * step(x)[1]
+print(len(jax.devices()), first)
+"""
+
+
+def test_the_fourier_loss_on_two_cpu_devices_does_not_hang():
+    """Thirty sharded value-and-gradient steps of the Fourier L1 on 2 CPU devices finish (with XLA's
+    multithreaded Eigen pool they wedge in the FFT in most runs), and the first value is the float64
+    NumPy mean of |rfftn(x, norm="ortho")| over the modes and channels."""
+    res = subprocess.run(
+        [sys.executable, "-c", FFT_STEPS],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+    )
+    assert res.returncode == 0, res.stderr[-1500:]
+    devices, first = res.stdout.split()
+    x = np.random.default_rng(0).random((4, 16, 16, 16, 5), np.float32).astype(np.float64)
+    want = np.abs(np.fft.rfftn(x, axes=(1, 2, 3), norm="ortho")).mean()
+    assert devices == "2" and abs(float(first) - want) < 1e-5 * want

@@ -13,22 +13,41 @@ opts out.
 
 Every default is a boolean switch written ``--name=true``, so :func:`default_xla_flags_off` can name
 each one ``=false`` for a run without them (the ladder's rungs before compilation).
+
+Where ``XLA_FLAGS`` gives the CPU platform several devices (``--xla_force_host_platform_device_count``
+> 1, as the tests' data-parallel runs on CPU do), :data:`MULTI_CPU_DEVICE_XLA_FLAGS` are added too:
+
+* ``--xla_cpu_multi_thread_eigen=false``: XLA's CPU FFT runs ducc's parallel transform on XLA's
+  Eigen intra-op thread pool, and with two host devices running it at once the pool can wedge: one
+  device never reaches the next collective and the other waits for it forever (the JAX trainer with
+  ``lambda_fourier`` > 0 hung so on 2 CPU devices in about half the runs). Single-threaded Eigen
+  removes the shared pool from the FFT; on 2 cores the train steps ran as fast without it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 DEFAULT_XLA_FLAGS = ("--xla_gpu_force_conv_nhwc=true",)
+MULTI_CPU_DEVICE_XLA_FLAGS = ("--xla_cpu_multi_thread_eigen=false",)
+
+
+def host_device_count(flags: str) -> int:
+    """The CPU platform's device count an ``XLA_FLAGS`` value asks for (1 where it names none)."""
+    found = re.findall(r"--xla_force_host_platform_device_count=(\d+)", flags)
+    return int(found[-1]) if found else 1
 
 
 def apply_default_xla_flags(environ: dict | None = None) -> str:
-    """Append each of :data:`DEFAULT_XLA_FLAGS` to ``environ["XLA_FLAGS"]`` (default ``os.environ``)
-    unless the flag's name is already there; return the resulting value."""
+    """Append each of :data:`DEFAULT_XLA_FLAGS` (and :data:`MULTI_CPU_DEVICE_XLA_FLAGS` where the flags
+    ask for several CPU devices) to ``environ["XLA_FLAGS"]`` (default ``os.environ``) unless the flag's
+    name is already there; return the resulting value."""
     env = os.environ if environ is None else environ
     flags = env.get("XLA_FLAGS", "")
     present = {item.split("=")[0] for item in flags.split()}
-    added = [f for f in DEFAULT_XLA_FLAGS if f.split("=")[0] not in present]
+    wanted = DEFAULT_XLA_FLAGS + (MULTI_CPU_DEVICE_XLA_FLAGS if host_device_count(flags) > 1 else ())
+    added = [f for f in wanted if f.split("=")[0] not in present]
     env["XLA_FLAGS"] = " ".join([flags.strip(), *added]).strip()
     return env["XLA_FLAGS"]
 
