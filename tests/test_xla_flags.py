@@ -41,17 +41,20 @@ def test_defaults_off_names_each_default_false_and_keeps_the_rest():
     assert apply_default_xla_flags(env) == "--xla_cpu_enable_fast_math=false --xla_gpu_force_conv_nhwc=false"
 
 
-def test_importing_jax_impl_sets_them_before_jax_starts():
-    code = "import jax_impl, os, jax; jax.devices(); print(os.environ['XLA_FLAGS'])"
+def run_python(code: str, xla_flags: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh Python from the checkout's root with only ``PATH`` and ``XLA_FLAGS`` set;
+    asserts it exits 0 (killed after 120 s: a hang fails)."""
+    env = {"PATH": "/usr/bin:/bin", "XLA_FLAGS": xla_flags}
     res = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "XLA_FLAGS": "--xla_cpu_enable_fast_math=false"},
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, env=env
     )
     assert res.returncode == 0, res.stderr[-1500:]
+    return res
+
+
+def test_importing_jax_impl_sets_them_before_jax_starts():
+    code = "import jax_impl, os, jax; jax.devices(); print(os.environ['XLA_FLAGS'])"
+    res = run_python(code, "--xla_cpu_enable_fast_math=false")
     assert res.stdout.split() == ["--xla_cpu_enable_fast_math=false", "--xla_gpu_force_conv_nhwc=true"]
 
 
@@ -74,16 +77,7 @@ def test_the_fourier_loss_on_two_cpu_devices_does_not_hang():
     """Thirty sharded value-and-gradient steps of the Fourier L1 on 2 CPU devices finish (with XLA's
     multithreaded Eigen pool they wedge in the FFT in most runs), and the first value is the float64
     NumPy mean of |rfftn(x, norm="ortho")| over the modes and channels."""
-    res = subprocess.run(
-        [sys.executable, "-c", FFT_STEPS],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
-    )
-    assert res.returncode == 0, res.stderr[-1500:]
-    devices, first = res.stdout.split()
+    devices, first = run_python(FFT_STEPS, "--xla_force_host_platform_device_count=2").stdout.split()
     x = np.random.default_rng(0).random((4, 16, 16, 16, 5), np.float32).astype(np.float64)
     want = np.abs(np.fft.rfftn(x, axes=(1, 2, 3), norm="ortho")).mean()
     assert devices == "2" and abs(float(first) - want) < 1e-5 * want
