@@ -21,7 +21,9 @@ Where ``XLA_FLAGS`` gives the CPU platform several devices (``--xla_force_host_p
   Eigen intra-op thread pool, and with two host devices running it at once the pool can wedge: one
   device never reaches the next collective and the other waits for it forever (the JAX trainer with
   ``lambda_fourier`` > 0 hung so on 2 CPU devices in about half the runs). Single-threaded Eigen
-  removes the shared pool from the FFT; on 2 cores the train steps ran as fast without it.
+  removes the shared pool from the FFT. On 2 cores JAX's CPU train step runs as fast without the
+  pool; TF's XLA step on CPU, which reads the same ``XLA_FLAGS`` in a process that imported
+  :mod:`jax_impl`, ran 19% slower in one measurement, so the flag stays off for a single device.
 """
 
 from __future__ import annotations
