@@ -57,6 +57,7 @@ Step levers (the same function, other kernels; each form is tested against the f
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -119,6 +120,14 @@ def pad1(x: jax.Array) -> jax.Array:
     return jnp.pad(x, ((0, 0), (1, 1), (1, 1), (1, 1), (0, 0)))
 
 
+def conv_phase(xi: jax.Array, wi: jax.Array, fold_pad: bool) -> jax.Array:
+    """A 2x2x2 phase convolution of NDHWC ``xi`` padded by one voxel per side: (B, n+1, n+1, n+1, C)
+    out. ``fold_pad``: the convolution pads (``conv_pad: folded``), else a pad and a VALID conv."""
+    if fold_pad:
+        return lax.conv_general_dilated(xi, wi, (1, 1, 1), [(1, 1)] * 3, dimension_numbers=DIMS)
+    return lax.conv_general_dilated(pad1(xi), wi, (1, 1, 1), "VALID", dimension_numbers=DIMS)
+
+
 def conv_transpose_subpixel(
     x: jax.Array | tuple[jax.Array, ...], w: jax.Array, *, fold_pad: bool = False, regroup: str = "gather"
 ) -> jax.Array:
@@ -128,11 +137,7 @@ def conv_transpose_subpixel(
     xs = inputs_of(x)
     n, c_out = xs[0].shape[1], w.shape[-1]
 
-    def conv(xi, wi):
-        if fold_pad:
-            return lax.conv_general_dilated(xi, wi, (1, 1, 1), [(1, 1)] * 3, dimension_numbers=DIMS)
-        return lax.conv_general_dilated(pad1(xi), wi, (1, 1, 1), "VALID", dimension_numbers=DIMS)
-
+    conv = functools.partial(conv_phase, fold_pad=fold_pad)
     return depth_to_space(split_sum(conv, xs, PHASE_KERNEL[regroup](w)), n, c_out)
 
 
@@ -159,11 +164,7 @@ def conv_transpose_subpixel_crop(
     wk = PHASE_KERNEL[regroup](w).reshape(2, 2, 2, c_in, 2, 2, 2, c_out)[:, :, :, :, ::-1, ::-1, ::-1]
     wk = wk.reshape(2, 2, 2, c_in, 8 * c_out)
 
-    def conv(xi, wi):
-        if fold_pad:
-            return lax.conv_general_dilated(xi, wi, (1, 1, 1), [(1, 1)] * 3, dimension_numbers=DIMS)
-        return lax.conv_general_dilated(pad1(xi), wi, (1, 1, 1), "VALID", dimension_numbers=DIMS)
-
+    conv = functools.partial(conv_phase, fold_pad=fold_pad)
     return depth_to_space_crop(split_sum(conv, xs, wk), n, c_out)
 
 

@@ -16,6 +16,7 @@ float32 before tanh, so the output and the loss stay float32.
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 import keras
@@ -155,9 +156,7 @@ def conv_transpose_subpixel(x, w: tf.Tensor, *, fold_pad: bool = False, regroup:
     xs = inputs_of(x)
     n, c_out = side(xs[0]), w.shape[-1]
 
-    def conv(xi, wi):
-        return conv_phase(xi, wi, fold_pad)
-
+    conv = functools.partial(conv_phase, fold_pad=fold_pad)
     return depth_to_space(split_sum(conv, xs, PHASE_KERNEL[regroup](w)), n, c_out)
 
 
@@ -178,9 +177,7 @@ def conv_transpose_subpixel_crop(x, w: tf.Tensor, *, fold_pad: bool = False, reg
     wk = tf.reshape(PHASE_KERNEL[regroup](w), (2, 2, 2, c_in, 2, 2, 2, c_out))
     wk = tf.reshape(tf.reverse(wk, axis=[4, 5, 6]), (2, 2, 2, c_in, 8 * c_out))
 
-    def conv(xi, wi):
-        return conv_phase(xi, wi, fold_pad)
-
+    conv = functools.partial(conv_phase, fold_pad=fold_pad)
     return depth_to_space_crop(split_sum(conv, xs, wk), n, c_out)
 
 
