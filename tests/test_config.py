@@ -16,6 +16,7 @@ def test_every_named_config_loads_and_is_frozen():
         "base",
         "short",
         "short_opt",
+        "quality",
         "bs64_opt",
         "bs256_opt",
         "bs512_opt",
@@ -43,6 +44,28 @@ def test_overlays_inherit_from_base():
     assert opt.enable_amp and opt.precision == "bfloat16" and opt.Nsamples == 512
     assert base.precision == "float32"
     assert config_mod.load_config("bs256_opt").global_batch_size == 256
+
+
+def test_quality_is_short_opt_with_the_time_to_quality_recipe():
+    """``quality`` differs from ``short_opt`` in the recipe of the time-to-quality runs alone: the
+    `device` loader, epochs of 65536 crops, physical-units loss with the Fourier L1, EMA, an
+    evaluation every epoch and a 10-minute budget."""
+    opt, quality = config_mod.load_config("short_opt"), config_mod.load_config("quality")
+    changed = {
+        f.name: getattr(quality, f.name)
+        for f in dataclasses.fields(quality)
+        if f.name != "name" and getattr(quality, f.name) != getattr(opt, f.name)
+    }
+    assert changed == {
+        "data_loader_config": "device",
+        "Nsamples": 65536,
+        "num_epochs": 17,
+        "loss_space": "physical",
+        "lambda_fourier": 1.0,
+        "ema_decay": 0.999,
+        "quality_every_epochs": 1,
+        "quality_budget_sec": 600.0,
+    }
 
 
 def _write(tmp_path, text):

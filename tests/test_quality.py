@@ -322,6 +322,27 @@ def test_the_gpu_recipe_runs_on_cpu_with_a_tiny_config(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     with tarfile.open(tmp_path / "out" / "runs.tar") as tar:  # the run's records, in one file
         tar.extractall(tmp_path / "runs", filter="data")
-    assert len(quality.read_records(tmp_path / "runs" / "jax_ttq")) == 2
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["curve.png", "runs.tar", "table.txt"]
+    records = quality.read_records(tmp_path / "runs" / "jax_ttq")
+    assert len(records) == 2
+    out = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert out == ["curve.png", "runs.tar", "spectra.png", "table.txt"]
     assert "| jax_ttq | 2 |" in res.stdout and (tmp_path / "out" / "curve.png").stat().st_size > 0
+
+    # --spectra draws the evaluation it names: the first that met the target, else the lowest shortfall
+    sys.path.insert(0, str(REPO_ROOT / "experiments" / "time_to_quality"))
+    try:
+        import table
+    finally:
+        sys.path.pop(0)
+    found = table.runs(tmp_path / "runs")
+    best = min(records, key=lambda r: r["shortfall"])
+    assert not any(r["met"] for r in records) and table.shown(found["jax_ttq"][0]) == best
+    left, right = table.spectra(found).axes
+    drawn = {line.get_label(): line.get_ydata() for line in left.lines}
+    for name in quality.CHANNELS:
+        np.testing.assert_array_equal(drawn[name], best["channels"][name]["ratio"])
+    drawn = {line.get_label(): line.get_ydata() for line in right.lines}
+    assert drawn["r = 0.998"][0] == 0.998
+    np.testing.assert_array_equal(drawn["gas_temperature baseline"], best["channels"]["gas_temperature"]["r_baseline"])
+    met = [dict(records[0], met=True), records[1]]
+    assert table.shown(met) is met[0]

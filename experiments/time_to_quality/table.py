@@ -4,7 +4,9 @@ Reads every ``OUT/<run>/quality.jsonl`` (one line per evaluation, :mod:`shared_d
 and ``OUT/<run>/run.json`` and prints, per run, the metrics of its last evaluation (worst bin up to
 k_max: gas density r and |P ratio - 1|, temperature r, |P ratio - 1| and r minus the baseline's r),
 the time from the start, the best shortfall and when it was reached, and the time to quality when the
-target was met. ``--plot`` draws the shortfall (<= 0: target met) of every run against time.
+target was met. ``--plot`` draws the shortfall (<= 0: target met) of every run against time;
+``--spectra`` draws, per run, the binned P_pred/P_true and r(k) of the evaluation that met the target
+(or of the best one) against the target's band and floor.
 """
 
 from __future__ import annotations
@@ -75,10 +77,49 @@ def plot(found: dict, path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
+def shown(curve: list[dict]) -> dict:
+    """The evaluation ``--spectra`` draws: the first that met the target, else the lowest shortfall."""
+    met = [c for c in curve if c["met"]]
+    if met:
+        return met[0]
+    return min(curve, key=lambda c: c["shortfall"] if c["shortfall"] is not None else float("inf"))
+
+
+def spectra(found: dict, r_min: float = 0.998, tol: float = 0.02):
+    """The figure of ``--spectra``: one row per run, P_pred/P_true (left, the band 1 +- ``tol``
+    shaded) and r(k) (right, the floor ``r_min`` dashed, the temperature's dark-matter baseline
+    dotted) of gas density and temperature in the bins the target tests (k in h/Mpc), for the
+    evaluation :func:`shown` picks. Returns the matplotlib Figure."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 2.8 * len(found)))
+    axes = fig.subplots(len(found), 2, squeeze=False)
+    colors = {DENSITY: "C0", TEMPERATURE: "C3"}
+    for (name, (curve, _)), (left, right) in zip(found.items(), axes):
+        ev = shown(curve)
+        left.axhspan(1 - tol, 1 + tol, color="0.88", zorder=0, label=f"1 ± {tol:g}")
+        right.axhline(r_min, color="k", ls="--", lw=0.8, label=f"r = {r_min:g}")
+        for channel, s in ev["channels"].items():
+            left.plot(s["k"], s["ratio"], "-o", ms=3, color=colors[channel], label=channel)
+            right.plot(s["k"], s["r"], "-o", ms=3, color=colors[channel], label=f"{channel} model")
+            if s["r_baseline"] is not None:
+                right.plot(s["k"], s["r_baseline"], ":", color=colors[channel], label=f"{channel} baseline")
+        state = "target met" if ev["met"] else f"best, shortfall {_num(ev['shortfall'])}"
+        left.set_title(f"{name}: epoch {ev['epoch']}, {ev['time_sec']:.0f} s, {state}", fontsize=9)
+        left.set_ylabel("P_pred / P_true")
+        right.set_ylabel("r(k)")
+        for ax in (left, right):
+            ax.set_xlabel("k [h/Mpc]")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, help="the recipe's $OUT (one folder per run)")
     p.add_argument("--plot", type=Path, help="write the shortfall curves here (PNG)")
+    p.add_argument("--spectra", type=Path, help="write each run's P ratio and r(k) at its shown evaluation here (PNG)")
     args = p.parse_args()
     found = runs(args.out)
     if not found:
@@ -86,6 +127,8 @@ def main() -> int:
         return 2
     if args.plot:
         plot(found, args.plot)
+    if args.spectra:
+        spectra(found).savefig(args.spectra, dpi=90)
     print(table(found))
     return 0
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The TensorFlow time-to-quality run on one H200 in one call (<= 9.5 min): run.sh's recipe (config
-# short_opt, `device` loader, bf16, the loss in physical units with the Fourier-space L1, epochs of
+# `quality`: short_opt, `device` loader, bf16, the loss in physical units with the Fourier-space L1, epochs of
 # 65536 crops, a quality evaluation after each, EMA 0.999) with TF's staged runtime; the budget is
 # 390 s over 13 epochs, as TF's set-up (its runtime unpacked when missing), its cold compile (~40 s)
 # and its step take longer than JAX's. EXTRA adds flags, as in run.sh.
@@ -12,14 +12,15 @@
 set -uo pipefail
 FRAMEWORK=tf
 source experiments/time_to_quality/setup.sh
-LOSS=(--set loss_space=physical --set lambda_fourier=1.0)
 if [[ $CONFIG == short ]]; then
-  RECIPE=(--Nsamples 65536 --num_epochs 13 --set quality_budget_sec=390 --set ema_decay=0.999)
+  TRAIN_CONFIG=quality  # run.sh's recipe as a named config (configs/UNet.yaml), 13 epochs here
+  RECIPE=(--num_epochs 13 --set quality_budget_sec=390)
 else
-  RECIPE=(--Nsamples 16 --num_epochs 2 --set quality_budget_sec=60 --set ema_decay=0.9)
+  RECIPE=(--Nsamples 16 --num_epochs 2 --set quality_budget_sec=60 --set ema_decay=0.9 --set loss_space=physical
+    --set lambda_fourier=1.0)
 fi
 # shellcheck disable=SC2086
-ttq tf_ttq tf "${RECIPE[@]}" "${LOSS[@]}" ${EXTRA:-}
+ttq tf_ttq tf "${RECIPE[@]}" ${EXTRA:-}
 rc=$?
-$PY experiments/time_to_quality/table.py "$WORK/records" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
+$PY experiments/time_to_quality/table.py "$WORK/records" --plot "$OUT/curve.png" --spectra "$OUT/spectra.png" | tee "$OUT/table.txt"
 exit $rc
