@@ -187,11 +187,12 @@ def train_and_evaluate(
         monitor = quality.Monitor(run, distribute.device_kind(), start)
         forward = predict.forward_fn(monitor.predict_cfg)  # compiled at the first evaluation
 
+        sync = lambda batch: jax.block_until_ready((state, batch))  # the newest state: Run.steps' input wait
         trace = (lambda: jax.profiler.start_trace(str(workdir / "profile")), jax.profiler.stop_trace)
         with run.profile(*trace, use_cuda=jax.default_backend() == "gpu", annotate=jax.profiler.TraceAnnotation):
             for epoch in run.epochs(start, stop_after_epoch):
                 losses = []
-                for batch in run.steps(train_in.epoch(epoch), epoch):
+                for batch in run.steps(train_in.epoch(epoch), epoch, sync):
                     with nvtx_range("step dispatch", "blue"):
                         state, m = train_fn(state, batch)
                     losses.append(m["loss"])

@@ -71,6 +71,67 @@ def test_input_bound_run_says_so_once(tiny_cfg, tmp_path, caplog):
     assert "Input wait 9" in text or "Input wait 100" in text
 
 
+class AsyncDevice:
+    """A device that runs each dispatched step for ``step_sec`` after the last one, while the host goes on;
+    a loader whose batch is computed on it waits behind the queued steps."""
+
+    def __init__(self, step_sec):
+        self.step_sec, self.busy_until = step_sec, time.perf_counter()
+
+    def dispatch(self):
+        self.busy_until = max(self.busy_until, time.perf_counter()) + self.step_sec
+
+    def drain(self, _batch=None):
+        time.sleep(max(0.0, self.busy_until - time.perf_counter()))
+
+
+def _one_epoch_share(tmp_path, tiny_cfg, batches, device, sync):
+    cfg = config_mod.replace(tiny_cfg, num_epochs=1, Nsamples=64 * tiny_cfg.global_batch_size)
+    r = run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
+    r.begin(0, 0.0, {}, lambda: 0.0)
+    for _ in r.steps(batches, 0, sync):
+        device.dispatch()
+    device.drain()
+    return r.end_epoch(0, [0.1] * r.steps_per_epoch, lambda: 0.1, step=r.steps_per_epoch)["input_wait_share"]
+
+
+def test_input_wait_leaves_out_the_steps_queued_before_the_batch(tiny_cfg, tmp_path):
+    """64 steps of 10 ms on an asynchronous device and a loader whose instant batch waits behind the queued
+    steps (as a gather on the GPU does): the host's plain wait calls ~all of the epoch input; measured on
+    the sampled steps after draining the device (``sync``) it is ~0, the loader's true cost."""
+    device = AsyncDevice(0.010)
+
+    def behind_the_queue():
+        while True:
+            device.drain()
+            yield {}
+
+    assert _one_epoch_share(tmp_path / "plain", tiny_cfg, behind_the_queue(), device, None) > 0.8
+    assert _one_epoch_share(tmp_path / "sync", tiny_cfg, behind_the_queue(), device, device.drain) < 0.1
+
+
+def test_sampled_input_wait_of_a_slow_loader(tiny_cfg, tmp_path, monkeypatch):
+    """A loader of 10 ms a batch and 1 ms steps that overlap it: the device idles ~90% of the epoch. The
+    wait measured on 32 of the 64 steps (every second one, the device drained before each) gives the
+    share that timing every step gives."""
+    device, drains = AsyncDevice(0.001), []
+    monkeypatch.setattr(run, "WAIT_SAMPLES", 32)
+
+    def slow():
+        while True:
+            time.sleep(0.010)
+            yield {}
+
+    def sync(batch):
+        drains.append(batch)
+        device.drain()
+
+    sampled = _one_epoch_share(tmp_path / "sync", tiny_cfg, slow(), device, sync)
+    every = _one_epoch_share(tmp_path / "plain", tiny_cfg, slow(), device, None)
+    assert drains.count(None) == 32 and len(drains) == 64  # before and after each sampled step
+    assert 0.85 < sampled <= 1.0 and 0.85 < every <= 1.0 and abs(sampled - every) < 0.05
+
+
 def test_a_finished_run_resumed_says_there_is_nothing_to_train(tiny_cfg, tmp_path, caplog):
     r = run.Run(config_mod.replace(tiny_cfg, num_epochs=2), tmp_path / "w", "jax", "test", {}, 1)
     with caplog.at_level(logging.INFO, logger="dlas"):

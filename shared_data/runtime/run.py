@@ -54,6 +54,10 @@ from shared_data.runtime.records import TENSORBOARD_TAGS, MetricsLog, ScalarWrit
 
 log = logging.getLogger("dlas")
 
+#: Steps of an epoch whose input wait :meth:`Run.steps` measures when given a ``sync`` (at most this many,
+#: evenly spaced): each one drains the device first, so few keep the step's overlap with its input.
+WAIT_SAMPLES = 32
+
 
 def workdir_for(cfg: Config, framework: str, workdir: str | None = None, run_num: str | None = None) -> Path:
     """The run folder: ``workdir`` if given, else ``<exp_dir>/<config>[/<run_num>]/<framework>``
@@ -332,25 +336,43 @@ class Run:
             )
         return range(start_epoch, end)
 
-    def steps(self, batches: Iterator, epoch: int) -> Iterator:
-        """The training batches of ``epoch``, timed: the wait for each batch (``data wait``) is counted
-        as input time; the progress bar and the capture window advance with them."""
+    def steps(self, batches: Iterator, epoch: int, sync: Callable[[object], None] | None = None) -> Iterator:
+        """The training batches of ``epoch``, timed for the input wait; the progress bar and the
+        capture window advance with them.
+
+        Without ``sync`` the host's wait for each batch (``data wait``) is the input time: right where
+        every step runs to its end before the next starts (the CPU). With ``sync`` (a callable that
+        returns once the given batch and all work dispatched before it are computed), the wait is
+        measured on :data:`WAIT_SAMPLES` evenly spaced steps an epoch: the device is drained first,
+        then the wait lasts until the batch is computed; the epoch's input time is their mean times
+        the epoch's steps. Under asynchronous dispatch (a GPU) the host's plain wait in ``next`` also
+        holds the time it is blocked behind queued steps, which is not input time.
+        """
         self._epoch_start, self._input_wait = time.perf_counter(), 0.0
         self._running = epoch
         manual = self.cfg.enable_manual_profiling
-        for i in progress(
-            range(self.steps_per_epoch), self.steps_per_epoch, f"epoch {epoch + 1}", self.cfg.progress_bar
-        ):
-            step = epoch * self.steps_per_epoch + i
+        n = self.steps_per_epoch
+        stride = max(1, -(-n // WAIT_SAMPLES))  # ceil: at most WAIT_SAMPLES sampled steps
+        sampled = range(stride // 2, n, stride) if sync is not None else range(n)
+        waited, timed_steps = 0.0, 0
+        for i in progress(range(n), n, f"epoch {epoch + 1}", self.cfg.progress_bar):
+            step = epoch * n + i
             self._step_in_epoch = i
             signals.raise_pending()
             if self._window is not None:
                 self._window.before_step(step)
+            timed = i in sampled
             with nvtx_range(f"step {step}", "purple") if manual else contextlib.nullcontext():
+                if timed and sync is not None:
+                    sync(None)
                 t0 = time.perf_counter()
                 with nvtx_range("data wait", "yellow"):
                     batch = next(batches)
-                self._input_wait += time.perf_counter() - t0
+                    if timed and sync is not None:
+                        sync(batch)
+                if timed:
+                    waited, timed_steps = waited + time.perf_counter() - t0, timed_steps + 1
+                    self._input_wait = waited * n / timed_steps if sync is not None else waited
                 yield batch
 
     @contextlib.contextmanager
