@@ -71,21 +71,40 @@ def test_input_bound_run_says_so_once(tiny_cfg, tmp_path, caplog):
     assert "Input wait 9" in text or "Input wait 100" in text
 
 
-class AsyncDevice:
-    """A device that runs each dispatched step for ``step_sec`` after the last one, while the host goes on;
-    a loader whose batch is computed on it waits behind the queued steps."""
+class SimClock:
+    """A simulated clock for ``run``'s timing: ``sleep`` advances it, nothing else does, so the shares
+    below are exact (no timed unit test)."""
 
-    def __init__(self, step_sec):
-        self.step_sec, self.busy_until = step_sec, time.perf_counter()
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += max(0.0, seconds)
+
+    def strftime(self, *args):
+        return time.strftime(*args)
+
+
+class AsyncDevice:
+    """A device that runs each dispatched step for ``step_sec`` after the last one while the host goes on
+    (the host's clock does not move); ``drain`` waits until the queued steps are done."""
+
+    def __init__(self, clock, step_sec):
+        self.clock, self.step_sec, self.busy_until = clock, step_sec, 0.0
 
     def dispatch(self):
-        self.busy_until = max(self.busy_until, time.perf_counter()) + self.step_sec
+        self.busy_until = max(self.busy_until, self.clock.now) + self.step_sec
 
     def drain(self, _batch=None):
-        time.sleep(max(0.0, self.busy_until - time.perf_counter()))
+        self.clock.sleep(self.busy_until - self.clock.now)
 
 
-def _one_epoch_share(tmp_path, tiny_cfg, batches, device, sync):
+def _one_epoch_share(tmp_path, tiny_cfg, monkeypatch, batches, device, sync):
+    """The input share of one epoch of 64 steps on ``device``, timed by its simulated clock."""
+    monkeypatch.setattr(run, "time", device.clock)
     cfg = config_mod.replace(tiny_cfg, num_epochs=1, Nsamples=64 * tiny_cfg.global_batch_size)
     r = run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
     r.begin(0, 0.0, {}, lambda: 0.0)
@@ -95,41 +114,47 @@ def _one_epoch_share(tmp_path, tiny_cfg, batches, device, sync):
     return r.end_epoch(0, [0.1] * r.steps_per_epoch, lambda: 0.1, step=r.steps_per_epoch)["input_wait_share"]
 
 
-def test_input_wait_leaves_out_the_steps_queued_before_the_batch(tiny_cfg, tmp_path):
+def test_input_wait_leaves_out_the_steps_queued_before_the_batch(tiny_cfg, tmp_path, monkeypatch):
     """64 steps of 10 ms on an asynchronous device and a loader whose instant batch waits behind the queued
-    steps (as a gather on the GPU does): the host's plain wait calls ~all of the epoch input; measured on
-    the sampled steps after draining the device (``sync``) it is ~0, the loader's true cost."""
-    device = AsyncDevice(0.010)
+    step (as a gather on the GPU does): the host's plain wait calls 63 of the 64 steps input (the first
+    batch has nothing to wait for); measured after draining the device (``sync``) it is 0, the loader's
+    true cost."""
+    device = AsyncDevice(SimClock(), 0.010)
 
     def behind_the_queue():
         while True:
             device.drain()
             yield {}
 
-    assert _one_epoch_share(tmp_path / "plain", tiny_cfg, behind_the_queue(), device, None) > 0.8
-    assert _one_epoch_share(tmp_path / "sync", tiny_cfg, behind_the_queue(), device, device.drain) < 0.1
+    plain = _one_epoch_share(tmp_path / "plain", tiny_cfg, monkeypatch, behind_the_queue(), device, None)
+    assert plain == pytest.approx(63 / 64)
+    device = AsyncDevice(SimClock(), 0.010)
+    assert _one_epoch_share(tmp_path / "sync", tiny_cfg, monkeypatch, behind_the_queue(), device, device.drain) == 0.0
 
 
 def test_sampled_input_wait_of_a_slow_loader(tiny_cfg, tmp_path, monkeypatch):
-    """A loader of 10 ms a batch and 1 ms steps that overlap it: the device idles ~90% of the epoch. The
-    wait measured on 32 of the 64 steps (every second one, the device drained before each) gives the
-    share that timing every step gives."""
-    device, drains = AsyncDevice(0.001), []
+    """A loader of 10 ms a batch and 1-ms steps that overlap it: 64 x 10 ms of input in an epoch of
+    641 ms (the last step ends 1 ms after the last batch) when every step's wait is timed. Measured on
+    32 of the 64 steps (every second one) the mean wait is the same 10 ms, and each drain before a
+    sampled step costs the 1 ms that step would have overlapped: 640 of 673 ms."""
     monkeypatch.setattr(run, "WAIT_SAMPLES", 32)
 
-    def slow():
+    def slow(clock):
         while True:
-            time.sleep(0.010)
+            clock.sleep(0.010)
             yield {}
+
+    device, drains = AsyncDevice(SimClock(), 0.001), []
 
     def sync(batch):
         drains.append(batch)
         device.drain()
 
-    sampled = _one_epoch_share(tmp_path / "sync", tiny_cfg, slow(), device, sync)
-    every = _one_epoch_share(tmp_path / "plain", tiny_cfg, slow(), device, None)
+    sampled = _one_epoch_share(tmp_path / "sync", tiny_cfg, monkeypatch, slow(device.clock), device, sync)
     assert drains.count(None) == 32 and len(drains) == 64  # before and after each sampled step
-    assert 0.85 < sampled <= 1.0 and 0.85 < every <= 1.0 and abs(sampled - every) < 0.05
+    device = AsyncDevice(SimClock(), 0.001)
+    every = _one_epoch_share(tmp_path / "plain", tiny_cfg, monkeypatch, slow(device.clock), device, None)
+    assert sampled == pytest.approx(640 / (640 + 32 + 1)) and every == pytest.approx(640 / 641)
 
 
 def test_a_finished_run_resumed_says_there_is_nothing_to_train(tiny_cfg, tmp_path, caplog):
