@@ -40,7 +40,7 @@ def table(found: dict) -> str:
     for name, (curve, info) in found.items():
         last = curve[-1]
         rho, t = last["channels"][DENSITY], last["channels"][TEMPERATURE]
-        best = min(curve, key=lambda c: c["shortfall"] if c["shortfall"] is not None else float("inf"))
+        best = lowest_shortfall(curve)
         base = t["r_minus_baseline_worst"]
         ttq = info.get("time_to_quality_sec")
         lines.append(
@@ -77,12 +77,15 @@ def plot(found: dict, path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
+def lowest_shortfall(curve: list[dict]) -> dict:
+    """The evaluation with the lowest shortfall (a None shortfall, a non-finite metric, counts as inf)."""
+    return min(curve, key=lambda c: c["shortfall"] if c["shortfall"] is not None else float("inf"))
+
+
 def shown(curve: list[dict]) -> dict:
     """The evaluation ``--spectra`` draws: the first that met the target, else the lowest shortfall."""
     met = [c for c in curve if c["met"]]
-    if met:
-        return met[0]
-    return min(curve, key=lambda c: c["shortfall"] if c["shortfall"] is not None else float("inf"))
+    return met[0] if met else lowest_shortfall(curve)
 
 
 def spectra(found: dict, r_min: float = 0.998, tol: float = 0.02):

@@ -372,7 +372,7 @@ class Run:
                         sync(batch)
                 if timed:
                     waited, timed_steps = waited + time.perf_counter() - t0, timed_steps + 1
-                    self._input_wait = waited * n / timed_steps if sync is not None else waited
+                    self._input_wait = waited * n / timed_steps  # every step timed without sync: = waited
                 yield batch
 
     @contextlib.contextmanager
