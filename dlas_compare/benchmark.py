@@ -13,7 +13,8 @@ not the pipeline's rate). The modes of one command run in one process, SYNTHETIC
 over SYNTHETIC's compiled step and IO's input pipeline (:class:`Session`); ``--rungs`` runs a list of
 such benchmarks (the ladder's rungs of one framework) in one process.
 Reports samples/s (median over windows), step time (p50 / p90 over windows), MFU (analytic model
-FLOPs x samples/s / peak), compile seconds, peak device memory, device, versions and the command
+FLOPs x samples/s over the datasheet's dense peak of the compute dtype, and the fraction of the measured
+matmul rate beside it: :mod:`dlas_compare.peaks`), compile seconds, peak device memory, device, versions and the command
 line, as JSON (``--out``) and a table printed last.
 """
 
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlas_compare import peaks
 from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
@@ -40,10 +42,6 @@ from shared_data.model import unet_spec
 
 MODES = ("io", "synthetic", "full")
 FRAMEWORKS = ("jax", "tf", "torch")
-# Peak bf16 dense rate used as the MFU denominator, by device name. H200: the rate of a bf16 8192^3
-# matrix product measured on the H200 the kit's results come from; the datasheet's 989 would give
-# 20% lower MFU.
-PEAK_TFLOPS = {"H200": 788.0, "H100": 989.0}
 
 
 def make_bench(framework: str, cfg: Config, mode: str, num_devices: int | None = None, step_from=None, input_from=None):
@@ -60,13 +58,6 @@ def make_bench(framework: str, cfg: Config, mode: str, num_devices: int | None =
     else:
         raise UserError(f"--framework {framework!r}: expected one of {', '.join(FRAMEWORKS)}")
     return Bench(cfg, mode, num_devices, step_from=step_from, input_from=input_from)
-
-
-def peak_tflops(device: str) -> float | None:
-    for key, value in PEAK_TFLOPS.items():
-        if key in device:
-            return value
-    return None
 
 
 def timed_windows(
@@ -339,7 +330,6 @@ def run_bench(
     stats["warmup_steps"] = warmup
     device = bench.device_name()
     flops = unet_spec.train_flops_per_sample(cfg)
-    peak = peak_tflops(device)
     replicas = getattr(bench, "replicas", 1)
     record = {
         "label": label or f"{framework} {mode}",
@@ -353,7 +343,8 @@ def run_bench(
         **stats,
         "compile_sec": bench.compile_sec,
         "train_gflop_per_sample": flops / 1e9,
-        "mfu": (flops * stats["samples_per_sec"] / (peak * 1e12 * replicas)) if (peak and mode != "io") else None,
+        **dict.fromkeys(peaks.UTILISATION_KEYS),
+        **(peaks.utilisation(flops, stats["samples_per_sec"], device, cfg.precision, replicas) if mode != "io" else {}),
         "peak_memory_gib": (bench.peak_memory_bytes() or 0) / 2**30 or None,
         "device": device,
         "versions": bench.versions(),
@@ -367,20 +358,22 @@ def run_bench(
 
 
 def table(records: list[dict]) -> str:
-    """One line per record: label, mode, loader, precision, batch, samples/s, step ms, MFU, compile, memory."""
+    """One line per record: label, mode, loader, precision, batch, samples/s, step ms, MFU (of the
+    datasheet peak), the fraction of the measured matmul rate, compile, memory."""
     head = (
         f"{'run':<34}{'mode':<10}{'loader':<14}{'prec':<9}{'batch':>6}{'samples/s':>11}{'step ms p50/p90':>17}"
-        f"{'MFU':>7}{'compile s':>10}{'mem GiB':>9}"
+        f"{'MFU':>7}{'of matmul':>10}{'compile s':>10}{'mem GiB':>9}"
     )
     lines = [head, "-" * len(head)]
     for r in records:
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
+        of_matmul = f"{100 * r['mfu_of_measured_matmul']:.1f}%" if r.get("mfu_of_measured_matmul") else "-"
         mem = f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") else "-"
         loader = r["loader"] if r["mode"] != "synthetic" else "-"
         lines.append(
             f"{r['label'][:33]:<34}{r['mode']:<10}{loader[:13]:<14}{r['precision'][:8]:<9}{r['global_batch']:>6}"
             f"{r['samples_per_sec']:>11.1f}{r['step_ms_p50']:>9.1f}/{r['step_ms_p90']:<7.1f}{mfu:>7}"
-            f"{r['compile_sec']:>10.1f}{mem:>9}"
+            f"{of_matmul:>10}{r['compile_sec']:>10.1f}{mem:>9}"
         )
     return "\n".join(lines)
 

@@ -29,7 +29,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from dlas_compare.benchmark import peak_tflops
+from dlas_compare import peaks
 from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError, run_cli
@@ -290,12 +290,13 @@ def kernel_times(events: list, steps: int, instructions: dict | None = None) -> 
 
 def breakdown(hlo_text: str, events: list, steps: int, cfg, batch: int, device: str) -> dict:
     """The breakdown of one step from its HLO and trace: ``layers`` (per layer and role: ms, GFLOP,
-    TFLOP/s, share of peak), ``kinds`` (per kind: ms, GB moved, TB/s, share of the copy rate),
+    TFLOP/s, share of the datasheet peak), ``kinds`` (per kind: ms, GB moved, TB/s, share of the copy rate),
     ``totals``."""
     instrs, comps = parse_hlo(hlo_text), computations(hlo_text)
     per_op, totals = kernel_times(events, steps, instrs)
     layers_names = [s.name for s in unet_spec.layer_specs(cfg)]
-    peak, copy = peak_tflops(device), next((v for k, v in PEAK_COPY_TBPS.items() if k in device), None)
+    peak = peaks.datasheet_tflops(device, cfg.precision)
+    copy = next((v for k, v in PEAK_COPY_TBPS.items() if k in device), None)
     kernels = formulation_kernels(cfg)
     layers = {
         n: {r: {"ms": 0.0, "gflop": 0.0} for r in ("fwd", "dgrad", "wgrad")} for n in [*layers_names, "unidentified"]
@@ -343,6 +344,8 @@ def breakdown(hlo_text: str, events: list, steps: int, cfg, batch: int, device: 
         busy_ms=totals.pop("busy_s") * 1e3,
         span_ms=totals.pop("span_s") * 1e3,
     )
+    span = totals["span_ms"] / 1e3
+    totals.update(peaks.utilisation(model_gflop * 1e9 / batch, batch / span, device, cfg.precision) if span else {})
     return {
         "layers": layers,
         "kinds": kinds,
@@ -383,7 +386,7 @@ def tables(result: dict) -> str:
         lines.append(CPU_NOTE.format(kernel_ms=t["kernel_ms"], span_ms=t["span_ms"]))
     lines += [
         "",
-        "| layer | fwd ms | dgrad ms | wgrad ms | GFLOP executed | TFLOP/s | % of peak |",
+        "| layer | fwd ms | dgrad ms | wgrad ms | GFLOP executed | TFLOP/s | % of datasheet peak |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, roles in result["layers"].items():
@@ -405,7 +408,14 @@ def tables(result: dict) -> str:
     if t["floor_ms_at_peak"]:
         lines.append(
             f"\nmodel FLOPs {t['model_gflop']:.0f} GFLOP per step: {t['floor_ms_at_peak']:.2f} ms at "
-            f"{result['peak_tflops']:.0f} TFLOP/s; executed convolution FLOPs {t['conv_gflop_executed']:.0f} GFLOP"
+            f"{result['peak_tflops']:.1f} TFLOP/s (datasheet, dense); executed convolution FLOPs "
+            f"{t['conv_gflop_executed']:.0f} GFLOP"
+        )
+    if t.get("mfu"):
+        of_matmul = t.get("mfu_of_measured_matmul")
+        lines.append(
+            f"MFU over the traced step's span: {100 * t['mfu']:.1f}% of the datasheet peak"
+            + (f", {100 * of_matmul:.1f}% of the measured matmul rate" if of_matmul else "")
         )
     return "\n".join(lines)
 

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dlas_compare.benchmark import PEAK_TFLOPS, table
+from dlas_compare import peaks
+from dlas_compare.benchmark import table
 from dlas_compare.torch_ref import build_model, make_train_step, params_from_canonical, versions
 from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
@@ -82,7 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate = float(np.median(global_bs / per_step))
         flops = unet_spec.train_flops_per_sample(cfg)
         device = torch.cuda.get_device_name(0)
-        peak = next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
         rec = {
             "label": args.label,
             "framework": "torch",
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "step_ms_p90": float(np.percentile(per_step, 90) * 1e3),
             "warmup_sec": warm,
             "compile_sec": warm,
-            "mfu": flops * rate / (peak * 1e12 * world) if peak else None,
+            **peaks.utilisation(flops, rate, device, cfg.precision, world),
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
             "device": f"{world} x {device}",
             "versions": versions(),

@@ -11,7 +11,9 @@ Per sample, in float32, over a crop of side s with N_out channels (channels last
 * ``lambda_fourier`` x mean over the modes of the real 3-D FFT (``rfftn`` over the crop's three
   spatial axes, s x s x (s/2 + 1) modes, orthonormal: sum |F|^2 = sum |x|^2) and over channels of
   |FFT(f(pred) - f(target))|: an L1 in Fourier space, which weights the small-scale modes as much
-  as the large ones (a pixel-space L1 lets the smooth part of the error dominate).
+  as the large ones (a pixel-space L1 lets the smooth part of the error dominate); with
+  ``fourier_channels: scored`` over the density and temperature channels only (the two the
+  time-to-quality target scores), which costs 2/N_out of the transforms.
 
 The loss is the mean of the per-sample values over the samples whose ``mask`` is 1.
 """
@@ -50,6 +52,13 @@ def fourier_l1(diff: jax.Array) -> jax.Array:
     return jnp.mean(jnp.abs(modes), axis=(1, 2, 3, 4))
 
 
+def fourier_diff(diff: jax.Array, cfg: Config) -> jax.Array:
+    """The channels of ``diff`` (B, s, s, s, N_out) that the Fourier term compares (``fourier_channels``)."""
+    if cfg.fourier_channels == "scored":
+        return diff[..., jnp.asarray([cfg.density_channel, cfg.temperature_channel])]
+    return diff
+
+
 def loss_fn(pred: jax.Array, batch: dict, cfg: Config) -> jax.Array:
     """The masked mean over samples of the module docstring's per-sample loss; float32 scalar.
 
@@ -65,6 +74,6 @@ def loss_fn(pred: jax.Array, batch: dict, cfg: Config) -> jax.Array:
         rho = jnp.mean(jnp.abs(jnp.exp(s * pred[..., d]) - jnp.exp(s * y[..., d])), axis=(1, 2, 3))
         per_sample = per_sample + cfg.lambda_rho * rho
     if cfg.lambda_fourier:
-        per_sample = per_sample + cfg.lambda_fourier * fourier_l1(diff)
+        per_sample = per_sample + cfg.lambda_fourier * fourier_l1(fourier_diff(diff, cfg))
     mask = batch["mask"]
     return jnp.sum(per_sample * mask) / jnp.maximum(jnp.sum(mask), 1.0)

@@ -39,6 +39,8 @@ BENCHMARK_KEYS = {
     "step_ms_p90",
     "compile_sec",
     "mfu",
+    "peak_tflops",
+    "mfu_of_measured_matmul",
     "peak_memory_gib",
     "device",
     "versions",

@@ -108,7 +108,8 @@ def numpy_loss(pred, y, mask, cfg) -> float:
     per = np.abs(diff).mean(axis=(1, 2, 3, 4))
     rho = np.abs(np.exp(cfg.density_scale * pred[..., d]) - np.exp(cfg.density_scale * y[..., d])).mean(axis=(1, 2, 3))
     per = per + cfg.lambda_rho * rho
-    modes = np.fft.rfftn(diff, axes=(1, 2, 3), norm="ortho")  # (B, s, s, s/2 + 1, C)
+    scored = [d, t] if cfg.fourier_channels == "scored" else list(range(diff.shape[-1]))
+    modes = np.fft.rfftn(diff[..., scored], axes=(1, 2, 3), norm="ortho")  # (B, s, s, s/2 + 1, C)
     per = per + cfg.lambda_fourier * np.abs(modes).mean(axis=(1, 2, 3, 4))
     return float(np.sum(per * mask) / max(mask.sum(), 1.0))
 
@@ -119,6 +120,7 @@ LEVERS = [
     dict(loss_space="log", lambda_rho=0.0, lambda_fourier=0.7),
     dict(loss_space="physical", lambda_rho=0.0, lambda_fourier=0.0),
     dict(loss_space="physical", lambda_rho=0.2, lambda_fourier=1.5),
+    dict(loss_space="physical", lambda_rho=0.0, lambda_fourier=1.0, fourier_channels="scored"),
 ]
 
 

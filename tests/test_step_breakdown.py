@@ -165,13 +165,16 @@ def test_gpu_style_module_roles_flops_and_kinds():
         assert down3[role]["ms"] == pytest.approx(ms)
         assert down3[role]["gflop"] == pytest.approx(flops / 1e9)
         assert down3[role]["tflops"] == pytest.approx(flops / 1e9 / ms)
-        assert down3[role]["peak_share"] == pytest.approx(flops / 1e9 / ms / 788.0)
+        # a float32 step multiplies in TF32: the H200 datasheet dense TF32 peak is 494.7 TFLOP/s
+        assert down3[role]["peak_share"] == pytest.approx(flops / 1e9 / ms / 494.7)
     assert result["kinds"]["depth-to-space shuffles"]["ms"] == pytest.approx(0.1)
     assert result["kinds"]["Adam"]["ms"] == pytest.approx(0.05)
     assert result["kinds"]["Adam"]["gb"] == pytest.approx(3 * 4000 / 1e9)  # two f32[1000] read, one written
     t = result["totals"]
     assert t["span_ms"] == pytest.approx(0.95) and t["busy_ms"] == pytest.approx(0.9)
     assert t["kernel_ms"] == pytest.approx(0.9) and t["unmatched_ms"] == 0
+    # MFU over the 0.95 ms span (GFLOP / ms = TFLOP/s) against TF32's 494.7; no measured TF32 matmul rate
+    assert t["mfu"] == pytest.approx(t["model_gflop"] / 0.95 / 494.7) and t["mfu_of_measured_matmul"] is None
     assert "| down3 | 0.30 | 0.20 | 0.25 |" in step_breakdown.tables(result)
 
 

@@ -11,7 +11,9 @@ Per sample, in float32, over a crop of side s with N_out channels (channels last
 * ``lambda_fourier`` x mean over the modes of the real 3-D FFT (``rfft3d`` over the crop's three
   spatial axes, s x s x (s/2 + 1) modes, orthonormal: sum |F|^2 = sum |x|^2) and over channels of
   |FFT(f(pred) - f(target))|: an L1 in Fourier space, which weights the small-scale modes as much
-  as the large ones (a pixel-space L1 lets the smooth part of the error dominate).
+  as the large ones (a pixel-space L1 lets the smooth part of the error dominate); with
+  ``fourier_channels: scored`` over the density and temperature channels only (the two the
+  time-to-quality target scores), which costs 2/N_out of the transforms.
 
 The loss is the mean of the per-sample values over the samples whose ``mask`` is 1.
 """
@@ -52,6 +54,13 @@ def fourier_l1(diff: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(tf.abs(modes), axis=(1, 2, 3, 4))
 
 
+def fourier_diff(diff: tf.Tensor, cfg: Config) -> tf.Tensor:
+    """The channels of ``diff`` (B, s, s, s, N_out) that the Fourier term compares (``fourier_channels``)."""
+    if cfg.fourier_channels == "scored":
+        return tf.gather(diff, [cfg.density_channel, cfg.temperature_channel], axis=-1)
+    return diff
+
+
 def loss_fn(pred: tf.Tensor, batch: dict, cfg: Config) -> tf.Tensor:
     """The masked mean over samples of the module docstring's per-sample loss; float32 scalar.
 
@@ -67,6 +76,6 @@ def loss_fn(pred: tf.Tensor, batch: dict, cfg: Config) -> tf.Tensor:
         rho = tf.reduce_mean(tf.abs(tf.exp(s * pred[..., d]) - tf.exp(s * y[..., d])), axis=(1, 2, 3))
         per_sample = per_sample + cfg.lambda_rho * rho
     if cfg.lambda_fourier:
-        per_sample = per_sample + cfg.lambda_fourier * fourier_l1(diff)
+        per_sample = per_sample + cfg.lambda_fourier * fourier_l1(fourier_diff(diff, cfg))
     mask = batch["mask"]
     return tf.reduce_sum(per_sample * mask) / tf.maximum(tf.reduce_sum(mask), 1.0)

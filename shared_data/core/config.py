@@ -64,6 +64,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dali_h5_mode": ("parallel", "prefetch", "simple"),
     "grad_allreduce_dtype": ("float32", "bfloat16"),
     "loss_space": ("log", "physical"),
+    "fourier_channels": ("all", "scored"),
 }
 
 
@@ -127,6 +128,7 @@ class Config:
     warmup_steps: int
     lambda_rho: float
     lambda_fourier: float
+    fourier_channels: str
     loss_space: str
     ema_decay: float
     enable_amp: bool
