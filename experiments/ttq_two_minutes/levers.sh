@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Time-to-quality levers on config `quality` (configs/UNet.yaml), JAX, one H200, one call (<= 9.5 min):
+# each entry of LEVERS (';'-separated, each a space-separated list of KEY=VALUE config overrides, "base"
+# for none) is one time-to-quality run of the full protocol (epochs of 65536 crops, the quality evaluation
+# of the whole 128^3 validation volume after each, checkpoints), stopped at the target or at the first
+# epoch end past BUDGET seconds from the trainer's start (default 150), or killed after TIMEOUT (180).
+# The compilation cache is emptied before the first run only (COLD=all empties it before each): the
+# first run's time is a cold start, the others' compile comes from the cache (their curves compare
+# on train_time_sec). The table printed last gives each run's metrics and time to quality.
+#
+# Default LEVERS: the schedule sized to the budget (num_epochs 5 instead of 17: the cosine decay ends
+# where the run must stop), the Fourier-space L1 on the two scored channels (2/5 of its FFTs), and the
+# learning rate at 2e-4 (the config's), 5e-4 and 1e-3.
+#
+# On nvidia-h200, from the checkout's root, $OUT set:
+#   bash experiments/ttq_two_minutes/levers.sh
+# The same on CPU with a tiny config (a smoke test, ~2 min on 2 cores):
+#   OUT=/tmp/out CONFIG=cpu_tiny bash experiments/ttq_two_minutes/levers.sh
+set -uo pipefail
+source experiments/time_to_quality/setup.sh
+SHORT="num_epochs=5 fourier_channels=scored"
+LEVERS=${LEVERS:-$SHORT;$SHORT start_lr=5e-4;$SHORT start_lr=1e-3}
+BUDGET=${BUDGET:-150}
+TIMEOUT=${TIMEOUT:-180}
+if [[ $CONFIG == short ]]; then
+  TRAIN_CONFIG=quality
+  RECIPE=(--set "quality_budget_sec=$BUDGET")
+else
+  RECIPE=(--Nsamples 16 --num_epochs 2 --set quality_budget_sec=60 --set ema_decay=0.9 --set loss_space=physical
+    --set lambda_fourier=1.0)
+fi
+cache=$(python3 -c "import sys; sys.path.insert(0, '.'); from shared_data.core import config as c; print(c.load_config('$TRAIN_CONFIG').xla_cache_dir)" 2>/dev/null || echo .cache/xla)
+rc=0
+first=1
+IFS=';' read -ra runs <<< "$LEVERS"
+for lever in "${runs[@]}"; do
+  flags=()
+  name=base
+  if [[ $lever != base ]]; then
+    for kv in $lever; do flags+=(--set "$kv"); done
+    name=$(echo "$lever" | tr ' =' '_-')
+  fi
+  if [[ $first == 1 || ${COLD:-} == all ]]; then rm -rf "$cache" "${JAX_COMPILATION_CACHE_DIR:-/nonexistent}"; fi
+  first=0
+  echo "== $name ($(date -u +%H:%M:%S))"
+  timeout "$TIMEOUT" bash -c "$(declare -f ttq); $(declare -p PY CONFIG TRAIN_CONFIG TRAIN WORK OUT); ttq '$name' jax $(printf '%q ' "${RECIPE[@]}" "${flags[@]}")" || rc=$?
+done
+$PY experiments/time_to_quality/table.py "$WORK/records" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
+exit $rc
