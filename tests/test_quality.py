@@ -4,11 +4,13 @@ weight average of both frameworks against float64 NumPy, and the stop rule in ti
 from __future__ import annotations
 
 import json
+import tarfile
 
 import numpy as np
 import pytest
 
 from shared_data.core import config as config_mod
+from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import ConfigError
 from shared_data.inference import quality, validate
 from shared_data.runtime.records import read_metrics, read_run_info
@@ -313,9 +315,6 @@ def test_the_gpu_recipe_runs_on_cpu_with_a_tiny_config(tmp_path):
     import os
     import subprocess
     import sys
-    import tarfile
-
-    from shared_data.core.config import REPO_ROOT
 
     env = dict(os.environ, OUT=str(tmp_path / "out"), CONFIG="cpu_tiny", PY=sys.executable, WORK=str(tmp_path / "w"))
     res = subprocess.run(
@@ -348,3 +347,20 @@ def test_the_gpu_recipe_runs_on_cpu_with_a_tiny_config(tmp_path):
     np.testing.assert_array_equal(drawn["gas_temperature baseline"], best["channels"]["gas_temperature"]["r_baseline"])
     met = [dict(records[0], met=True), records[1]]
     assert table.shown(met) is met[0]
+
+
+@pytest.mark.study
+def test_the_recorded_two_minute_runs_trained_config_quality():
+    """The three seeds of experiments/ttq_two_minutes ran `quality` as the config says now: their
+    run.json's config values differ from it in the seed, the data paths and the progress bar alone."""
+    quality = config_mod.config_dict(config_mod.load_config("quality"))
+    tar_path = REPO_ROOT / "experiments/ttq_two_minutes/results/seeds/runs.tar"
+    with tarfile.open(tar_path) as tar:
+        infos = [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith("/run.json")]
+    assert len(infos) == 3
+    for info in infos:
+        values = info["config_values"]
+        differ = {k for k in quality if values.get(k) != quality[k]}
+        assert differ <= {"seed", "train_path", "val_path", "xla_cache_dir", "progress_bar"}, differ
+        assert info["time_to_quality"]["time_to_quality_sec"] <= 120.0
+    assert sorted(info["config_values"]["seed"] for info in infos) == [0, 1, 2]
