@@ -171,8 +171,10 @@ def allreduce_ms(grad_bytes: float, gpus: int, cluster: Cluster, eta: float = 1.
     all-gather in the node), each ring moving ``2 (k - 1) / k`` times the bytes per rank (nccl-tests'
     bus bandwidth), the links at ``eta`` of their rate; plus per call the lesser of a ring's
     ``2 (N - 1)`` hops and a tree's ``2 (g - 1)`` node hops plus ``2 ceil(log2 m)`` network levels.
-    Raises ``UserError`` when ``gpus`` is not one partial node or whole nodes.
+    Raises ``UserError`` when ``gpus`` is below 1, or more than one node but not whole nodes.
     """
+    if gpus < 1:
+        raise UserError(f"{gpus} GPUs: a GPU count is a positive integer")
     g = min(gpus, cluster.gpus_per_node)
     if gpus > g and gpus % g:
         raise UserError(f"{gpus} GPUs: more than one node needs whole nodes of {g} GPUs")
@@ -201,6 +203,7 @@ class Prediction:
 
     @property
     def step(self) -> float:
+        """The predicted step on ``gpus`` GPUs, ms."""
         return self.compute + self.exposed + self.contention
 
     @property
