@@ -158,3 +158,11 @@ def test_check_and_tutorial(capsys):
     assert "measured 17.90 ms (95.6%)" in out and "measured 34.38 ms (98.4%)" in out
     assert run_cli(sm.main, ["--tutorial"]) == 0
     assert "84% on 128 A100s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, argv", [("table", []), ("check", ["--check"]), ("tutorial", ["--tutorial"])])
+def test_the_study_records_what_the_command_prints(name, argv, capsys):
+    """experiments/scaling_model/results/*.txt are the command's output today (rerun the study's
+    commands after changing an input)."""
+    assert run_cli(sm.main, argv) == 0
+    assert capsys.readouterr().out == results(f"experiments/scaling_model/results/{name}.txt")
