@@ -256,20 +256,22 @@ def inputs_text(cluster: Cluster, frameworks: Sequence[Framework], params: int) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("dlas_compare.scaling_model", description=__doc__.split("\n\n")[0])
-    p.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 8, 64, 512], help="GPU counts to predict")
+    p.add_argument("--gpus", type=int, nargs="+", help="GPU counts to predict (default 1 2 8 64 512; tutorial 1 4 128)")
     p.add_argument("--nic_gbps", type=float, help="override the per-GPU network rate, GB/s one direction")
-    p.add_argument("--check", action="store_true", help="the model against the measured 2-GPU runs")
-    p.add_argument("--tutorial", action="store_true", help="the tutorial's cluster: 128 A100s, PyTorch DDP")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="the model against the measured 2-GPU runs")
+    mode.add_argument("--tutorial", action="store_true", help="the tutorial's cluster: 128 A100s, PyTorch DDP")
     args = p.parse_args(argv)
-    if any(n < 1 for n in args.gpus):
+    if args.gpus and any(n < 1 for n in args.gpus):
         raise UserError(f"--gpus {' '.join(map(str, args.gpus))}: GPU counts are positive integers")
     if args.nic_gbps is not None and args.nic_gbps <= 0:
         raise UserError(f"--nic_gbps {args.nic_gbps}: a rate in GB/s is positive")
     params = unet_spec.num_params(config_mod.load_config("short_opt"))
     c = CONTENTION.value
-    cluster, frameworks, dtypes, gpus = H200, list(FRAMEWORKS.values()), ("float32", "bfloat16"), args.gpus
+    cluster, frameworks, dtypes, gpus = H200, list(FRAMEWORKS.values()), ("float32", "bfloat16"), [1, 2, 8, 64, 512]
     if args.tutorial:
         cluster, frameworks, dtypes, gpus = PERLMUTTER, [TUTORIAL], ("float32",), [1, 4, TUTORIAL_GPUS]
+    gpus = args.gpus or gpus
     if args.nic_gbps is not None:
         cluster = dataclasses.replace(cluster, nic_gbps=Input(args.nic_gbps, "--nic_gbps"))
     if args.check:
