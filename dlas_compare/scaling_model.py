@@ -101,8 +101,8 @@ H200 = Cluster(
     ),
     nic_gbps=Input(
         50.0,
-        "400 Gb/s per GPU (NVIDIA HGX AI Factory reference architecture, '2-8-9-400', "
-        "rail-optimized; InfiniBand NDR ConnectX-7)",
+        "400 Gb/s per GPU, one NIC each, rail-optimized (NVIDIA's HGX H100/H200/B200 AI Factory reference "
+        "architecture, '2-8-9-400', there over Spectrum-X Ethernet; InfiniBand NDR has the same 400 Gb/s)",
     ),
     alpha_node_us=Input(3.4, ALPHA + ", NVLink"),
     alpha_net_us=Input(9.6, ALPHA + ", network"),
