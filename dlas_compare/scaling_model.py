@@ -110,9 +110,11 @@ H200 = Cluster(
 PERLMUTTER = Cluster(
     "Perlmutter GPU node: 4 A100 (NVLink 3), 4 Slingshot-11 NICs",
     gpus_per_node=4,
-    node_gbps=Input(300.0, "NVLink 3: 600 GB/s per A100, both directions (12 links)"),
+    node_gbps=Input(300.0, "NVLink 3: 600 GB/s per A100, both directions (12 links, 4 to each of the 3 others)"),
     nic_gbps=Input(
-        25.0, "200 Gb/s per Slingshot-11 NIC, 4 NICs per GPU node (docs.nersc.gov/systems/perlmutter/architecture)"
+        25.0,
+        "4 Slingshot-11 NICs per GPU node (docs.nersc.gov/systems/perlmutter/architecture), "
+        "200 Gb/s each (HPE Slingshot's endpoint rate)",
     ),
     alpha_node_us=Input(3.4, ALPHA + ", NVLink"),
     alpha_net_us=Input(9.6, ALPHA + ", network"),
