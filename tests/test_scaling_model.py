@@ -121,6 +121,16 @@ def test_contention_and_nccl_rate_are_the_timeline_numbers():
     assert sm.MEASURED_ETA.value * 450 == pytest.approx(223.1 * 2**20 / 1e6 / ((n0 + n1) / 2))
 
 
+def test_the_windows_are_the_recorded_ones():
+    two_gpus = results("experiments/two_gpu_scaling/results/timeline.log").split("== 2 GPUs\n")[1]
+    span = float(re.search(r"/device:GPU:0(?:\s+[\d.]+){5}\s+([\d.]+)", two_gpus).group(1))
+    first_nccl = float(re.search(r"nccl at\s+([\d.]+) ms", two_gpus).group(1))
+    assert sm.JAX_WINDOW.value == pytest.approx((span - first_nccl) / span)
+    layers = json.loads(results("experiments/h200_step_breakdown/results/bf16/breakdown.json"))["layers"]
+    ms = {role: sum(layer[role]["ms"] for layer in layers.values()) for role in ("fwd", "dgrad", "wgrad")}
+    assert sm.BACKWARD_SHARE.value == pytest.approx((ms["dgrad"] + ms["wgrad"]) / sum(ms.values()), abs=1e-3)
+
+
 def test_the_model_meets_the_measured_two_gpu_runs():
     """JAX at the NCCL rate measured beside compute and DDP at the link rate each land within one
     point of their measured 2-GPU efficiency."""
