@@ -8,6 +8,8 @@ that need it, so the comparison tools import without torch and skip its row.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from shared_data.core import loader_kinds
@@ -109,6 +111,39 @@ def versions() -> dict | None:
         "cudnn": torch.backends.cudnn.version(),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
     }
+
+
+#: Kernel-name fragments of cuDNN's convolution kernels (its own names and the xmma / implicit-GEMM
+#: kernels it runs on Ampere and Hopper) and of PyTorch's native 3-D convolution (vol2col + GEMM).
+CUDNN_MARKS = ("cudnn", "xmma", "implicit_gemm", "implicit_convolve", "fprop", "dgrad", "wgrad")
+NATIVE_MARKS = ("vol2col", "col2vol", "slow_conv3d", "im2col")
+
+
+def conv_library(kernel_names: Sequence[str]) -> str:
+    """Which library ran a step's 3-D convolutions, from its CUDA kernel names: ``"native"`` where a
+    vol2col/col2vol kernel ran (PyTorch's own convolution, which cuDNN being off or refusing the
+    shapes leaves), else ``"cuDNN"`` where a cuDNN kernel ran, else ``"unknown"``."""
+    names = [n.lower() for n in kernel_names]
+    if any(m in n for n in names for m in NATIVE_MARKS):
+        return "native"
+    if any(m in n for n in names for m in CUDNN_MARKS):
+        return "cuDNN"
+    return "unknown"
+
+
+def step_kernels(torch, train_step, batch, top: int = 12) -> dict:
+    """Profile one call of ``train_step(*batch)`` with ``torch.profiler`` (CUDA activity); return
+    ``kernels`` (the ``top`` CUDA kernels by total time: [name, ms]) and ``conv_library``
+    (:func:`conv_library` over every kernel that ran)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        train_step(*batch)
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total / 1e3) for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    kernels = [[name, round(ms, 3)] for name, ms in rows[:top]]
+    return {"kernels": kernels, "conv_library": conv_library([name for name, _ in rows])}
 
 
 class Bench:
@@ -221,7 +256,15 @@ class Bench:
         return int(self.torch.cuda.max_memory_allocated())
 
     def versions(self) -> dict:
-        return versions() or {}
+        """PyTorch, CUDA and cuDNN versions and, where this bench trains, ``step_kernels`` of one more
+        step (which kernels ran and whether the 3-D convolutions ran on cuDNN)."""
+        found = versions() or {}
+        if self.mode != "io" and "step_kernels" not in self.__dict__:
+            self.step_kernels = step_kernels(self.torch, self.train_step, self.batch)
+        if self.mode != "io":
+            found["step_kernels"] = self.step_kernels
+            found["cudnn_enabled"] = bool(self.torch.backends.cudnn.enabled)
+        return found
 
     def device_name(self) -> str:
         return f"1 x {self.torch.cuda.get_device_name(0)}"

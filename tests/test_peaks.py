@@ -37,3 +37,13 @@ def test_datasheet_peak_by_device_and_compute_dtype(device, precision, peak):
 
 def test_a_cpu_has_no_peak():
     assert peaks.utilisation(1e9, 10.0, "1 x cpu", "float32") == dict.fromkeys(peaks.UTILISATION_KEYS)
+
+
+def test_the_torch_reference_names_the_library_of_its_convolutions():
+    from dlas_compare.torch_ref import conv_library
+
+    cudnn = ["sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_ndhwc_kernel", "elementwise_kernel"]
+    native = ["vol2col_kernel<float>", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "col2vol_kernel<float>"]
+    assert conv_library(cudnn) == "cuDNN"
+    assert conv_library(native) == "native"  # vol2col + GEMM is PyTorch's own 3-D convolution
+    assert conv_library(["elementwise_kernel", "reduce_kernel"]) == "unknown"
