@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Time-to-quality levers on config `quality` (configs/UNet.yaml), JAX, one H200, one call (<= 9.5 min):
+# Time-to-quality levers on config `quality` (configs/UNet.yaml), one H200, one call (<= 9.5 min), in JAX
+# or, with FRAMEWORK=tf, in TensorFlow (carry [".tf/last"] after staging TF: ../shared/device/README.md):
 # each entry of LEVERS (';'-separated, each a space-separated list of KEY=VALUE config overrides, "base"
 # for none) is one time-to-quality run of the full protocol (epochs of 65536 crops, the quality evaluation
 # of the whole 128^3 validation volume after each, checkpoints), stopped at the target or at the first
@@ -16,6 +17,8 @@
 #   bash experiments/ttq_two_minutes/levers.sh
 # The same on CPU with a tiny config (a smoke test, ~2 min on 2 cores):
 #   OUT=/tmp/out CONFIG=cpu_tiny bash experiments/ttq_two_minutes/levers.sh
+# TensorFlow's three seeds from an empty cache (the next measurement):
+#   FRAMEWORK=tf LEVERS="seed=0;seed=1;seed=2" COLD=all BUDGET=600 TIMEOUT=185 bash experiments/ttq_two_minutes/levers.sh
 set -uo pipefail
 source experiments/time_to_quality/setup.sh
 SHORT="num_epochs=5 fourier_channels=scored"
@@ -43,7 +46,7 @@ for lever in "${runs[@]}"; do
   if [[ $first == 1 || ${COLD:-} == all ]]; then rm -rf "$cache" "${JAX_COMPILATION_CACHE_DIR:-/nonexistent}"; fi
   first=0
   echo "== $name ($(date -u +%H:%M:%S))"
-  timeout "$TIMEOUT" bash -c "$(declare -f ttq); $(declare -p PY CONFIG TRAIN_CONFIG TRAIN WORK OUT); ttq '$name' jax $(printf '%q ' "${RECIPE[@]}" "${flags[@]}")" || rc=$?
+  timeout "$TIMEOUT" bash -c "$(declare -f ttq); $(declare -p PY CONFIG TRAIN_CONFIG TRAIN WORK OUT); ttq '$name' ${FRAMEWORK:-jax} $(printf '%q ' "${RECIPE[@]}" "${flags[@]}")" || rc=$?
 done
 $PY experiments/time_to_quality/table.py "$WORK/records" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
 exit $rc
