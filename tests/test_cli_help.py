@@ -143,3 +143,25 @@ def test_a_flag_error_is_one_line_without_the_usage_block(argv, says, capsys):
     assert exit_.value.code == 2
     assert err.count("\n") == 1 and "usage:" not in err, err
     assert err.startswith("python -m jax_impl.train: error: ") and says in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        (["-m", "tf_impl.train", "--help"], 0, "usage: python -m tf_impl.train"),
+        (["-m", "tf_impl.train", "--enable-amp"], 2, "--enable-amp (did you mean '--enable_amp'?)"),
+        (["-m", "tf_impl.train", "--set", "nmu_epochs=2"], 2, "unknown key 'nmu_epochs' (did you mean 'num_epochs'?)"),
+        (["-m", "tf_impl.predict", "--config", "shortopt"], 2, "the following arguments are required"),
+        (["-m", "tf_impl.export", "--config", "shortopt", "--weights", "w.npz", "--out", "x"], 2, "'short_opt'?"),
+        (["-m", "jax_impl.train", "--config", "cpu_defualt"], 2, "(did you mean 'cpu_default'?)"),
+    ],
+)
+def test_python_m_answers_before_the_framework_imports(argv, code, says):
+    """``python -m tf_impl.train --help`` and bad flags, configs and keys answer while the package
+    imports: ``-X importtime`` lists every module imported, and neither framework is among them."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-X", "importtime", *argv], capture_output=True, text=True, env=env)
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert says in proc.stdout + proc.stderr
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert not {"tensorflow", "jax", "keras"} & imported

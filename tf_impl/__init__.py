@@ -6,11 +6,13 @@ C++ lines TensorFlow prints while it loads (:func:`shared_data.runtime.logs.quie
 
 import os
 
+from shared_data.console import answer_before_import
 from shared_data.core.errors import require_package
 from shared_data.runtime.logs import quiet_import
 from shared_data.runtime.xla_flags import apply_default_xla_flags
 
 apply_default_xla_flags()
+answer_before_import(__name__)  # --help and bad input answered before the framework loads
 require_package("tensorflow", "tf", "tf_impl")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 quiet_import("tensorflow")

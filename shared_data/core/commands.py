@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from shared_data.core.errors import did_you_mean
+
 #: console script -> (module, the optional dependency it needs, the extra that installs it)
 COMMANDS = {
     "train_jax": ("jax_impl.train", "jax", "jax"),
@@ -59,10 +61,16 @@ def package_version() -> str:
 class OneLineErrorParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors (an unknown flag, a bad choice, a missing value) are one
     line, ``<command>: error: <what> (--help lists the flags)``, exit code 2, without the usage block
-    argparse prints first: every bad input of the kit ends in one ``error:`` line."""
+    argparse prints first: every bad input of the kit ends in one ``error:`` line. An unknown flag
+    close to a known one gets ``(did you mean '--enable_amp'?)`` instead of the pointer to ``--help``."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+        hint = "--help lists the flags"
+        if message.startswith("unrecognized arguments: "):
+            flags = [w.split("=")[0] for w in message.split(": ", 1)[1].split() if w.startswith("-")]
+            close = [did_you_mean(f, self._option_string_actions) for f in flags]
+            hint = next((c.strip(" ()") for c in close if c), hint)
+        self.exit(2, f"{self.prog}: error: {message} ({hint})\n")
 
 
 def make_parser(module: str, description: str | None = None, **kwargs) -> argparse.ArgumentParser:

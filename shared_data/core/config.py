@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from shared_data.core.errors import ConfigError
+from shared_data.core.errors import ConfigError, did_you_mean
 from shared_data.core.loader_kinds import NAMES as LOADERS
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -270,7 +270,8 @@ def make_config(values: dict, name: str, source: str, notes: tuple[str, ...] = (
     where = f"{source} [{name}]"
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(FIELDS))})")
+        hint = did_you_mean(unknown[0], FIELDS) or f" (known keys: {', '.join(sorted(FIELDS))})"
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}{hint}")
     missing = [k for k in FIELDS if k not in values]
     if missing:
         raise ConfigError(f"{where}: missing key {missing[0]!r} ({_type_name(_HINTS[missing[0]])})")
@@ -422,7 +423,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, raw = text.split("=", 1)
     key = key.strip()
     if key not in FIELDS:
-        raise ConfigError(f"override {text!r}: unknown key {key!r}")
+        raise ConfigError(f"override {text!r}: unknown key {key!r}{did_you_mean(key, FIELDS)}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
@@ -513,7 +514,9 @@ def load_config(name: str, yaml_path: str | Path = DEFAULT_YAML, overrides: dict
     path = Path(yaml_path)
     doc = _read_yaml(path)
     if name not in doc:
-        raise ConfigError(f"config {name!r} not found in {path} (available: {', '.join(sorted(map(str, doc)))})")
+        names = sorted(map(str, doc))
+        hint = did_you_mean(name, names)
+        raise ConfigError(f"config {name!r} not found in {path}{hint} (available: {', '.join(names)})")
     section = doc[name]
     if not isinstance(section, dict):
         raise ConfigError(f"{path} [{name}]: expected a mapping of keys, got {type(section).__name__}")
@@ -525,7 +528,7 @@ def load_config(name: str, yaml_path: str | Path = DEFAULT_YAML, overrides: dict
     if overrides:
         unknown = sorted(set(overrides) - set(FIELDS))
         if unknown:
-            raise ConfigError(f"override: unknown key {unknown[0]!r}")
+            raise ConfigError(f"override: unknown key {unknown[0]!r}{did_you_mean(unknown[0], FIELDS)}")
         for split in ("train", "val"):
             npy_keys = [f"{split}_path_npy_{k}" for k in ("data", "label")]
             stale = [k for k in npy_keys if values.get(k) and k not in overrides]

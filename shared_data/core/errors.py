@@ -29,6 +29,15 @@ class MissingDependencyError(UserError):
     """An optional dependency (DALI, TensorFlow, ...) is not installed; the message names the extra."""
 
 
+def did_you_mean(word: str, candidates) -> str:
+    """`` (did you mean 'X'?)`` for the candidate closest to a mistyped ``word`` (``difflib``'s
+    similarity ratio at least 0.6), else an empty string; for flag and config-key typos."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(candidates), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 _WRAPPED = re.compile(r"(?:UserError|ConfigError|DatasetError|MissingDependencyError): (.+)")
 
 
