@@ -170,10 +170,12 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(data_dir):
 @pytest.mark.slow
 def test_a_trainer_error_is_one_line_on_stderr_and_kept_in_out_log(tmp_path, data_dir, tiny_argv):
     """An error found once the run has started (a truncated validation file): one ``error:`` line on
-    stderr, none among the console's log lines on stdout, and the same line in the run's out.log."""
+    stderr, none among the console's log lines on stdout, and the same line in the run's out.log (of a
+    run folder the user made: one the failed start made is removed, tests/test_entry_points.py)."""
     bad = tmp_path / "val.h5"
     bad.write_bytes((data_dir / "val_24.h5").read_bytes()[:5000])
     work = tmp_path / "w"
+    work.mkdir()
     res = run_module("jax_impl.train", *tiny_argv, "--set", f"val_path={bad}", "--workdir", str(work))
     assert_one_error_line(res, "val.h5")
     assert "error:" not in res.stdout, res.stdout[-2000:]

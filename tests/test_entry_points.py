@@ -1,5 +1,7 @@
 """The README's entry points are loud about mistakes: the two scripts print their usage for ``--help``
-and refuse an unknown argument before they set anything up."""
+and refuse an unknown argument before they set anything up; a trainer writes nothing outside the run
+folder, leaves none behind when it fails to start, names the command that makes missing data and
+says what ``--overwrite`` deleted."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import assert_one_error_line, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,3 +40,61 @@ def test_scripts_refuse_unknown_arguments_before_the_set_up(name, arg, says):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: scripts/{name}: {says}"), proc.stderr
     assert proc.stdout == ""  # nothing ran: the set-up prints its steps
+
+
+def jax_train(argv):
+    from jax_impl import train
+
+    return run_in_process(train.main, argv)
+
+
+def test_missing_data_gives_the_command_that_makes_it_and_no_run_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = jax_train(["--config", "cpu_tiny", "--set", "val_path=/nonexistent_folder/valid.h5"])
+    assert_one_error_line(
+        res,
+        f"dataset file {tmp_path}/data/train_128.h5 and /nonexistent_folder/valid.h5 not found; make them with: "
+        "python -m shared_data.data.generate --out data/train_128.h5 --size 128 --seed 1; "
+        "python -m shared_data.data.generate --out data/valid.h5 --size 32 --seed 2, "
+        "then pass --set val_path=data/valid.h5",
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_start_leaves_no_run_folder(tmp_path, tiny_argv, caplog):
+    (tmp_path / "bad.h5").write_text("not HDF5")
+    exp = tmp_path / "exp"
+    res = jax_train([*tiny_argv, "--set", f"train_path={tmp_path / 'bad.h5'}", "--exp_dir", str(exp)])
+    assert_one_error_line(res, "bad.h5 is not a readable HDF5 file")
+    assert f"removed {exp}: the run stopped before its first checkpoint" in caplog.text
+    assert not exp.exists()
+
+
+def test_the_tutorials_absolute_expdir_maps_into_the_current_folder(tmp_path, monkeypatch):
+    from shared_data.core import config as config_mod
+    from shared_data.runtime.run import workdir_for
+
+    yaml_file = tmp_path / "UNet.yaml"
+    yaml_file.write_text(
+        "base: &base\n  data_size: 64\n  expdir: '/logs'\n  train_path: '/data/train.h5'\nshort:\n  <<: *base\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    cfg = config_mod.load_config("short", yaml_file)
+    assert cfg.exp_dir == "runs"
+    assert workdir_for(cfg, "tf", run_num="01") == tmp_path / "runs/short/01/tf"
+    (note,) = [n for n in cfg.notes if "expdir" in n]
+    assert note.startswith("tutorial key 'expdir' = /logs is an absolute folder of the tutorial's container")
+    res = jax_train(["--yaml_config", str(yaml_file), "--config", "short", "--run_num", "01"])
+    assert_one_error_line(res, "/data/train.h5", "--out data/train.h5 --size 256 --seed 1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["UNet.yaml"]
+
+
+@pytest.mark.slow
+def test_overwrite_says_what_it_deleted(tmp_path, tiny_argv, caplog):
+    workdir = tmp_path / "w"
+    assert jax_train([*tiny_argv, "--workdir", str(workdir)]).returncode == 0
+    files = [f for f in (workdir / "checkpoints").rglob("*") if f.is_file()]
+    assert files
+    res = jax_train([*tiny_argv, "--workdir", str(workdir), "--overwrite", "--num_epochs", "0"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"--overwrite: deleted {workdir / 'checkpoints'} ({len(files)} files, " in caplog.text

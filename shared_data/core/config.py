@@ -451,7 +451,9 @@ def is_tutorial_section(section: dict) -> bool:
 
 def translate_tutorial(section: dict, where: str, defaults: dict) -> tuple[dict, list[str]]:
     """Map a tutorial-format section onto this kit's keys; return ``(values, notes)``, one note per
-    tutorial key (mapped or not applicable) and one for the keys taken from ``defaults``.
+    tutorial key (mapped or not applicable) and one for the keys taken from ``defaults``. An absolute
+    ``expdir`` (the tutorial container's ``/logs``) becomes the kit's ``exp_dir`` under the current
+    folder, so a run writes nothing outside it.
 
     Raises:
         ConfigError: a tutorial value this kit cannot honour (another weight init, a bad ``lr_schedule``).
@@ -462,6 +464,13 @@ def translate_tutorial(section: dict, where: str, defaults: dict) -> tuple[dict,
         if key == "data_size":
             values["crop_size"] = value
             notes.append(f"tutorial key 'data_size' -> crop_size = {value}")
+        elif key == "expdir" and os.path.isabs(os.path.expanduser(str(value))):
+            # the tutorial's container folder (e.g. /logs): runs stay under the current folder
+            values["exp_dir"] = defaults["exp_dir"]
+            notes.append(
+                f"tutorial key 'expdir' = {value} is an absolute folder of the tutorial's container: "
+                f"runs go to exp_dir = {defaults['exp_dir']} here (--exp_dir or --workdir to choose)"
+            )
         elif key == "expdir":
             values["exp_dir"] = value
             notes.append(f"tutorial key 'expdir' -> exp_dir = {value}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -98,6 +99,25 @@ def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> N
             raise UserError(f"--save_weights {args.save_weights}: folder {folder} does not exist")
         else:
             check_writable(args.save_weights, "--save_weights")
+
+
+def first_missing_folder(path: Path) -> Path | None:
+    """The outermost folder of ``path`` (itself or a parent) that does not exist yet, or None."""
+    missing, path = None, path.absolute()
+    for folder in [path, *path.parents]:
+        if folder.exists():
+            return missing
+        missing = folder
+    return missing
+
+
+def remove_failed_start(created: Path | None) -> None:
+    """Remove the folders a run made (``created``, from :func:`first_missing_folder`) when it stopped
+    on a user error before its first checkpoint: a failed start leaves no run folder behind."""
+    if created is None or not created.is_dir() or any(created.rglob("checkpoints/*")):
+        return
+    shutil.rmtree(created, ignore_errors=True)
+    log.info("removed %s: the run stopped before its first checkpoint", created)
 
 
 #: The environment variables each trainer reads, shown by ``--help``.
@@ -213,6 +233,7 @@ def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> 
         # an earlier --save_weights left the run's weights there; they follow the run, not stay behind it
         save_weights = str(workdir / "weights.npz")
         log.info("%s is updated at the end of this run (an earlier --save_weights wrote it)", save_weights)
+    created = first_missing_folder(workdir)  # what a failed start removes again
     joined = initialize()
     setup_logging(process_index())
     if joined:
@@ -230,6 +251,9 @@ def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> 
         )
     except UserError as err:
         log_to_file_only(logging.ERROR, f"error: {err}")  # run_cli prints the one line on stderr
+        close_log_file()
+        if process_index() == 0:
+            remove_failed_start(created)
         raise
     except KeyboardInterrupt as err:
         log_to_file_only(logging.WARNING, str(err) or "interrupted")

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shlex
 import shutil
 import sys
@@ -33,8 +34,9 @@ import numpy as np
 
 from shared_data.core import config as config_mod
 from shared_data.core import loader_kinds
+from shared_data.core.commands import command_name
 from shared_data.core.config import Config, batch_sizes, config_dict
-from shared_data.core.errors import UserError
+from shared_data.core.errors import DatasetError, UserError
 from shared_data.core.files import write_atomic, writing
 from shared_data.model import schedule, unet_spec
 from shared_data.runtime import lock as run_lock
@@ -66,6 +68,45 @@ def workdir_for(cfg: Config, framework: str, workdir: str | None = None, run_num
         return Path(workdir)
     root = cfg.resolve_path(cfg.exp_dir) / cfg.name
     return (root / run_num if run_num else root) / framework
+
+
+def generate_command(cfg: Config, split: str) -> str:
+    """The command that makes the missing data file of ``split`` for ``cfg``: the generator with the
+    file's own path, the side its name carries (``train_128.h5`` -> 128; else 4 crops for train, 2
+    for val), the kit's seeds (1 train, 2 val) and ``--npy`` for DALI's numpy reader. A path outside
+    the current folder whose folder does not exist (the tutorial's ``/data/...``) is replaced by
+    ``data/<its name>`` and the ``--set <split>_path=`` that points the config at it."""
+    path = cfg.data_file(split)
+    named = re.search(r"_(\d+)\.h5$", path.name)
+    side = int(named.group(1)) if named else cfg.crop_size * (4 if split == "train" else 2)
+    npy = " --npy" if loader_kinds.loader_kind(cfg).reads_npy else ""
+    generate = command_name("shared_data.data.generate")
+    try:
+        out, point = path.relative_to(Path.cwd()), ""
+    except ValueError:  # outside the current folder: its own path if its folder exists, else data/<name>
+        out, point = path, ""
+        if not path.parent.is_dir():
+            out = Path("data") / path.name
+            point = f", then pass --set {split}_path={out}"
+    return f"{generate} --out {out} --size {max(side, cfg.crop_size)} --seed {1 if split == 'train' else 2}{npy}{point}"
+
+
+def check_data_files(cfg: Config) -> None:
+    """Check that the data files of ``cfg`` exist, before the run folder is made.
+
+    Raises:
+        DatasetError: a split's HDF5 file is missing; the message gives the command that makes it
+            (:func:`generate_command`).
+    """
+    if not loader_kinds.loader_kind(cfg).uses_files:
+        return
+    missing = [split for split in ("train", "val") if not cfg.data_file(split).exists()]
+    if missing:
+        files = " and ".join(str(cfg.data_file(split)) for split in missing)
+        commands = "; ".join(generate_command(cfg, split) for split in missing)
+        raise DatasetError(
+            f"dataset file {files} not found; make {'it' if len(missing) == 1 else 'them'} with: {commands}"
+        )
 
 
 def check_data(cfg: Config) -> None:
@@ -180,6 +221,7 @@ class Run:
         self.cfg, self.workdir, self.framework = cfg, Path(workdir), framework
         self.main = process_index == 0
         self.resume_requested, self.overwrite = resume, overwrite
+        check_data_files(cfg)  # a missing file stops the run before its folder exists
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._lock = run_lock.acquire(self.workdir) if self.main else None  # before anything is written
         log_to_file(self.workdir / "out.log", process_index)
@@ -190,7 +232,15 @@ class Run:
         self.lr_table = schedule.lr_table(cfg, self.global_batch, self.steps_per_epoch * cfg.num_epochs)
         check_data(cfg)  # bad data must fail before --overwrite clears anything
         if overwrite and (self.workdir / "checkpoints").exists():
+            sizes = [f.stat().st_size for f in (self.workdir / "checkpoints").rglob("*") if f.is_file()]
             shutil.rmtree(self.workdir / "checkpoints", ignore_errors=not self.main)
+            if self.main:
+                log.info(
+                    "--overwrite: deleted %s (%d files, %s); metrics.jsonl restarts from epoch 0",
+                    self.workdir / "checkpoints",
+                    len(sizes),
+                    _bytes(sum(sizes)),
+                )
         self.metrics = MetricsLog(self.workdir, enabled=self.main)
         self.writer: ScalarWriter | None = None
         self.compile_sec = 0.0
