@@ -39,6 +39,7 @@ from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError, run_cli
 from shared_data.model import unet_spec
+from shared_data.runtime import sizing
 
 MODES = ("io", "synthetic", "full")
 FRAMEWORKS = ("jax", "tf", "torch")
@@ -60,6 +61,10 @@ def make_bench(framework: str, cfg: Config, mode: str, num_devices: int | None =
     return Bench(cfg, mode, num_devices, step_from=step_from, input_from=input_from)
 
 
+#: Seconds between two progress lines of :func:`timed_windows`.
+REPORT_SEC = 10.0
+
+
 def timed_windows(
     call,
     sync,
@@ -69,6 +74,7 @@ def timed_windows(
     window_sec: float | None = None,
     min_steps: int = 1,
     before_timing=None,
+    report=None,
 ) -> tuple[float, list[float], list[int]]:
     """``warmup`` untimed calls of ``call()``, then ``windows`` windows of ``steps`` calls, each ended
     by ``sync(last result)``. ``before_timing()``, when given, runs after the warm-up and before the
@@ -81,13 +87,25 @@ def timed_windows(
     call that returns ``window_sec`` or more after it began, once it holds ``min_steps`` calls (an
     input pipeline that blocks). The first rule bounds asynchronous steps, whose calls return at once.
 
+    ``report(text)``, when given, hears where the calls are (``warm-up step 2/3``, ``window 1/5, step
+    4/10``) at most every :data:`REPORT_SEC` seconds, so a slow step is not minutes of silence.
+
     Returns the warm-up seconds, the seconds per call of each window and the calls of each window.
     """
     t0 = time.perf_counter()
+    said = [t0]
+
+    def tick(text: str) -> None:
+        if report is not None and time.perf_counter() - said[0] >= REPORT_SEC:
+            report(text)
+            said[0] = time.perf_counter()
+
     out = None
     timed = window_sec is not None
-    for _ in range(warmup - 1 if timed and warmup else warmup):
+    n_warm = warmup - 1 if timed and warmup else warmup
+    for i in range(n_warm):
         out = call()
+        tick(f"warm-up step {i + 1}/{n_warm}")
     sync(out)
     if before_timing is not None:
         before_timing()
@@ -98,12 +116,13 @@ def timed_windows(
     min_steps = min(min_steps, steps)
     warm_sec = time.perf_counter() - t0
     per_call, counts = [], []
-    for _ in range(windows):
+    for w in range(windows):
         t0 = time.perf_counter()
         n = 0
         while n < steps:
             out = call()
             n += 1
+            tick(f"window {w + 1}/{windows}, step {n}/{steps}")
             if timed and n >= min_steps and time.perf_counter() - t0 >= window_sec:
                 break
         sync(out)
@@ -158,10 +177,11 @@ def measure(
     window_sec: float | None = None,
     min_steps: int = 1,
     drain_cap: int = 0,
+    report=None,
 ) -> dict:
     """Run the warm-up, a :func:`drain` of at most ``drain_cap`` calls (0: none) and the timed
-    windows (:func:`timed_windows`); return timing statistics (seconds, samples/s; ``window_steps``
-    the steps each window held, ``drained_steps`` the drain's calls)."""
+    windows (:func:`timed_windows`, which tells ``report`` its progress); return timing statistics
+    (seconds, samples/s; ``window_steps`` the steps each window held, ``drained_steps`` the drain's calls)."""
     sync = lambda _: bench.sync()
     drained = [0]
 
@@ -169,7 +189,7 @@ def measure(
         drained[0] = drain(bench.step, sync, drain_cap) if drain_cap else 0
 
     warm_sec, per_step, counts = timed_windows(
-        bench.step, sync, warmup, steps, windows, window_sec, min_steps, before_timing
+        bench.step, sync, warmup, steps, windows, window_sec, min_steps, before_timing, report
     )
     per_step = np.array(per_step)
     rates = bench.global_batch / per_step
@@ -326,7 +346,8 @@ def run_bench(
     slow loader is not hidden behind its own queue; ``drained_steps`` in the record."""
     framework = bench.framework
     cap = prefetch_depth(cfg, framework) + DRAIN_EXTRA if mode != "synthetic" and drain else 0
-    stats = measure(bench, warmup, steps, windows, window_sec, min_steps, cap)
+    report = lambda text: stage(f"[benchmark] {framework} {mode}: {text}")
+    stats = measure(bench, warmup, steps, windows, window_sec, min_steps, cap, report)
     stats["warmup_steps"] = warmup
     device = bench.device_name()
     flops = unet_spec.train_flops_per_sample(cfg)
@@ -518,6 +539,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table(run_rungs(argv, args.rungs, args.out)))
         return 0
     cfg = config_mod.config_from_args(args)
+    warning = sizing.oversized_warning(cfg, len(args.mode) * (args.warmup + args.windows * args.steps), "the benchmark")
+    if warning:
+        stage(f"warning: {warning}")
     session = Session(args.framework, args.num_devices)
     records = session.run(
         cfg, args.mode, args.warmup, args.steps, args.windows, args.label, args.window_sec, args.min_window_steps

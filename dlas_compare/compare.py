@@ -16,10 +16,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from dlas_compare import benchmark
 from dlas_compare.benchmark import MODES, run_process, table
 from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import run_cli
+from shared_data.runtime import sizing
 from shared_data.runtime.cli import benchmark_command
 
 MODULES = {"jax": "jax", "tf": "tensorflow", "torch": "torch"}
@@ -42,6 +44,19 @@ def availability(framework: str) -> str | None:
     return None
 
 
+def warn_if_oversized(args, extra: Sequence[str]) -> None:
+    """Say before the first benchmark process starts when the config is sized for a GPU that this
+    host lacks (:func:`shared_data.runtime.sizing.oversized_warning`): each process's own warning
+    reaches the user only when it ends."""
+    bench_args = benchmark.build_parser().parse_args(
+        ["--framework", "jax", "--mode", *args.modes, "--config", args.config, *extra]
+    )
+    steps = len(args.frameworks) * len(args.modes) * (bench_args.warmup + bench_args.windows * bench_args.steps)
+    warning = sizing.oversized_warning(config_mod.config_from_args(bench_args), steps, "the comparison")
+    if warning:
+        print(f"[compare] warning: {warning}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("dlas_compare.compare", __doc__.split("\n\n")[0])
     p.add_argument("--config", default="cpu_default", help=config_mod.config_help())
@@ -60,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = p.parse_known_args(argv)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    warn_if_oversized(args, extra)
     records, notes = [], []
     for fw in args.frameworks:
         why = availability(fw)

@@ -26,6 +26,7 @@ import gzip
 import json
 import math
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError, run_cli
 from shared_data.core.files import write_atomic
 from shared_data.model import unet_spec
+from shared_data.runtime import sizing
 
 DTYPE_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s64": 8, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
 #: Copy rate (bytes read + written per second) the memory-bound ops are measured against, by device.
@@ -427,6 +429,11 @@ def trace_steps(cfg, steps: int, warmup: int, out: Path) -> tuple[str, list, str
     return trace_bench(Bench(cfg, "synthetic"), steps, warmup, out)
 
 
+def say(line: str) -> None:
+    """Say on stderr what the breakdown is doing (a large config's steps take minutes on a CPU)."""
+    print(f"[breakdown] {line}", file=sys.stderr, flush=True)
+
+
 def trace_bench(bench, steps: int, warmup: int, out: Path) -> tuple[str, list, str, float]:
     """:func:`trace_steps` of a compiled SYNTHETIC ``jax_impl.bench.Bench``: ``warmup`` steps, ``steps``
     timed untraced steps, then ``steps`` traced ones; the trace and the optimized HLO are written to ``out``."""
@@ -435,14 +442,17 @@ def trace_bench(bench, steps: int, warmup: int, out: Path) -> tuple[str, list, s
 
     import jax
 
+    say(f"step compiled; {warmup} warm-up steps")
     for _ in range(warmup):
         bench.step()
     bench.sync()
+    say(f"{steps} timed steps")
     t0 = time.perf_counter()
     for _ in range(steps):
         bench.step()
     bench.sync()
     step_s = (time.perf_counter() - t0) / steps
+    say(f"{step_s:.3g} s per step; {steps} traced steps")
     with tempfile.TemporaryDirectory() as tmp:
         with jax.profiler.trace(tmp, create_perfetto_trace=True):
             for _ in range(steps):
@@ -481,6 +491,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError("--out: give a folder for the trace and the breakdown (or --from_dir to re-read one)")
         cfg = config_mod.config_from_args(args)
         folder, steps = Path(args.out), args.steps
+        warning = sizing.oversized_warning(cfg, 1 + args.warmup + 2 * steps, "the breakdown")
+        if warning:
+            say(f"warning: {warning}")
+        say(f"compiling the JAX train step of {cfg.name!r}")
         folder.mkdir(parents=True, exist_ok=True)
         hlo, events, device, step_s = trace_steps(cfg, steps, args.warmup, folder)
     batch = config_mod.batch_sizes(cfg, 1)[0]

@@ -90,9 +90,15 @@ def test_the_tutorials_absolute_expdir_maps_into_the_current_folder(tmp_path, mo
 
 
 @pytest.mark.slow
-def test_overwrite_says_what_it_deleted(tmp_path, tiny_argv, caplog):
+def test_training_says_its_step_and_overwrite_what_it_deleted(tmp_path, tiny_argv, caplog, monkeypatch):
+    """With slow steps (here: a progress line due after every step) training says where it is;
+    ``--overwrite`` names the checkpoints it deleted."""
+    from shared_data.runtime import run
+
+    monkeypatch.setattr(run, "PROGRESS_SEC", 0.0)
     workdir = tmp_path / "w"
     assert jax_train([*tiny_argv, "--workdir", str(workdir)]).returncode == 0
+    assert "epoch 1: step 1/4, " in caplog.text and "epoch 1: step 3/4, " in caplog.text
     files = [f for f in (workdir / "checkpoints").rglob("*") if f.is_file()]
     assert files
     res = jax_train([*tiny_argv, "--workdir", str(workdir), "--overwrite", "--num_epochs", "0"])

@@ -18,7 +18,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError
 from shared_data.core.files import check_writable
-from shared_data.runtime import signals
+from shared_data.runtime import signals, sizing
 from shared_data.runtime.logs import RANK_LOGGER, close_log_file, log_to_file_only, setup_logging
 from shared_data.runtime.records import read_run_info
 from shared_data.runtime.run import workdir_for
@@ -233,6 +233,9 @@ def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> 
         # an earlier --save_weights left the run's weights there; they follow the run, not stay behind it
         save_weights = str(workdir / "weights.npz")
         log.info("%s is updated at the end of this run (an earlier --save_weights wrote it)", save_weights)
+    warning = sizing.oversized_warning(cfg, config_mod.steps_per_epoch(cfg) * cfg.num_epochs, "training")
+    if warning:
+        log.warning(warning)
     created = first_missing_folder(workdir)  # what a failed start removes again
     joined = initialize()
     setup_logging(process_index())

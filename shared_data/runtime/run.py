@@ -56,6 +56,8 @@ from shared_data.runtime.records import TENSORBOARD_TAGS, MetricsLog, ScalarWrit
 
 log = logging.getLogger("dlas")
 
+#: Seconds without a log line after which :meth:`Run.steps` says which step of the epoch it is at.
+PROGRESS_SEC = 30.0
 #: Steps of an epoch whose input wait :meth:`Run.steps` measures when given a ``sync`` (at most this many,
 #: evenly spaced): each one drains the device first, so few keep the step's overlap with its input.
 WAIT_SAMPLES = 32
@@ -405,7 +407,17 @@ class Run:
         stride = max(1, -(-n // WAIT_SAMPLES))  # ceil: at most WAIT_SAMPLES sampled steps
         sampled = range(stride // 2, n, stride) if sync is not None else range(n)
         waited, timed_steps = 0.0, 0
+        said = time.perf_counter()
         for i in progress(range(n), n, f"epoch {epoch + 1}", self.cfg.progress_bar):
+            if i and time.perf_counter() - said >= PROGRESS_SEC and self.main:  # slow steps: not minutes of silence
+                log.info(
+                    "epoch %d: step %d/%d, %.1f s per step",
+                    epoch + 1,
+                    i,
+                    n,
+                    (time.perf_counter() - self._epoch_start) / i,
+                )
+                said = time.perf_counter()
             step = epoch * n + i
             self._step_in_epoch = i
             signals.raise_pending()

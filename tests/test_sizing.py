@@ -1,0 +1,65 @@
+"""A command started on a config sized for a GPU, on a host without one, says so up front with the
+time a step takes here at the least and the config to use instead; the benchmark's timed windows say
+where they are while a slow step runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared_data.core import config as config_mod
+from shared_data.runtime import sizing
+
+
+def test_a_gpu_config_on_a_cpu_gets_its_step_time_and_the_cpu_config(monkeypatch):
+    monkeypatch.setattr(sizing, "host_gflops", lambda: 100.0)
+    cfg = config_mod.load_config("short_opt")
+    # hand count: the six-level U-Net's 81.537 GFLOP per 64^3 sample (forward + backward) x 64 crops
+    flop = 81.53726976e9 * 64
+    assert sizing.step_seconds_at_least(cfg, 100.0) == pytest.approx(flop / 100e9)
+    text = sizing.oversized_warning(cfg, 55, "the benchmark", gpu=False)
+    assert text == (
+        "config 'short_opt' is sized for a GPU (5.22 TFLOP per step of 64 64^3 crops) and no GPU is visible: "
+        "on this CPU (100 GFLOP/s float32 matmul) a step takes at least 52 s, the benchmark (55 steps) at least "
+        "48 min. On a CPU use --config cpu_default (or cpu_tiny); Ctrl-C stops"
+    )
+    assert sizing.oversized_warning(cfg, 55, "the benchmark", gpu=True) is None
+
+
+def test_a_cpu_config_is_not_measured(monkeypatch):
+    def never():
+        raise AssertionError("host_gflops measured for a config that fits any host")
+
+    monkeypatch.setattr(sizing, "host_gflops", never)
+    assert sizing.oversized_warning(config_mod.load_config("cpu_default"), 48, "training", gpu=False) is None
+
+
+def test_host_gflops_is_a_rate():
+    assert 0.1 < sizing.host_gflops(seconds=0.02, side=64) < 1e5
+
+
+def test_the_timed_windows_report_where_they_are(monkeypatch):
+    from dlas_compare import benchmark
+
+    monkeypatch.setattr(benchmark, "REPORT_SEC", 0.0)
+    said = []
+    warm, per_call, counts = benchmark.timed_windows(lambda: None, lambda _: None, 2, 3, 2, report=said.append)
+    assert counts == [3, 3]
+    assert said == [
+        "warm-up step 1/2",
+        "warm-up step 2/2",
+        *[f"window {w}/2, step {n}/3" for w in (1, 2) for n in (1, 2, 3)],
+    ]
+
+
+def test_the_trainer_warns_before_it_starts(tmp_path, monkeypatch, caplog):
+    from conftest import assert_one_error_line, run_in_process
+
+    from jax_impl import train
+
+    monkeypatch.setattr(sizing, "gpu_visible", lambda: False)
+    monkeypatch.setattr(sizing, "host_gflops", lambda: 100.0)
+    monkeypatch.chdir(tmp_path)
+    res = run_in_process(train.main, ["--config", "short_opt", "--set", "data_loader_config=lowmem"])
+    assert_one_error_line(res, "data/train_256.h5")  # no data here: the warning came first
+    assert "config 'short_opt' is sized for a GPU" in caplog.text
+    assert "training (32 steps) at least 28 min" in caplog.text  # 512 crops / 64 x 4 epochs, 52.2 s each
