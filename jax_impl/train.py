@@ -161,8 +161,8 @@ def train_and_evaluate(
     ``compile_sec``, ``epoch``; ``time_to_quality_sec``, ... with ``quality_every_epochs``, which stops the
     run at the target: :mod:`shared_data.inference.quality`). ``stop_after_epoch`` ends this invocation early,
     as a job's time limit would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues it."""
+    settings = distribute.configure_xla(cfg)  # before the first device query, as TF needs
     mesh = distribute.make_mesh(num_devices)
-    settings = distribute.configure_xla(cfg)
     run = run_mod.Run(
         cfg,
         workdir,
@@ -182,7 +182,9 @@ def train_and_evaluate(
         if start:
             state = restored
         train_in, val_in = data_mod.make_input(cfg, "train", mesh, start), data_mod.make_input(cfg, "val", mesh)
-        train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, data_mod.batch_spec(cfg, mesh))
+        compiled = run.trains(start, stop_after_epoch)  # a finished run resumed compiles nothing
+        spec = data_mod.batch_spec(cfg, mesh)
+        train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, spec) if compiled else (None, None, 0.0)
         run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, ema.weights(state), val_in))
         monitor = quality.Monitor(run, distribute.device_kind(), start)
         forward = predict.forward_fn(monitor.predict_cfg)  # compiled at the first evaluation

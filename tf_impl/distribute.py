@@ -194,7 +194,9 @@ def configure_xla(cfg: Config) -> dict:
     compilation cache (``--tf_xla_persistent_cache_directory``, read at the first compilation)
     goes where ``TF_XLA_FLAGS`` names one, else in ``<xla_cache_dir>/tf``: the environment wins over
     the config, as ``JAX_COMPILATION_CACHE_DIR`` does in :func:`jax_impl.distribute.configure_xla`.
-    A second run of the same config loads its executables instead of compiling them.
+    A second run of the same config loads its executables instead of compiling them. TensorFlow
+    reads ``TF_XLA_FLAGS`` once, at the first device query (``list_logical_devices``, a strategy), so
+    this runs before those.
     """
     tf.config.optimizer.set_jit(False)
     flags = os.environ.get("TF_XLA_FLAGS", "")

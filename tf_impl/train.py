@@ -180,8 +180,8 @@ def train_and_evaluate(
     ``compile_sec``, ``epoch``; ``time_to_quality_sec``, ... with ``quality_every_epochs``, which stops the
     run at the target: :mod:`shared_data.inference.quality`). ``stop_after_epoch`` ends this invocation early,
     as a job's time limit would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues it."""
+    settings = distribute.configure_xla(cfg)  # before the first device query reads TF_XLA_FLAGS
     strategy = distribute.make_strategy(num_devices)
-    settings = distribute.configure_xla(cfg)
     run = run_mod.Run(
         cfg,
         workdir,
@@ -201,7 +201,10 @@ def train_and_evaluate(
         start, _ = run.resume(ckpt)
         train_in, val_in = data_mod.make_input(cfg, "train", strategy, start), data_mod.make_input(cfg, "val", strategy)
         spec = data_mod.batch_spec(cfg, strategy)
-        train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, model, optimizer, spec)
+        compiled = run.trains(start, stop_after_epoch)  # a finished run resumed compiles nothing
+        train_fn, eval_fn, compile_s = (
+            compile_steps(cfg, strategy, model, optimizer, spec) if compiled else (None, None, 0.0)
+        )
         averaged = ema.AveragedWeights(model, optimizer, strategy)
         validation = lambda: averaged.read(lambda _: evaluate(eval_fn, val_in))
         run.begin(start, compile_s, distribute.versions(), validation)

@@ -369,6 +369,12 @@ class Run:
         finally:
             self._window.close()
 
+    def trains(self, start_epoch: int, stop_after_epoch: int | None = None) -> bool:
+        """Whether this invocation trains an epoch (a finished run resumed does not: its trainer
+        compiles nothing)."""
+        end = self.cfg.num_epochs if stop_after_epoch is None else min(stop_after_epoch, self.cfg.num_epochs)
+        return end > start_epoch
+
     def epochs(self, start_epoch: int, stop_after_epoch: int | None = None) -> range:
         """The epochs this invocation trains (``stop_after_epoch`` ends it early, as a job's time limit);
         a resumed run that has trained all ``num_epochs``, or is past them, says so and where it is."""

@@ -1,0 +1,36 @@
+"""TensorFlow's persistent compilation cache is written where the run says (``<xla_cache_dir>/tf``),
+and a resumed run with nothing left to train compiles nothing (both frameworks)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_module
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fw", ["tf_impl", "jax_impl"])
+def test_the_cache_is_written_and_a_finished_run_resumed_compiles_nothing(fw, tmp_path, tiny_cfg):
+    argv = [
+        f"{fw}.train",
+        "--config",
+        "cpu_tiny",
+        "--set",
+        f"train_path={tiny_cfg.train_path}",
+        "--set",
+        f"val_path={tiny_cfg.val_path}",
+        "--set",
+        f"xla_cache_dir={tmp_path / 'xla'}",
+        "--workdir",
+        str(tmp_path / "w"),
+    ]
+    first = run_module(*argv)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "compile: train step" in first.stdout + first.stderr
+    if fw == "tf_impl":
+        assert f"--tf_xla_persistent_cache_directory={tmp_path / 'xla' / 'tf'}" in first.stdout + first.stderr
+        assert list((tmp_path / "xla" / "tf").glob("xla_compile_cache__*XLA_CPU_JIT.pb"))
+    again = run_module(*argv, "--resume")
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-3000:]
+    assert "all 1 epochs of this run are trained: nothing to do" in out
+    assert "compile:" not in out
