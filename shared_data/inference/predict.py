@@ -324,9 +324,10 @@ Restore = Callable[[Config, Path, str], tuple[dict[str, np.ndarray], int]]
 def load_weights(
     cfg: Config, weights: str | None, workdir: str | None, restore: Restore
 ) -> tuple[dict[str, np.ndarray], str]:
-    """Canonical weights from the ``.npz`` file ``weights``, or from the latest checkpoint of the run
-    folder ``workdir`` through a framework's ``restore(run_cfg, checkpoints_folder, workdir) ->
-    (canonical weights, epoch)``; and their description (:func:`describe_weights`).
+    """Canonical weights from the ``.npz`` file ``weights``, or those the run in ``workdir`` evaluated
+    (:func:`run_weights`: with ``ema_decay`` the weight average, which its checkpoints do not hold),
+    else its latest checkpoint through a framework's ``restore(run_cfg, checkpoints_folder, workdir) ->
+    (canonical weights, epoch)``; and their description, naming which.
 
     Raises:
         UserError: a missing or mismatched weights file, no checkpoint, a checkpoint of another config.
@@ -334,8 +335,31 @@ def load_weights(
     if weights:
         return unet_spec.load_weights(weights, cfg), describe_weights(weights, None)
     directory = checkpoint_dir(workdir)
-    canonical, epoch = restore(checkpoint_config(cfg, workdir), directory, workdir)
+    run_cfg = checkpoint_config(cfg, workdir)
+    evaluated = run_weights(workdir)
+    if evaluated is not None:
+        what = "the weight average it evaluated" if run_cfg.ema_decay else "its final weights"
+        return unet_spec.load_weights(evaluated, cfg), f"the run's {evaluated.absolute()} ({what})"
+    canonical, epoch = restore(run_cfg, directory, workdir)
+    if run_cfg.ema_decay:
+        log.warning(
+            "the run in %s evaluated a weight average (ema_decay %g) and left no current weights.npz: its "
+            "checkpoint holds the trained weights, not that average",
+            workdir,
+            run_cfg.ema_decay,
+        )
     return canonical, describe_weights(None, workdir, epoch)
+
+
+def run_weights(workdir: str | Path) -> Path | None:
+    """``<workdir>/weights.npz`` when the run's end wrote it after its newest checkpoint (the weights
+    the run evaluated: the trainer writes them there at its end for a run with a weight average or a
+    quality target, or with ``--save_weights`` into the run folder), else None."""
+    path = Path(workdir) / "weights.npz"
+    if not path.is_file():
+        return None
+    saved = [f.stat().st_mtime for f in (Path(workdir) / "checkpoints").rglob("*") if f.is_file()]
+    return path if not saved or max(saved) <= path.stat().st_mtime else None
 
 
 # --- the command line ----------------------------------------------------------------------------
@@ -356,10 +380,14 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_weights_args(parser: argparse.ArgumentParser) -> None:
-    """``--weights`` (a canonical ``.npz``) or ``--workdir`` (a run folder: its latest checkpoint), one required."""
+    """``--weights`` (a canonical ``.npz``) or ``--workdir`` (a run folder: :func:`load_weights`), one required."""
     g = parser.add_argument_group("weights").add_mutually_exclusive_group(required=True)
     g.add_argument("--weights", help="canonical weights file (.npz), e.g. the trainer's --save_weights")
-    g.add_argument("--workdir", help="a training run folder: take its latest checkpoint")
+    g.add_argument(
+        "--workdir",
+        help="a training run folder: the weights it evaluated (its weights.npz, written at the run's end), "
+        "else its latest checkpoint",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

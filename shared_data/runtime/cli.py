@@ -233,6 +233,10 @@ def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> 
         # an earlier --save_weights left the run's weights there; they follow the run, not stay behind it
         save_weights = str(workdir / "weights.npz")
         log.info("%s is updated at the end of this run (an earlier --save_weights wrote it)", save_weights)
+    elif save_weights is None and (cfg.ema_decay or cfg.quality_every_epochs):
+        # the evaluated model (the weight average) is in no checkpoint: predict/export --workdir read it here
+        save_weights = str(workdir / "weights.npz")
+        log.info("%s receives the weights this run evaluates, at its end", save_weights)
     warning = sizing.oversized_warning(cfg, config_mod.steps_per_epoch(cfg) * cfg.num_epochs, "training")
     if warning:
         log.warning(warning)
