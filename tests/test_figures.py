@@ -98,13 +98,18 @@ def test_loss_title_names_the_device_from_run_json(tmp_path, tiny_cfg):
 
 
 @pytest.mark.slow
-def test_validation_figure_linear_ratio_gaps_short_title_no_overlap(data_dir, tmp_path, figures):
+def test_validation_figure_log_ratio_gaps_short_title_no_overlap(data_dir, tmp_path, figures):
     truth = data_dir / "val_24.h5"
     validate.validate_files(truth, truth, tmp_path, stem="v")
     (fig,) = figures
-    ratio = next(ax for ax in fig.axes if ax.get_ylabel() == "P_pred / P_true")
-    assert ratio.get_yscale() == "linear" and ratio.get_xscale() == "log"
-    assert ratio.get_ylim()[0] == 0 and ratio.get_ylim()[1] < 3  # a 6% deficit shows on this axis
+    ratio = next(ax for ax in fig.axes if ax.get_ylabel() == "P_pred / P_true (log)")
+    # a ratio is a factor: the log axis keeps a model at 0.9 and a baseline at 40 readable together
+    assert ratio.get_yscale() == "log" and ratio.get_xscale() == "log"
+    ratio.plot([0.1, 1.0], [0.9, 40.0])
+    ratio.relim()
+    ratio.autoscale_view()
+    low, high = ratio.get_ylim()
+    assert low < 0.9 and high > 40 and np.log10(high / low) < 3
     for ax in fig.axes:
         if ax.get_ylabel() == "PDF":
             for line in ax.get_lines():
@@ -122,6 +127,11 @@ def test_validation_figure_linear_ratio_gaps_short_title_no_overlap(data_dir, tm
         "prediction_precision": "float32",
     }
     assert validate.provenance(attrs) == "JAX prediction, .../cpu_default/jax/weights.npz, config cpu_default, float32"
+    attrs["prediction_weights"] = "checkpoint /home/someone/runs/cpu_default/jax/checkpoints epoch 3"
+    assert validate.provenance(attrs) == (
+        "JAX prediction, checkpoint .../cpu_default/jax/checkpoints epoch 3, config cpu_default, float32"
+    )
+    assert "/home" not in fig._suptitle.get_text()
 
 
 def test_ladder_labels_clear_the_whiskers(tmp_path, figures):
