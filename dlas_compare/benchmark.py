@@ -380,7 +380,9 @@ def run_bench(
 
 def table(records: list[dict]) -> str:
     """One line per record: label, mode, loader, precision, batch, samples/s, step ms, MFU (of the
-    datasheet peak), the fraction of the measured matmul rate, compile, memory."""
+    datasheet peak), the fraction of the measured matmul rate, compile, memory. The compile column
+    says ``-`` for IO (no step) and ``reused`` for a step compiled by an earlier mode of the session
+    (its seconds are in that mode's line)."""
     head = (
         f"{'run':<34}{'mode':<10}{'loader':<14}{'prec':<9}{'batch':>6}{'samples/s':>11}{'step ms p50/p90':>17}"
         f"{'MFU':>7}{'of matmul':>10}{'compile s':>10}{'mem GiB':>9}"
@@ -391,10 +393,13 @@ def table(records: list[dict]) -> str:
         of_matmul = f"{100 * r['mfu_of_measured_matmul']:.1f}%" if r.get("mfu_of_measured_matmul") else "-"
         mem = f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") else "-"
         loader = r["loader"] if r["mode"] != "synthetic" else "-"
+        compiled = (
+            "-" if r["mode"] == "io" else "reused" if "train step" in r.get("reused", ()) else f"{r['compile_sec']:.1f}"
+        )
         lines.append(
             f"{r['label'][:33]:<34}{r['mode']:<10}{loader[:13]:<14}{r['precision'][:8]:<9}{r['global_batch']:>6}"
             f"{r['samples_per_sec']:>11.1f}{r['step_ms_p50']:>9.1f}/{r['step_ms_p90']:<7.1f}{mfu:>7}"
-            f"{of_matmul:>10}{r['compile_sec']:>10.1f}{mem:>9}"
+            f"{of_matmul:>10}{compiled:>10}{mem:>9}"
         )
     return "\n".join(lines)
 

@@ -104,3 +104,23 @@ def test_training_says_its_step_and_overwrite_what_it_deleted(tmp_path, tiny_arg
     res = jax_train([*tiny_argv, "--workdir", str(workdir), "--overwrite", "--num_epochs", "0"])
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"--overwrite: deleted {workdir / 'checkpoints'} ({len(files)} files, " in caplog.text
+
+
+def test_records_carry_the_version_from_a_checkout(monkeypatch):
+    """Run from a checkout with no installed package, the version comes from its pyproject.toml; a
+    record has it beside the git commit."""
+    import re
+    from importlib import metadata
+
+    from shared_data.core import commands
+    from shared_data.runtime.records import code_version
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    want = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert commands.package_version() == want
+    code = code_version()
+    assert code["package_version"] == want
+    assert (ROOT / ".git").exists() <= ("git_commit" in code)

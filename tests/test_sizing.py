@@ -63,3 +63,19 @@ def test_the_trainer_warns_before_it_starts(tmp_path, monkeypatch, caplog):
     assert_one_error_line(res, "data/train_256.h5")  # no data here: the warning came first
     assert "config 'short_opt' is sized for a GPU" in caplog.text
     assert "training (32 steps) at least 28 min" in caplog.text  # 512 crops / 64 x 4 epochs, 52.2 s each
+
+
+def test_the_table_says_which_steps_were_compiled_elsewhere():
+    from dlas_compare import benchmark
+
+    base = dict(
+        label="jax cpu_tiny", loader="lowmem", precision="float32", global_batch=4, samples_per_sec=10.0,
+        step_ms_p50=400.0, step_ms_p90=410.0, mfu=None, peak_memory_gib=None,
+    )  # fmt: skip
+    records = [
+        {**base, "mode": "synthetic", "compile_sec": 12.34, "reused": []},
+        {**base, "mode": "io", "compile_sec": 0.0, "reused": []},
+        {**base, "mode": "full", "compile_sec": 0.0, "reused": ["train step", "input pipeline"]},
+    ]
+    lines = benchmark.table(records).splitlines()[2:]
+    assert [line.split()[-2] for line in lines] == ["12.3", "-", "reused"]

@@ -18,7 +18,7 @@
 # The same commands on CPU with a tiny config (a smoke test, ~2.5 min on 2 cores):
 #   OUT=/tmp/out CONFIG=cpu_tiny BUDGET=150 bash experiments/ladder_h200/run.sh
 set -uo pipefail
-: "${OUT:?set OUT to the results folder}"
+[[ -n ${OUT:-} ]] || { echo "error: ${0##*/}: set OUT to the results folder, e.g. OUT=results/ladder_h200 bash experiments/ladder_h200/run.sh (on a GPU machine after bash experiments/ladder_h200/setup.sh; on a CPU add CONFIG=cpu_tiny BUDGET=150)" >&2; exit 2; }
 CONFIG=${CONFIG:-short_opt}
 PY=${PY:-python3}
 BUDGET=${BUDGET:-570}

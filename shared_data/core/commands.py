@@ -49,13 +49,25 @@ def command_name(module: str) -> str:
 
 
 def package_version() -> str:
-    """The installed ``dlas-cosmo`` version, or ``unknown`` when it runs uninstalled from a checkout."""
+    """The ``dlas-cosmo`` version of the code that runs: from the checkout's ``pyproject.toml`` when it
+    runs from one (the source tree beside this package), else the installed package's; ``unknown``
+    when neither says."""
     from importlib import metadata
 
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if pyproject.is_file():
+        import tomllib
+
+        try:
+            project = tomllib.loads(pyproject.read_text()).get("project", {})
+        except (OSError, tomllib.TOMLDecodeError):
+            project = {}
+        if project.get("name") == "dlas-cosmo" and "version" in project:
+            return str(project["version"])
     try:
         return metadata.version("dlas-cosmo")
     except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+        return "unknown"
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

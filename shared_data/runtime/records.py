@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from shared_data.core import config as config_mod
+from shared_data.core.commands import package_version
 from shared_data.core.files import write_atomic
 
 log = logging.getLogger("dlas")
@@ -140,8 +141,9 @@ def read_run_info(workdir: Path) -> dict:
 
 
 def code_version() -> dict:
-    """The code that runs: the git commit (and whether the tree has changes) of a checkout, else the
-    installed package version."""
+    """The code that runs: the package version (:func:`shared_data.core.commands.package_version`,
+    also from a checkout) and, in a git checkout, the commit and whether the tree has changes."""
+    version = {"package_version": package_version()}
     root = config_mod.REPO_ROOT
     if (root / ".git").exists():
         try:
@@ -155,12 +157,7 @@ def code_version() -> dict:
                 timeout=10,
             )
             if commit.returncode == 0:
-                return {"git_commit": commit.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+                return {**version, "git_commit": commit.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
         except (OSError, subprocess.SubprocessError):
             pass
-    from importlib import metadata
-
-    try:
-        return {"package_version": metadata.version("dlas-cosmo")}
-    except metadata.PackageNotFoundError:
-        return {"package_version": "unknown"}
+    return version
