@@ -5,6 +5,7 @@ says what ``--overwrite`` deleted."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -124,3 +125,12 @@ def test_records_carry_the_version_from_a_checkout(monkeypatch):
     code = code_version()
     assert code["package_version"] == want
     assert (ROOT / ".git").exists() <= ("git_commit" in code)
+
+
+def test_the_h200_ladder_without_out_says_how_to_call_it():
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    proc = subprocess.run(
+        ["bash", str(ROOT / "experiments/ladder_h200/run.sh")], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: run.sh: set OUT to the results folder, e.g. OUT=results/ladder_h200 bash")
