@@ -254,6 +254,12 @@ def test_readme_command(command, workspace, capsys, monkeypatch):
         assert re.search(expected_refusal, output.strip().splitlines()[-1]), output
         assert "Traceback" not in output
         return
+    if words[:2] == ["python", "-c"]:  # a snippet that loads an export in plain Python: its own interpreter
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+        proc = subprocess.run([sys.executable, *words[1:]], cwd=ws, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.strip().endswith(", 5)"), proc.stdout  # the output's shape: 5 gas channels last
+        return
     if words[:2] == ["bash", "scripts/main.sh"]:
         steps = main_sh_commands()
         assert [s[2] for s in steps] == [
