@@ -412,22 +412,43 @@ def append_records(path: str | Path, records: list[dict]) -> None:
 
 
 def run_process(
-    cmd: Sequence[str], out: Path, timeout: float, env: dict | None = None
+    cmd: Sequence[str], out: Path, timeout: float, env: dict | None = None, echo: str | None = None
 ) -> tuple[list[dict], str | None, str]:
     """Run a benchmark command line ``cmd`` that appends its records to ``out`` in a subprocess;
     return the records it appended, why it failed (``exit N: <last line>``, ``timed out after T s``;
-    None when it did not) and its output (stderr, else stdout)."""
+    None when it did not) and its output (stderr, else stdout). With ``echo`` (a prefix), each line
+    the process writes on stderr (its stages and progress) is also printed on this one's stderr as it
+    comes, so a long benchmark is not minutes of silence."""
     import subprocess
+    import threading
 
     before = out.read_text().count("\n") if out.exists() else 0
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    said: dict[str, list[str]] = {"stdout": [], "stderr": []}
+
+    def read(name: str) -> None:
+        for line in getattr(proc, name):
+            said[name].append(line)
+            if echo is not None and name == "stderr":
+                print(f"{echo}{line}", end="", file=sys.stderr, flush=True)
+
+    readers = [threading.Thread(target=read, args=(name,), daemon=True) for name in said]
+    for reader in readers:
+        reader.start()
     try:
-        res = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env)
-        output = res.stderr.strip() or res.stdout.strip() or "no output"
-        failure = f"exit {res.returncode}: {output.splitlines()[-1]}" if res.returncode else None
-    except subprocess.TimeoutExpired as err:  # what it said before it was stopped (bytes on POSIX)
-        said = err.stderr or err.stdout or b""
-        output = (said.decode(errors="replace") if isinstance(said, bytes) else said).strip()
+        proc.wait(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        timed_out = True
+    for reader in readers:
+        reader.join(timeout=10)
+    output = ("".join(said["stderr"]).strip() or "".join(said["stdout"]).strip()) or ("" if timed_out else "no output")
+    if timed_out:  # what it said before it was stopped
         failure = f"timed out after {timeout:.0f} s"
+    else:
+        failure = f"exit {proc.returncode}: {output.splitlines()[-1]}" if proc.returncode else None
     lines = out.read_text().splitlines()[before:] if out.exists() else []
     return [json.loads(line) for line in lines if line], failure, output
 

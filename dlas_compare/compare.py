@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fw, args.modes, ["--config", args.config], label=f"{fw} {args.config}", out=out, extra=extra
         )
         print(f"[compare] {' '.join(cmd[1:])}", flush=True)
-        new, failure, _ = run_process(cmd, out, args.timeout)
+        new, failure, _ = run_process(cmd, out, args.timeout, echo=f"[compare {fw}] ")
         if failure:
             notes.append(f"{fw}: failed ({failure})")
         records += new

@@ -170,6 +170,33 @@ def test_run_process_returns_appended_records_and_why_it_failed(tmp_path):
     assert len(out.read_text().splitlines()) == 3
 
 
+def test_run_process_echoes_the_stages_as_they_come(tmp_path, capfd):
+    """With ``echo`` the child's stderr lines reach this process's stderr, prefixed, before it ends."""
+    import sys
+    import threading
+    import time
+
+    out = tmp_path / "r.jsonl"
+    child = (
+        "import sys, time; print('stage 1', file=sys.stderr, flush=True); time.sleep(3); "
+        "print('stage 2', file=sys.stderr)"
+    )
+    proc = [sys.executable, "-c", child]
+    seen = []
+
+    def watch():
+        time.sleep(1.5)
+        seen.append(capfd.readouterr().err)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    records, failure, output = benchmark.run_process(proc, out, 60, echo="[compare jax] ")
+    watcher.join()
+    assert seen == ["[compare jax] stage 1\n"]  # while the child still runs
+    assert capfd.readouterr().err == "[compare jax] stage 2\n"
+    assert failure is None and output == "stage 1\nstage 2"
+
+
 @pytest.mark.slow
 def test_rungs_share_one_process_and_a_failing_one_keeps_the_others_records(tiny_cfg, tmp_path, capsys):
     """--rungs, JAX: rung 1 (IO, SYNTHETIC, FULL on 1 lowmem worker) compiles the step once, its FULL
