@@ -93,7 +93,7 @@ def test_the_tutorials_absolute_expdir_maps_into_the_current_folder(tmp_path, mo
 @pytest.mark.slow
 def test_training_says_its_step_and_overwrite_what_it_deleted(tmp_path, tiny_argv, caplog, monkeypatch):
     """With slow steps (here: a progress line due after every step) training says where it is;
-    ``--overwrite`` names the checkpoints it deleted."""
+    ``--overwrite`` names the checkpoints it deleted; a run of no epochs compiles nothing."""
     from shared_data.runtime import run
 
     monkeypatch.setattr(run, "PROGRESS_SEC", 0.0)
@@ -102,8 +102,10 @@ def test_training_says_its_step_and_overwrite_what_it_deleted(tmp_path, tiny_arg
     assert "epoch 1: step 1/4, " in caplog.text and "epoch 1: step 3/4, " in caplog.text
     files = [f for f in (workdir / "checkpoints").rglob("*") if f.is_file()]
     assert files
+    caplog.clear()
     res = jax_train([*tiny_argv, "--workdir", str(workdir), "--overwrite", "--num_epochs", "0"])
     assert res.returncode == 0, res.stderr[-2000:]
+    assert "compile:" not in caplog.text  # nothing to train: nothing compiled
     assert f"--overwrite: deleted {workdir / 'checkpoints'} ({len(files)} files, " in caplog.text
 
 
