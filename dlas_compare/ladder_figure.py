@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dlas_compare.ladder_rungs import RUNGS
 from shared_data.core.files import atomic_path
 
 #: the NERSC SC21 tutorial's ladder on one A100-40GB, FULL samples/s at batch 64 (its README), on our
@@ -91,3 +92,11 @@ def save(fig, path: str | Path) -> None:
     with atomic_path(path, suffix=path.suffix or ".png") as tmp:
         fig.savefig(tmp, dpi=120)
     plt.close(fig)
+
+
+def write_figure(summaries: list[dict], path: str | Path, config: str) -> None:
+    """The ladder's figure (:func:`dlas_compare.ladder_figure.ladder_axes`: FULL samples/s per rung and
+    framework beside the tutorial's A100 ladder), written atomically to ``path`` (PNG)."""
+    rungs = [(r.name, r.title) for r in RUNGS]
+    fig = ladder_axes(summaries, rungs, figure_title(summaries, config))
+    save(fig, path)
