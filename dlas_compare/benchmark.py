@@ -386,24 +386,49 @@ def append_records(path: str | Path, records: list[dict]) -> None:
 
 
 def run_process(
-    cmd: Sequence[str], out: Path, timeout: float, env: dict | None = None
+    cmd: Sequence[str], out: Path, timeout: float, env: dict | None = None, progress=None
 ) -> tuple[list[dict], str | None, str]:
     """Run a benchmark command line ``cmd`` that appends its records to ``out`` in a subprocess;
     return the records it appended, why it failed (``exit N: <last line>``, ``timed out after T s``;
-    None when it did not) and its output (stderr, else stdout)."""
+    None when it did not) and its output (stderr, else stdout). ``progress`` (optional) is called
+    with the records appended so far each time the process appends one or more whole lines, while
+    it runs, so a caller can keep each one as it comes."""
     import subprocess
+    import tempfile
 
     before = out.read_text().count("\n") if out.exists() else 0
-    try:
-        res = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env)
-        output = res.stderr.strip() or res.stdout.strip() or "no output"
-        failure = f"exit {res.returncode}: {output.splitlines()[-1]}" if res.returncode else None
-    except subprocess.TimeoutExpired as err:  # what it said before it was stopped (bytes on POSIX)
-        said = err.stderr or err.stdout or b""
-        output = (said.decode(errors="replace") if isinstance(said, bytes) else said).strip()
-        failure = f"timed out after {timeout:.0f} s"
-    lines = out.read_text().splitlines()[before:] if out.exists() else []
-    return [json.loads(line) for line in lines if line], failure, output
+
+    def appended() -> list[dict]:
+        text = out.read_text() if out.exists() else ""
+        whole = text[: text.rfind("\n") + 1]  # a line still being written is not read
+        return [json.loads(line) for line in whole.splitlines()[before:] if line]
+
+    seen = 0
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(list(cmd), stdout=stdout, stderr=stderr, text=True, env=env)
+        deadline, failure = time.monotonic() + timeout, None
+        while True:
+            try:
+                code = proc.wait(timeout=0.5 if progress else max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                code = None
+            if progress is not None and len(got := appended()) > seen:
+                seen = len(got)
+                progress(got)
+            if code is not None:
+                break
+            if time.monotonic() >= deadline:
+                proc.kill()
+                proc.wait()
+                failure = f"timed out after {timeout:.0f} s"
+                break
+        stdout.seek(0)
+        stderr.seek(0)
+        said_out, said_err = stdout.read().strip(), stderr.read().strip()
+    output = said_err or said_out or ("" if failure else "no output")
+    if failure is None and code:
+        failure = f"exit {code}: {output.splitlines()[-1]}"
+    return appended(), failure, output
 
 
 def int_at_least(minimum: int):

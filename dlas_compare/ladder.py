@@ -33,8 +33,8 @@ last one that ran. The PyTorch reference (``torch``) runs on a GPU only.
 Each rung reports IO, SYNTHETIC and FULL samples/s, the FULL speedup over the baseline and over the
 previous rung, and a verdict: **input-bound** when FULL < 0.8 x SYNTHETIC and IO < SYNTHETIC (the
 pipeline alone cannot feed the step), **compute-bound** otherwise, and **unreliable**, no conclusion,
-when FULL > 1.1 x IO (training on the input cannot outrun the input alone: the windows measured
-noise). A rung measures FULL and the modes
+when FULL > 1.1 x IO or FULL > 1.1 x SYNTHETIC (training on the input can outrun neither the input
+alone nor the step alone: the windows measured noise). A rung measures FULL and the modes
 its change can move (a new input: IO; a new train step: SYNTHETIC); the other mode is the previous
 rung's, shown in parentheses (``--all_modes`` measures all three at every rung).
 
@@ -49,9 +49,11 @@ the budget is expected to stop.
 Output: the table on stdout; JSON lines appended to ``--out``, per rung that ran its benchmark
 records (the schema of :func:`dlas_compare.benchmark.run_bench`, plus ``ladder_id``, ``ladder_step``,
 ``ladder_rung``, ``ladder_settings``, ``ladder_xla_flags``), and for every rung, skipped ones too, one
-summary record (``"record": "ladder_summary"``, no ``mode`` key); and a figure (``--figure``,
-:mod:`dlas_compare.ladder_figure`): FULL samples/s per rung, one bar per framework, min-max whiskers
-over the timed windows, the tutorial's A100 ladder beside them.
+summary record (``"record": "ladder_summary"``, no ``mode`` key), each rung's as soon as it
+finishes; and a figure (``--figure``, :mod:`dlas_compare.ladder_figure`): FULL per rung, one bar per
+framework, min-max whiskers over the timed windows; in samples/s beside the tutorial's A100 ladder
+where the batch and crop are the tutorial's (64, 64^3), else relative to each framework's own
+baseline, without the A100.
 
 This module is the command (its options and ``main``); the parts live beside it:
 :mod:`dlas_compare.ladder_rungs` (the rungs, the device probe, the plan),
@@ -74,12 +76,13 @@ from dlas_compare import ladder_budget as budget_mod
 from dlas_compare.benchmark import FRAMEWORKS, MODES, int_at_least, positive_float
 from dlas_compare.ladder_figure import write_figure
 from dlas_compare.ladder_rungs import BASELINE_WORKERS, LADDER_KEYS, MORE_WORKERS, plan, probe
-from dlas_compare.ladder_runner import read_ladder, read_summaries, run_ladder
+from dlas_compare.ladder_runner import read_resume, read_summaries, run_ladder
 from dlas_compare.ladder_schedule import make_schedule, schedule_lines
 from dlas_compare.ladder_table import noise_lines, table
 from shared_data.core import config as config_mod
 from shared_data.core.commands import command_name, make_parser
 from shared_data.core.errors import DatasetError, UserError, run_cli
+from shared_data.core.files import check_writable
 
 
 def forwarded_config_args(args: argparse.Namespace) -> list[str]:
@@ -153,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         metavar="JSONL",
-        help="take the rungs that ran in the last ladder in JSONL with the same settings from it, run the rest",
+        help="take the rungs that ran in the last ladder in JSONL with the same settings from it, run the rest "
+        "(refused for a ladder of another config or other config values)",
     )
     return p
 
@@ -174,15 +178,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     common = forwarded_config_args(args)
     common += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
     cfg = config_mod.config_from_args(args)
+    out = Path(args.out or f"runs/ladder/{cfg.name}.jsonl")
+    figure = Path(args.figure or out.with_suffix(".png"))
+    check_writable(out, "--out")  # before anything is measured: a ladder takes minutes
+    check_writable(figure, "--figure")
+    resume = read_resume(Path(args.resume), cfg) if args.resume else []
     train = cfg.data_file("train")
     if not train.is_file():
         raise DatasetError(
             f"config {cfg.name!r} reads {train}, which does not exist "
             f"({command_name('shared_data.data.generate')} --out {train} --size 128 --seed 1 --npy)"
         )
-    out = Path(args.out or f"runs/ladder/{cfg.name}.jsonl")
-    figure = Path(args.figure or out.with_suffix(".png"))
-    resume = read_ladder(Path(args.resume), "--resume") if args.resume else []
     steps = {}
     with ThreadPoolExecutor(len(args.frameworks)) as pool:  # the probes are processes: all at once
         found_all = list(pool.map(probe, args.frameworks))

@@ -11,17 +11,19 @@ from dlas_compare.benchmark import MODES
 from dlas_compare.ladder_rungs import Step
 
 INPUT_BOUND = 0.8  # FULL below this fraction of SYNTHETIC (and IO below SYNTHETIC): input-bound
-UNRELIABLE = 1.1  # FULL above this multiple of IO: the windows measured noise
+UNRELIABLE = 1.1  # FULL above this multiple of IO or of SYNTHETIC: the windows measured noise
 SAME = 0.05  # a FULL ratio within 1 +- SAME over the previous rung counts as no change
 
 
 def verdict(io: float | None, synthetic: float | None, full: float | None) -> tuple[str | None, str]:
     """The bottleneck of a rung from its samples/s, and why in words.
 
-    ``unreliable`` when FULL > :data:`UNRELIABLE` x IO: training on the input cannot outrun the input
-    alone, so the windows measured noise (too few steps, or batches read ahead), and no bottleneck is
-    drawn from them. Else ``input-bound`` when FULL < :data:`INPUT_BOUND` x SYNTHETIC and IO <
-    SYNTHETIC (or IO was not measured); ``compute-bound`` otherwise; None without SYNTHETIC or FULL.
+    ``unreliable`` when FULL > :data:`UNRELIABLE` x IO or FULL > :data:`UNRELIABLE` x SYNTHETIC:
+    training on the input can outrun neither the input alone nor the train step alone, so the
+    windows measured noise (too few steps, batches read ahead, a machine shared with other work), and
+    no bottleneck is drawn from them (the factor leaves a 10% band for timing noise). Else
+    ``input-bound`` when FULL < :data:`INPUT_BOUND` x SYNTHETIC and IO < SYNTHETIC (or IO was not
+    measured); ``compute-bound`` otherwise; None without SYNTHETIC or FULL.
     """
     if synthetic is None or full is None:
         return None, "no verdict without SYNTHETIC and FULL"
@@ -29,6 +31,11 @@ def verdict(io: float | None, synthetic: float | None, full: float | None) -> tu
         return "unreliable", (
             f"FULL {full:.1f} > {UNRELIABLE} x IO {io:.1f}: training on the input cannot outrun the input "
             "alone, so these windows measured noise; no conclusion"
+        )
+    if full > UNRELIABLE * synthetic:
+        return "unreliable", (
+            f"FULL {full:.1f} > {UNRELIABLE} x SYNTHETIC {synthetic:.1f}: training on the input cannot outrun "
+            "the train step alone, so these windows measured noise; no conclusion"
         )
     low = full < INPUT_BOUND * synthetic
     if low and (io is None or io < synthetic):
@@ -95,6 +102,7 @@ def summarize(step: Step, records: list[dict], status: str, reason: str | None, 
         "note": step.note,
         "device": next((r["device"] for r in records), None),
         "global_batch": next((r["global_batch"] for r in records), None),
+        "crop_size": next((r["crop_size"] for r in records if "crop_size" in r), None),
     }
     summary["line"] = lesson_line(summary, step, prev)
     return summary

@@ -138,6 +138,8 @@ def test_ladder_labels_clear_the_whiskers(tmp_path, figures):
                     full_samples_per_sec_min=0.9 * v,
                     full_samples_per_sec_max=1.1 * v,
                     speedup_vs_baseline=v / speeds[0],
+                    global_batch=64,
+                    crop_size=64,
                 )
             )
     ladder_figure.write_figure(summaries, tmp_path / "ladder.png", "t")

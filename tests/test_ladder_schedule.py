@@ -20,6 +20,7 @@ from dlas_compare import (
     ladder_verdicts,
 )
 from dlas_compare import ladder_budget as budget
+from shared_data.core import config as config_mod
 
 H200 = "1 x NVIDIA H200"
 ONE_GPU = "1 GPU: data parallel needs several GPUs (--num_devices N runs it on N of any devices)"
@@ -43,24 +44,24 @@ class FakeRunner:
     def clock(self) -> float:
         return self.now
 
-    def __call__(self, steps, modes, args, timeout):
+    def __call__(self, steps, modes, args, timeout, progress=None):
         value = lambda flag: args[args.index(flag) + 1]
         windows = budget.Windows(
             int(value("--windows")), float(value("--window_sec")), int(value("--min_window_steps"))
         )
         fw = steps[0].framework
         self.calls.append(([s.index for s in steps], fw, windows, round(timeout, 1)))
-        t, records = self.slow * budget.PROCESS_SEC[fw], []
+        start, records = self.now, []
+        self.now += self.slow * budget.PROCESS_SEC[fw]
         for step, rung_modes in zip(steps, modes):
             took = self.slow * budget.setup_sec(fw, step.rung.name)
             took += sum(budget.window_cost(step.rung.name, m, windows) for m in rung_modes)
-            if t + took > timeout:
-                self.now += timeout
+            if self.now + took - start > timeout:
+                self.now = start + timeout
                 return records, f"timed out after {timeout:.0f} s", "--xla_flags"
             if (fw, step.index) in self.crash:
-                self.now += t
                 return records, "exit 1: RuntimeError: boom", "--xla_flags"
-            t += took
+            self.now += took
             full = FULL[step.rung.name] * {"jax": 1.0, "tf": 0.95, "torch": 0.6}[fw]
             rates = {"io": full * 1.1, "synthetic": 3600.0 if step.settings.enable_amp else 1300.0, "full": full}
             records += [
@@ -69,7 +70,8 @@ class FakeRunner:
                  "ladder_step": step.index, "rung_sec": took}
                 for m in rung_modes
             ]  # fmt: skip
-        self.now += t
+            if progress is not None:
+                progress(list(records))
         return records, None, "--xla_flags"
 
 
@@ -369,3 +371,103 @@ def test_a_framework_that_runs_nowhere_keeps_its_place_in_the_order(tiny_cfg):
     assert order == [("jax", i) for i in range(1, 5)] + [(fw, i) for fw in ("tf", "torch") for i in range(1, 8)] + [
         ("jax", i) for i in range(5, 8)
     ]
+
+
+def test_each_rung_is_written_as_it_finishes_so_a_failure_loses_at_most_that_rung(tiny_cfg, tmp_path):
+    """JAX's first process runs rungs 1-4; the ladder stops (an exception out of the runner, as a
+    kill of the ladder would) during rung 3: rungs 1 and 2 are in the file with their summaries, each
+    written while the process was still running."""
+    schedule = ladder_schedule.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), None)
+    out, seen = tmp_path / "l.jsonl", []
+    fake = FakeRunner()
+
+    def stopped(steps, modes, args, timeout, progress=None):
+        def watch(records):
+            lines = out.read_text().splitlines() if out.exists() else []
+            seen.append([r["ladder_step"] for r in map(json.loads, lines) if "record" in r])
+            if len({r["ladder_step"] for r in records}) == 2:
+                raise KeyboardInterrupt
+            progress(records)
+
+        return fake(steps, modes, args, timeout, watch)
+
+    with pytest.raises(KeyboardInterrupt):
+        ladder_runner.run_ladder(schedule, [], out, 150, "short_opt", runner=stopped, clock=fake.clock)
+    assert seen == [[], [1]]  # rung 1's summary was written before rung 2 ended
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["ladder_step"], r["status"]) for r in kept if "record" in r] == [(1, "ran")]
+    assert {r["mode"] for r in kept if r.get("ladder_step") == 1 and "mode" in r} == {"io", "synthetic", "full"}
+
+
+def test_a_write_failure_of_out_is_one_line_naming_it(tiny_cfg):
+    schedule = ladder_schedule.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), None)
+    fake = FakeRunner()
+    with pytest.raises(ladder.UserError, match=r"^--out /dev/full: cannot write the ladder's records \(No space"):
+        ladder_runner.run_ladder(
+            schedule, [], ladder.Path("/dev/full"), 150, "short_opt", runner=fake, clock=fake.clock
+        )
+
+
+def _never(*_):
+    raise AssertionError("probed or measured before its arguments were checked")
+
+
+def _tiny_args(cfg):
+    return ["--frameworks", "jax", "--config", "cpu_tiny", "--set", f"train_path={cfg.train_path}"]
+
+
+def test_out_and_resume_are_checked_before_anything_runs(tiny_cfg, tmp_path, monkeypatch):
+    """--out a folder; --resume of a binary file, of another config's ladder, of a ladder with another
+    value of a config key: one error each, before the probes."""
+    monkeypatch.setattr(ladder, "probe", _never)
+    args = _tiny_args(tiny_cfg)
+    with pytest.raises(ladder.UserError, match="is a folder, expected a file path"):
+        ladder.main([*args, "--out", str(tmp_path)])
+    binary = tmp_path / "weights.npz"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ladder.UserError, match=f"^--resume {binary}: expected a JSON lines file written by the ladder"):
+        ladder.main([*args, "--resume", str(binary), "--out", str(tmp_path / "a.jsonl")])
+    schedule = ladder_schedule.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), None)
+    fake, other = FakeRunner(), tmp_path / "other.jsonl"
+    ladder_runner.run_ladder(schedule, [], other, 150, "cpu_default", runner=fake, clock=fake.clock)
+    with pytest.raises(ladder.UserError, match="a ladder of config 'cpu_default', this one is 'cpu_tiny'"):
+        ladder.main([*args, "--resume", str(other), "--out", str(tmp_path / "b.jsonl")])
+    same, records = tmp_path / "same.jsonl", [json.loads(line) for line in other.read_text().splitlines()]
+    mine = config_mod.load_config("cpu_tiny", overrides={"train_path": tiny_cfg.train_path})
+    values = {**config_mod.config_dict(mine), "Nsamples": 999, "enable_amp": True}  # a rung owns enable_amp
+    records = [{**r, "config": "cpu_tiny"} if "record" in r else {**r, "config_values": values} for r in records]
+    same.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ladder.UserError, match=r"ran 'cpu_tiny' with Nsamples=999, this one has Nsamples="):
+        ladder.main([*args, "--resume", str(same), "--out", str(tmp_path / "c.jsonl")])
+
+
+def test_full_above_synthetic_is_unreliable():
+    """The CPU ladder's TF rung: FULL 40.4 over SYNTHETIC 30.0, IO far above both."""
+    bound, why = ladder_verdicts.verdict(350.0, 30.0, 40.4)
+    assert bound == "unreliable" and why.startswith("FULL 40.4 > 1.1 x SYNTHETIC 30.0")
+    assert ladder_verdicts.verdict(None, 30.0, 40.4)[0] == "unreliable"
+    assert ladder_verdicts.verdict(350.0, 30.0, 32.9)[0] == "compute-bound"  # within the 10% noise band
+
+
+def test_a_ladder_of_another_size_is_drawn_against_its_own_baseline(tiny_cfg, tmp_path):
+    """A CPU ladder (batch 8, 32^3 crops; JAX and TF name the CPU differently): FULL over each
+    framework's baseline, no A100 bars, the device named once, an unreliable rung cross-hatched."""
+    summaries = _summaries(tiny_cfg, tmp_path)
+    for s in summaries:
+        s.update(global_batch=8, crop_size=32, device="1 x cpu" if s["framework"] == "jax" else "1 x CPU")
+    tf_dali = next(s for s in summaries if (s["framework"], s["ladder_rung"]) == ("tf", "dali"))
+    tf_dali["verdict"] = "unreliable"
+    rungs = [(r.name, r.title) for r in ladder_rungs.RUNGS]
+    fig = ladder_figure.ladder_axes(summaries, rungs, ladder_figure.figure_title(summaries, "cpu_default"))
+    (ax,) = fig.axes
+    assert ax.get_title() == (
+        "The tutorial's ladder on 1 x CPU, config cpu_default, batch 8, 32^3 crops: FULL per rung relative to "
+        "each framework's baseline; cross-hatched: unreliable"
+    )
+    bars = {c.get_label(): c for c in ax.containers if type(c).__name__ == "BarContainer"}
+    assert list(bars) == ["jax", "tf", "torch"]  # no tutorial bars
+    assert [p.get_height() for p in bars["jax"]] == pytest.approx([FULL[r] / FULL["baseline"] for r in FULL])
+    assert [p.get_hatch() for p in bars["tf"]] == [None, None, "xx", None, None, None]
+    assert "7.00x?" in [t.get_text() for t in ax.texts]
+    assert ax.get_ylabel() == "FULL / the framework's baseline FULL (median window; whiskers: min-max)"
+    fig.clf()
