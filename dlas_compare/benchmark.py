@@ -488,12 +488,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_devices", type=int, help="data parallel over the first N devices (default: all)")
     p.add_argument("--label", help="name of this run in the table")
     p.add_argument(
+        "--replica_check",
+        type=int_at_least(1),
+        metavar="STEPS",
+        help="with --num_devices N > 1: then train STEPS steps from the initial weights on 1 device and on N "
+        "at the same global batch, and record both losses per step and whether they agree (replica_check)",
+    )
+    p.add_argument(
         "--rungs",
         metavar="JSON",
         help="run several benchmarks in this process, in order (see run_rungs); needs --out",
     )
     p.add_argument("--out", help="append the JSON records to this file (JSON lines)")
     return p
+
+
+#: relative difference of a step's loss on one device and on several at which the two count as equal:
+#: the same crops, weights and arithmetic summed in another order (float32) differ by ~1e-6
+SAME_LOSS_RTOL = 1e-5
+
+
+def replica_check(framework: str, cfg: Config, num_devices: int, steps: int) -> dict:
+    """The data-parallel correctness check: ``steps`` FULL train steps of ``cfg`` from its initial
+    weights (seed ``cfg.seed``), once on one device and once on ``num_devices`` replicas, at the same
+    global batch (``num_devices`` x the local batch of ``cfg``, the data-parallel rung's); the loss
+    of each step on each, and whether every pair agrees within :data:`SAME_LOSS_RTOL` (relative).
+    The losses agree only where the input gives step t the same crops whatever the number of replicas.
+
+    Returns:
+        ``{"replicas", "global_batch", "steps", "losses_one_device", "losses_replicas",
+        "max_rel_diff", "rtol", "equal"}``.
+    """
+    _, local = config_mod.batch_sizes(cfg, num_devices)
+    same = config_mod.replace(cfg, global_batch_size=local * num_devices, local_batch_size=None)
+    losses = {}
+    for devices in (1, num_devices):
+        what = f"{steps} steps on {devices} device(s), global batch {local * num_devices}"
+        stage(f"[benchmark] {framework} replica check: {what}")
+        bench = make_bench(framework, same, "full", devices)
+        got = []
+        for _ in range(steps):
+            bench.step()
+            got.append(bench.loss())
+        bench.batches.close()
+        losses[devices] = got
+    one, many = losses[1], losses[num_devices]
+    diff = max(abs(a - b) / max(abs(a), 1e-30) for a, b in zip(one, many))
+    return {
+        "replicas": num_devices,
+        "global_batch": local * num_devices,
+        "steps": steps,
+        "losses_one_device": one,
+        "losses_replicas": many,
+        "max_rel_diff": diff,
+        "rtol": SAME_LOSS_RTOL,
+        "equal": diff <= SAME_LOSS_RTOL,
+    }
 
 
 def run_rungs(argv: list[str], path: str, out: str) -> list[dict]:
@@ -526,6 +576,8 @@ def run_rungs(argv: list[str], path: str, out: str) -> list[dict]:
         records = session.run(
             cfg, args.mode, args.warmup, args.steps, args.windows, args.label, args.window_sec, args.min_window_steps
         )
+        if args.replica_check:
+            records[-1]["replica_check"] = replica_check(args.framework, cfg, args.num_devices, args.replica_check)
         for r in records:
             r.update(entry.get("record", {}), rung_sec=time.perf_counter() - t0)
         append_records(out, records)
@@ -537,6 +589,8 @@ def run_rungs(argv: list[str], path: str, out: str) -> list[dict]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.replica_check and (args.num_devices or 1) < 2:
+        raise UserError("--replica_check needs --num_devices N with N >= 2 (it compares N replicas with one device)")
     if args.rungs:
         if not args.out:
             raise UserError("--rungs needs --out (its records are appended there as each benchmark ends)")
@@ -547,6 +601,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = session.run(
         cfg, args.mode, args.warmup, args.steps, args.windows, args.label, args.window_sec, args.min_window_steps
     )
+    if args.replica_check:
+        records[-1]["replica_check"] = replica_check(args.framework, cfg, args.num_devices, args.replica_check)
     if args.out:
         append_records(args.out, records)
     print(table(records))

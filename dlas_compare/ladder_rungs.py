@@ -19,6 +19,8 @@ from shared_data.runtime.xla_flags import DEFAULT_XLA_FLAGS, default_xla_flags_o
 
 BASELINE_WORKERS = 4  # the tutorial's baseline worker count
 MORE_WORKERS = 8
+CPU_REPLICAS = 2  # CPU devices of the data-parallel rung on a machine without GPUs
+REPLICA_CHECK_STEPS = 3  # train steps of the data-parallel rung's loss check (1 device vs its replicas)
 #: the settings the rungs own; a user's value for them would break the ladder's steps
 LADDER_KEYS = ("data_loader_config", "num_data_workers", "enable_amp", "enable_jit", "local_batch_size")
 DALI_PLUGINS = {"jax": "nvidia.dali.plugin.jax", "tf": "nvidia.dali.plugin.tf", "torch": "nvidia.dali.plugin.pytorch"}
@@ -49,7 +51,9 @@ RUNGS = (
 class Settings:
     """What a rung's benchmark runs with: config keys, whether the kit's XLA flags are on
     (:data:`shared_data.runtime.xla_flags.DEFAULT_XLA_FLAGS`), devices and the per-device batch (samples;
-    None: the config's global batch on one device)."""
+    None: the config's global batch on one device), and the CPU devices its process makes
+    (``host_devices`` > 1: ``--xla_force_host_platform_device_count``, which the TF benchmark follows
+    with logical CPU devices; 1: the machine's)."""
 
     data_loader_config: str = "lowmem"
     num_data_workers: int = BASELINE_WORKERS
@@ -58,6 +62,7 @@ class Settings:
     kit_xla_flags: bool = False
     num_devices: int = 1
     local_batch_size: int | None = None
+    host_devices: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,16 +214,23 @@ def _change(
             return change, "no GPU: the lesson is volumes in GPU memory (on a CPU device means host memory)", ""
         return change, None, "volumes in GPU memory, crops and symmetries by one compiled gather"
     # data parallel
+    if not gpu and not torch:  # CPU devices: the data-parallel code path, checked, not a speed-up
+        n = num_devices or CPU_REPLICAS
+        change = {"num_devices": n, "local_batch_size": cfg.global_batch_size, "host_devices": n}
+        note = (
+            f"{n} CPU devices (XLA_FLAGS --xla_force_host_platform_device_count={n}) sharing this machine's cores: "
+            f"correctness, not speed; global batch {n} x {cfg.global_batch_size}, losses checked against one device"
+        )
+        return change, None, note
     n = num_devices or found.gpus
     change = {"num_devices": n, "local_batch_size": cfg.global_batch_size}
     if torch:
         return change, "the reference's data parallel is dlas_compare.torch_ddp (torchrun, SYNTHETIC only)", ""
     if num_devices is None and found.gpus < 2:
-        why = "no GPU" if not gpu else "1 GPU"
-        return change, f"{why}: data parallel needs several GPUs (--num_devices N runs it on N of any devices)", ""
+        return change, "1 GPU: data parallel needs several GPUs (--num_devices N runs it on N of any devices)", ""
     if n > found.devices:
         return change, f"--num_devices {n}: {framework} sees {found.devices} device(s)", ""
-    return change, None, f"global batch {n} x {cfg.global_batch_size}"
+    return change, None, f"global batch {n} x {cfg.global_batch_size}, losses checked against one device"
 
 
 def plan(
@@ -262,14 +274,26 @@ def benchmark_args(settings: Settings) -> list[str]:
     ]
     if settings.local_batch_size is not None:
         args += ["--local_batch_size", str(settings.local_batch_size)]
+    if settings.num_devices > 1:
+        args += ["--replica_check", str(REPLICA_CHECK_STEPS)]
     return args
 
 
 def xla_flags(settings: Settings, environ: dict | None = None) -> str:
     """The ``XLA_FLAGS`` a rung's process starts with: the caller's, with the kit's defaults named
-    off before the compilation rung (the frameworks add the defaults at import unless named)."""
+    off before the compilation rung (the frameworks add the defaults at import unless named), and
+    the CPU device count of ``settings.host_devices`` where it is above 1."""
     flags = (os.environ if environ is None else environ).get("XLA_FLAGS", "")
-    return flags if settings.kit_xla_flags else default_xla_flags_off(flags)
+    return with_host_devices(flags if settings.kit_xla_flags else default_xla_flags_off(flags), settings.host_devices)
+
+
+def with_host_devices(flags: str, n: int) -> str:
+    """``flags`` (an ``XLA_FLAGS`` value) with ``--xla_force_host_platform_device_count=n`` in place of
+    any value it names; ``flags`` unchanged for ``n`` = 1."""
+    if n <= 1:
+        return flags
+    kept = [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count=")]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={n}"])
 
 
 def process_xla_flags(step: Step, environ: dict | None = None) -> str:
@@ -279,7 +303,9 @@ def process_xla_flags(step: Step, environ: dict | None = None) -> str:
     adds its flags at import: the flags act on XLA's compilations only, and before TF's compilation
     rung XLA compiles only DALI's crop and copy functions there, which hold no convolution (all that
     ``--xla_gpu_force_conv_nhwc`` changes); PyTorch does not read them. So TF's and PyTorch's rungs
-    share one process."""
+    share one process, all but the data-parallel rung on CPU devices (``host_devices`` > 1), which
+    needs a process of its own: a process sets its devices once."""
     if step.framework == "jax":
         return xla_flags(step.settings, environ)
-    return (os.environ if environ is None else environ).get("XLA_FLAGS", "")
+    caller = (os.environ if environ is None else environ).get("XLA_FLAGS", "")
+    return with_host_devices(caller, step.settings.host_devices)

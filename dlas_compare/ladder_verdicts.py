@@ -103,6 +103,8 @@ def summarize(step: Step, records: list[dict], status: str, reason: str | None, 
         "device": next((r["device"] for r in records), None),
         "global_batch": next((r["global_batch"] for r in records), None),
         "crop_size": next((r["crop_size"] for r in records if "crop_size" in r), None),
+        "replicas": step.settings.num_devices,
+        "replica_check": next((r["replica_check"] for r in records if r.get("replica_check")), None),
     }
     summary["line"] = lesson_line(summary, step, prev)
     return summary
@@ -132,6 +134,20 @@ def lesson_line(summary: dict, step: Step, prev: dict | None) -> str:
             before, after = prev["verdict"], summary["verdict"]
             moved = f" (was {before}: the bottleneck moved)" if before != after else " (as before)"
         parts.append(f"{summary['verdict']}{moved}: {summary['verdict_reason']}")
+    if summary.get("replica_check"):
+        parts.append(replica_line(summary["replica_check"]))
     if step.note:
         parts.append(step.note)
     return "; ".join(parts)
+
+
+def replica_line(check: dict) -> str:
+    """The data-parallel rung's loss check (:func:`dlas_compare.benchmark.replica_check`) in words."""
+    head = f"{check['replicas']} replicas, global batch {check['global_batch']}: the losses of {check['steps']} steps"
+    if check["equal"]:
+        return f"{head} equal one device's (within {check['rtol']:g} relative)"
+    pairs = ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(check["losses_one_device"], check["losses_replicas"]))
+    return (
+        f"{head} NOT equal to one device's (up to {check['max_rel_diff']:.1e} relative, over {check['rtol']:g}; "
+        f"1 device/replicas: {pairs})"
+    )

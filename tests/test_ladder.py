@@ -27,8 +27,8 @@ def _config_args(cfg):
 @pytest.mark.slow
 def test_plan_on_this_machine(tiny_cfg):
     """No GPU here: rungs 1-5 planned for JAX and TF (DALI when its plugin imports), the
-    GPU-resident and data-parallel rungs skipped for the missing GPU (the tests' 2 forced CPU devices
-    do not count), the PyTorch reference skipped at every rung."""
+    GPU-resident rung skipped for the missing GPU, data parallel on 2 CPU devices, the PyTorch
+    reference skipped at every rung."""
     plans = {}
     for fw in ("jax", "tf", "torch"):
         found = ladder_rungs.probe(fw)
@@ -42,7 +42,7 @@ def test_plan_on_this_machine(tiny_cfg):
         assert (dali.skip is None) == (found.dali is None), dali.skip
         assert all(s.skip is None for s in steps[:2] + steps[3:5])
         assert steps[5].skip.startswith(NO_GPU) and "GPU memory" in steps[5].skip
-        assert steps[6].skip.startswith(NO_GPU) and "several GPUs" in steps[6].skip
+        assert steps[6].skip is None and (steps[6].settings.num_devices, steps[6].settings.host_devices) == (2, 2)
     if importlib.util.find_spec("nvidia.dali"):
         assert plans["jax"][0].dali is None and plans["jax"][1][2].skip is None  # DALI present: the rung runs
     found, steps = plans["torch"]
@@ -78,6 +78,27 @@ def test_rungs_are_cumulative_and_name_their_flags(tiny_cfg):
     assert "act on GPU convolutions only" in steps[4].note
 
 
+def test_data_parallel_rung_runs_on_cpu_devices_in_a_process_of_its_own(tiny_cfg):
+    """No GPU: the data-parallel rung runs on 2 CPU devices (3 with --num_devices 3) at 2 x the
+    config's global batch, with the loss check; its process asks XLA for the devices (TF follows the
+    same flag), so it is a process of its own in both frameworks."""
+    cpu = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    for fw in ("jax", "tf"):
+        found = ladder_rungs.Probe(fw, gpus=0, devices=1, device="cpu")
+        steps = ladder_rungs.plan(fw, found, tiny_cfg, cpu_count=2)
+        dp = steps[6]
+        assert dp.skip is None and "correctness, not speed" in dp.note
+        assert (dp.settings.num_devices, dp.settings.local_batch_size, dp.settings.host_devices) == (2, 4, 2)
+        assert ladder_rungs.benchmark_args(dp.settings)[-6:] == [
+            "--num_devices", "2", "--local_batch_size", "4", "--replica_check", "3"
+        ]  # fmt: skip
+        flags = ladder_rungs.process_xla_flags(dp, cpu)
+        assert flags.split()[-1] == "--xla_force_host_platform_device_count=2" and flags.count("device_count") == 1
+        assert ladder_rungs.process_xla_flags(steps[4], cpu) != flags
+        three = ladder_rungs.plan(fw, found, tiny_cfg, num_devices=3, cpu_count=2)[6].settings
+        assert (three.num_devices, three.host_devices) == (3, 3)
+
+
 def test_plan_on_gpu_machines(tiny_cfg):
     """Two GPUs: every JAX rung runs, the GPU-resident rung on the DALI rung's settings, data
     parallel on both GPUs with the config's global batch per GPU; the PyTorch reference stops
@@ -88,7 +109,9 @@ def test_plan_on_gpu_machines(tiny_cfg):
     device, dp = steps[5].settings, steps[6].settings
     assert (device.data_loader_config, device.enable_amp, device.num_devices) == ("device", True, 1)
     assert (dp.data_loader_config, dp.num_devices, dp.local_batch_size) == ("device", 2, tiny_cfg.global_batch_size)
-    assert ladder_rungs.benchmark_args(dp)[-4:] == ["--num_devices", "2", "--local_batch_size", "4"]
+    dp_args = ["--num_devices", "2", "--local_batch_size", "4", "--replica_check", "3"]
+    assert ladder_rungs.benchmark_args(dp)[-6:] == dp_args
+    assert dp.host_devices == 1 and ladder_rungs.process_xla_flags(steps[6], {}) == ""  # GPUs: no CPU devices made
 
     torch = ladder_rungs.plan("torch", ladder_rungs.Probe("torch", gpus=2, devices=2, device="H200"), tiny_cfg)
     assert [s.skip is None for s in torch] == [True] * 4 + [False] * 3
@@ -186,8 +209,8 @@ def test_spent_budget_skips_the_rungs(tiny_cfg, tmp_path):
     assert ladder.main(args) == 0
     summaries = [json.loads(line) for line in out.read_text().splitlines()]
     budget = "the ladder's time budget (--budget_sec 0) was spent"
-    assert [s["reason"] for s in summaries[:5]] == [budget] * 5
-    assert all(s["status"] == "skipped" for s in summaries) and summaries[6]["reason"].startswith(NO_GPU)
+    assert [s["reason"] for s in summaries[:5]] == [budget] * 5 and summaries[6]["reason"] == budget
+    assert all(s["status"] == "skipped" for s in summaries) and summaries[5]["reason"].startswith(NO_GPU)
     assert (tmp_path / "ladder.png").is_file()  # the figure beside --out by default
 
 
@@ -195,7 +218,8 @@ def test_spent_budget_skips_the_rungs(tiny_cfg, tmp_path):
 def test_ci_sized_ladder_of_jax_on_cpu(tiny_cfg, tmp_path, capsys):
     """The real command, JAX only, 1 + 2 x 2 steps per mode: every rung that can run here writes the
     records of the modes its change moves in the benchmark schema with its cumulative settings, every
-    rung a summary whose speedups are the records' FULL ratios, and the figure."""
+    rung a summary whose speedups are the records' FULL ratios, and the figure; the data-parallel
+    rung on 2 CPU devices at twice the batch, with its loss check against one device."""
     out, fig = tmp_path / "ladder.jsonl", tmp_path / "ladder.png"
     args = ["--frameworks", "jax", *_config_args(tiny_cfg), "--warmup", "1", "--steps", "2", "--windows", "2"]
     assert ladder.main(args + ["--window_sec", "60", "--out", str(out), "--figure", str(fig)]) == 0
@@ -203,11 +227,14 @@ def test_ci_sized_ladder_of_jax_on_cpu(tiny_cfg, tmp_path, capsys):
     bench = [r for r in records if "mode" in r]
     summaries = [r for r in records if r.get("record") == "ladder_summary"]
     changed = {1: ladder.MODES, 2: ("io", "full"), 3: ("io", "full"), 4: ("synthetic", "full")}
-    changed[5] = ("synthetic", "full")
-    assert [(r["ladder_step"], r["mode"]) for r in bench] == [(i, m) for i in range(1, 6) for m in changed[i]]
+    changed[5], changed[7] = ("synthetic", "full"), ladder.MODES
+    ran = [1, 2, 3, 4, 5, 7]
+    assert [(r["ladder_step"], r["mode"]) for r in bench] == [(i, m) for i in ran for m in changed[i]]
     for r in bench:
         assert set(r) >= BENCHMARK_KEYS | LADDER_KEYS and r["framework"] == "jax" and r["config"] == "cpu_tiny"
-        assert r["samples_per_sec"] > 0 and r["global_batch"] == tiny_cfg.global_batch_size
+        replicas = 2 if r["ladder_step"] == 7 else 1
+        assert r["samples_per_sec"] > 0 and r["global_batch"] == replicas * tiny_cfg.global_batch_size
+        assert r["device"] == f"{replicas} x cpu"
         assert r["window_sec"] == 60 and r["window_steps"] == [2, 2]
     full = {r["ladder_step"]: r for r in bench if r["mode"] == "full"}
     cv = lambda i, key: full[i]["config_values"][key]
@@ -226,19 +253,25 @@ def test_ci_sized_ladder_of_jax_on_cpu(tiny_cfg, tmp_path, capsys):
 
     assert [(s["ladder_step"], s["status"]) for s in summaries] == [(i, "ran") for i in range(1, 6)] + [
         (6, "skipped"),
-        (7, "skipped"),
+        (7, "ran"),
     ]
-    assert summaries[5]["reason"].startswith(NO_GPU) and summaries[6]["reason"].startswith(NO_GPU)
+    assert summaries[5]["reason"].startswith(NO_GPU)
+    assert full[7]["ladder_xla_flags"].endswith("--xla_force_host_platform_device_count=2")
+    check = full[7]["replica_check"]
+    assert (check["replicas"], check["global_batch"], check["steps"]) == (2, 2 * tiny_cfg.global_batch_size, 3)
+    assert summaries[6]["replicas"] == 2 and summaries[6]["replica_check"] == check
+    assert f"2 replicas, global batch {check['global_batch']}: the losses of 3 steps" in summaries[6]["line"]
     rate = lambda i: full[i]["samples_per_sec"]
-    for s in summaries[:5]:
+    for s in summaries[:5] + summaries[6:]:
         i = s["ladder_step"]
         assert s["full_samples_per_sec"] == rate(i)
         assert s["speedup_vs_baseline"] == pytest.approx(rate(i) / rate(1))
-        assert s["speedup_vs_previous"] == (None if i == 1 else pytest.approx(rate(i) / rate(i - 1)))
+        prev = max((j for j in ran if j < i), default=None)
+        assert s["speedup_vs_previous"] == (None if i == 1 else pytest.approx(rate(i) / rate(prev)))
         measured = {r["mode"]: r["samples_per_sec"] for r in bench if r["ladder_step"] == i}
         assert s["measured_modes"] == list(changed[i])
         for mode in ladder.MODES:  # a mode the rung did not measure is the last rung's that did
-            at = max(j for j in range(1, i + 1) if mode in changed[j])
+            at = max(j for j in ran if j <= i and mode in changed[j])
             value = next(r["samples_per_sec"] for r in bench if (r["ladder_step"], r["mode"]) == (at, mode))
             assert (s["values_from"][mode], s[f"{mode}_samples_per_sec"]) == (at, value)
         assert (
