@@ -20,7 +20,7 @@ from shared_data.runtime.xla_flags import DEFAULT_XLA_FLAGS, default_xla_flags_o
 BASELINE_WORKERS = 4  # the tutorial's baseline worker count
 MORE_WORKERS = 8
 CPU_REPLICAS = 2  # CPU devices of the data-parallel rung on a machine without GPUs
-REPLICA_CHECK_STEPS = 3  # train steps of the data-parallel rung's loss check (1 device vs its replicas)
+REPLICA_CHECK_STEPS = 2  # train steps of the data-parallel rung's loss check: the first loss, then one after an update
 #: the settings the rungs own; a user's value for them would break the ladder's steps
 LADDER_KEYS = ("data_loader_config", "num_data_workers", "enable_amp", "enable_jit", "local_batch_size")
 DALI_PLUGINS = {"jax": "nvidia.dali.plugin.jax", "tf": "nvidia.dali.plugin.tf", "torch": "nvidia.dali.plugin.pytorch"}

@@ -90,7 +90,7 @@ def test_data_parallel_rung_runs_on_cpu_devices_in_a_process_of_its_own(tiny_cfg
         assert dp.skip is None and "correctness, not speed" in dp.note
         assert (dp.settings.num_devices, dp.settings.local_batch_size, dp.settings.host_devices) == (2, 4, 2)
         assert ladder_rungs.benchmark_args(dp.settings)[-6:] == [
-            "--num_devices", "2", "--local_batch_size", "4", "--replica_check", "3"
+            "--num_devices", "2", "--local_batch_size", "4", "--replica_check", "2"
         ]  # fmt: skip
         flags = ladder_rungs.process_xla_flags(dp, cpu)
         assert flags.split()[-1] == "--xla_force_host_platform_device_count=2" and flags.count("device_count") == 1
@@ -109,7 +109,7 @@ def test_plan_on_gpu_machines(tiny_cfg):
     device, dp = steps[5].settings, steps[6].settings
     assert (device.data_loader_config, device.enable_amp, device.num_devices) == ("device", True, 1)
     assert (dp.data_loader_config, dp.num_devices, dp.local_batch_size) == ("device", 2, tiny_cfg.global_batch_size)
-    dp_args = ["--num_devices", "2", "--local_batch_size", "4", "--replica_check", "3"]
+    dp_args = ["--num_devices", "2", "--local_batch_size", "4", "--replica_check", "2"]
     assert ladder_rungs.benchmark_args(dp)[-6:] == dp_args
     assert dp.host_devices == 1 and ladder_rungs.process_xla_flags(steps[6], {}) == ""  # GPUs: no CPU devices made
 
@@ -258,9 +258,9 @@ def test_ci_sized_ladder_of_jax_on_cpu(tiny_cfg, tmp_path, capsys):
     assert summaries[5]["reason"].startswith(NO_GPU)
     assert full[7]["ladder_xla_flags"].endswith("--xla_force_host_platform_device_count=2")
     check = full[7]["replica_check"]
-    assert (check["replicas"], check["global_batch"], check["steps"]) == (2, 2 * tiny_cfg.global_batch_size, 3)
+    assert (check["replicas"], check["global_batch"], check["steps"]) == (2, 2 * tiny_cfg.global_batch_size, 2)
     assert summaries[6]["replicas"] == 2 and summaries[6]["replica_check"] == check
-    assert f"2 replicas, global batch {check['global_batch']}: the losses of 3 steps" in summaries[6]["line"]
+    assert f"2 replicas, global batch {check['global_batch']}: the losses of 2 steps" in summaries[6]["line"]
     rate = lambda i: full[i]["samples_per_sec"]
     for s in summaries[:5] + summaries[6:]:
         i = s["ladder_step"]
