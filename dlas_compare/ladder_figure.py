@@ -96,9 +96,12 @@ def ladder_axes(summaries: list[dict], rungs: list[tuple[str, str]], title: str,
     ax.set_xticks(x, [f"{i}. {t}" for i, (_, t) in enumerate(rungs, 1)], fontsize=8)
     ax.set_yscale("linear")
     ax.set_ylim(bottom=0)
-    what = "FULL samples/s" if absolute else "FULL / the framework's baseline FULL"
-    ax.set_ylabel(f"{what} (median window; whiskers: min-max)")
-    ax.legend(fontsize=8, loc="upper left")
+    if absolute:
+        ax.set_ylabel("FULL samples/s (median window; whiskers: min-max)")
+    else:
+        ax.set_ylabel("FULL / own baseline's (median; whiskers: min-max)")
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room for the labels and the legend above the bars
+    ax.legend(fontsize=8, loc="upper left" if absolute else "upper right", ncol=1 if absolute else len(frameworks))
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig

@@ -469,5 +469,5 @@ def test_a_ladder_of_another_size_is_drawn_against_its_own_baseline(tiny_cfg, tm
     assert [p.get_height() for p in bars["jax"]] == pytest.approx([FULL[r] / FULL["baseline"] for r in FULL])
     assert [p.get_hatch() for p in bars["tf"]] == [None, None, "xx", None, None, None]
     assert "7.00x?" in [t.get_text() for t in ax.texts]
-    assert ax.get_ylabel() == "FULL / the framework's baseline FULL (median window; whiskers: min-max)"
+    assert ax.get_ylabel() == "FULL / own baseline's (median; whiskers: min-max)"
     fig.clf()
