@@ -32,13 +32,20 @@ class Schedule:
 
     def groups(self, done: Sequence[tuple[str, int]] = ()) -> list[list[Step]]:
         """The benchmark processes, in order: one framework's consecutive steps to run (less those in
-        ``done``) that start with the same ``XLA_FLAGS`` (:func:`process_xla_flags`)."""
+        ``done``) that start with the same ``XLA_FLAGS`` (:func:`process_xla_flags`) and make the same
+        CPU devices (``host_devices``: a process sets its devices once)."""
         groups: list[list[Step]] = []
         for s in self.order:
             if not self.to_run(s) or (s.framework, s.index) in done:
                 continue
             last = groups[-1][-1] if groups else None
-            if last and last.framework == s.framework and process_xla_flags(last) == process_xla_flags(s):
+            same_devices = last and last.settings.host_devices == s.settings.host_devices  # set once per process
+            if (
+                last
+                and last.framework == s.framework
+                and same_devices
+                and process_xla_flags(last) == process_xla_flags(s)
+            ):
                 groups[-1].append(s)
             else:
                 groups.append([s])

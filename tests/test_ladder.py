@@ -10,7 +10,7 @@ import json
 import pytest
 from conftest import BENCHMARK_KEYS
 
-from dlas_compare import ladder, ladder_rungs, ladder_table, ladder_verdicts
+from dlas_compare import ladder, ladder_budget, ladder_rungs, ladder_schedule, ladder_table, ladder_verdicts
 from shared_data.core import config as config_mod
 from shared_data.core.errors import run_cli
 
@@ -78,7 +78,7 @@ def test_rungs_are_cumulative_and_name_their_flags(tiny_cfg):
     assert "act on GPU convolutions only" in steps[4].note
 
 
-def test_data_parallel_rung_runs_on_cpu_devices_in_a_process_of_its_own(tiny_cfg):
+def test_data_parallel_rung_runs_on_cpu_devices_in_a_process_of_its_own(tiny_cfg, monkeypatch):
     """No GPU: the data-parallel rung runs on 2 CPU devices (3 with --num_devices 3) at 2 x the
     config's global batch, with the loss check; its process asks XLA for the devices (TF follows the
     same flag), so it is a process of its own in both frameworks."""
@@ -97,6 +97,12 @@ def test_data_parallel_rung_runs_on_cpu_devices_in_a_process_of_its_own(tiny_cfg
         assert ladder_rungs.process_xla_flags(steps[4], cpu) != flags
         three = ladder_rungs.plan(fw, found, tiny_cfg, num_devices=3, cpu_count=2)[6].settings
         assert (three.num_devices, three.host_devices) == (3, 3)
+    # where the caller's XLA_FLAGS already give 2 CPU devices (as here), TF's rung 7 still starts its own
+    # process: TF makes its devices once, at its first rung
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    tf_steps = {"tf": ladder_rungs.plan("tf", ladder_rungs.Probe("tf", devices=1, device="CPU"), tiny_cfg, cpu_count=2)}
+    schedule = ladder_schedule.make_schedule(tf_steps, ladder.MODES, ladder_budget.Windows(2, 1.0), None)
+    assert [[s.index for s in g] for g in schedule.groups()] == [[1, 2, 3, 4, 5], [7]]
 
 
 def test_plan_on_gpu_machines(tiny_cfg):
