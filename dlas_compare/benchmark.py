@@ -412,17 +412,25 @@ def append_records(path: str | Path, records: list[dict]) -> None:
 
 
 def run_process(
-    cmd: Sequence[str], out: Path, timeout: float, env: dict | None = None, echo: str | None = None
+    cmd: Sequence[str], out: Path, timeout: float, env: dict | None = None, echo: str | None = None, progress=None
 ) -> tuple[list[dict], str | None, str]:
     """Run a benchmark command line ``cmd`` that appends its records to ``out`` in a subprocess;
     return the records it appended, why it failed (``exit N: <last line>``, ``timed out after T s``;
     None when it did not) and its output (stderr, else stdout). With ``echo`` (a prefix), each line
     the process writes on stderr (its stages and progress) is also printed on this one's stderr as it
-    comes, so a long benchmark is not minutes of silence."""
+    comes, so a long benchmark is not minutes of silence. ``progress`` (optional) is called with the
+    records appended so far each time the process appends one or more whole lines, while it runs, so
+    a caller can keep each one as it comes."""
     import subprocess
     import threading
 
     before = out.read_text().count("\n") if out.exists() else 0
+
+    def appended() -> list[dict]:
+        text = out.read_text() if out.exists() else ""
+        whole = text[: text.rfind("\n") + 1]  # a line still being written is not read
+        return [json.loads(line) for line in whole.splitlines()[before:] if line]
+
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     said: dict[str, list[str]] = {"stdout": [], "stderr": []}
 
@@ -435,22 +443,28 @@ def run_process(
     readers = [threading.Thread(target=read, args=(name,), daemon=True) for name in said]
     for reader in readers:
         reader.start()
-    try:
-        proc.wait(timeout=timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        timed_out = True
+    deadline, failure, seen = time.monotonic() + timeout, None, 0
+    while True:
+        try:
+            code = proc.wait(timeout=0.5 if progress else max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            code = None
+        if progress is not None and len(got := appended()) > seen:
+            seen = len(got)
+            progress(got)
+        if code is not None:
+            break
+        if time.monotonic() >= deadline:
+            proc.kill()
+            proc.wait()
+            failure = f"timed out after {timeout:.0f} s"
+            break
     for reader in readers:
         reader.join(timeout=10)
-    output = ("".join(said["stderr"]).strip() or "".join(said["stdout"]).strip()) or ("" if timed_out else "no output")
-    if timed_out:  # what it said before it was stopped
-        failure = f"timed out after {timeout:.0f} s"
-    else:
-        failure = f"exit {proc.returncode}: {output.splitlines()[-1]}" if proc.returncode else None
-    lines = out.read_text().splitlines()[before:] if out.exists() else []
-    return [json.loads(line) for line in lines if line], failure, output
+    output = ("".join(said["stderr"]).strip() or "".join(said["stdout"]).strip()) or ("" if failure else "no output")
+    if failure is None and code:
+        failure = f"exit {code}: {output.splitlines()[-1]}"
+    return appended(), failure, output
 
 
 def int_at_least(minimum: int):
@@ -510,12 +524,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_devices", type=int, help="data parallel over the first N devices (default: all)")
     p.add_argument("--label", help="name of this run in the table")
     p.add_argument(
+        "--replica_check",
+        type=int_at_least(1),
+        metavar="STEPS",
+        help="with --num_devices N > 1: then train STEPS steps from the initial weights on 1 device and on N "
+        "at the same global batch, and record both losses per step and whether they agree (replica_check)",
+    )
+    p.add_argument(
         "--rungs",
         metavar="JSON",
         help="run several benchmarks in this process, in order (see run_rungs); needs --out",
     )
     p.add_argument("--out", help="append the JSON records to this file (JSON lines)")
     return p
+
+
+#: relative difference of a step's loss on one device and on several at which the two count as equal:
+#: the same crops, weights and arithmetic summed in another order (float32) differ by ~1e-6
+SAME_LOSS_RTOL = 1e-5
+
+
+def replica_check(framework: str, cfg: Config, num_devices: int, steps: int) -> dict:
+    """The data-parallel correctness check: ``steps`` FULL train steps of ``cfg`` from its initial
+    weights (seed ``cfg.seed``), once on one device and once on ``num_devices`` replicas, at the same
+    global batch (``num_devices`` x the local batch of ``cfg``, the data-parallel rung's); the loss
+    of each step on each, and whether every pair agrees within :data:`SAME_LOSS_RTOL` (relative).
+    The losses agree only where the input gives step t the same crops whatever the number of replicas.
+
+    Returns:
+        ``{"replicas", "global_batch", "steps", "losses_one_device", "losses_replicas",
+        "max_rel_diff", "rtol", "equal"}``.
+    """
+    _, local = config_mod.batch_sizes(cfg, num_devices)
+    same = config_mod.replace(cfg, global_batch_size=local * num_devices, local_batch_size=None)
+    losses = {}
+    for devices in (1, num_devices):
+        what = f"{steps} steps on {devices} device(s), global batch {local * num_devices}"
+        stage(f"[benchmark] {framework} replica check: {what}")
+        bench = make_bench(framework, same, "full", devices)
+        got = []
+        for _ in range(steps):
+            bench.step()
+            got.append(bench.loss())
+        bench.batches.close()
+        losses[devices] = got
+    one, many = losses[1], losses[num_devices]
+    diff = max(abs(a - b) / max(abs(a), 1e-30) for a, b in zip(one, many))
+    return {
+        "replicas": num_devices,
+        "global_batch": local * num_devices,
+        "steps": steps,
+        "losses_one_device": one,
+        "losses_replicas": many,
+        "max_rel_diff": diff,
+        "rtol": SAME_LOSS_RTOL,
+        "equal": diff <= SAME_LOSS_RTOL,
+    }
 
 
 def run_rungs(argv: list[str], path: str, out: str) -> list[dict]:
@@ -548,6 +612,8 @@ def run_rungs(argv: list[str], path: str, out: str) -> list[dict]:
         records = session.run(
             cfg, args.mode, args.warmup, args.steps, args.windows, args.label, args.window_sec, args.min_window_steps
         )
+        if args.replica_check:
+            records[-1]["replica_check"] = replica_check(args.framework, cfg, args.num_devices, args.replica_check)
         for r in records:
             r.update(entry.get("record", {}), rung_sec=time.perf_counter() - t0)
         append_records(out, records)
@@ -559,6 +625,8 @@ def run_rungs(argv: list[str], path: str, out: str) -> list[dict]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.replica_check and (args.num_devices or 1) < 2:
+        raise UserError("--replica_check needs --num_devices N with N >= 2 (it compares N replicas with one device)")
     if args.rungs:
         if not args.out:
             raise UserError("--rungs needs --out (its records are appended there as each benchmark ends)")
@@ -572,6 +640,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = session.run(
         cfg, args.mode, args.warmup, args.steps, args.windows, args.label, args.window_sec, args.min_window_steps
     )
+    if args.replica_check:
+        records[-1]["replica_check"] = replica_check(args.framework, cfg, args.num_devices, args.replica_check)
     if args.out:
         append_records(args.out, records)
     print(table(records))

@@ -61,6 +61,10 @@ class Bench:
     def sync(self) -> None:
         jax.block_until_ready(self._out)
 
+    def loss(self) -> float:
+        """The last train step's loss (the global batch's mean), waiting for it."""
+        return float(self._out["loss"])
+
     def peak_memory_bytes(self) -> int | None:
         return distribute.peak_memory_bytes()
 

@@ -160,18 +160,10 @@ def test_a_checkpoint_with_changed_bytes_is_refused_by_resume_and_predict(framew
     _flip_bytes(work / "checkpoints" / name)
     val_path = tiny_argv[tiny_argv.index("--set") + 3].split("=", 1)[1]
     out = tmp_path / "p.h5"
-    predict = run_module(
-        f"{framework}_impl.predict",
-        "--config",
-        "cpu_tiny",
-        "--workdir",
-        str(work),
-        "--input",
-        val_path,
-        "--out",
-        str(out),
-    )
-    assert_one_error_line(predict, f"checkpoint {work / 'checkpoints'}", "is damaged", name, "as recorded at its save")
+    predict = __import__(f"{framework}_impl.predict", fromlist=["predict"])
+    argv_predict = ["--config", "cpu_tiny", "--workdir", str(work), "--input", val_path, "--out", str(out)]
+    res = run_in_process(predict.main, argv_predict)  # in this process: the framework is imported already
+    assert_one_error_line(res, f"checkpoint {work / 'checkpoints'}", "is damaged", name, "as recorded at its save")
     assert not out.exists()
     with caplog.at_level(logging.WARNING, logger="dlas"):
         res = run_in_process(train.main, [*argv, "--resume"])
@@ -731,8 +723,9 @@ def test_a_real_full_disk_loses_nothing(framework, tmp_path, tiny_argv):
     """Class 5 on a real full file system (an 8 MiB tmpfs; root only, skipped where mounting is not
     allowed): with 8 KiB left a resume stops at its first record (the lock, out.log or run.json),
     with 48 KiB left at the checkpoint of epoch 2 (orbax's tensorstore and TF report a full disk in
-    their own errors); each is one line, no traceback at exit, and once there is room --resume
-    finishes the run."""
+    their own errors); each is one line, no traceback at exit (so these two run as processes), and
+    once there is room --resume finishes the run (the first epoch and that resume run in this
+    process, which has the framework imported)."""
     small = tmp_path / "small"
     small.mkdir()
     mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)], capture_output=True)
@@ -741,7 +734,8 @@ def test_a_real_full_disk_loses_nothing(framework, tmp_path, tiny_argv):
     try:
         work = small / "w"
         argv = [*tiny_argv, "--num_epochs", "2", "--workdir", str(work)]
-        assert run_module(f"{framework}_impl.train", *argv, "--stop_after_epoch", "1").returncode == 0
+        train = __import__(f"{framework}_impl.train", fromlist=["train"])
+        assert run_in_process(train.main, [*argv, "--stop_after_epoch", "1"]).returncode == 0
         _fill(small, 8 << 10)
         assert_one_error_line(run_module(f"{framework}_impl.train", *argv, "--resume"), "(No space left on device)")
         (small / "fill").unlink()
@@ -753,7 +747,7 @@ def test_a_real_full_disk_loses_nothing(framework, tmp_path, tiny_argv):
         )
         assert _checkpoint_epochs(work / "checkpoints") == [1]
         (small / "fill").unlink()
-        res = run_module(f"{framework}_impl.train", *argv, "--resume")
+        res = run_in_process(train.main, [*argv, "--resume"])
         assert res.returncode == 0, res.stderr[-2000:]
         assert [json.loads(line)["epoch"] for line in (work / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     finally:

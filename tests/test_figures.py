@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from matplotlib.container import ErrorbarContainer
 
-from dlas_compare import ladder, plots
+from dlas_compare import ladder_figure, ladder_rungs, plots
 from shared_data.core import config as config_mod
 from shared_data.inference import validate
 
@@ -142,15 +142,17 @@ def test_ladder_labels_clear_the_whiskers(tmp_path, figures):
                 dict(
                     framework=fw,
                     ladder_step=i,
-                    ladder_rung=ladder.RUNGS[i - 1].name,
+                    ladder_rung=ladder_rungs.RUNGS[i - 1].name,
                     status="ran",
                     full_samples_per_sec=v,
                     full_samples_per_sec_min=0.9 * v,
                     full_samples_per_sec_max=1.1 * v,
                     speedup_vs_baseline=v / speeds[0],
+                    global_batch=64,
+                    crop_size=64,
                 )
             )
-    ladder.ladder_figure(summaries, tmp_path / "ladder.png", "t")
+    ladder_figure.write_figure(summaries, tmp_path / "ladder.png", "t")
     (fig,) = figures
     (ax,) = fig.axes
     fig.canvas.draw()

@@ -26,7 +26,7 @@ def test_recipe_smoke_on_cpu(tmp_path):
     assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
     log = (out / "ladder_cpu_tiny.log").read_text().splitlines()
     schedule = next(
-        i for i, line in enumerate(log) if line.startswith("[ladder] schedule: 10 rungs run in 3 processes")
+        i for i, line in enumerate(log) if line.startswith("[ladder] schedule: 12 rungs run in 5 processes")
     )
     first = "[ladder] jax rungs 1, 2, 3, 4 in one process: XLA_FLAGS="
     assert schedule < next(i for i, line in enumerate(log) if line.startswith(first))
@@ -34,10 +34,11 @@ def test_recipe_smoke_on_cpu(tmp_path):
     assert "--config cpu_tiny" in command and "--steps 40 --windows 2 --window_sec 0.50 --min_window_steps 5" in command
     summaries = [json.loads(line) for line in (out / "ladder_cpu_tiny.jsonl").read_text().splitlines()]
     summaries = [s for s in summaries if s.get("record") == "ladder_summary"]
-    # each framework's first process, then JAX's second (rung 5: the kit's XLA flags)
+    # each framework's first process, then JAX's second (rung 5: the kit's XLA flags), then the
+    # data-parallel rungs on 2 CPU devices, each a process of its own
     assert [(s["framework"], s["ladder_step"]) for s in summaries] == [("jax", i) for i in range(1, 5)] + [
-        (fw, i) for fw in ("tf", "torch") for i in range(1, 8)
-    ] + [("jax", i) for i in range(5, 8)]
+        ("tf", i) for i in range(1, 7)
+    ] + [("torch", i) for i in range(1, 8)] + [("jax", i) for i in range(5, 8)] + [("tf", 7)]
     assert summaries[0]["status"] == "ran" and summaries[0]["full_samples_per_sec"] > 0
     assert {s["status"] for s in summaries} <= {"ran", "stopped", "skipped"}
     if importlib.util.find_spec("torch") is None:

@@ -10,8 +10,17 @@ import os
 
 import pytest
 
-from dlas_compare import ladder, ladder_figure
+from dlas_compare import (
+    ladder,
+    ladder_figure,
+    ladder_rungs,
+    ladder_runner,
+    ladder_schedule,
+    ladder_table,
+    ladder_verdicts,
+)
 from dlas_compare import ladder_budget as budget
+from shared_data.core import config as config_mod
 
 H200 = "1 x NVIDIA H200"
 ONE_GPU = "1 GPU: data parallel needs several GPUs (--num_devices N runs it on N of any devices)"
@@ -20,8 +29,8 @@ FULL = {"baseline": 100.0, "workers": 90.0, "dali": 700.0, "amp": 800.0, "compil
 
 
 def one_h200_plans(cfg):
-    probes = {fw: ladder.Probe(fw, gpus=1, devices=1, device="NVIDIA H200") for fw in ("jax", "tf", "torch")}
-    return {fw: ladder.plan(fw, found, cfg, cpu_count=16) for fw, found in probes.items()}
+    probes = {fw: ladder_rungs.Probe(fw, gpus=1, devices=1, device="NVIDIA H200") for fw in ("jax", "tf", "torch")}
+    return {fw: ladder_rungs.plan(fw, found, cfg, cpu_count=16) for fw, found in probes.items()}
 
 
 class FakeRunner:
@@ -35,24 +44,24 @@ class FakeRunner:
     def clock(self) -> float:
         return self.now
 
-    def __call__(self, steps, modes, args, timeout):
+    def __call__(self, steps, modes, args, timeout, progress=None):
         value = lambda flag: args[args.index(flag) + 1]
         windows = budget.Windows(
             int(value("--windows")), float(value("--window_sec")), int(value("--min_window_steps"))
         )
         fw = steps[0].framework
         self.calls.append(([s.index for s in steps], fw, windows, round(timeout, 1)))
-        t, records = self.slow * budget.PROCESS_SEC[fw], []
+        start, records = self.now, []
+        self.now += self.slow * budget.PROCESS_SEC[fw]
         for step, rung_modes in zip(steps, modes):
             took = self.slow * budget.setup_sec(fw, step.rung.name)
             took += sum(budget.window_cost(step.rung.name, m, windows) for m in rung_modes)
-            if t + took > timeout:
-                self.now += timeout
+            if self.now + took - start > timeout:
+                self.now = start + timeout
                 return records, f"timed out after {timeout:.0f} s", "--xla_flags"
             if (fw, step.index) in self.crash:
-                self.now += t
                 return records, "exit 1: RuntimeError: boom", "--xla_flags"
-            t += took
+            self.now += took
             full = FULL[step.rung.name] * {"jax": 1.0, "tf": 0.95, "torch": 0.6}[fw]
             rates = {"io": full * 1.1, "synthetic": 3600.0 if step.settings.enable_amp else 1300.0, "full": full}
             records += [
@@ -61,7 +70,8 @@ class FakeRunner:
                  "ladder_step": step.index, "rung_sec": took}
                 for m in rung_modes
             ]  # fmt: skip
-        self.now += t
+            if progress is not None:
+                progress(list(records))
         return records, None, "--xla_flags"
 
 
@@ -70,12 +80,12 @@ PROCESSES = [("jax", [1, 2, 3, 4]), ("tf", [1, 2, 3, 4, 5, 6]), ("torch", [1, 2,
 
 def test_one_h200_schedule_runs_each_framework_in_as_few_processes_as_its_flags_allow(tiny_cfg):
     plans = one_h200_plans(tiny_cfg)
-    schedule = ladder.make_schedule(plans, ladder.MODES, budget.Windows(3, 1.0), 1000.0)
+    schedule = ladder_schedule.make_schedule(plans, ladder.MODES, budget.Windows(3, 1.0), 1000.0)
     groups = schedule.groups()
     assert [(g[0].framework, [s.index for s in g]) for g in groups] == PROCESSES
     # JAX reads XLA_FLAGS once per process: the kit's flags come on at compilation, in a second
     # process; TF's and PyTorch's processes start with the caller's flags (the kit adds its own)
-    flags = [ladder.process_xla_flags(g[0]) for g in groups]
+    flags = [ladder_rungs.process_xla_flags(g[0]) for g in groups]
     caller = os.environ["XLA_FLAGS"]  # tests/conftest.py's, and the kit's default once jax_impl was imported
     assert flags[1:] == [caller] * 3 and "--xla_force_host_platform_device_count=2" in flags[0]
     assert flags[0].endswith(" --xla_gpu_force_conv_nhwc=false") and "=true" not in flags[0]
@@ -108,7 +118,7 @@ def test_one_h200_schedule_runs_each_framework_in_as_few_processes_as_its_flags_
     assert [budget.drain_steps("dali", m) for m in ("io", "synthetic", "full")] == [2, 0, 8]
     assert budget.total(runs, budget.Windows(3, 1.0)) == pytest.approx(398 + 12 * 14.45 + 23 * 3 + drains)
     assert schedule.windows(1000.0) == (budget.Windows(3, 1.0), True)
-    lines = ladder.schedule_lines(schedule, 1000.0)
+    lines = ladder_schedule.schedule_lines(schedule, 1000.0)
     assert lines[0].startswith(
         "schedule: 16 rungs run in 4 processes, 0 taken from --resume, 5 skipped; timed windows 3 x 1 s per "
         "mode (at least 5 steps each); estimated 647 s of the 1000 s left of --budget_sec 1000;"
@@ -122,7 +132,7 @@ def test_one_h200_schedule_runs_each_framework_in_as_few_processes_as_its_flags_
 
 
 def test_the_budget_trims_fast_windows_first_and_never_the_floor(tiny_cfg):
-    schedule = ladder.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), 640.0)
+    schedule = ladder_schedule.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), 640.0)
     # a slow rung's window is its 5-step floor at any window_sec up to 5 x 0.85 s: trimming leaves it
     slow = [budget.window_cost("baseline", "io", budget.Windows(3, sec)) for sec in (1.0, 0.89, 0.5)]
     assert slow == [pytest.approx(14.45)] * 3  # the drain's 2 x 0.85 s and 3 x 5 x 0.85 s
@@ -131,14 +141,14 @@ def test_the_budget_trims_fast_windows_first_and_never_the_floor(tiny_cfg):
     assert budget.window_cost("dali", "synthetic", budget.Windows(3, 0.89)) == pytest.approx(2.67)  # no drain
     # 3 windows: 398 + 173.4 (the lowmem floors) + 7.04 (the other drains) + 23 x 3 x s <= 640: s = 0.89
     assert schedule.windows(640.0) == (budget.Windows(3, 0.89), True)
-    assert "(windows trimmed from 3 x 1 s)" in ladder.schedule_lines(schedule, 640.0)[0]
+    assert "(windows trimmed from 3 x 1 s)" in ladder_schedule.schedule_lines(schedule, 640.0)[0]
     # 3 windows at the floor's 0.5 s (0.6 s for 5 DALI steps) are 615.2 s; 2 windows: 398 + 12 x 10.2
     # + 7.04 + 23 x 2 x s <= 610 fits s = 1
     assert schedule.windows(610.0) == (budget.Windows(2, 1.0), True)
     assert schedule.windows(570.0) == (budget.Windows(2, 0.92), True)  # s <= 42.56 / 46
     # the floor: 2 windows of 0.5 s, at least 5 steps: 551.9 s, over 551
     assert schedule.windows(551.0) == (budget.Windows(2, 0.5), False)
-    head = ladder.schedule_lines(schedule, 520.0)[0]
+    head = ladder_schedule.schedule_lines(schedule, 520.0)[0]
     assert head.split("; ")[2].endswith(
         "estimated 552 s of the 520 s left of --budget_sec 640 (over it even at the smallest windows: the "
         "budget stops the last rungs, by the estimate jax 5, jax 6)"
@@ -150,19 +160,19 @@ def test_the_recipe_s_budget_plans_every_rung_on_one_h200(tiny_cfg):
     before); the probes take ~12 s of it: the 16 rungs fit in the 558 s left, at 2 windows of 0.66 s
     (at least 5 steps: a lowmem window ~4.3 s), none expected to be stopped; at the floor (2 x 0.5 s)
     they take 552 s."""
-    schedule = ladder.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0, 5), 570.0)
+    schedule = ladder_schedule.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0, 5), 570.0)
     assert schedule.windows(558.0) == (budget.Windows(2, 0.66), True)
     assert budget.total(schedule.runs(schedule.groups()), budget.FLOOR) == pytest.approx(551.94)
-    head = ladder.schedule_lines(schedule, 558.0)[0]
+    head = ladder_schedule.schedule_lines(schedule, 558.0)[0]
     assert head.startswith("schedule: 16 rungs run in 4 processes, 0 taken from --resume, 5 skipped")
     assert "estimated 558 s of the 558 s left of --budget_sec 570 (windows trimmed from 3 x 1 s)" in head
 
 
 def test_run_with_the_table_s_times_fits_the_budget(tiny_cfg, tmp_path):
-    schedule = ladder.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), 660.0)
+    schedule = ladder_schedule.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), 660.0)
     fake = FakeRunner()
     out = tmp_path / "ladder.jsonl"
-    summaries = ladder.run_ladder(schedule, [], out, 150.0, "short_opt", runner=fake, clock=fake.clock)
+    summaries = ladder_runner.run_ladder(schedule, [], out, 150.0, "short_opt", runner=fake, clock=fake.clock)
     assert [(fw, idx) for idx, fw, *_ in fake.calls] == [(fw, idx) for fw, idx in PROCESSES]
     assert {w for *_, w, _ in fake.calls} == {budget.Windows(3, 1.0)}  # the table is right: nothing trimmed
     assert fake.now == pytest.approx(647.44)
@@ -176,16 +186,18 @@ def test_run_with_the_table_s_times_fits_the_budget(tiny_cfg, tmp_path):
     assert jax[2]["measured_modes"] == ["io", "full"] and jax[2]["values_from"] == {"io": 2, "synthetic": 1, "full": 2}
     assert jax[2]["synthetic_samples_per_sec"] == 1300.0 and jax[4]["io_samples_per_sec"] == pytest.approx(770.0)
     assert jax[6]["speedup_vs_baseline"] == 34.0 and jax[6]["verdict"] == "compute-bound"
-    text = ladder.table(summaries)
+    text = ladder_table.table(summaries)
     assert "jax       2 more workers              99.0   (1300.0)      90.0    0.90    0.90  input-bound" in text
     assert "tf        4 mixed precision        (731.5)     3600.0     760.0    8.00    1.14  input-bound" in text
     assert "torch     5 compilation         skipped: the reference has no switch" in text
 
 
 def test_a_slower_machine_gets_the_floor_and_loses_the_last_rungs(tiny_cfg, tmp_path):
-    schedule = ladder.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), 660.0)
+    schedule = ladder_schedule.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), 660.0)
     fake = FakeRunner(slow=1.3)
-    summaries = ladder.run_ladder(schedule, [], tmp_path / "a.jsonl", 150.0, "short_opt", runner=fake, clock=fake.clock)
+    summaries = ladder_runner.run_ladder(
+        schedule, [], tmp_path / "a.jsonl", 150.0, "short_opt", runner=fake, clock=fake.clock
+    )
     assert fake.calls[0][2] == budget.Windows(3, 1.0)  # the table's estimate, before anything ran
     # JAX's first process took 1.3 x its 88 s of set-up and its windows: set-up 1.3 x the table's;
     # the rest gets the floor
@@ -199,9 +211,11 @@ def test_a_slower_machine_gets_the_floor_and_loses_the_last_rungs(tiny_cfg, tmp_
 
 
 def test_a_crash_loses_only_its_rung_and_the_rest_run_in_a_new_process(tiny_cfg, tmp_path):
-    schedule = ladder.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), None)
+    schedule = ladder_schedule.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), None)
     fake = FakeRunner(crash={("jax", 2)})
-    summaries = ladder.run_ladder(schedule, [], tmp_path / "c.jsonl", 150.0, "short_opt", runner=fake, clock=fake.clock)
+    summaries = ladder_runner.run_ladder(
+        schedule, [], tmp_path / "c.jsonl", 150.0, "short_opt", runner=fake, clock=fake.clock
+    )
     assert [(fw, idx) for idx, fw, *_ in fake.calls][:2] == [("jax", [1, 2, 3, 4]), ("jax", [3, 4])]
     jax = {s["ladder_step"]: s for s in summaries if s["framework"] == "jax"}
     assert (jax[1]["status"], jax[2]["status"], jax[3]["status"]) == ("ran", "failed", "ran")
@@ -210,7 +224,9 @@ def test_a_crash_loses_only_its_rung_and_the_rest_run_in_a_new_process(tiny_cfg,
     # a process that fails at its first rung again is not started once per rung: TF's rungs 1 and 2
     # each fail a process; the rest fail with the second's reason
     fake = FakeRunner(crash={("tf", 1), ("tf", 2)})
-    summaries = ladder.run_ladder(schedule, [], tmp_path / "d.jsonl", 150.0, "short_opt", runner=fake, clock=fake.clock)
+    summaries = ladder_runner.run_ladder(
+        schedule, [], tmp_path / "d.jsonl", 150.0, "short_opt", runner=fake, clock=fake.clock
+    )
     assert [idx for idx, fw, *_ in fake.calls if fw == "tf"] == [[1, 2, 3, 4, 5, 6], [2, 3, 4, 5, 6]]
     tf = [(s["status"], s["reason"]) for s in summaries if s["framework"] == "tf"]
     assert tf[:6] == [("failed", "exit 1: RuntimeError: boom")] * 6
@@ -220,56 +236,60 @@ def test_resume_runs_only_what_the_first_call_did_not(tiny_cfg, tmp_path):
     plans = one_h200_plans(tiny_cfg)
     first = tmp_path / "first.jsonl"
     fake = FakeRunner(slow=1.3)
-    schedule = ladder.make_schedule(plans, ladder.MODES, budget.Windows(3, 1.0), 660.0)
-    ladder.run_ladder(schedule, [], first, 150.0, "short_opt", runner=fake, clock=fake.clock)
-    again = ladder.make_schedule(plans, ladder.MODES, budget.Windows(3, 1.0), 660.0, resume=ladder.read_ladder(first))
+    schedule = ladder_schedule.make_schedule(plans, ladder.MODES, budget.Windows(3, 1.0), 660.0)
+    ladder_runner.run_ladder(schedule, [], first, 150.0, "short_opt", runner=fake, clock=fake.clock)
+    again = ladder_schedule.make_schedule(
+        plans, ladder.MODES, budget.Windows(3, 1.0), 660.0, resume=ladder_runner.read_ladder(first)
+    )
     assert len(again.reuse) == 14 and ("jax", 5) not in again.reuse
-    assert ladder.schedule_lines(again, 660.0)[0].startswith(
+    assert ladder_schedule.schedule_lines(again, 660.0)[0].startswith(
         "schedule: 2 rungs run in 1 processes, 14 taken from --resume, 5 skipped"
     )
     second = FakeRunner()
     out = tmp_path / "second.jsonl"
-    summaries = ladder.run_ladder(again, [], out, 150, "short_opt", runner=second, clock=second.clock)
+    summaries = ladder_runner.run_ladder(again, [], out, 150, "short_opt", runner=second, clock=second.clock)
     assert [(fw, idx) for idx, fw, *_ in second.calls] == [("jax", [5, 6])]
     assert [s["status"] for s in summaries].count("ran") == 16
     jax6 = next(s for s in summaries if (s["framework"], s["ladder_step"]) == ("jax", 6))
     assert jax6["speedup_vs_baseline"] == 34.0 and jax6["resumed_from"] is None
     assert next(s for s in summaries if s["framework"] == "tf")["resumed_from"] is not None
-    assert len({r["ladder_id"] for r in ladder.read_ladder(out)}) == 1
+    assert len({r["ladder_id"] for r in ladder_runner.read_ladder(out)}) == 1
 
 
 def test_unreliable_when_full_outruns_io():
     """The H200's PyTorch baseline at 2 windows of 1-2 steps: FULL 255.0 (windows of 18.8 and 491.2)
     above IO 82.4 is noise, not a bottleneck; within 1.1 x IO the rule stands."""
-    bound, why = ladder.verdict(82.4, 1069.7, 255.0)
+    bound, why = ladder_verdicts.verdict(82.4, 1069.7, 255.0)
     assert bound == "unreliable" and why.startswith("FULL 255.0 > 1.1 x IO 82.4") and "no conclusion" in why
-    assert ladder.verdict(100.0, 1300.0, 110.0)[0] == "input-bound"
-    assert ladder.verdict(100.0, 1300.0, 110.2)[0] == "unreliable"
-    assert ladder.verdict(788.3, 648.4, 179.2)[0] == "compute-bound"
+    assert ladder_verdicts.verdict(100.0, 1300.0, 110.0)[0] == "input-bound"
+    assert ladder_verdicts.verdict(100.0, 1300.0, 110.2)[0] == "unreliable"
+    assert ladder_verdicts.verdict(788.3, 648.4, 179.2)[0] == "compute-bound"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch is installed here")
 def test_without_torch_its_rungs_are_skipped_with_the_reason(tiny_cfg, tmp_path):
-    found = ladder.probe("torch")
+    found = ladder_rungs.probe("torch")
     assert found.reason == "torch is not installed"
-    plans = {"jax": one_h200_plans(tiny_cfg)["jax"], "torch": ladder.plan("torch", found, tiny_cfg)}
-    schedule = ladder.make_schedule(plans, ladder.MODES, budget.Windows(2, 1.0), None)
-    lines = ladder.schedule_lines(schedule, None)
+    plans = {"jax": one_h200_plans(tiny_cfg)["jax"], "torch": ladder_rungs.plan("torch", found, tiny_cfg)}
+    schedule = ladder_schedule.make_schedule(plans, ladder.MODES, budget.Windows(2, 1.0), None)
+    lines = ladder_schedule.schedule_lines(schedule, None)
     assert lines[0].startswith(
         "schedule: 6 rungs run in 2 processes, 0 taken from --resume, 8 skipped; timed windows 2 x 1 s"
     )
     assert "  torch 1. baseline: skipped: torch is not installed" in lines
     fake = FakeRunner()
-    summaries = ladder.run_ladder(schedule, [], tmp_path / "l.jsonl", 150, "short_opt", runner=fake, clock=fake.clock)
+    summaries = ladder_runner.run_ladder(
+        schedule, [], tmp_path / "l.jsonl", 150, "short_opt", runner=fake, clock=fake.clock
+    )
     assert {fw for _, fw, *_ in fake.calls} == {"jax"}
-    assert "torch     (every rung)          skipped: torch is not installed" in ladder.table(summaries)
+    assert "torch     (every rung)          skipped: torch is not installed" in ladder_table.table(summaries)
 
 
 def test_main_with_fake_probes_and_benchmarks(tiny_cfg, tmp_path, monkeypatch, capsys):
     """The command itself: the schedule printed before the first rung, the JSON lines, the figure."""
-    monkeypatch.setattr(ladder, "probe", lambda fw: ladder.Probe(fw, gpus=1, devices=1, device="NVIDIA H200"))
+    monkeypatch.setattr(ladder, "probe", lambda fw: ladder_rungs.Probe(fw, gpus=1, devices=1, device="NVIDIA H200"))
     fake = FakeRunner()
-    monkeypatch.setattr(ladder, "run_group", fake)
+    monkeypatch.setattr(ladder_runner, "run_group", fake)
     out = tmp_path / "ladder.jsonl"
     args = ["--config", "cpu_tiny", "--set", f"train_path={tiny_cfg.train_path}", "--out", str(out)]
     assert ladder.main(args + ["--window_sec", "0.5", "--windows", "2", "--budget_sec", "3600"]) == 0
@@ -283,21 +303,23 @@ def test_main_with_fake_probes_and_benchmarks(tiny_cfg, tmp_path, monkeypatch, c
 
 
 def _summaries(cfg, tmp_path):
-    schedule = ladder.make_schedule(one_h200_plans(cfg), ladder.MODES, budget.Windows(3, 1.0), None)
+    schedule = ladder_schedule.make_schedule(one_h200_plans(cfg), ladder.MODES, budget.Windows(3, 1.0), None)
     fake = FakeRunner()
-    return ladder.run_ladder(schedule, [], tmp_path / "l.jsonl", 150, "short_opt", runner=fake, clock=fake.clock)
+    return ladder_runner.run_ladder(schedule, [], tmp_path / "l.jsonl", 150, "short_opt", runner=fake, clock=fake.clock)
 
 
 def test_figure_groups_bars_per_rung_beside_the_tutorial_s_a100(tiny_cfg, tmp_path):
     summaries = _summaries(tiny_cfg, tmp_path)
-    rungs = [(r.name, r.title) for r in ladder.RUNGS]
+    rungs = [(r.name, r.title) for r in ladder_rungs.RUNGS]
     fig = ladder_figure.ladder_axes(summaries, rungs, ladder_figure.figure_title(summaries, "short_opt"))
     (ax,) = fig.axes
     assert ax.get_title() == (
         "The tutorial's ladder on 1 x NVIDIA H200, config short_opt, batch 64: FULL samples/s per rung"
     )
     assert ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0 and ax.get_ylim()[1] > 3400
-    assert [t.get_text() for t in ax.get_xticklabels()] == [f"{i}. {r.title}" for i, r in enumerate(ladder.RUNGS, 1)]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        f"{i}. {r.title}" for i, r in enumerate(ladder_rungs.RUNGS, 1)
+    ]
     assert ax.get_ylabel() == "FULL samples/s (median window; whiskers: min-max)"
     bars = {c.get_label(): c for c in ax.containers if type(c).__name__ == "BarContainer"}
     assert list(bars) == ["jax", "tf", "torch", ladder_figure.TUTORIAL_LABEL]
@@ -325,11 +347,11 @@ def test_the_recorded_jax_ladder_replots(tmp_path):
     from shared_data.core.config import REPO_ROOT
 
     recorded = REPO_ROOT / "experiments/ladder_h200/results/ladder_jax_short_opt.jsonl"
-    summaries = ladder.read_summaries(recorded)
-    text = ladder.table(summaries)
+    summaries = ladder_runner.read_summaries(recorded)
+    text = ladder_table.table(summaries)
     assert "jax       4 mixed precision          762.6     2325.8     802.9    7.46    1.13  input-bound" in text
-    assert ladder.noise_lines(summaries)[0].startswith("jax: SYNTHETIC of rungs 1, 2, 3")
-    rungs = [(r.name, r.title) for r in ladder.RUNGS]
+    assert ladder_table.noise_lines(summaries)[0].startswith("jax: SYNTHETIC of rungs 1, 2, 3")
+    rungs = [(r.name, r.title) for r in ladder_rungs.RUNGS]
     fig = ladder_figure.ladder_axes(summaries, rungs, ladder_figure.figure_title(summaries, "short_opt"))
     bars = {c.get_label(): c for c in fig.axes[0].containers if type(c).__name__ == "BarContainer"}
     assert [round(p.get_height(), 1) for p in bars["jax"]] == [107.7, 85.9, 708.2, 802.9]
@@ -343,9 +365,109 @@ def test_the_recorded_jax_ladder_replots(tmp_path):
 
 def test_a_framework_that_runs_nowhere_keeps_its_place_in_the_order(tiny_cfg):
     plans = one_h200_plans(tiny_cfg)
-    plans["torch"] = ladder.plan("torch", ladder.Probe("torch", reason="torch is not installed"), tiny_cfg)
-    schedule = ladder.make_schedule(plans, ladder.MODES, budget.Windows(3, 1.0), None)
+    plans["torch"] = ladder_rungs.plan("torch", ladder_rungs.Probe("torch", reason="torch is not installed"), tiny_cfg)
+    schedule = ladder_schedule.make_schedule(plans, ladder.MODES, budget.Windows(3, 1.0), None)
     order = [(s.framework, s.index) for s in schedule.order]
     assert order == [("jax", i) for i in range(1, 5)] + [(fw, i) for fw in ("tf", "torch") for i in range(1, 8)] + [
         ("jax", i) for i in range(5, 8)
     ]
+
+
+def test_each_rung_is_written_as_it_finishes_so_a_failure_loses_at_most_that_rung(tiny_cfg, tmp_path):
+    """JAX's first process runs rungs 1-4; the ladder stops (an exception out of the runner, as a
+    kill of the ladder would) during rung 3: rungs 1 and 2 are in the file with their summaries, each
+    written while the process was still running."""
+    schedule = ladder_schedule.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), None)
+    out, seen = tmp_path / "l.jsonl", []
+    fake = FakeRunner()
+
+    def stopped(steps, modes, args, timeout, progress=None):
+        def watch(records):
+            lines = out.read_text().splitlines() if out.exists() else []
+            seen.append([r["ladder_step"] for r in map(json.loads, lines) if "record" in r])
+            if len({r["ladder_step"] for r in records}) == 2:
+                raise KeyboardInterrupt
+            progress(records)
+
+        return fake(steps, modes, args, timeout, watch)
+
+    with pytest.raises(KeyboardInterrupt):
+        ladder_runner.run_ladder(schedule, [], out, 150, "short_opt", runner=stopped, clock=fake.clock)
+    assert seen == [[], [1]]  # rung 1's summary was written before rung 2 ended
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["ladder_step"], r["status"]) for r in kept if "record" in r] == [(1, "ran")]
+    assert {r["mode"] for r in kept if r.get("ladder_step") == 1 and "mode" in r} == {"io", "synthetic", "full"}
+
+
+def test_a_write_failure_of_out_is_one_line_naming_it(tiny_cfg):
+    schedule = ladder_schedule.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), None)
+    fake = FakeRunner()
+    with pytest.raises(ladder.UserError, match=r"^--out /dev/full: cannot write the ladder's records \(No space"):
+        ladder_runner.run_ladder(
+            schedule, [], ladder.Path("/dev/full"), 150, "short_opt", runner=fake, clock=fake.clock
+        )
+
+
+def _never(*_):
+    raise AssertionError("probed or measured before its arguments were checked")
+
+
+def _tiny_args(cfg):
+    return ["--frameworks", "jax", "--config", "cpu_tiny", "--set", f"train_path={cfg.train_path}"]
+
+
+def test_out_and_resume_are_checked_before_anything_runs(tiny_cfg, tmp_path, monkeypatch):
+    """--out a folder; --resume of a binary file, of another config's ladder, of a ladder with another
+    value of a config key: one error each, before the probes."""
+    monkeypatch.setattr(ladder, "probe", _never)
+    args = _tiny_args(tiny_cfg)
+    with pytest.raises(ladder.UserError, match="is a folder, expected a file path"):
+        ladder.main([*args, "--out", str(tmp_path)])
+    binary = tmp_path / "weights.npz"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ladder.UserError, match=f"^--resume {binary}: expected a JSON lines file written by the ladder"):
+        ladder.main([*args, "--resume", str(binary), "--out", str(tmp_path / "a.jsonl")])
+    schedule = ladder_schedule.make_schedule(one_h200_plans(tiny_cfg), ladder.MODES, budget.Windows(3, 1.0), None)
+    fake, other = FakeRunner(), tmp_path / "other.jsonl"
+    ladder_runner.run_ladder(schedule, [], other, 150, "cpu_default", runner=fake, clock=fake.clock)
+    with pytest.raises(ladder.UserError, match="a ladder of config 'cpu_default', this one is 'cpu_tiny'"):
+        ladder.main([*args, "--resume", str(other), "--out", str(tmp_path / "b.jsonl")])
+    same, records = tmp_path / "same.jsonl", [json.loads(line) for line in other.read_text().splitlines()]
+    mine = config_mod.load_config("cpu_tiny", overrides={"train_path": tiny_cfg.train_path})
+    values = {**config_mod.config_dict(mine), "Nsamples": 999, "enable_amp": True}  # a rung owns enable_amp
+    records = [{**r, "config": "cpu_tiny"} if "record" in r else {**r, "config_values": values} for r in records]
+    same.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ladder.UserError, match=r"ran 'cpu_tiny' with Nsamples=999, this one has Nsamples="):
+        ladder.main([*args, "--resume", str(same), "--out", str(tmp_path / "c.jsonl")])
+
+
+def test_full_above_synthetic_is_unreliable():
+    """The CPU ladder's TF rung: FULL 40.4 over SYNTHETIC 30.0, IO far above both."""
+    bound, why = ladder_verdicts.verdict(350.0, 30.0, 40.4)
+    assert bound == "unreliable" and why.startswith("FULL 40.4 > 1.1 x SYNTHETIC 30.0")
+    assert ladder_verdicts.verdict(None, 30.0, 40.4)[0] == "unreliable"
+    assert ladder_verdicts.verdict(350.0, 30.0, 32.9)[0] == "compute-bound"  # within the 10% noise band
+
+
+def test_a_ladder_of_another_size_is_drawn_against_its_own_baseline(tiny_cfg, tmp_path):
+    """A CPU ladder (batch 8, 32^3 crops; JAX and TF name the CPU differently): FULL over each
+    framework's baseline, no A100 bars, the device named once, an unreliable rung cross-hatched."""
+    summaries = _summaries(tiny_cfg, tmp_path)
+    for s in summaries:
+        s.update(global_batch=8, crop_size=32, device="1 x cpu" if s["framework"] == "jax" else "1 x CPU")
+    tf_dali = next(s for s in summaries if (s["framework"], s["ladder_rung"]) == ("tf", "dali"))
+    tf_dali["verdict"] = "unreliable"
+    rungs = [(r.name, r.title) for r in ladder_rungs.RUNGS]
+    fig = ladder_figure.ladder_axes(summaries, rungs, ladder_figure.figure_title(summaries, "cpu_default"))
+    (ax,) = fig.axes
+    assert ax.get_title() == (
+        "The tutorial's ladder on 1 x CPU, config cpu_default, batch 8, 32^3 crops: FULL per rung relative to "
+        "each framework's baseline; cross-hatched: unreliable"
+    )
+    bars = {c.get_label(): c for c in ax.containers if type(c).__name__ == "BarContainer"}
+    assert list(bars) == ["jax", "tf", "torch"]  # no tutorial bars
+    assert [p.get_height() for p in bars["jax"]] == pytest.approx([FULL[r] / FULL["baseline"] for r in FULL])
+    assert [p.get_hatch() for p in bars["tf"]] == [None, None, "xx", None, None, None]
+    assert "7.00x?" in [t.get_text() for t in ax.texts]
+    assert ax.get_ylabel() == "FULL / own baseline's (median; whiskers: min-max)"
+    fig.clf()

@@ -32,6 +32,8 @@ class Bench:
         distribute.configure_xla(cfg)
         self.cfg, self.mode = cfg, mode
         shared = step_from or input_from  # one strategy for the step and the input it is fed
+        if not shared and (num_devices or 1) > 1 and not tf.config.list_physical_devices("GPU"):
+            distribute.split_cpu_once(num_devices)  # data parallel over CPU devices, as JAX's XLA_FLAGS give
         self.strategy = shared.strategy if shared else distribute.make_strategy(num_devices)
         self.replicas = distribute.num_replicas(self.strategy)
         self.global_batch, local_batch = batch_sizes(cfg, self.replicas)
@@ -72,6 +74,10 @@ class Bench:
                 continue
             for part in getattr(t, "values", [t]):
                 np.asarray(tf.reshape(part, [-1])[:1])
+
+    def loss(self) -> float:
+        """The last train step's loss (the global batch's mean), waiting for it."""
+        return float(self._out["loss"])
 
     def peak_memory_bytes(self) -> int | None:
         return distribute.peak_memory_bytes()

@@ -184,6 +184,15 @@ def split_cpu(n: int) -> None:
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
 
 
+def split_cpu_once(n: int) -> None:
+    """:func:`split_cpu` where TensorFlow has not yet set up its devices; where it has, its devices
+    stay as they are (a later :func:`make_strategy` then says how many it sees)."""
+    try:
+        split_cpu(n)
+    except RuntimeError:  # "Virtual devices cannot be modified after being initialized"
+        pass
+
+
 # --- compilation: the one place that sets XLA options -------------------------------------------
 
 

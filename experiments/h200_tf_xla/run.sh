@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # TensorFlow's train step on the GPU without TensorFlow: the exported StableHLO of short_opt (bf16 and
-# fp32, batch 64; made on a machine with TF, committed under experiments/h200_tf_xla/exports/) checked against JAX's
+# fp32, batch 64; made on a machine with TF into experiments/h200_tf_xla/exports/, which git ignores) checked against JAX's
 # first step, then timed SYNTHETIC beside the JAX row. JAX only, no DALI, no data. Results under $OUT.
 #   bash experiments/h200_tf_xla/run.sh        (on nvidia-h200, from the checkout's root)
-# The exports, on a machine with TensorFlow (from the checkout's root):
+# The exports first, on a machine with TensorFlow (from the checkout's root), then copy the working tree here:
 #   python experiments/h200_tf_xla/export_hlo.py --config short_opt --enable_amp --global_batch_size 64
 #   python experiments/h200_tf_xla/export_hlo.py --config short_opt --no-enable_amp --global_batch_size 64
 set -uo pipefail

@@ -2,8 +2,8 @@
 manifest, written by ``export_hlo.py`` (TF, any machine) and run by ``tf_xla.py``
 (JAX only, e.g. the GPU machine). This module is the contract both sides read; NumPy only.
 
-An export folder (default ``exports/<config>_<precision>_b<global batch>`` in this study's folder, so
-it travels with the checkout) holds:
+An export folder (default ``exports/<config>_<precision>_b<global batch>`` in this study's folder;
+generated, ignored by git, copied with the working tree to the machine that runs it) holds:
 
 * ``train_step.mlir``, ``eval_step.mlir``: the StableHLO module TF gives for its step function
   (``tf.function(jit_compile=True).experimental_get_compiler_ir(batch)(stage="stablehlo")``). ``@main``
@@ -192,7 +192,7 @@ def read_manifest(folder: str | Path, cfg: Config | None = None) -> dict:
         what = "no export folder" if not folder.exists() else f"no {MANIFEST} in"
         raise ExportError(
             f"{what} {folder}: export TF's steps first, on a machine with TensorFlow: {remake} "
-            f"(the folder then travels with the checkout)"
+            f"(git ignores the folder: copy it with the working tree to the machine that runs it)"
         )
     try:
         manifest = json.loads(path.read_text())
