@@ -21,11 +21,56 @@ in K, densities in units of the cosmic mean (rho / rho_mean = 1 + delta).
    in voids, where particles are more than a cell apart (a plaid pattern and empty cells);
    ``experiments/generator_lattice`` measures the schemes. Cells no particle reaches take the linear
    velocity.
-5. **Gas**: the baryons follow the dark matter smoothed on the Jeans (filtering) scale,
-   delta_gas(k) = delta_dm(k) / (1 + k^2 / k_J^2) (Hui & Gnedin 1997, MNRAS 292, 27; Gnedin & Hui
-   1998), applied to the density and to the velocity field.
-6. **Temperature**: the IGM temperature-density relation T = T0 (1 + delta_gas)^(gamma - 1)
-   (Hui & Gnedin 1997), T0 = 10^4 K and gamma = 1.6 by default.
+5. **Gas**, two models (``gas`` of :func:`simulate`):
+
+   ``filtered`` (the linear gas): the baryons follow the dark matter smoothed on the Jeans (filtering)
+   scale, delta_gas(k) = delta_dm(k) / (1 + k^2 / k_J^2) (Hui & Gnedin 1997, MNRAS 292, 27; Gnedin &
+   Hui 1998, MNRAS 296, 44), applied to the density and to the velocity field, and the IGM
+   temperature-density relation T = T0 (1 + delta_gas)^(gamma - 1) (Hui & Gnedin 1997), T0 = 10^4 K
+   and gamma = 1.6 by default. Every gas mode is a dark-matter mode times a function of |k|.
+
+   ``nonlinear`` (the default): the same ingredients made local and non-linear.
+
+   a. *Where streams cross*: the Zel'dovich deformation tensor d_ij = -dPsi_i/dq_j of each fluid
+      element (Lagrangian cell) has eigenvalues lambda_1 >= lambda_2 >= lambda_3; the element's
+      density is 1 / prod(1 - lambda_i) and it has collapsed along its first axis (shell crossing,
+      the "pancake") where lambda_1 >= 1 (Zel'dovich 1970, A&A 5, 84; Shandarin & Zel'dovich 1989,
+      Rev. Mod. Phys. 61, 185). The gas responds to the dark matter smoothed on its own filtering
+      scale (Gnedin & Hui 1998), so its tensor is that of the linear displacement times
+      1 / (1 + k^2 / k_J^2), without the dark matter's truncation at k_nl. Eigenvalues of the
+      symmetric 3x3 tensors in closed form (Smith 1961, Comm. ACM 4, 168).
+   b. *Shock heating*: past shell crossing the gas cannot stream through; it meets the gas of the
+      other side in a strong shock. In a plane collapse Psi = -A sin(kq)/k the caustic sits where
+      lambda = A cos(kq) = 1 and the gas falls onto it at u = a H f sqrt(A^2 - 1) / k; the local
+      estimate takes A = lambda_1 and for k the displacement field's characteristic wavenumber
+      k_* = sqrt(<|div Psi|^2> / <|Psi|^2>) (the first spectral moment, as R_* of BBKS 1986).
+      A strong shock in a gamma = 5/3 gas brings infall at u to rest with
+      k_B T_s = mu m_p u^2 / 3 (Rankine-Hugoniot: compression 4, shock speed u/3, so a pre-shock
+      speed 4u/3 in the shock frame and k_B T_s = 3/16 mu m_p (4u/3)^2; Zel'dovich & Raizer 1967,
+      ch. I sec. 17), mu = 0.59 for ionised primordial gas.
+   c. *Two-phase temperature*: every element carries the photo-heated relation
+      T_ph = T0 (1 + delta_gas)^(gamma - 1) 10^(beta (s^2 - <s^2>)), whose scatter at fixed density
+      follows the element's deformation history: elements of the same density reached it along
+      different eigenvalues and so with different compression histories (Hui & Gnedin 1997, sec. 3,
+      who integrate the thermal history along Zel'dovich trajectories). Here the history enters
+      through the shear invariant s^2 = sum_i (lambda_i - mean lambda)^2, which for a Gaussian field
+      is independent of the trace (the linear density) and second order in the amplitude; its
+      distribution is chi-square-like, so the scatter of log T is skewed to the hot side.
+      The shocked phase adds its heat: T = T_ph + <T_s>, <T_s> the mass-weighted shock temperature
+      of the elements the dark matter's deposit brings into a cell (energies add), so T at fixed
+      density is bimodal where shocks are (the photo-ionised and shock-heated phases of the IGM:
+      Cen & Ostriker 1999, ApJ 514, 1; Valageas, Schaeffer & Silk 2002, A&A 388, 741).
+   d. *Pressure smoothing that follows the temperature*: the Jeans (filtering) wavenumber scales as
+      k_J(T) = k_J (T / T0)^(-1/2) (the Jeans length is proportional to the sound speed; Gnedin &
+      Hui 1998). The dark-matter density and velocity are smoothed with 1 / (1 + k^2 / k_J(T)^2) at
+      the local temperature (that of the ``filtered`` density with the offset and the shock heat),
+      interpolated linearly in log T between filters at half-dex steps
+      (:func:`adaptive_jeans_filter`): hot gas is smoother than cold gas, so density, temperature
+      and velocity depart from any one filter of the dark matter.
+
+   The elements' quantities (a-c) are computed on the Lagrangian lattice and carried to the grid by
+   the dark matter's own TSC deposit (mass-weighted). At vanishing amplitude lambda -> 0, no element
+   shocks, s^2 -> 0 at second order and k_J(T) -> k_J, so ``nonlinear`` returns ``filtered``.
 """
 
 from __future__ import annotations
@@ -238,6 +283,102 @@ def jeans_filter(field: np.ndarray, box: float, k_jeans: float) -> np.ndarray:
     return irfft3(np.fft.rfftn(field) / (1 + k2 / k_jeans**2), size)
 
 
+#: The gas models of :func:`simulate` (module docstring, step 5); the first is the default.
+GAS_MODELS = ("nonlinear", "filtered")
+#: Mean molecular weight of ionised primordial gas (hydrogen mass fraction 0.76, helium doubly ionised).
+MU = 0.59
+PROTON_MASS_KG = 1.67262192e-27
+BOLTZMANN_J_K = 1.380649e-23
+#: beta of the photo-heated phase's scatter: dex of log10 T per unit of the shear invariant s^2.
+SHEAR_SCATTER_DEX = 0.15
+#: log10(T / T0) of the Jeans filters that :func:`adaptive_jeans_filter` interpolates between.
+FILTER_LOG_T = np.linspace(-1.0, 2.0, 7)
+
+
+def symmetric_eigenvalues(t: np.ndarray) -> np.ndarray:
+    """Eigenvalues, largest first, of real symmetric 3x3 matrices given by their components
+    ``t`` = (xx, yy, zz, xy, xz, yz), each an array of any shape; returns (3, *shape) float64.
+
+    Closed form of Smith (1961, Comm. ACM 4, 168): with q = tr/3 and p^2 = tr((A - q I)^2) / 6, the
+    eigenvalues are q + 2 p cos(phi + 2 pi j / 3), 3 phi = arccos(det((A - q I) / p) / 2).
+    """
+    xx, yy, zz, xy, xz, yz = (np.asarray(c, np.float64) for c in t)
+    q = (xx + yy + zz) / 3
+    dx, dy, dz = xx - q, yy - q, zz - q
+    p = np.sqrt((dx**2 + dy**2 + dz**2 + 2 * (xy**2 + xz**2 + yz**2)) / 6)
+    ps = np.where(p > 0, p, 1.0)
+    det = dx * (dy * dz - yz**2) - xy * (xy * dz - yz * xz) + xz * (xy * yz - dy * xz)
+    phi = np.arccos(np.clip(det / (2 * ps**3), -1.0, 1.0)) / 3
+    first = q + 2 * p * np.cos(phi)
+    third = q + 2 * p * np.cos(phi + 2 * np.pi / 3)
+    return np.stack([first, 3 * q - first - third, third])
+
+
+def deformation_eigenvalues(psi_k: np.ndarray, size: int, box: float) -> np.ndarray:
+    """Eigenvalues lambda_1 >= lambda_2 >= lambda_3 of the Zel'dovich deformation tensor
+    d_ij = -dPsi_i/dq_j (module docstring, 5a) on the Lagrangian grid: (3, L, L, L) float64 of the
+    displacement modes ``psi_k`` (3, rfftn layout; Mpc/h) of a ``size``^3 grid over ``box`` Mpc/h.
+    lambda_1 >= 1 marks shell crossing along the first axis."""
+    kvec = wavenumbers(size, box)
+    pairs = ((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))
+    tensor = [irfft3(-1j * kvec[j] * psi_k[i], size) for i, j in pairs]
+    return symmetric_eigenvalues(tensor)
+
+
+def characteristic_wavenumber(psi_k: np.ndarray, size: int, box: float) -> float:
+    """k_* = sqrt(<|div Psi|^2> / <|Psi|^2>) in h/Mpc of the displacement modes ``psi_k`` (3, rfftn
+    layout) of a ``size``^3 grid over ``box`` Mpc/h: the wavenumber of a plane wave, and for a field
+    the first spectral moment of its divergence (the 1/R_* of BBKS 1986, sec. 4)."""
+    kx, ky, kz = wavenumbers(size, box)
+    weight = np.full(kz.shape, 2.0)  # modes with 0 < kz < Nyquist stand for their conjugates too
+    weight[..., 0] = 1.0
+    if size % 2 == 0:
+        weight[..., -1] = 1.0
+    div = np.abs(kx * psi_k[0] + ky * psi_k[1] + kz * psi_k[2]) ** 2
+    norm = (np.abs(psi_k) ** 2).sum(0)
+    return float(np.sqrt((weight * div).sum() / (weight * norm).sum()))
+
+
+def shock_temperature(lambda_1: np.ndarray, vel_factor: float, k_star: float) -> np.ndarray:
+    """Post-shock temperature (K) of fluid elements with first deformation eigenvalue ``lambda_1``:
+    0 before shell crossing (lambda_1 < 1), else k_B T_s = mu m_p u^2 / 3 for the infall speed
+    u = ``vel_factor`` sqrt(lambda_1^2 - 1) / ``k_star`` (km/s; ``vel_factor`` = a H f in km/s per
+    Mpc/h, ``k_star`` in h/Mpc), the strong-shock (Rankine-Hugoniot) temperature of gas brought to
+    rest (module docstring, 5b)."""
+    u = vel_factor * np.sqrt(np.maximum(np.asarray(lambda_1, np.float64) ** 2 - 1.0, 0.0)) / k_star
+    return MU * PROTON_MASS_KG * (1e3 * u) ** 2 / (3 * BOLTZMANN_J_K)
+
+
+def shear_invariant(eigenvalues: np.ndarray) -> np.ndarray:
+    """s^2 = sum_i (lambda_i - mean lambda)^2 of eigenvalues (3, ...): the squared traceless part."""
+    return ((eigenvalues - eigenvalues.mean(0)) ** 2).sum(0)
+
+
+def adaptive_jeans_filter(
+    fields: list[np.ndarray], box: float, k_jeans: float, log_t: np.ndarray
+) -> list[np.ndarray]:
+    """Smooth each real periodic field (L, L, L) by 1 / (1 + k^2 / k_J(T)^2) with the local
+    k_J(T) = ``k_jeans`` 10^(-log_t / 2), ``log_t`` = log10(T / T0) per voxel (module docstring, 5d):
+    the fields filtered at the wavenumbers of :data:`FILTER_LOG_T`, mixed per voxel with weights
+    linear in log T (hat functions, summing to 1; ``log_t`` clipped to the range). Where ``log_t`` is
+    0 the result is :func:`jeans_filter`'s. Returns float64 arrays in the order of ``fields``."""
+    size = fields[0].shape[0]
+    kx, ky, kz = wavenumbers(size, box)
+    k2 = kx**2 + ky**2 + kz**2
+    spectra = [np.fft.rfftn(f) for f in fields]
+    u = np.clip(log_t, FILTER_LOG_T[0], FILTER_LOG_T[-1])
+    step = FILTER_LOG_T[1] - FILTER_LOG_T[0]
+    out = [np.zeros(f.shape) for f in fields]
+    for level in FILTER_LOG_T:
+        w = np.maximum(0.0, 1.0 - np.abs(u - level) / step)
+        if not w.any():
+            continue
+        window = 1.0 / (1 + k2 / (k_jeans * 10 ** (-level / 2)) ** 2)
+        for total, fk in zip(out, spectra):
+            total += w * irfft3(fk * window, size)
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Fields:
     """Generator output before value transforms; arrays (L, L, L) float64, axes (x, y, z)."""
@@ -256,14 +397,15 @@ _SUBLATTICE: tuple | None = None
 
 
 def _deposit_sublattice(o: tuple[float, float, float]) -> list[np.ndarray]:
-    """TSC deposit of mass and momentum of the particles at sub-lattice offset ``o`` (cells): their
-    displacement is the Fourier-shifted Zel'dovich field. Returns 4 (L, L, L) float64 grids."""
-    psi_k, (kx, ky, kz), cell, grid, mass_each, vel_factor = _SUBLATTICE
+    """TSC deposit of mass, momentum and the carried per-element values of the particles at
+    sub-lattice offset ``o`` (cells): their displacement is the Fourier-shifted Zel'dovich field; each
+    carries the values of its Lagrangian cell. Returns 4 + len(carried) (L, L, L) float64 grids."""
+    psi_k, (kx, ky, kz), cell, grid, mass_each, vel_factor, carried = _SUBLATTICE
     size = kx.shape[0]
     shift = np.exp(1j * (kx * o[0] + ky * o[1] + kz * o[2]) * cell)
     psi = np.stack([irfft3(p * shift, size) for p in psi_k]).reshape(3, -1)
     pos = (grid + np.array(o)[:, None] + psi / cell) % size
-    return tsc_deposit(pos, size, [mass_each, *(mass_each * psi * vel_factor)])
+    return tsc_deposit(pos, size, [mass_each, *(mass_each * psi * vel_factor), *(mass_each * c for c in carried)])
 
 
 def _sum_in_order(parts, totals: tuple) -> None:
@@ -284,11 +426,19 @@ def simulate(
     gamma: float,
     on_stage: Callable[[str], None] = lambda stage: None,
     workers: int = 1,
+    gas: str = GAS_MODELS[0],
 ) -> Fields:
-    """Run the generator physics (module docstring, steps 1-6) on a ``size``^3 grid; deterministic by seed.
+    """Run the generator physics (module docstring, steps 1-5) on a ``size``^3 grid; deterministic by seed.
+    ``gas`` is one of :data:`GAS_MODELS`; the dark matter does not depend on it.
     ``on_stage(name)`` is called as each step starts (a 256^3 grid takes minutes). ``workers`` > 1
     deposits the particle sub-lattices in that many forked processes (each holds about
-    12 x size^3 float64); the parts are summed in a fixed order, so the result does not depend on it."""
+    12 x size^3 float64); the parts are summed in a fixed order, so the result does not depend on it.
+
+    Raises:
+        ValueError: ``gas`` is not one of :data:`GAS_MODELS`.
+    """
+    if gas not in GAS_MODELS:
+        raise ValueError(f"gas {gas!r}: expected one of {GAS_MODELS}")
     on_stage("Gaussian random field")
     rng = np.random.default_rng(seed)
     delta_k = gaussian_field_k(size, box, cosmo.linear_power, rng)
@@ -306,6 +456,18 @@ def simulate(
     if size % 2 == 0:  # a sub-cell shift of a Nyquist-plane mode is not a real field: those modes go
         psi_k[:, size // 2] = psi_k[:, :, size // 2] = psi_k[..., -1] = 0.0
     vel_factor = cosmo.hubble(z) / (1 + z) * cosmo.growth_rate(z)  # a H f, km/s per Mpc/h
+    carried = []  # per fluid element: shock temperature (K), log10 T offset of the photo-heated phase
+    if gas == "nonlinear":
+        on_stage("deformation tensor: shell crossing, shock temperature, shear")
+        # the gas responds to the dark matter smoothed on its filtering scale (Gnedin & Hui 1998), not
+        # to the truncation that keeps the dark matter's streams from crossing too far
+        psi_gas = np.stack([1j * kc / k2 * delta_k * growth / (1 + k2 / k_jeans**2) for kc in (kx, ky, kz)])
+        eigen = deformation_eigenvalues(psi_gas, size, box).reshape(3, -1)
+        t_shock = shock_temperature(eigen[0], vel_factor, characteristic_wavenumber(psi_gas, size, box))
+        del psi_gas
+        s2 = shear_invariant(eigen)
+        carried = [t_shock, SHEAR_SCATTER_DEX * (s2 - s2.mean())]
+        del eigen, s2
 
     on_stage(f"dark matter on the grid ({PARTICLES_PER_SIDE}^3 particles per cell, TSC)")
     cell = box / size
@@ -313,25 +475,58 @@ def simulate(
     offsets = (np.arange(PARTICLES_PER_SIDE) + 0.5) / PARTICLES_PER_SIDE - 0.5  # cells, symmetric about 0
     mass_each = np.full(size**3, 1.0 / PARTICLES_PER_SIDE**3)
     global _SUBLATTICE
-    _SUBLATTICE = (psi_k, (kx, ky, kz), cell, grid, mass_each, vel_factor)
-    mass, px, py, pz = (np.zeros((size,) * 3) for _ in range(4))
+    _SUBLATTICE = (psi_k, (kx, ky, kz), cell, grid, mass_each, vel_factor, carried)
+    totals = tuple(np.zeros((size,) * 3) for _ in range(4 + len(carried)))
+    mass, px, py, pz = totals[:4]
     subs = list(itertools.product(offsets, repeat=3))
     try:
         if workers > 1:  # fork: the children read the module's _SUBLATTICE without a copy
             ctx = multiprocessing.get_context("fork")
             with concurrent.futures.ProcessPoolExecutor(min(workers, len(subs)), mp_context=ctx) as pool:
                 results = pool.map(_deposit_sublattice, subs)
-                _sum_in_order(results, (mass, px, py, pz))
+                _sum_in_order(results, totals)
         else:
-            _sum_in_order(map(_deposit_sublattice, subs), (mass, px, py, pz))
+            _sum_in_order(map(_deposit_sublattice, subs), totals)
     finally:
         _SUBLATTICE = None
     filled = mass > 1e-6
     v_lagr = np.stack([irfft3(p, size) for p in psi_k]) * vel_factor
     v_dm = np.where(filled, np.stack([px, py, pz]) / np.where(filled, mass, 1.0), v_lagr)
 
-    on_stage("gas: Jeans smoothing, temperature-density relation")
-    rho_gas = np.maximum(jeans_filter(mass, box, k_jeans), 0.0)
-    v_gas = np.stack([jeans_filter(v, box, k_jeans) for v in v_dm])
-    temperature = t0 * np.maximum(rho_gas, 1e-12) ** (gamma - 1)
+    if gas == "filtered":
+        on_stage("gas: Jeans smoothing, temperature-density relation")
+        rho_gas = np.maximum(jeans_filter(mass, box, k_jeans), 0.0)
+        v_gas = np.stack([jeans_filter(v, box, k_jeans) for v in v_dm])
+        temperature = t0 * np.maximum(rho_gas, 1e-12) ** (gamma - 1)
+    else:
+        on_stage("gas: shock heating, two-phase temperature, temperature-dependent Jeans smoothing")
+        per_mass = [np.where(filled, c / np.where(filled, mass, 1.0), 0.0) for c in totals[4:]]
+        rho_gas, temperature, v_gas = nonlinear_gas(mass, v_dm, *per_mass, box, k_jeans, t0, gamma)
     return Fields(delta_linear, mass, v_dm, rho_gas, temperature, v_gas, k_nl)
+
+
+def nonlinear_gas(
+    rho_dm: np.ndarray,
+    v_dm: np.ndarray,
+    t_shock: np.ndarray,
+    log_t_offset: np.ndarray,
+    box: float,
+    k_jeans: float,
+    t0: float,
+    gamma: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``nonlinear`` gas (module docstring, 5c-d) of the dark matter on the grid: ``rho_dm``
+    (L, L, L, mean density units), ``v_dm`` (3, L, L, L) km/s, and the mass-weighted element values
+    ``t_shock`` (K) and ``log_t_offset`` (dex of the photo-heated phase), as the deposit puts them.
+    Returns ``(rho_gas, temperature (K), v_gas (3, L, L, L) km/s)``, float64.
+
+    The temperature that sets the smoothing is that of the ``filtered`` gas density with the offset
+    and the shock heat; the smoothed density then gives the photo-heated phase, and the shock heat
+    adds to it where the deposit put it.
+    """
+    rho_filtered = np.maximum(jeans_filter(rho_dm, box, k_jeans), 1e-12)
+    first = t0 * rho_filtered ** (gamma - 1) * 10**log_t_offset + t_shock
+    smooth = adaptive_jeans_filter([rho_dm, *v_dm], box, k_jeans, np.log10(first / t0))
+    rho_gas = np.maximum(smooth[0], 0.0)
+    temperature = t0 * np.maximum(rho_gas, 1e-12) ** (gamma - 1) * 10**log_t_offset + t_shock
+    return rho_gas, temperature, np.stack(smooth[1:])

@@ -2,7 +2,10 @@
 
 Runs the physics of :mod:`shared_data.data.cosmology` and writes the tutorial's HDF5 layout
 (``Nbody`` (4, L, L, L), ``Hydro`` (5, L, L, L), float32, channel-first, chunked so that a 64^3 crop
-touches few chunks) with attributes for channel names, transforms, units, box, cosmology and seed.
+touches few chunks) with attributes for channel names, transforms, units, box, cosmology, seed, the
+gas model (``gas``: ``nonlinear``, the default, with shocks, a two-phase temperature and
+temperature-dependent smoothing; ``filtered``, the linear gas, whose files are those of generator v2
+bit for bit) and the generator version.
 
 Value transforms (each keeps the targets inside tanh's (-1, 1)):
 
@@ -34,7 +37,7 @@ DENSITY_SCALE = 14.0
 RHO_FLOOR = 1e-3
 TEMPERATURE_SCALE = 8.0
 VELOCITY_SCALE = 2000.0  # km/s
-GENERATOR_VERSION = 2  # changes whenever the same arguments give other values (the "generator" attribute)
+GENERATOR_VERSION = 3  # changes whenever the same arguments give other values (the "generator" attribute)
 
 NBODY_CHANNELS = ("dm_density", "dm_vx", "dm_vy", "dm_vz")
 HYDRO_CHANNELS = ("gas_density", "gas_temperature", "gas_vx", "gas_vy", "gas_vz")
@@ -89,6 +92,23 @@ def attributes(args: argparse.Namespace, cosmo: cosmology.Cosmology, k_nl: float
         "igm_T0_K": args.t0,
         "igm_gamma": args.gamma,
         "generator": f"shared_data.data.generate v{GENERATOR_VERSION}",
+        "gas": args.gas,
+        "gas_model": json.dumps(gas_model(args.gas)),
+    }
+
+
+def gas_model(gas: str) -> dict:
+    """The gas model's description and constants (the ``gas_model`` attribute)."""
+    if gas == "filtered":
+        return {"name": gas, "what": "Jeans-filtered dark matter, T = T0 (rho_gas/<rho>)^(gamma-1)"}
+    return {
+        "name": gas,
+        "what": "shock heating past shell crossing (Zel'dovich deformation, Rankine-Hugoniot), two-phase "
+        "temperature (photo-heated relation with shear scatter + shock heat), Jeans smoothing at "
+        "k_J (T/T0)^(-1/2)",
+        "mu": cosmology.MU,
+        "shear_scatter_dex": cosmology.SHEAR_SCATTER_DEX,
+        "filter_log10_T_over_T0": cosmology.FILTER_LOG_T.tolist(),
     }
 
 
@@ -149,7 +169,17 @@ def generate(args: argparse.Namespace) -> Path:
     t_start = time.perf_counter()
     say = lambda stage: print(f"[generate] {out.name}, {args.size}^3: {stage}", file=sys.stderr, flush=True)
     fields = cosmology.simulate(
-        args.size, args.box, args.redshift, args.seed, cosmo, args.k_jeans, args.t0, args.gamma, on_stage=say, workers=deposit_workers(args)
+        args.size,
+        args.box,
+        args.redshift,
+        args.seed,
+        cosmo,
+        args.k_jeans,
+        args.t0,
+        args.gamma,
+        on_stage=say,
+        workers=deposit_workers(args),
+        gas=args.gas,
     )
     nbody, hydro = transform_fields(fields, args.t0)
     worst = float(np.abs(hydro).max())
@@ -162,25 +192,30 @@ def generate(args: argparse.Namespace) -> Path:
     seconds = time.perf_counter() - t_start
     print(
         f"wrote {out}: Nbody {nbody.shape} Hydro {hydro.shape} float32, box {args.box} Mpc/h, "
-        f"z={args.redshift}, seed {args.seed}, k_nl={fields.k_nl:.3g} h/Mpc, {seconds:.1f} s"
+        f"z={args.redshift}, seed {args.seed}, {args.gas} gas, k_nl={fields.k_nl:.3g} h/Mpc, {seconds:.1f} s"
     )
     return out
 
 
-def stale_note(path: Path) -> str:
-    """``""`` if ``path`` was written by this generator version, else a note that names its version and
-    how to regenerate it (files of other writers, without a ``generator`` attribute, get ``""``)."""
+def stale_note(path: Path, gas: str = cosmology.GAS_MODELS[0]) -> str:
+    """``""`` if ``path`` was written by this generator version with the ``gas`` model, else a note that
+    names its version or gas and how to regenerate it (files of other writers, without a ``generator``
+    attribute, get ``""``; files of v2 hold the ``filtered`` gas)."""
     import h5py
 
     try:
         with h5py.File(path, "r") as f:
-            written_by = f.attrs.get("generator")
+            written_by, written_gas = f.attrs.get("generator"), f.attrs.get("gas", "filtered")
     except OSError:
         return ""
     current = f"shared_data.data.generate v{GENERATOR_VERSION}"
-    if written_by is None or str(written_by) == current:
+    if written_by is None:
         return ""
-    return f" (written by {written_by}, this is v{GENERATOR_VERSION}: delete it to regenerate)"
+    if str(written_by) != current:
+        return f" (written by {written_by}, this is v{GENERATOR_VERSION}: delete it to regenerate)"
+    if str(written_gas) != gas:
+        return f" (it holds the {written_gas} gas, not --gas {gas}: delete it to regenerate)"
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,7 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redshift", type=float, default=2.0, help="output redshift z")
     p.add_argument("--seed", type=int, default=1, help="random seed of the initial field")
     p.add_argument("--sigma8", type=float, default=0.81, help="normalisation of the linear power spectrum")
-    p.add_argument("--k_jeans", type=float, default=6.0, help="gas filtering wavenumber k_J in h/Mpc")
+    p.add_argument(
+        "--gas",
+        choices=cosmology.GAS_MODELS,
+        default=cosmology.GAS_MODELS[0],
+        help="gas model: nonlinear (shocks, two-phase temperature, temperature-dependent smoothing) or filtered "
+        "(the linear gas: Jeans-filtered dark matter and T = T0 (1+delta)^(gamma-1), the files of generator v2)",
+    )
+    p.add_argument("--k_jeans", type=float, default=6.0, help="gas filtering wavenumber k_J in h/Mpc (at T0)")
     p.add_argument("--t0", type=float, default=1e4, help="IGM temperature at mean density T0 in K")
     p.add_argument("--gamma", type=float, default=1.6, help="slope of T = T0 (1+delta)^(gamma-1)")
     p.add_argument("--chunk", type=int, default=32, help="HDF5 chunk side (0: contiguous)")
@@ -217,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.box = 0.25 * args.size
     out = Path(args.out)
     if args.if_missing and out.exists():
-        print(f"{out} exists; not regenerated{stale_note(out)}")
+        print(f"{out} exists; not regenerated{stale_note(out, args.gas)}")
     else:
         generate(args)
     if args.npy:
