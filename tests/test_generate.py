@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -66,22 +68,161 @@ def test_sigma8_and_growth():
     assert cosmo.growth_rate(50.0) == pytest.approx(1.0, abs=1e-3)
 
 
-def test_fields_obey_physics(data_dir):
+def test_fields_obey_physics(data_dir, tmp_path):
+    """The session's file holds the default (nonlinear) gas: shapes, tanh range, mass conservation, a
+    gas smoother than the dark matter, velocities that follow it, and a temperature that departs from
+    the relation T = T0 (1 + delta)^(gamma - 1) (shock-heated cells above it); the ``filtered`` gas of
+    the same seed obeys that relation exactly and has the same dark matter."""
     with h5py.File(data_dir / "train_32.h5") as f:
         nbody, hydro, attrs = f["Nbody"][...], f["Hydro"][...], dict(f.attrs)
+    assert (
+        attrs["gas"] == "nonlinear" and attrs["generator"] == f"shared_data.data.generate v{generate.GENERATOR_VERSION}"
+    )
     assert nbody.shape == (4, 32, 32, 32) and hydro.shape == (5, 32, 32, 32) and hydro.dtype == np.float32
     assert np.abs(hydro).max() < 1
-    # mass conservation: CIC deposit keeps the mean density at 1
+    # mass conservation: the deposit keeps the mean density at 1
     rho_dm = np.exp(14 * nbody[0].astype(np.float64))
     assert rho_dm[rho_dm > 1.5e-3].sum() / rho_dm.size == pytest.approx(1.0, abs=0.02)
-    # T = T0 (1 + delta)^(gamma - 1): ln(T/T0) / 8 = (gamma - 1) ln(rho) where rho above the floor
     gamma = attrs["igm_gamma"]
-    rho_gas_log = 14 * hydro[0].astype(np.float64)
-    ok = rho_gas_log > np.log(1e-3) + 1e-3
-    np.testing.assert_allclose(8 * hydro[1][ok], (gamma - 1) * rho_gas_log[ok], atol=1e-5)
-    # gas is smoother than dark matter; velocities stay close
+    excess = 8 * hydro[1].astype(np.float64) - (gamma - 1) * 14 * hydro[0].astype(np.float64)  # ln(T / relation)
+    assert np.log(5.0) < excess.max() and (excess > np.log(2.0)).mean() > 0.01  # shock-heated: > 5x, > 2x
     assert hydro[0].std() < nbody[0].std()
     assert np.corrcoef(hydro[2].ravel(), nbody[1].ravel())[0, 1] > 0.9
+    filtered = tmp_path / "filtered.h5"
+    generate.main(["--out", str(filtered), "--size", "32", "--seed", "1", "--chunk", "16", "--gas", "filtered"])
+    with h5py.File(filtered) as f:
+        np.testing.assert_array_equal(f["Nbody"][...], nbody)
+        hydro_f, gas = f["Hydro"][...].astype(np.float64), f.attrs["gas"]
+    assert gas == "filtered"
+    rho_gas_log = 14 * hydro_f[0]
+    ok = rho_gas_log > np.log(1e-3) + 1e-3
+    np.testing.assert_allclose(8 * hydro_f[1][ok], (gamma - 1) * rho_gas_log[ok], atol=1e-5)
+
+
+#: SHA-256 of the Nbody and Hydro bytes written by generator v2 (commit 37d57ef, before the nonlinear gas)
+#: for the arguments beside them: ``--gas filtered`` must reproduce them bit for bit.
+V2_FILES = (
+    (
+        ["--size", "16", "--seed", "3", "--chunk", "16"],
+        "853e8e415f62ffc52240cb819ccde525fe898d805816de634781c685c4864050",
+        "70c4c0ded9927732becac4e70ca921bbb1eb835bf8e09da1f58722a9d4ae9a3b",
+    ),
+    (
+        ["--size", "20", "--seed", "7", "--box", "6", "--redshift", "3", "--chunk", "0"],
+        "32232518b9e14556caacc99cab64c5bbfcde7f916c2adffd88638a77a71bf127",
+        "e6bb3bf2b469bcb5908c69f3e927fe1520e78757dac1ab8685cd03ee051260b1",
+    ),
+)
+
+
+@pytest.mark.parametrize("argv, nbody_sha, hydro_sha", V2_FILES)
+def test_filtered_gas_is_generator_v2_bit_for_bit(tmp_path, argv, nbody_sha, hydro_sha):
+    import hashlib
+
+    out = tmp_path / "v2.h5"
+    generate.main(["--out", str(out), *argv, "--gas", "filtered"])
+    with h5py.File(out) as f:
+        assert hashlib.sha256(f["Nbody"][...].tobytes()).hexdigest() == nbody_sha
+        assert hashlib.sha256(f["Hydro"][...].tobytes()).hexdigest() == hydro_sha
+        assert f.attrs["gas"] == "filtered" and json.loads(f.attrs["gas_model"])["name"] == "filtered"
+
+
+def test_symmetric_eigenvalues_match_lapack():
+    """The closed form against numpy's eigvalsh (float64) on random symmetric matrices, and on
+    degenerate ones (a multiple of the identity, two equal eigenvalues), largest first."""
+    rng = np.random.default_rng(4)
+    a = rng.normal(size=(500, 3, 3))
+    a = a + np.swapaxes(a, 1, 2)
+    a[0] = 2.5 * np.eye(3)
+    a[1] = np.diag([1.0, 1.0, -3.0])
+    comps = [a[:, 0, 0], a[:, 1, 1], a[:, 2, 2], a[:, 0, 1], a[:, 0, 2], a[:, 1, 2]]
+    got = cosmology.symmetric_eigenvalues(comps)
+    np.testing.assert_allclose(got.T, np.linalg.eigvalsh(a)[:, ::-1], atol=1e-9)
+
+
+def plane_wave_psi(size: int, box: float, amplitude: float, n: int = 1) -> np.ndarray:
+    """rfftn modes of the plane-wave displacement Psi_x = -A sin(k q_x) / k, k = 2 pi n / box."""
+    q = np.arange(size) * box / size
+    k = 2 * np.pi * n / box
+    psi = np.zeros((3, size, size, size))
+    psi[0] = (-amplitude * np.sin(k * q) / k)[:, None, None]
+    return np.stack([np.fft.rfftn(p) for p in psi])
+
+
+def test_plane_wave_collapse_deformation_and_shock_temperature():
+    """Psi_x = -A sin(kq)/k: deformation eigenvalues (A cos kq, 0, 0) sorted, k_* = k, and the shock
+    temperature mu m_p u^2 / (3 k_B) with u = a H f sqrt(A^2 cos^2 - 1) / k where A cos kq > 1, 0 elsewhere."""
+    size, box, amp = 16, 4.0, 2.0
+    psi_k = plane_wave_psi(size, box, amp)
+    k = 2 * np.pi / box
+    lam = amp * np.cos(k * np.arange(size) * box / size)
+    eig = cosmology.deformation_eigenvalues(psi_k, size, box)
+    want = np.sort(np.stack([lam, 0 * lam, 0 * lam]), axis=0)[::-1]
+    np.testing.assert_allclose(eig[:, :, 3, 5], want, atol=1e-7)  # two equal eigenvalues: sqrt(eps) accuracy
+    assert cosmology.characteristic_wavenumber(psi_k, size, box) == pytest.approx(k, rel=1e-12)
+    vel_factor = 96.0
+    t = cosmology.shock_temperature(eig[0][:, 0, 0], vel_factor, k)
+    u = vel_factor * np.sqrt(np.maximum(lam**2 - 1, 0) * (lam > 0)) / k * 1e3  # m/s
+    np.testing.assert_allclose(t, 0.59 * 1.67262192e-27 * u**2 / (3 * 1.380649e-23), rtol=1e-12)
+    assert t[0] == pytest.approx(0.59 * 1.67262192e-27 * (96e3 * np.sqrt(3) / k) ** 2 / (3 * 1.380649e-23))
+    assert (t[np.abs(lam) < 1] == 0).all() and (t[lam > 1] > 1e4).all()
+
+
+def test_uniform_field_gives_the_photo_heated_gas_at_rest():
+    """No perturbation: density 1, velocity 0, T = T0 everywhere (no shock, no scatter)."""
+    size = 8
+    rho, temp, v = cosmology.nonlinear_gas(
+        np.ones((size,) * 3),
+        np.zeros((3, size, size, size)),
+        np.zeros((size,) * 3),
+        np.zeros((size,) * 3),
+        2.0,
+        6.0,
+        1e4,
+        1.6,
+    )
+    np.testing.assert_allclose(rho, 1.0, atol=1e-12)
+    np.testing.assert_allclose(temp, 1e4, rtol=1e-12)
+    np.testing.assert_allclose(v, 0.0, atol=1e-12)
+
+
+def test_adaptive_filter_is_the_jeans_filter_at_each_level_and_mixes_between():
+    """log T / T0 = 0: the filtered gas's Jeans filter; = 1: the filter at k_J / sqrt(10); halfway
+    between two levels (0.75): the mean of their filters; each voxel its own level (hot half, cold half)."""
+    rng = np.random.default_rng(2)
+    field, box, kj = rng.normal(size=(16, 16, 16)), 4.0, 6.0
+    f0 = cosmology.jeans_filter(field, box, kj)
+    f1 = cosmology.jeans_filter(field, box, kj / np.sqrt(10))
+    f_mid = 0.5 * (cosmology.jeans_filter(field, box, kj / 10**0.25) + f1)  # levels 0.5 and 1 dex
+    for log_t, want in ((0.0, f0), (1.0, f1), (0.75, f_mid)):
+        (got,) = cosmology.adaptive_jeans_filter([field], box, kj, np.full(field.shape, log_t))
+        np.testing.assert_allclose(got, want, atol=1e-12)
+    assert not np.allclose(f_mid, f1, atol=1e-3)
+    mixed = np.where(np.arange(16)[:, None, None] < 8, 1.0, 0.0) * np.ones(field.shape)
+    (got,) = cosmology.adaptive_jeans_filter([field], box, kj, mixed)
+    np.testing.assert_allclose(got[:8], f1[:8], atol=1e-12)
+    np.testing.assert_allclose(got[8:], f0[8:], atol=1e-12)
+
+
+def test_linear_limit_of_the_nonlinear_gas_is_the_filtered_gas():
+    """At sigma_8 = 1e-4 nothing shocks and T -> T0: the nonlinear gas is the filtered one, its
+    overdensity, temperature excess and velocity within 1e-3 of their rms (the departures vanish with
+    the amplitude), while at sigma_8 = 0.81 they differ: by over 10% in density, over 50% in the
+    temperature excess and over 2% in velocity on this 4 Mpc/h box."""
+    args = (16, 4.0, 2.0, 5)
+    devs = {}
+    for sigma8 in (1e-4, 0.81):
+        cosmo = cosmology.Cosmology(sigma8=sigma8)
+        nl = cosmology.simulate(*args, cosmo, 6.0, 1e4, 1.6, gas="nonlinear")
+        lin = cosmology.simulate(*args, cosmo, 6.0, 1e4, 1.6, gas="filtered")
+        pairs = (
+            (nl.rho_gas - 1, lin.rho_gas - 1),
+            (nl.temperature - 1e4, lin.temperature - 1e4),
+            (nl.v_gas, lin.v_gas),
+        )
+        devs[sigma8] = np.array([np.sqrt(np.mean((a - b) ** 2) / np.mean(b**2)) for a, b in pairs])
+    assert (devs[1e-4] < 1e-3).all(), devs
+    assert (devs[0.81] > [0.1, 0.5, 0.02]).all(), devs
 
 
 def test_npy_conversion_is_dhwc_of_the_h5(data_dir):
@@ -234,3 +375,7 @@ def test_if_missing_keeps_a_file_of_another_generator_version_and_says_so(tmp_pa
     capsys.readouterr()
     generate.main(["--out", str(new), "--size", "8", "--if-missing"])
     assert capsys.readouterr().out == f"{new} exists; not regenerated\n"
+    generate.main(["--out", str(new), "--size", "8", "--if-missing", "--gas", "filtered"])
+    assert capsys.readouterr().out == (
+        f"{new} exists; not regenerated (it holds the nonlinear gas, not --gas filtered: delete it to regenerate)\n"
+    )

@@ -300,7 +300,8 @@ def symmetric_eigenvalues(t: np.ndarray) -> np.ndarray:
     ``t`` = (xx, yy, zz, xy, xz, yz), each an array of any shape; returns (3, *shape) float64.
 
     Closed form of Smith (1961, Comm. ACM 4, 168): with q = tr/3 and p^2 = tr((A - q I)^2) / 6, the
-    eigenvalues are q + 2 p cos(phi + 2 pi j / 3), 3 phi = arccos(det((A - q I) / p) / 2).
+    eigenvalues are q + 2 p cos(phi + 2 pi j / 3), 3 phi = arccos(det((A - q I) / p) / 2). Where two
+    eigenvalues coincide the arccos near +-1 limits the accuracy to about sqrt(eps) p.
     """
     xx, yy, zz, xy, xz, yz = (np.asarray(c, np.float64) for c in t)
     q = (xx + yy + zz) / 3
