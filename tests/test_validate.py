@@ -250,3 +250,57 @@ def test_tf_and_jax_predictions_give_the_same_metrics(tiny_cfg, data_dir, tmp_pa
         distance = j["pdf"][name]["l1_distance"]["pred"]
         assert t["pdf"][name]["l1_distance"]["pred"] == pytest.approx(distance, abs=2e-3)
     assert np.std(j["power"]["gas_density"]["r_pred"]) > 0.01  # structured predictions, not constants
+
+
+def test_non_ml_baseline_is_the_filtered_generator_applied_to_the_input(tmp_path):
+    """On a ``--gas filtered`` volume the non-ML baseline, computed by validate from the Nbody input
+    alone, is the file's gas: r = 1, P ratio 1 and L1 at float32 rounding for density, temperature
+    and velocities; on the ``nonlinear`` volume of the same seed it is not (r < 0.99 somewhere),
+    while the dark matter as gas stays the other baseline, and both are logged."""
+    metrics = {}
+    for gas in ("filtered", "nonlinear"):
+        path = tmp_path / f"{gas}.h5"
+        generate.main(["--out", str(path), "--size", "16", "--seed", "2", "--gas", gas])
+        hydro, attrs = validate.read_volume(path, "Hydro")
+        nbody, _ = validate.read_volume(path, "Nbody")
+        units = validate.units_from_files({path: attrs}, 16, {})
+        assert units.k_jeans == 6.0 and units.sources["k_jeans"] == f"{gas}.h5:k_jeans_h_mpc"
+        metrics[gas] = validate.compute_metrics(hydro, hydro, nbody, units)
+    m = metrics["filtered"]
+    for name in ("gas_density", "gas_temperature"):
+        s = m["power"][name]
+        np.testing.assert_allclose(s["r_non_ml"], 1, atol=1e-5)
+        np.testing.assert_allclose(s["ratio_non_ml"], 1, atol=1e-4)
+        assert s["summary"]["non_ml"]["r_mean"] == pytest.approx(1, abs=1e-5)
+    for name in generate.HYDRO_CHANNELS:
+        assert m["l1"][name]["non_ml"] < 2e-6 < m["l1"][name]["baseline"]
+    assert (
+        "Jeans-filtered" in m["l1"]["gas_vx"]["non_ml_is"] and "gamma = 1.6" in m["l1"]["gas_temperature"]["non_ml_is"]
+    )
+    nonlinear = metrics["nonlinear"]["power"]
+    assert min(nonlinear["gas_temperature"]["r_non_ml"]) < 0.99 and min(nonlinear["gas_density"]["r_non_ml"]) < 0.99
+
+
+def test_a_file_without_attributes_is_read_with_the_tutorials_transforms(tmp_path, fields, caplog):
+    """The tutorial's layout (datasets only) in both files: the assumed units, said in one log line,
+    give the metrics of the same volumes with the attributes; a flag still wins."""
+    import logging
+
+    pred_path, truth_path = _pair(tmp_path, fields, truth_attrs={}, pred_attrs={})
+    with caplog.at_level(logging.INFO, logger="dlas.validate"):
+        bare = validate.validate_files(pred_path, truth_path, tmp_path / "bare", plot=False)
+    lines = [r.getMessage() for r in caplog.records if "has no attributes" in r.getMessage()]
+    assert len(lines) == 1 and "rho = exp(14 x)" in lines[0] and "0.25 Mpc/h voxels" in lines[0]
+    assert bare["units_sources"]["density_scale"] == "assumed (the tutorial's layout)"
+    assert bare["voxel_size_mpc_h"] == 0.25
+    attrs = _attrs(box=L * 0.25)
+    attrs.update(k_jeans_h_mpc=6.0)
+    (tmp_path / "with").mkdir()
+    p2, t2 = _pair(tmp_path / "with", fields, truth_attrs=attrs, pred_attrs=attrs)
+    full = validate.validate_files(p2, t2, tmp_path / "full", plot=False)
+    assert bare["l1"] == full["l1"]
+    for name in ("gas_density", "gas_temperature"):
+        for key in ("r_pred", "r_baseline", "r_non_ml", "ratio_pred"):
+            np.testing.assert_allclose(bare["power"][name][key], full["power"][name][key], rtol=1e-12)
+    flagged = validate.validate_files(pred_path, truth_path, tmp_path / "flag", {"voxel_size": 0.5}, plot=False)
+    assert flagged["voxel_size_mpc_h"] == 0.5

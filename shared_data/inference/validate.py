@@ -25,14 +25,22 @@ Metrics (``DIR/validation.json``):
   summaries: the mode-weighted means of r and of the ratio, and the first k where r < 0.9;
 * one-point PDFs of log10(rho / <rho>) and log10(T / K) on common bins, and their L1 distance to
   the truth's PDF (0 equal, 2 disjoint);
-* the same metrics for a trivial baseline: the dark-matter channels used as the gas ones (density
+* the same metrics for two baselines, under the tags ``baseline`` and ``non_ml``:
+  ``baseline``, the dark matter as the gas: the dark-matter channels used as the gas ones (density
   ``dm_density`` as ``gas_density``, velocities ``dm_v*`` as ``gas_v*``), and for temperature the IGM
-  relation T = T0 (1 + delta_dm)^(gamma - 1) (Hui & Gnedin 1997) when ``igm_gamma`` is known
-  (otherwise the JSON says it is absent).
+  relation T = T0 (1 + delta_dm)^(gamma - 1) (Hui & Gnedin 1997) when ``igm_gamma`` is known;
+  ``non_ml``, the approximation a cosmologist uses without a network: the dark matter's density and
+  velocity smoothed by the Jeans filter 1 / (1 + k^2 / k_J^2) and the mean temperature-density
+  relation T = T0 (rho_gas / <rho>)^(gamma - 1) (Hui & Gnedin 1997; the generator's ``--gas filtered``
+  applied to the input), when ``k_jeans_h_mpc`` and ``igm_gamma`` are known. A baseline that cannot
+  be formed is absent from the JSON (its L1 is null).
+* a file without any of the attributes (the tutorial's own files, e.g. its Nyx volumes) is read with
+  the transforms of :data:`TUTORIAL_DEFAULTS`, said in one log line; flags still win.
 
 Figure (``DIR/validation.png``): a slice of every channel, true / predicted / residual, in physical
 units with colour bars; P ratio, r(k), the two PDFs and the per-channel L1; across the bottom, on one
-linear axis against k, the model's P ratio and the r(k) of model and baseline with a shaded 1 +- 2% band;
+linear axis against k, the model's P ratio and the r(k) of the model and both baselines with a
+shaded 1 +- 2% band;
 the framework, weights and precision (the prediction's ``prediction_*`` attributes) in the title. Both
 files are written atomically.
 """
@@ -71,6 +79,7 @@ QUANTITIES = {
     "temperature_T0": ("igm_T0_K", "--T0", "T0 in K of the temperature transform T = T0 exp(s x)"),
     "velocity_scale": ("velocity_scale_km_s", "--velocity_scale", "km/s of the velocity transform v = scale x"),
     "igm_gamma": ("igm_gamma", "--igm_gamma", "gamma of T = T0 (1 + delta)^(gamma - 1), for the temperature baseline"),
+    "k_jeans": ("k_jeans_h_mpc", "--k_jeans", "k_J in h/Mpc of the non-ML baseline's Jeans filter"),
     "hydro_channels": ("Hydro_channels", "--hydro_channels", "the names of the Hydro channels"),
     "nbody_channels": ("Nbody_channels", "--nbody_channels", "the names of the Nbody channels"),
 }
@@ -80,6 +89,26 @@ _TEXT = {
     "temperature_T0": ("temperature", r"T0 = ([-+0-9.eE]+) K"),
     "velocity_scale": ("velocity", r"x = v / ([-+0-9.eE]+) km/s"),
 }
+
+
+#: Quantities a file may lack: the baselines that need them are then left out.
+OPTIONAL = ("igm_gamma", "k_jeans")
+#: What a file without any attribute is assumed to hold (the tutorial's own volumes): the tutorial's
+#: density transform rho = exp(14 x), and the rest as this kit's generator writes them (0.25 Mpc/h
+#: voxels, T = 1e4 K exp(8 x), v = 2000 km/s x, its channel names, gamma = 1.6, k_J = 6 h/Mpc).
+TUTORIAL_DEFAULTS = {
+    "voxel_size": 0.25,
+    "density_scale": 14.0,
+    "temperature_scale": 8.0,
+    "temperature_T0": 1e4,
+    "velocity_scale": 2000.0,
+    "igm_gamma": 1.6,
+    "k_jeans": 6.0,
+    "hydro_channels": ("gas_density", "gas_temperature", "gas_vx", "gas_vy", "gas_vz"),
+    "nbody_channels": ("dm_density", "dm_vx", "dm_vy", "dm_vz"),
+}
+#: The floor of the density transform x = ln(max(rho, floor)) / s, for the non-ML baseline's stored values.
+RHO_FLOOR = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +121,7 @@ class Units:
     temperature_T0: float  # K
     velocity_scale: float  # km/s per stored unit
     igm_gamma: float | None
+    k_jeans: float | None  # h/Mpc
     hydro_channels: tuple[str, ...]
     nbody_channels: tuple[str, ...]
     sources: dict
@@ -138,12 +168,22 @@ def units_from_files(files: dict[Path, dict], side: int, flags: dict) -> Units:
     """The :class:`Units` of volumes of side ``side``, from the attributes of ``files`` (path -> attrs,
     the truth first) or from ``flags`` (quantity -> value or None).
 
+    Files without any of the attributes (the tutorial's own) get :data:`TUTORIAL_DEFAULTS`, said
+    in one log line.
+
     Raises:
-        DatasetError: a required quantity is in no file and no flag gives it; two files disagree; a
-            value is not a positive number; the channel names lack gas density, temperature or
-            dark-matter density.
+        DatasetError: a required quantity is in no file and no flag gives it (where a file has some
+            of the attributes); two files disagree; a value is not a positive number; the channel
+            names lack gas density, temperature or dark-matter density.
     """
     values, sources = {}, {}
+    bare = not any(_attribute(name, attrs, p) is not None for p, attrs in files.items() for name in QUANTITIES)
+    if bare:
+        log.info(
+            "%s has no attributes (the tutorial's layout): assuming rho = exp(14 x), T = 1e4 K exp(8 x), "
+            "v = 2000 km/s x, 0.25 Mpc/h voxels, gamma 1.6, k_J 6 h/Mpc and this kit's channel names (flags override)",
+            next(iter(files)),
+        )
     for name, (key, flag, what) in QUANTITIES.items():
         found = {p: v for p in files if (v := _attribute(name, files[p], p)) is not None}
         distinct = {json.dumps(v[0]) for v in found.values()}
@@ -156,17 +196,19 @@ def units_from_files(files: dict[Path, dict], side: int, flags: dict) -> Units:
                 log.info("%s %s given by flag (the file says %s)", flag, flags[name], next(iter(found.values()))[0])
         elif found:
             value, source = next(iter(found.values()))
-        elif name == "igm_gamma":
+        elif bare:
+            value, source = TUTORIAL_DEFAULTS[name], "assumed (the tutorial's layout)"
+        elif name in OPTIONAL:
             value, source = None, "absent"
         else:
             files_text = " or ".join(str(p) for p in files)
             raise DatasetError(
                 f"{files_text}: no attribute {key!r} ({what}); give it with {flag} (no default is assumed)"
             )
-        if name == "voxel_size" and source != f"flag {flag}":
+        if name == "voxel_size" and found and source != f"flag {flag}":
             value = float(value) / side
         values[name], sources[name] = value, source
-    for name in ("voxel_size", "density_scale", "temperature_scale", "temperature_T0", "velocity_scale", "igm_gamma"):
+    for name in ("voxel_size", "density_scale", "temperature_scale", "temperature_T0", "velocity_scale", *OPTIONAL):
         v = values[name]
         if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise DatasetError(f"{QUANTITIES[name][0]} = {v!r} ({sources[name]}): expected a positive number")
@@ -228,15 +270,17 @@ def k_edges(side: int, voxel_size: float) -> np.ndarray:
     return k_f * np.append(np.arange(0.5, side / 2, 1.0), side / 2 * (1 + 1e-9))
 
 
-def spectra(truth: np.ndarray, pred: np.ndarray, base: np.ndarray | None, box: float, edges: np.ndarray) -> dict:
-    """Power spectra of the overdensities of ``truth``, ``pred`` (and ``base``), their ratio to the
-    truth's and their cross-correlation coefficient r(k) = P_xy / sqrt(P_xx P_yy) with the truth."""
-    dt, dp = overdensity(truth), overdensity(pred)
+def spectra(truth: np.ndarray, fields: dict[str, np.ndarray | None], box: float, edges: np.ndarray) -> dict:
+    """Power spectra of the overdensities of ``truth`` and of each of ``fields`` (tag -> field, None
+    skipped; e.g. ``pred``, ``baseline``, ``non_ml``), their ratio to the truth's (``ratio_<tag>``) and
+    their cross-correlation coefficient r(k) = P_xy / sqrt(P_xx P_yy) with the truth (``r_<tag>``)."""
+    dt = overdensity(truth)
     k, p_true, n = cosmology.measure_power(dt, box, edges)
     out = {"k": k, "n_modes": n, "P_true": p_true}
-    for tag, field in (("pred", dp), ("baseline", None if base is None else overdensity(base))):
+    for tag, field in fields.items():
         if field is None:
             continue
+        field = overdensity(field)
         _, p, _ = cosmology.measure_power(field, box, edges)
         _, p_x, _ = cosmology.measure_cross_power(field, dt, box, edges)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -289,6 +333,33 @@ def baseline_channel(name: str, nbody: np.ndarray, units: Units) -> tuple[np.nda
     return None, None
 
 
+def non_ml_channels(nbody: np.ndarray, units: Units) -> dict[str, tuple[np.ndarray, str]]:
+    """The non-ML baseline (module docstring) in stored units for the Hydro channels it gives
+    (name -> (L, L, L) float64 values, description): the Jeans-filtered dark-matter density and
+    velocities and the mean temperature-density relation of the filtered density; {} without
+    ``k_jeans`` or ``igm_gamma``."""
+    if units.k_jeans is None or units.igm_gamma is None:
+        return {}
+    idx = {n: i for i, n in enumerate(units.nbody_channels)}
+    box = nbody.shape[1] * units.voxel_size
+    rho = cosmology.jeans_filter(
+        np.exp(units.density_scale * nbody[idx[DM_DENSITY]].astype(np.float64)), box, units.k_jeans
+    )
+    rho = np.maximum(rho, 0.0)
+    what = f"Jeans-filtered dark matter, k_J = {units.k_jeans:g} h/Mpc"
+    out = {DENSITY: (np.log(np.maximum(rho, RHO_FLOOR)) / units.density_scale, what)}
+    x_t = (units.igm_gamma - 1) * np.log(np.maximum(rho, 1e-12)) / units.temperature_scale
+    out[TEMPERATURE] = (
+        x_t,
+        f"T0 (rho_filtered/<rho>)^(gamma-1), gamma = {units.igm_gamma:g}, k_J = {units.k_jeans:g} h/Mpc",
+    )
+    for name in units.hydro_channels:
+        twin = "dm_" + name[4:] if name.startswith("gas_") else None
+        if name not in out and twin in idx and "_v" in name:
+            out[name] = (cosmology.jeans_filter(nbody[idx[twin]].astype(np.float64), box, units.k_jeans), what)
+    return out
+
+
 def compute_metrics(pred: np.ndarray, truth: np.ndarray, nbody: np.ndarray, units: Units) -> dict:
     """All metrics of the module docstring for channel-first stored volumes ``pred``, ``truth``
     (N_out, L, L, L) and ``nbody`` (N_in, L, L, L); arrays as NumPy (see :func:`to_json`)."""
@@ -298,13 +369,18 @@ def compute_metrics(pred: np.ndarray, truth: np.ndarray, nbody: np.ndarray, unit
     names = units.hydro_channels
     l1 = {}
     baselines = {}
+    non_ml = non_ml_channels(nbody, units)
+    l1_of = lambda x, c: None if x is None else float(np.mean(np.abs(x.astype(np.float64) - truth[c])))
     for c, name in enumerate(names):
         base, what = baseline_channel(name, nbody, units)
-        baselines[name] = (base, what)
+        filtered, filtered_is = non_ml.get(name, (None, None))
+        baselines[name] = (base, what, filtered, filtered_is)
         l1[name] = {
-            "model": float(np.mean(np.abs(pred[c].astype(np.float64) - truth[c]))),
-            "baseline": None if base is None else float(np.mean(np.abs(base.astype(np.float64) - truth[c]))),
+            "model": l1_of(pred[c], c),
+            "baseline": l1_of(base, c),
             "baseline_is": what,
+            "non_ml": l1_of(filtered, c),
+            "non_ml_is": filtered_is,
         }
     physical_fields = {
         DENSITY: lambda x: np.exp(units.density_scale * np.asarray(x, np.float64)),
@@ -313,17 +389,19 @@ def compute_metrics(pred: np.ndarray, truth: np.ndarray, nbody: np.ndarray, unit
     power, pdf = {}, {}
     for name, to_physical in physical_fields.items():
         c = names.index(name)
-        base, what = baselines[name]
-        t, p = to_physical(truth[c]), to_physical(pred[c])
-        b = None if base is None else to_physical(base)
-        s = spectra(t, p, b, box, edges)
+        base, what, filtered, filtered_is = baselines[name]
+        t = to_physical(truth[c])
+        others = {"pred": pred[c], "baseline": base, "non_ml": filtered}
+        others = {tag: to_physical(x) for tag, x in others.items() if x is not None}
+        s = spectra(t, others, box, edges)
         s["summary"] = {"model": spectrum_summary(s, "pred")}
-        if b is not None:
-            s["summary"]["baseline"] = spectrum_summary(s, "baseline")
-        s["baseline_is"] = what
+        for tag in ("baseline", "non_ml"):
+            if tag in others:
+                s["summary"][tag] = spectrum_summary(s, tag)
+        s["baseline_is"], s["non_ml_is"] = what, filtered_is
         power[name] = s
         norm = (lambda f: np.log10(f / f.mean())) if name == DENSITY else np.log10
-        fields = {"true": norm(t), "pred": norm(p)} | ({} if b is None else {"baseline": norm(b)})
+        fields = {"true": norm(t)} | {tag: norm(x) for tag, x in others.items()}
         pdf[name] = {"variable": "log10(rho/<rho>)" if name == DENSITY else "log10(T/K)", **pdfs(fields)}
     return {
         "side": side,
@@ -419,9 +497,10 @@ def figure(path: Path, pred: np.ndarray, truth: np.ndarray, metrics: dict, units
         k = np.asarray(s["k"], float)
         ax_ratio.semilogx(k, s["ratio_pred"], "-o", ms=3, color=styles[name], label=f"{name} model")
         ax_r.semilogx(k, s["r_pred"], "-o", ms=3, color=styles[name], label=f"{name} model")
-        if "ratio_baseline" in s:
-            ax_ratio.semilogx(k, s["ratio_baseline"], "--", color=styles[name], label=f"{name} baseline")
-            ax_r.semilogx(k, s["r_baseline"], "--", color=styles[name], label=f"{name} baseline")
+        for tag, label, line in (("baseline", "baseline (DM as gas)", "--"), ("non_ml", "non-ML (filtered DM)", ":")):
+            if f"ratio_{tag}" in s:
+                ax_ratio.semilogx(k, s[f"ratio_{tag}"], line, color=styles[name], label=f"{name} {label}")
+                ax_r.semilogx(k, s[f"r_{tag}"], line, color=styles[name], label=f"{name} {label}")
     ax_ratio.axhline(1, color="k", lw=0.8)
     ax_ratio.set_ylabel("P_pred / P_true (log)")
     # a ratio is read as a factor: on a log axis a model at 0.9 and a baseline at 30 both stay
@@ -438,7 +517,7 @@ def figure(path: Path, pred: np.ndarray, truth: np.ndarray, metrics: dict, units
     for ax, name in ((ax_pdf_rho, DENSITY), (ax_pdf_t, TEMPERATURE)):
         d = metrics["pdf"][name]
         centres = 0.5 * (np.asarray(d["edges"][1:]) + np.asarray(d["edges"][:-1]))
-        for tag, style in (("true", "k-"), ("pred", "C1-"), ("baseline", "C2--")):
+        for tag, style in (("true", "k-"), ("pred", "C1-"), ("baseline", "C2--"), ("non_ml", "C4:")):
             if tag in d:
                 values = np.asarray(d[tag], float)
                 ax.semilogy(centres, np.where(values > 0, values, np.nan), style, label=tag)  # empty bins: gaps
@@ -448,8 +527,9 @@ def figure(path: Path, pred: np.ndarray, truth: np.ndarray, metrics: dict, units
         ax.legend(fontsize=6)
     x = np.arange(len(names))
     l1 = metrics["l1"]
-    ax_l1.bar(x - 0.2, [l1[m]["model"] for m in names], 0.4, label="model")
-    ax_l1.bar(x + 0.2, [l1[m]["baseline"] or 0.0 for m in names], 0.4, label="baseline")
+    ax_l1.bar(x - 0.27, [l1[m]["model"] for m in names], 0.27, label="model")
+    ax_l1.bar(x, [l1[m]["baseline"] or 0.0 for m in names], 0.27, label="DM as gas")
+    ax_l1.bar(x + 0.27, [l1[m].get("non_ml") or 0.0 for m in names], 0.27, label="non-ML")
     ax_l1.set_xticks(x, [m.replace("gas_", "") for m in names], fontsize=7, rotation=90)
     ax_l1.set_title("L1 per channel", fontsize=9)
     ax_l1.set_ylabel("L1 (stored units)")
@@ -475,11 +555,12 @@ NEAR_ONE_FLOOR = 0.8
 
 def near_one_panel(ax, metrics: dict, styles: dict[str, str]) -> None:
     """Draw, on one linear axis against linear k (h/Mpc) up to Nyquist, P_pred / P_true and r(k) of
-    the model and r(k) of the baseline for gas density and temperature (``metrics["power"]``), with a
+    the model and r(k) of both baselines for gas density and temperature (``metrics["power"]``), with a
     shaded band 1 +- :data:`BAND` and a dotted line at k_Nyquist / 2: a deficit of a few percent at
     small scales is seen at once. The y range spans the lowest plotted value (at least
     :data:`NEAR_ONE_FLOOR`, at most 0.96) to above 1 + BAND; values below it are named in a note.
-    Line labels: ``"<name> P ratio model"``, ``"<name> r model"``, ``"<name> r baseline"``."""
+    Line labels: ``"<name> P ratio model"``, ``"<name> r model"``, ``"<name> r baseline"`` (the dark
+    matter as gas), ``"<name> r non-ML"``."""
     ax.axhspan(1 - BAND, 1 + BAND, color="0.85", zorder=0, label=f"1 ± {BAND:.0%}")
     ax.axhline(1, color="k", lw=0.8)
     lowest = []
@@ -488,6 +569,8 @@ def near_one_panel(ax, metrics: dict, styles: dict[str, str]) -> None:
         series = [("P ratio model", s["ratio_pred"], "-o"), ("r model", s["r_pred"], "-s")]
         if "r_baseline" in s:
             series.append(("r baseline", s["r_baseline"], "--"))
+        if "r_non_ml" in s:
+            series.append(("r non-ML", s["r_non_ml"], ":"))
         for what, values, style in series:
             y = np.asarray([np.nan if v is None else v for v in values], float)
             ax.plot(
@@ -599,10 +682,11 @@ def validate_files(
 
 
 def log_summary(record: dict) -> None:
-    """One line per channel (L1 model vs baseline) and per spectrum (mean r, mean ratio, k where r < 0.9)."""
+    """One line per channel (L1 model vs both baselines) and per spectrum (mean r, mean ratio, k where r < 0.9)."""
     for name, v in record["l1"].items():
         base = "no baseline" if v["baseline"] is None else f"baseline {v['baseline']:.5f}"
-        log.info("L1 %-16s model %.5f, %s", name, v["model"], base)
+        non_ml = "no non-ML baseline" if v.get("non_ml") is None else f"non-ML {v['non_ml']:.5f}"
+        log.info("L1 %-16s model %.5f, %s, %s", name, v["model"], base, non_ml)
     for name, s in record["power"].items():
         for tag, summary in s["summary"].items():
             k90 = summary["k_r_below_0.9"]
@@ -628,7 +712,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature_scale", type=float, help="T = T0 exp(s x)")
     g.add_argument("--T0", dest="temperature_T0", type=float, help="T0 in K of the temperature transform")
     g.add_argument("--velocity_scale", type=float, help="km/s per stored velocity unit")
-    g.add_argument("--igm_gamma", type=float, help="gamma of the IGM relation (temperature baseline)")
+    g.add_argument("--igm_gamma", type=float, help="gamma of the IGM relation (temperature baselines)")
+    g.add_argument("--k_jeans", type=float, help="k_J in h/Mpc of the non-ML baseline's Jeans filter")
     g.add_argument("--hydro_channels", help="comma-separated Hydro channel names (gas_density, gas_temperature, ...)")
     g.add_argument("--nbody_channels", help="comma-separated Nbody channel names (dm_density, dm_vx, ...)")
     return p
