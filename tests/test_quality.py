@@ -70,6 +70,28 @@ def test_temperature_must_beat_the_baseline_unless_switched_off():
     assert quality.check(m, relaxed)["channels"][validate.TEMPERATURE]["r_baseline"] is None
 
 
+def test_both_channels_must_beat_the_non_ml_baseline_in_every_bin_unless_switched_off():
+    """Density and temperature r = 0.999 pass r_min and the dark-matter baseline; the non-ML baseline's
+    r of 0.9995 in the density's second bin (k = 3) fails the target by (0.9995 - 0.999) / 0.002 = 0.25;
+    beyond k_max (the fourth bin) it does not count; without the non-ML spectra the check says why."""
+    m = _metrics([0.999] * 4, [1.0] * 4, [0.999] * 4, [1.0] * 4, [0.99] * 4)
+    m["power"][validate.DENSITY]["r_non_ml"] = np.array([0.99, 0.9995, 0.9, 1.0])
+    m["power"][validate.TEMPERATURE]["r_non_ml"] = np.array([0.9, 0.98, 0.998, 1.0])
+    strict = quality.Target(0.998, 0.02, 6.3, beat_baseline=True, beat_non_ml=True)
+    res = quality.check(m, strict)
+    assert not res["met"] and res["shortfall"] == pytest.approx(0.25)
+    assert res["channels"][validate.DENSITY]["r_minus_non_ml_worst"] == pytest.approx(-0.0005)
+    assert res["channels"][validate.TEMPERATURE]["r_minus_non_ml_worst"] == pytest.approx(0.001)
+    assert res["channels"][validate.DENSITY]["r_non_ml"] == [0.99, 0.9995, 0.9]
+    assert "r - non-ML r >= -0.0005" in quality.summary_line(1, 10.0, res)
+    m["power"][validate.DENSITY]["r_non_ml"][1] = 0.998
+    assert quality.check(m, strict)["met"]
+    assert quality.check(m, TARGET)["channels"][validate.DENSITY]["r_non_ml"] is None
+    del m["power"][validate.DENSITY]["r_non_ml"]
+    with pytest.raises(ValueError, match="quality_beat_non_ml needs the non-ML baseline"):
+        quality.check(m, strict)
+
+
 def test_nan_fails_and_no_bin_below_k_max_is_an_error():
     m = _metrics([0.999, np.nan, 0.999, 1.0], [1.0] * 4, [0.9995] * 4, [1.0] * 4, [0.999] * 4)
     res = quality.check(m, TARGET)
@@ -82,6 +104,7 @@ def test_config_keys_and_their_checks():
     cfg = config_mod.load_config("short")
     assert (cfg.quality_r_min, cfg.quality_ratio_tol, cfg.quality_k_max) == (0.998, 0.02, 6.3)
     assert cfg.quality_beat_baseline and cfg.quality_every_epochs == 0 and cfg.quality_budget_sec == 0
+    assert cfg.quality_beat_non_ml and quality.Target.from_config(cfg).beat_non_ml
     assert (cfg.lambda_fourier, cfg.loss_space, cfg.ema_decay) == (0.0, "log", 0.0)
     with pytest.raises(ConfigError, match=r"key 'ema_decay': expected a number in \[0, 1\)"):
         config_mod.replace(cfg, ema_decay=1.0)
@@ -224,7 +247,13 @@ def test_keras_ema_matches_numpy_and_swaps_back():
 
 # --- the mode in tiny runs ---------------------------------------------------------------------------
 
-REACHABLE = dict(quality_every_epochs=1, quality_r_min=-1.0, quality_ratio_tol=1e6, quality_beat_baseline=False)
+REACHABLE = dict(
+    quality_every_epochs=1,
+    quality_r_min=-1.0,
+    quality_ratio_tol=1e6,
+    quality_beat_baseline=False,
+    quality_beat_non_ml=False,
+)
 
 
 def _trainer(framework):

@@ -152,6 +152,7 @@ class Config:
     quality_ratio_tol: float
     quality_k_max: float
     quality_beat_baseline: bool
+    quality_beat_non_ml: bool
     quality_budget_sec: float
     # --- bookkeeping (not YAML keys) -------------------------------------------------------
     name: str = "?"

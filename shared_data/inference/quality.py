@@ -11,7 +11,14 @@ and tests the target of :class:`Target`:
 
 * for gas density and gas temperature, in every k bin (centre k <= ``quality_k_max`` h/Mpc, at least
   one mode): r(k) >= ``quality_r_min`` and |P_pred / P_true - 1| <= ``quality_ratio_tol``;
-* with ``quality_beat_baseline``: temperature r(k) >= the dark-matter baseline's r(k) in those bins.
+* with ``quality_beat_baseline``: temperature r(k) >= the dark-matter baseline's r(k) in those bins;
+* with ``quality_beat_non_ml``: gas density and temperature r(k) >= the non-ML baseline's r(k) (the
+  Jeans-filtered dark matter with the mean temperature-density relation,
+  :func:`shared_data.inference.validate.non_ml_channels`) in every one of those bins.
+
+The absolute thresholds (``quality_r_min``, ``quality_ratio_tol``, ``quality_k_max``) are the ones
+chosen on the ``filtered`` gas; on the default ``nonlinear`` gas they are to be re-chosen from what
+the H200 reaches.
 
 The run stops after the first evaluation that meets it, or at the first epoch end past
 ``quality_budget_sec`` seconds from the start (the model then at hand is evaluated too), or after
@@ -20,7 +27,7 @@ The run stops after the first evaluation that meets it, or at the first epoch en
 * ``quality.jsonl``: one JSON line per evaluation, the curve against time: ``epoch``, ``step``,
   ``time_sec`` (start of the run to the end of this evaluation), ``train_time_sec`` (the same without
   the evaluations' own time), ``eval_sec``, ``met``, ``shortfall`` (below) and per channel the
-  binned ``k``, ``r``, ``ratio``, ``r_baseline`` and their worst values;
+  binned ``k``, ``r``, ``ratio``, ``r_baseline``, ``r_non_ml`` and their worst values;
 * ``metrics.jsonl``: the evaluated epoch's record gets ``quality_time_sec``, ``quality_met`` and
   ``quality_shortfall``, and the one that met the target ``time_to_quality_sec``, ``framework``, ``device``;
 * ``run.json``: ``time_to_quality`` with ``time_to_quality_sec`` (the ``time_sec`` of the evaluation
@@ -35,8 +42,9 @@ data, compiling, training, the per-epoch validation loss, checkpoints and the qu
 training). A resumed invocation's clock starts at its own start.
 
 The shortfall of an evaluation is the largest violation of a condition, in units of the condition's
-margin: (r_min - r) / (1 - r_min), (|ratio - 1| - tol) / tol and (r_baseline - r) / (1 - r_min),
-maximised over the bins and channels; the target holds exactly when it is <= 0.
+margin: (r_min - r) / (1 - r_min), (|ratio - 1| - tol) / tol, (r_baseline - r) / (1 - r_min) and
+(r_non_ml - r) / (1 - r_min), maximised over the bins and channels; the target holds exactly when it
+is <= 0.
 """
 
 from __future__ import annotations
@@ -68,29 +76,40 @@ RECORD = "quality.jsonl"
 @dataclasses.dataclass(frozen=True)
 class Target:
     """The physics target (config keys ``quality_*``): r(k) >= ``r_min`` and |P ratio - 1| <= ``ratio_tol``
-    in every bin up to ``k_max`` h/Mpc for gas density and temperature, and with ``beat_baseline`` the
-    temperature's r(k) at least the dark-matter baseline's."""
+    in every bin up to ``k_max`` h/Mpc for gas density and temperature, with ``beat_baseline`` the
+    temperature's r(k) at least the dark-matter baseline's, and with ``beat_non_ml`` both channels'
+    r(k) at least the non-ML baseline's."""
 
     r_min: float
     ratio_tol: float
     k_max: float
     beat_baseline: bool
+    beat_non_ml: bool = False
 
     @classmethod
     def from_config(cls, cfg: Config) -> Target:
-        return cls(cfg.quality_r_min, cfg.quality_ratio_tol, cfg.quality_k_max, cfg.quality_beat_baseline)
+        return cls(
+            cfg.quality_r_min,
+            cfg.quality_ratio_tol,
+            cfg.quality_k_max,
+            cfg.quality_beat_baseline,
+            cfg.quality_beat_non_ml,
+        )
 
 
 def check(metrics: dict, target: Target) -> dict:
     """Test ``target`` on ``metrics`` (:func:`shared_data.inference.validate.compute_metrics`' result).
 
     Returns ``{"met": bool, "shortfall": float, "channels": {name: {...}}}``, per channel the bins
-    tested (``k``, ``r``, ``ratio``, ``r_baseline`` as lists) and ``r_worst``, ``ratio_dev_worst``,
-    ``r_minus_baseline_worst`` (None without a baseline or for density) and the channel's shortfall.
+    tested (``k``, ``r``, ``ratio``, ``r_baseline``, ``r_non_ml`` as lists) and ``r_worst``,
+    ``ratio_dev_worst``, ``r_minus_baseline_worst`` (None without a baseline or for density),
+    ``r_minus_non_ml_worst`` (None when not tested) and the channel's shortfall.
     A NaN in a tested bin (an empty or zero spectrum) fails the target (shortfall inf).
 
     Raises:
-        ValueError: no bin lies at or below ``k_max`` (the volume is too small for the target).
+        ValueError: no bin lies at or below ``k_max`` (the volume is too small for the target), or
+            ``beat_non_ml`` is on and the metrics have no non-ML baseline (the volume lacks
+            ``k_jeans_h_mpc`` or ``igm_gamma``).
     """
     out, worst = {}, -math.inf
     margin = max(1.0 - target.r_min, 1e-12)
@@ -107,6 +126,15 @@ def check(metrics: dict, target: Target) -> dict:
         if name == validate.TEMPERATURE and target.beat_baseline and "r_baseline" in s:
             base = np.asarray(s["r_baseline"], np.float64)[sel]
             parts.append((base - r) / margin)
+        non_ml = None
+        if target.beat_non_ml:
+            if "r_non_ml" not in s:
+                raise ValueError(
+                    "quality_beat_non_ml needs the non-ML baseline, which needs the volume's k_jeans_h_mpc and "
+                    "igm_gamma attributes"
+                )
+            non_ml = np.asarray(s["r_non_ml"], np.float64)[sel]
+            parts.append((non_ml - r) / margin)
         stacked = np.concatenate(parts)
         shortfall = float(np.max(stacked)) if np.isfinite(stacked).all() else math.inf
         worst = max(worst, shortfall)
@@ -115,9 +143,11 @@ def check(metrics: dict, target: Target) -> dict:
             "r": r.tolist(),
             "ratio": ratio.tolist(),
             "r_baseline": None if base is None else base.tolist(),
+            "r_non_ml": None if non_ml is None else non_ml.tolist(),
             "r_worst": float(np.min(r)),
             "ratio_dev_worst": float(np.max(dev)),
             "r_minus_baseline_worst": None if base is None else float(np.min(r - base)),
+            "r_minus_non_ml_worst": None if non_ml is None else float(np.min(r - non_ml)),
             "shortfall": shortfall,
         }
     return {"met": worst <= 0.0, "shortfall": worst, "channels": out}
@@ -146,6 +176,8 @@ def summary_line(epoch: int, seconds: float, result: dict) -> str:
         text = f"{name} r >= {c['r_worst']:.4f}, |P ratio - 1| <= {c['ratio_dev_worst']:.4f}"
         if c["r_minus_baseline_worst"] is not None:
             text += f", r - baseline r >= {c['r_minus_baseline_worst']:+.4f}"
+        if c.get("r_minus_non_ml_worst") is not None:
+            text += f", r - non-ML r >= {c['r_minus_non_ml_worst']:+.4f}"
         parts.append(text)
     verdict = "target met" if result["met"] else f"target not met (shortfall {result['shortfall']:.3g})"
     return f"quality after epoch {epoch} ({seconds:.1f} s from the start): " + "; ".join(parts) + f": {verdict}"
@@ -163,7 +195,8 @@ class Monitor:
     Raises:
         DatasetError: the validation file breaks the dataset contract or lacks the attributes the
             metrics need (:func:`shared_data.inference.validate.units_from_files`).
-        ConfigError: ``quality_k_max`` lies below the volume's first k bin.
+        ConfigError: ``quality_k_max`` lies below the volume's first k bin, or ``quality_beat_non_ml``
+            is on and the volume lacks what the non-ML baseline needs.
     """
 
     def __init__(self, run, device: str, start_epoch: int = 0):
@@ -189,6 +222,12 @@ class Monitor:
                 f"quality_k_max = {self.target.k_max} h/Mpc lies below the first k bin ({first_k:.3g} h/Mpc) of "
                 f"{path}: no bin to test"
             )
+        missing = [k for k in ("k_jeans", "igm_gamma") if getattr(self.units, k) is None]
+        if self.target.beat_non_ml and missing:
+            raise ConfigError(
+                f"quality_beat_non_ml: {path} has no {' or '.join(validate.QUANTITIES[k][0] for k in missing)} "
+                "attribute, which the non-ML baseline needs; set quality_beat_non_ml=false"
+            )
         self.align = predict_mod.alignment(self.predict_cfg)
         self.overlap = unet_spec.receptive_margin(self.predict_cfg)
         self.size = predict_mod.padded_side(side, self.align)
@@ -206,7 +245,8 @@ class Monitor:
             self.target.r_min,
             self.target.ratio_tol,
             self.target.k_max,
-            ", temperature r >= the baseline's" if self.target.beat_baseline else "",
+            (", temperature r >= the baseline's" if self.target.beat_baseline else "")
+            + (", r >= the non-ML baseline's" if self.target.beat_non_ml else ""),
             f"; budget {run.cfg.quality_budget_sec:g} s" if run.cfg.quality_budget_sec else "",
         )
 
