@@ -350,6 +350,11 @@ def test_the_gpu_recipe_runs_on_cpu_with_a_tiny_config(tmp_path):
         ["bash", "experiments/time_to_quality/run.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
     )
     assert res.returncode == 0, res.stderr[-2000:]
+    import h5py
+
+    for name in ("train_32_filtered.h5", "val_32_filtered.h5"):  # the study measures on the linear gas
+        with h5py.File(tmp_path / "w" / name) as f:
+            assert f.attrs["gas"] == "filtered"
     with tarfile.open(tmp_path / "out" / "runs.tar") as tar:  # the run's records, in one file
         tar.extractall(tmp_path / "runs", filter="data")
     records = quality.read_records(tmp_path / "runs" / "jax_ttq")

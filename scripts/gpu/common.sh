@@ -2,7 +2,9 @@
 # environment (the checkout first on PYTHONPATH), a record of the device and of every installed
 # version, and the data (generated there; the 256^3 training volume takes ~150 s of CPU on the 2-core
 # machine, experiments/generator_lattice). Two files in $OUT: device.txt, and setup.log (the installed
-# packages, then the data's generation): a call returns at most 8 of $OUT's files.
+# packages, then the data's generation): a call returns at most 8 of $OUT's files. GAS=filtered makes
+# the data with the linear gas (generate --gas filtered) as data/train_256_filtered.h5 and
+# data/val_128_filtered.h5; the default is the nonlinear gas in data/train_256.h5 and data/val_128.h5.
 command -v nvidia-smi >/dev/null || { echo "error: ${0##*/} needs an NVIDIA GPU (nvidia-smi not found)" >&2; exit 2; }
 mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
@@ -11,5 +13,7 @@ python3 -c "import jax, flax, optax, torch, nvidia.dali as d; print('jax', jax._
 df -h /dev/shm | tail -1 | sed 's/^/shared memory (lowmem workers): /' | tee -a $OUT/device.txt
 python3 -m pip list --format=freeze 2>/dev/null > $OUT/setup.log
 mkdir -p data
-python3 -m shared_data.data.generate --out data/train_256.h5 --size 256 --seed 1 --npy --if-missing >> $OUT/setup.log 2>&1
-python3 -m shared_data.data.generate --out data/val_128.h5 --size 128 --seed 2 --npy --if-missing >> $OUT/setup.log 2>&1
+GAS=${GAS:-nonlinear}
+DATA_SUFFIX=$([[ $GAS == nonlinear ]] || echo "_$GAS")
+python3 -m shared_data.data.generate --out data/train_256$DATA_SUFFIX.h5 --size 256 --seed 1 --gas $GAS --npy --if-missing >> $OUT/setup.log 2>&1
+python3 -m shared_data.data.generate --out data/val_128$DATA_SUFFIX.h5 --size 128 --seed 2 --gas $GAS --npy --if-missing >> $OUT/setup.log 2>&1
