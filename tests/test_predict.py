@@ -277,3 +277,37 @@ def test_cli_error_is_one_line_without_traceback(weights_file, tmp_path):
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
         lines = [line for line in res.stderr.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and "'Nbody' has shape (3, 16, 16, 16), expected (4, L, L, L)" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_tutorial_layout_volume_trains_predicts_and_validates(tiny_cfg, data_dir, tmp_path, caplog):
+    """Files with the two datasets only (the tutorial's Nyx volumes, no attributes): one JAX epoch of
+    cpu_tiny trains on them, predict writes the prediction, and ``--validate`` scores it with the
+    tutorial's transforms assumed and said in one line, model and both baselines."""
+    from jax_impl import train
+
+    for name in ("train_32.h5", "val_24.h5"):
+        with h5py.File(data_dir / name) as src, h5py.File(tmp_path / name, "w") as dst:
+            for key in ("Nbody", "Hydro"):
+                dst.create_dataset(key, data=src[key][...])
+    cfg = config_mod.replace(
+        tiny_cfg,
+        train_path=str(tmp_path / "train_32.h5"),
+        val_path=str(tmp_path / "val_24.h5"),
+        Nsamples=4,
+        Nsamples_val=4,
+        num_epochs=1,
+    )
+    weights = tmp_path / "w.npz"
+    train.train_and_evaluate(cfg, tmp_path / "run", save_weights=str(weights))
+    pred, report = tmp_path / "pred.h5", tmp_path / "report"
+    argv = ["--config", "cpu_tiny", "--weights", str(weights), "--input", str(tmp_path / "val_24.h5")]
+    with caplog.at_level(logging.INFO):
+        assert jax_predict.main([*argv, "--out", str(pred), "--validate", str(report)]) == 0
+    said = [r.getMessage() for r in caplog.records if "has no attributes (the tutorial's layout)" in r.getMessage()]
+    assert len(said) == 1 and "assuming rho = exp(14 x)" in said[0]
+    record = json.loads((report / "validation.json").read_text())
+    assert record["units_sources"]["density_scale"] == "assumed (the tutorial's layout)"
+    for name in ("gas_density", "gas_temperature"):
+        assert set(record["power"][name]["summary"]) == {"model", "baseline", "non_ml"}
+    assert (report / "validation.png").stat().st_size > 0
