@@ -153,3 +153,43 @@ def test_study_pmean_step_in_shard_map_matches_one_device(tiny_cfg):
     for k in result[1]:
         np.testing.assert_allclose(result[2][k], result[1][k], rtol=1e-4, atol=1e-6, err_msg=k)
     assert max(np.max(np.abs(result["local"][k] - result[1][k])) for k in result[1]) > 1e-5
+
+
+def test_nonlinear_gas_study_measures_a_volume(data_dir, tmp_path):
+    """``experiments/nonlinear_gas/measure.py`` on the session's 24^3 volume: its files, the hot mass
+    fraction and the scatter at fixed density against NumPy on the file's values, and the baselines'
+    r(k) as validate gives them."""
+    import h5py
+    import numpy as np
+
+    res = subprocess.run(
+        [
+            sys.executable,
+            "experiments/nonlinear_gas/measure.py",
+            "--volume",
+            str(data_dir / "val_24.h5"),
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    props = json.loads((tmp_path / "properties_val_24.json").read_text())
+    assert (tmp_path / "phase_diagram_val_24.png").stat().st_size > 0 and "checks:" in res.stdout
+    with h5py.File(data_dir / "val_24.h5") as f:
+        rho = np.exp(14 * f["Hydro"][0].astype(np.float64))
+        temp = 1e4 * np.exp(8 * f["Hydro"][1].astype(np.float64))
+    assert props["gas"] == "nonlinear"
+    assert props["mass_fraction"]["T>1e5K"] == pytest.approx(rho[temp > 1e5].sum() / rho.sum(), rel=1e-9)
+    first = props["scatter_log10_T"][0]
+    lo, hi = first["log10_rho"]
+    log_rho = np.log10(rho / rho.mean())
+    sel = (log_rho >= lo) & (log_rho < hi)
+    assert first["voxels"] == sel.sum() and first["std_log10_T"] == pytest.approx(np.log10(temp[sel]).std(), rel=1e-9)
+    assert lo == pytest.approx(np.log10(4.0))
+    shells = props["shells"]["gas_density"]
+    assert max(shells["k"]) <= 6.3 and len(shells["r_dm_as_gas"]) == len(shells["r_non_ml"]) == len(shells["k"])
