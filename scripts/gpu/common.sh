@@ -1,7 +1,8 @@
 # Sourced by the GPU recipes (run from the checkout's root on the GPU machine, $OUT set): the
 # environment (the checkout first on PYTHONPATH), a record of the device and of every installed
-# version, and the data (generated there; the 256^3 training volume takes ~150 s of CPU on the 2-core
-# machine, experiments/generator_lattice). Two files in $OUT: device.txt, and setup.log (the installed
+# version, and the data (generated there; the 256^3 training volume of the linear gas takes ~150 s of
+# CPU on the 2-core machine, experiments/generator_lattice, the nonlinear gas ~1.4x that,
+# experiments/nonlinear_gas). Two files in $OUT: device.txt, and setup.log (the installed
 # packages, then the data's generation): a call returns at most 8 of $OUT's files. GAS=filtered makes
 # the data with the linear gas (generate --gas filtered) as data/train_256_filtered.h5 and
 # data/val_128_filtered.h5; the default is the nonlinear gas in data/train_256.h5 and data/val_128.h5.
