@@ -179,10 +179,13 @@ def units_from_files(files: dict[Path, dict], side: int, flags: dict) -> Units:
     values, sources = {}, {}
     bare = not any(_attribute(name, attrs, p) is not None for p, attrs in files.items() for name in QUANTITIES)
     if bare:
+        d = TUTORIAL_DEFAULTS
         log.info(
-            "%s has no attributes (the tutorial's layout): assuming rho = exp(14 x), T = 1e4 K exp(8 x), "
-            "v = 2000 km/s x, 0.25 Mpc/h voxels, gamma 1.6, k_J 6 h/Mpc and this kit's channel names (flags override)",
+            "%s has no attributes (the tutorial's layout): assuming rho = exp(%g x), T = %g K exp(%g x), "
+            "v = %g km/s x, %g Mpc/h voxels, gamma %g, k_J %g h/Mpc and this kit's channel names (flags override)",
             next(iter(files)),
+            *(d[k] for k in ("density_scale", "temperature_T0", "temperature_scale", "velocity_scale")),
+            *(d[k] for k in ("voxel_size", "igm_gamma", "k_jeans")),
         )
     for name, (key, flag, what) in QUANTITIES.items():
         found = {p: v for p in files if (v := _attribute(name, files[p], p)) is not None}
