@@ -189,8 +189,9 @@ def full_fft_spectra(a: np.ndarray, b: np.ndarray, side: int) -> tuple[np.ndarra
 
 @pytest.mark.slow
 def test_validation_figure_near_one_panel_shows_ratio_and_r_with_the_band(data_dir, tmp_path, figures):
-    """The linear panel around 1 carries the model's P ratio and r(k) and the baseline's r(k) of gas
-    density and temperature, equal to a full-FFT float64 computation, and the shaded +-2% band."""
+    """The linear panel around 1 carries the model's P ratio and r(k) and both baselines' r(k) (the
+    dark matter as gas; the non-ML one, the Jeans-filtered dark matter with the mean T-rho relation) of
+    gas density and temperature, equal to a full-FFT float64 computation, and the shaded +-2% band."""
     import h5py
 
     truth = data_dir / "val_24.h5"
@@ -217,12 +218,17 @@ def test_validation_figure_near_one_panel_shows_ratio_and_r_with_the_band(data_d
     pred_phys["gas_temperature"] = t0 * np.exp(s_t * pred[1].astype(np.float64))
     rho_dm = np.exp(s_rho * nbody[0].astype(np.float64))
     base_phys = {"gas_density": rho_dm, "gas_temperature": t0 * rho_dm ** (gamma - 1)}
+    n = 2 * np.pi * np.fft.fftfreq(24, attrs["box_size_mpc_h"] / 24)
+    k2 = n[:, None, None] ** 2 + n[None, :, None] ** 2 + n[None, None, :] ** 2
+    rho_f = np.maximum(np.fft.ifftn(np.fft.fftn(rho_dm) / (1 + k2 / attrs["k_jeans_h_mpc"] ** 2)).real, 0.0)
+    non_ml_phys = {"gas_density": np.maximum(rho_f, 1e-3), "gas_temperature": t0 * rho_f ** (gamma - 1)}
     for name in ("gas_density", "gas_temperature"):
         k, ratio, r = full_fft_spectra(truth_phys[name], pred_phys[name], 24)
         _, _, r_base = full_fft_spectra(truth_phys[name], base_phys[name], 24)
-        for label, want in (("P ratio model", ratio), ("r model", r), ("r baseline", r_base)):
+        _, _, r_non_ml = full_fft_spectra(truth_phys[name], non_ml_phys[name], 24)
+        for label, want in (("P ratio model", ratio), ("r model", r), ("r baseline", r_base), ("r non-ML", r_non_ml)):
             line = lines[f"{name} {label}"]
-            tol = 1e-5 if label == "r baseline" else 1e-9  # the baseline is computed from float32 values
+            tol = 1e-5 if label.startswith("r ") and label != "r model" else 1e-9  # baselines: from float32 values
             np.testing.assert_allclose(line.get_xdata(), k * k_f, rtol=1e-9)
             np.testing.assert_allclose(line.get_ydata(), want, rtol=tol)
         assert np.nanmin(ratio) != pytest.approx(1, abs=1e-3)  # the noise shows: not a trivial comparison
