@@ -154,6 +154,20 @@ def replica_batches(
         )
 
 
+def sync_devices(strategy: tf.distribute.Strategy) -> None:
+    """Return once every op dispatched to this worker's devices has run: TensorFlow's
+    ``tf.test.experimental.sync_devices`` over this worker's devices alone. TF's own visits every
+    device of the context, which under ``MultiWorkerMirroredStrategy`` lists the other workers' devices
+    too; those take collectives, not eager ops ("Haven't set up remote eager worker")."""
+    if isinstance(strategy, tf.distribute.MirroredStrategy | tf.distribute.MultiWorkerMirroredStrategy):
+        devices = strategy.extended.worker_devices
+    else:
+        devices = [d.name for d in tf.config.list_logical_devices()]
+    for name in devices:
+        with tf.device(name):
+            tf.raw_ops.SyncDevice()
+
+
 def physical_gpu_index(logical_index: int) -> int:
     """The physical GPU behind logical GPU ``logical_index`` (DALI's ``device_id``): logical GPUs
     are made per physical GPU in order, the same number on each (:func:`split_gpu`)."""
