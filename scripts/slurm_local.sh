@@ -113,7 +113,8 @@ start() {
   write_config
   dd if=/dev/urandom of="$dir/munge.key" bs=1024 count=1 status=none
   chmod 400 "$dir/munge.key"
-  munged --key-file="$dir/munge.key" --socket="$dir/munge.socket" --pid-file="$dir/munged.pid" \
+  # --force: munged accepts a socket under folders closed to others (a test's private temporary folder)
+  munged --force --key-file="$dir/munge.key" --socket="$dir/munge.socket" --pid-file="$dir/munged.pid" \
     --log-file="$dir/log/munged.log" --seed-file="$dir/munged.seed" \
     || die "munged did not start: $(tail -n 3 "$dir/log/munged.log" 2>/dev/null)"
   slurmctld -f "$SLURM_CONF" -i || die "slurmctld did not start: $(tail -n 3 "$dir/log/slurmctld.log" 2>/dev/null)"

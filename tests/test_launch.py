@@ -122,7 +122,9 @@ def test_tf_slurm_worker_rank_and_resolver(monkeypatch):
     assert distribute.process_index() == 3
     assert distribute.initialize() == "tf.distribute (SLURM): worker 3 of 4, GPUs none of CUDA_VISIBLE_DEVICES=(unset)"
     resolver = distribute.slurm_resolver()  # no nvidia-smi here: the GPU count comes from initialize
-    assert resolver.cluster_spec().as_dict() == {"worker": ["node01:8888", "node01:8889", "node02:8888", "node02:8889"]}
+    port = 40000 + 8 * (4242 % 2048)  # ports from the job id, so two jobs on one node seldom collide
+    workers = [f"node0{n}:{port + i}" for n in (1, 2) for i in (0, 1)]
+    assert resolver.cluster_spec().as_dict() == {"worker": workers}
     assert (resolver.task_type, resolver.task_id) == ("worker", 3)
     assert resolver.num_accelerators() == {"GPU": 0}
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")

@@ -61,12 +61,34 @@ def slurm_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
     gpus = len(tf.config.get_visible_devices("GPU"))
     per_task = max(gpus, 1)  # the resolver divides by it; the accelerator count below is the real one
     slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
-        gpus_per_node=per_task * launch.slurm_tasks_on_node(os.environ), gpus_per_task=per_task, auto_set_gpu=False
+        gpus_per_node=per_task * launch.slurm_tasks_on_node(os.environ),
+        gpus_per_task=per_task,
+        port_base=slurm_port_base(os.environ),
+        auto_set_gpu=False,
     )
     spec = slurm.cluster_spec()
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         spec, task_type=slurm.task_type, task_id=slurm.task_id, num_accelerators={"GPU": gpus}, rpc_layer="grpc"
     )
+
+
+#: ``DLAS_TF_PORT``: the first worker port of a SLURM step (each task of a node takes the next one).
+PORT_VARIABLE = "DLAS_TF_PORT"
+
+
+def slurm_port_base(env) -> int:
+    """The first worker port of a SLURM step: ``DLAS_TF_PORT``, else 40000 + 8 x (job id mod 2048), so two
+    jobs on one node seldom collide (the resolver's own default, 8888, is every job's).
+
+    Raises:
+        UserError: ``DLAS_TF_PORT`` is not a port number.
+    """
+    if env.get(PORT_VARIABLE):
+        value = env[PORT_VARIABLE]
+        if not value.isdigit() or not 1024 <= int(value) <= 65000:
+            raise UserError(f"{PORT_VARIABLE}={value!r}: expected a port number in 1024-65000")
+        return int(value)
+    return 40000 + 8 * (int(env.get("SLURM_JOB_ID", "0")) % 2048)
 
 
 def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:

@@ -21,6 +21,8 @@ takes as ``local_device_ids``, what ``tf.config.set_visible_devices`` keeps in T
 
 from __future__ import annotations
 
+import json
+import platform
 import re
 from collections.abc import Mapping
 
@@ -81,3 +83,42 @@ def task_gpus(env: Mapping[str, str], seen: int | None = None) -> list[int] | No
     share = count // tasks
     local = int(env.get("SLURM_LOCALID", "0"))
     return list(range(local * share, (local + 1) * share))
+
+
+def expand_hostlist(spec: str) -> list[str]:
+    """SLURM's compressed host list as names: ``"node[01-03,07],gpu1"`` -> node01, node02, node03, node07,
+    gpu1 (what ``scontrol show hostnames`` prints)."""
+    hosts = []
+    for prefix, ranges, suffix in re.findall(r"([^,\[\]]+)(?:\[([^\]]+)\])?([^,\[\]]*)", spec):
+        if not ranges:
+            hosts.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            hosts += [f"{prefix}{i:0{len(lo)}d}{suffix}" for i in range(int(lo), int(hi or lo) + 1)]
+    return hosts
+
+
+def launch_info(env: Mapping[str, str]) -> dict:
+    """What ``run.json`` records about how the run was started: ``scheduler`` (``slurm`` or ``none``),
+    ``job_id`` (SLURM's, else None), ``tasks`` (processes of the run) and ``hosts`` (SLURM's node list,
+    the hosts of ``TF_CONFIG``, else this host)."""
+    if env.get("SLURM_JOB_ID"):
+        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or platform.node()
+        tasks = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)
+        return {"scheduler": "slurm", "job_id": env["SLURM_JOB_ID"], "tasks": tasks, "hosts": expand_hostlist(nodes)}
+    hosts, tasks = [platform.node()], 1
+    workers = _tf_config_workers(env)
+    if workers:
+        hosts, tasks = list(dict.fromkeys(w.rpartition(":")[0] for w in workers)), len(workers)
+    elif env.get("JAX_NUM_PROCESSES") or ompi_job(env):
+        tasks = int(env.get("JAX_NUM_PROCESSES") or env["OMPI_COMM_WORLD_SIZE"])
+    return {"scheduler": "none", "job_id": None, "tasks": tasks, "hosts": hosts}
+
+
+def _tf_config_workers(env: Mapping[str, str]) -> list[str]:
+    try:
+        cluster = json.loads(env.get("TF_CONFIG") or "{}").get("cluster", {})
+        return [w for v in cluster.values() for w in v]
+    except (ValueError, AttributeError, TypeError):
+        return []
