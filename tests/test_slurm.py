@@ -123,7 +123,7 @@ def test_slurm_and_single_host_train_one_experiment(slurm, framework, tasks, tin
             np.testing.assert_allclose(b[k], a[k], rtol=RTOL, atol=1e-7, err_msg=k)
         if framework == "jax":  # 2 devices of one process: the same experiment as 2 processes
             env = _env(os.environ) | {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-            cmd = [sys.executable, "-m", "jax_impl.train", *argv, "--workdir", str(tmp_path / "devices")]
+            cmd = [sys.executable, "-m", "jax_impl.train", *tiny_argv, *EPOCHS, "--workdir", str(tmp_path / "devices")]
             res = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
             assert res.returncode == 0, res.stderr[-3000:]
             np.testing.assert_allclose(losses(tmp_path / "devices"), losses(tmp_path / "slurm"), rtol=RTOL)

@@ -94,10 +94,8 @@ def slurm_port_base(env) -> int:
 def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
     """The strategy for this process: multi-worker when ``TF_CONFIG`` or a SLURM step of several
     tasks describes a cluster, mirrored over several local devices, else the default strategy."""
-    if os.environ.get("TF_CONFIG"):
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    if launch.slurm_step(os.environ):
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=slurm_resolver())
+    if os.environ.get("TF_CONFIG") or launch.slurm_step(os.environ):
+        return join_workers()
     gpus = tf.config.list_logical_devices("GPU")
     devices = gpus or tf.config.list_logical_devices("CPU")
     if num_devices is not None and not 1 <= num_devices <= len(devices):
@@ -111,6 +109,21 @@ def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
         cross = tf.distribute.ReductionToOneDevice() if shared else None
         return tf.distribute.MirroredStrategy([d.name for d in devices], cross_device_ops=cross)
     return tf.distribute.get_strategy()
+
+
+def join_workers() -> tf.distribute.MultiWorkerMirroredStrategy:
+    """The multi-worker strategy of ``TF_CONFIG`` or the SLURM step, once every worker has joined (its
+    start waits for them), said and timed by :func:`shared_data.runtime.launch.joining`
+    (``DLAS_START_TIMEOUT``), which names the workers whose port is closed."""
+    resolver = (
+        tf.distribute.cluster_resolver.TFConfigClusterResolver() if os.environ.get("TF_CONFIG") else slurm_resolver()
+    )
+    spec = resolver.cluster_spec()
+    workers = [address for job in spec.jobs for address in spec.job_tasks(job)]
+    with launch.joining(
+        process_index(), len(workers), ", ".join(workers), dict(enumerate(workers)), holds_interpreter=True
+    ):
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
 
 
 def device_kind() -> str:
@@ -151,6 +164,17 @@ def process_index() -> int:
 def is_main_process() -> bool:
     """True on worker 0 (the chief), which alone writes logs, metrics and weights files."""
     return process_index() == 0
+
+
+def main_process_flag(strategy: tf.distribute.Strategy, flag: bool) -> bool:
+    """Process 0's ``flag`` on every worker (replica 0's value summed over the replicas), so all workers
+    take the same branch."""
+    if strategy.num_replicas_in_sync == 1:
+        return bool(flag)
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(float(flag) if ctx.replica_id_in_sync_group == 0 else 0.0)
+    )
+    return bool(strategy.reduce("SUM", values, axis=None) > 0)
 
 
 def per_replica(strategy: tf.distribute.Strategy, make: Callable[[], dict]):

@@ -208,7 +208,8 @@ def train_and_evaluate(
         averaged = ema.AveragedWeights(model, optimizer, strategy)
         validation = lambda: averaged.read(lambda _: evaluate(eval_fn, val_in))
         run.begin(start, compile_s, distribute.versions(), validation)
-        monitor = quality.Monitor(run, distribute.device_kind(), start)
+        agree = lambda flag: distribute.main_process_flag(strategy, flag)
+        monitor = quality.Monitor(run, distribute.device_kind(), start, agree)
         forward = predict.forward_fn(monitor.predict_cfg)  # compiled at the first evaluation
 
         sync = lambda _: distribute.sync_devices(strategy)  # the devices' queued work: Run.steps' input wait
