@@ -270,9 +270,10 @@ def test_tf_xla_flags_cache_wins_over_the_config(monkeypatch, tmp_path, tiny_cfg
                 "DLAS_JAX_CLUSTER",
                 "JAX_COMPILATION_CACHE_DIR",
                 "NPROC=2 bash scripts/launch/single_host.sh",
+                "DLAS_START_TIMEOUT",
             ],
         ),
-        ("tf", ["TF_CONFIG", "SLURM_*", "TF_XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL"]),
+        ("tf", ["TF_CONFIG", "SLURM_*", "DLAS_TF_PORT", "DLAS_START_TIMEOUT", "TF_XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL"]),
     ],
 )
 def test_help_lists_the_environment_variables(framework, names):
