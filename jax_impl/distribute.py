@@ -11,6 +11,7 @@ options, and the facts a record carries about the devices (:func:`banner`, :func
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -54,17 +55,24 @@ def initialize() -> str | None:
     kwargs: dict = {}
     if choice == "none":
         return None
+    wait = contextlib.nullcontext()  # the start's wait, said and timed where the processes are known
     if env.get("JAX_COORDINATOR_ADDRESS"):
         how = "JAX_COORDINATOR_ADDRESS"
         missing = [v for v in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if not env.get(v)]
         if missing:
             raise UserError(f"JAX_COORDINATOR_ADDRESS is set: set {' and '.join(missing)} as well")
         kwargs.update(num_processes=int(env["JAX_NUM_PROCESSES"]), process_id=int(env["JAX_PROCESS_ID"]))
+        address = env["JAX_COORDINATOR_ADDRESS"]
+        wait = launch.joining(kwargs["process_id"], kwargs["num_processes"], address, {0: address}, env)
     elif choice and choice != "auto":
         how = choice
         kwargs["cluster_detection_method"] = choice
     elif choice == "auto" or launch.slurm_step(env) or launch.ompi_job(env):
         how = "SLURM" if launch.slurm_step(env) else "Open MPI" if launch.ompi_job(env) else "auto-detected"
+        if launch.slurm_step(env) and choice != "auto":
+            address = kwargs["coordinator_address"] = slurm_coordinator(env)
+            rank, size = int(env["SLURM_PROCID"]), int(env["SLURM_STEP_NUM_TASKS"])
+            wait = launch.joining(rank, size, address, {0: address}, env)
     else:
         return None
     ids = launch.task_gpus(env)
@@ -72,8 +80,11 @@ def initialize() -> str | None:
         kwargs["local_device_ids"] = ids
     if env.get("JAX_PLATFORMS", "") == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes all-reduce over gloo
+    # JAX's own time-out aborts the process with a C++ trace: the watchdog of launch.joining ends it first
+    kwargs["initialization_timeout"] = int(launch.start_timeout(env)) + 30
     try:
-        jax.distributed.initialize(**kwargs)
+        with wait:
+            jax.distributed.initialize(**kwargs)
     except ValueError as err:  # JAX found no environment to join
         raise UserError(f"jax.distributed ({how}): {err}") from None
     return (
@@ -82,6 +93,13 @@ def initialize() -> str | None:
         f"GPUs {jax.config.read('jax_cuda_visible_devices')} of CUDA_VISIBLE_DEVICES="
         f"{env.get('CUDA_VISIBLE_DEVICES', '(unset)')}"
     )
+
+
+def slurm_coordinator(env) -> str:
+    """Process 0's address in a SLURM step, as JAX's own SLURM detection picks it: the step's first
+    node, port ``JAX_COORDINATOR_PORT`` or 61440 + (job id mod 4096)."""
+    port = env.get("JAX_COORDINATOR_PORT") or str(int(env["SLURM_JOB_ID"]) % 4096 + 61440)
+    return f"{launch.expand_hostlist(env['SLURM_STEP_NODELIST'])[0]}:{port}"
 
 
 def make_mesh(num_devices: int | None = None) -> Mesh:
@@ -124,6 +142,15 @@ def process_index() -> int:
 def is_main_process() -> bool:
     """True on process 0, which alone writes logs, metrics and weights files."""
     return process_index() == 0
+
+
+def main_process_flag(flag: bool) -> bool:
+    """Process 0's ``flag`` on every process (a broadcast), so all processes take the same branch."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
 
 
 def put_replicated(host: np.ndarray, mesh: Mesh) -> jax.Array:

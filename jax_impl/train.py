@@ -186,7 +186,7 @@ def train_and_evaluate(
         spec = data_mod.batch_spec(cfg, mesh)
         train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, spec) if compiled else (None, None, 0.0)
         run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, ema.weights(state), val_in))
-        monitor = quality.Monitor(run, distribute.device_kind(), start)
+        monitor = quality.Monitor(run, distribute.device_kind(), start, distribute.main_process_flag)
         forward = predict.forward_fn(monitor.predict_cfg)  # compiled at the first evaluation
 
         sync = lambda batch: jax.block_until_ready((state, batch))  # the newest state: Run.steps' input wait

@@ -178,6 +178,28 @@ def tiny_argv(tiny_cfg):
     ]
 
 
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A one-node SLURM for the session (``scripts/slurm_local.sh`` in a folder of its own, declaring at
+    least 4 CPUs so a job runs 4 tasks on 2 cores); yields the environment its commands need
+    (``SLURM_CONF``) and stops the daemons it started afterwards. Where it cannot start (no root to
+    install the packages, no apt-get) the test skips with the reason; under ``CI=true`` it fails instead."""
+    folder = tmp_path_factory.mktemp("slurm")
+    script = REPO_ROOT / "scripts" / "slurm_local.sh"
+    env = {**os.environ, "DLAS_SLURM_CPUS": str(max(os.cpu_count() or 1, 4))}
+    res = subprocess.run(["bash", script, "start", folder], capture_output=True, text=True, timeout=900, env=env)
+    if res.returncode != 0:
+        reason = "local SLURM did not start: " + (res.stderr.strip().splitlines() or ["no message"])[-1]
+        subprocess.run(["bash", script, "stop", folder], capture_output=True)
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    try:
+        yield {**os.environ, "SLURM_CONF": str(folder / "slurm.conf")}
+    finally:
+        subprocess.run(["bash", script, "stop", folder], capture_output=True, timeout=120)
+
+
 def _has_gpu() -> bool:
     """An NVIDIA GPU is visible (``nvidia-smi -L`` lists one); asked without starting a framework."""
     smi = shutil.which("nvidia-smi")

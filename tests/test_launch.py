@@ -4,6 +4,7 @@ processes under a simulated SLURM step, N processes on one host through scripts/
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -122,7 +123,9 @@ def test_tf_slurm_worker_rank_and_resolver(monkeypatch):
     assert distribute.process_index() == 3
     assert distribute.initialize() == "tf.distribute (SLURM): worker 3 of 4, GPUs none of CUDA_VISIBLE_DEVICES=(unset)"
     resolver = distribute.slurm_resolver()  # no nvidia-smi here: the GPU count comes from initialize
-    assert resolver.cluster_spec().as_dict() == {"worker": ["node01:8888", "node01:8889", "node02:8888", "node02:8889"]}
+    port = 40000 + 8 * (4242 % 2048)  # ports from the job id, so two jobs on one node seldom collide
+    workers = [f"node0{n}:{port + i}" for n in (1, 2) for i in (0, 1)]
+    assert resolver.cluster_spec().as_dict() == {"worker": workers}
     assert (resolver.task_type, resolver.task_id) == ("worker", 3)
     assert resolver.num_accelerators() == {"GPU": 0}
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
@@ -267,9 +270,10 @@ def test_tf_xla_flags_cache_wins_over_the_config(monkeypatch, tmp_path, tiny_cfg
                 "DLAS_JAX_CLUSTER",
                 "JAX_COMPILATION_CACHE_DIR",
                 "NPROC=2 bash scripts/launch/single_host.sh",
+                "DLAS_START_TIMEOUT",
             ],
         ),
-        ("tf", ["TF_CONFIG", "SLURM_*", "TF_XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL"]),
+        ("tf", ["TF_CONFIG", "SLURM_*", "DLAS_TF_PORT", "DLAS_START_TIMEOUT", "TF_XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL"]),
     ],
 )
 def test_help_lists_the_environment_variables(framework, names):
@@ -278,3 +282,32 @@ def test_help_lists_the_environment_variables(framework, names):
     text = cli.build_parser(framework).format_help()
     for name in names:
         assert name in text, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_a_lone_process_says_whom_it_waits_for_and_names_the_missing_one(framework, tiny_argv, tmp_path):
+    """One process of two started: it says whom it waits for, where and until when, and after
+    DLAS_START_TIMEOUT seconds ends in one error line naming the missing process (its port is closed);
+    no run folder is left. JAX exits 2; TF's start of collective ops holds the interpreter, so a watchdog
+    process kills it (SIGKILL)."""
+    ports = [_free_port(), _free_port()]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "OMPI_", "TF_CONFIG"))}
+    env.update(DLAS_START_TIMEOUT="3", JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    if framework == "jax":  # process 1 without process 0, the coordinator
+        where = f"127.0.0.1:{ports[0]}"
+        env.update(JAX_COORDINATOR_ADDRESS=where, JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="1")
+        rank, missing, code = 1, f"process 0 ({where})", 2
+    else:  # worker 0 without worker 1
+        workers = [f"localhost:{p}" for p in ports]
+        env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": 0}})
+        where, rank, missing, code = ", ".join(workers), 0, f"process 1 ({workers[1]})", -9
+    cmd = [sys.executable, "-m", f"{framework}_impl.train", *tiny_argv, "--workdir", str(tmp_path / "run")]
+    res = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == code, res.stderr[-3000:]
+    said = f"process {rank} of 2: waiting for process {1 - rank} at {where} until "
+    assert said in res.stdout + res.stderr and "(DLAS_START_TIMEOUT=3 s)" in res.stdout + res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    line = f"error: process {rank} of 2 waited 3 s (DLAS_START_TIMEOUT) at {where}: {missing} is not listening"
+    assert errors == [line], res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and not (tmp_path / "run").exists()

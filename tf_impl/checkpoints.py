@@ -8,6 +8,7 @@ and :meth:`Checkpoints.restore`; the trainer calls :meth:`Checkpoints.save` afte
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import tensorflow as tf
@@ -31,6 +32,11 @@ class Checkpoints:
 
     def __init__(self, directory: Path, keep: int, model, optimizer=None, read_only: bool = False):
         self.directory = directory
+        rank = distribute.process_index()
+        # Every worker of a multi-worker strategy saves (TensorFlow's rule: a save may hold collectives),
+        # the chief into the run's folder, each other worker into a folder of its own, removed after each
+        # save (TensorFlow's multi-worker guide), so no two workers write one file.
+        self.write_dir = directory if rank == 0 else directory / f"worker-{rank}.tmp"
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
         parts = {"model": model, "epoch": self.epoch} | ({"optimizer": optimizer} if optimizer is not None else {})
         self.ckpt = tf.train.Checkpoint(**parts)
@@ -39,9 +45,9 @@ class Checkpoints:
             self.manager = None  # restore() needs only the ckpt-N files (epochs() lists them)
             return
         if distribute.is_main_process():
-            run_mod.remove_partial_saves(directory, ("ckpt-*_temp*", "checkpoint.tmp*"))
+            run_mod.remove_partial_saves(directory, ("ckpt-*_temp*", "checkpoint.tmp*", "worker-*.tmp"))
         try:
-            self.manager = tf.train.CheckpointManager(self.ckpt, str(directory), max_to_keep=keep)
+            self.manager = tf.train.CheckpointManager(self.ckpt, str(self.write_dir), max_to_keep=keep)
         except Exception:
             log.warning("%s/checkpoint is damaged: the list of checkpoints is rebuilt from the ckpt-N files", directory)
             (directory / "checkpoint").unlink()
@@ -70,7 +76,9 @@ class Checkpoints:
         except (OSError, tf.errors.OpError) as err:  # TF reports a full disk as an OpError
             reason = write_failure(err) or str(err).splitlines()[0][:200]
             raise run_mod.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
-        if distribute.is_main_process():
+        if self.write_dir != self.directory:
+            shutil.rmtree(self.write_dir, ignore_errors=True)
+        else:
             checksums.record(self.directory, epoch, self._files(epoch), self.epochs())
 
     def _files(self, epoch: int) -> list[Path]:

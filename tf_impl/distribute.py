@@ -61,7 +61,10 @@ def slurm_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
     gpus = len(tf.config.get_visible_devices("GPU"))
     per_task = max(gpus, 1)  # the resolver divides by it; the accelerator count below is the real one
     slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
-        gpus_per_node=per_task * launch.slurm_tasks_on_node(os.environ), gpus_per_task=per_task, auto_set_gpu=False
+        gpus_per_node=per_task * launch.slurm_tasks_on_node(os.environ),
+        gpus_per_task=per_task,
+        port_base=slurm_port_base(os.environ),
+        auto_set_gpu=False,
     )
     spec = slurm.cluster_spec()
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -69,13 +72,30 @@ def slurm_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
     )
 
 
+#: ``DLAS_TF_PORT``: the first worker port of a SLURM step (each task of a node takes the next one).
+PORT_VARIABLE = "DLAS_TF_PORT"
+
+
+def slurm_port_base(env) -> int:
+    """The first worker port of a SLURM step: ``DLAS_TF_PORT``, else 40000 + 8 x (job id mod 2048), so two
+    jobs on one node seldom collide (the resolver's own default, 8888, is every job's).
+
+    Raises:
+        UserError: ``DLAS_TF_PORT`` is not a port number.
+    """
+    if env.get(PORT_VARIABLE):
+        value = env[PORT_VARIABLE]
+        if not value.isdigit() or not 1024 <= int(value) <= 65000:
+            raise UserError(f"{PORT_VARIABLE}={value!r}: expected a port number in 1024-65000")
+        return int(value)
+    return 40000 + 8 * (int(env.get("SLURM_JOB_ID", "0")) % 2048)
+
+
 def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
     """The strategy for this process: multi-worker when ``TF_CONFIG`` or a SLURM step of several
     tasks describes a cluster, mirrored over several local devices, else the default strategy."""
-    if os.environ.get("TF_CONFIG"):
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    if launch.slurm_step(os.environ):
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=slurm_resolver())
+    if os.environ.get("TF_CONFIG") or launch.slurm_step(os.environ):
+        return join_workers()
     gpus = tf.config.list_logical_devices("GPU")
     devices = gpus or tf.config.list_logical_devices("CPU")
     if num_devices is not None and not 1 <= num_devices <= len(devices):
@@ -89,6 +109,21 @@ def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
         cross = tf.distribute.ReductionToOneDevice() if shared else None
         return tf.distribute.MirroredStrategy([d.name for d in devices], cross_device_ops=cross)
     return tf.distribute.get_strategy()
+
+
+def join_workers() -> tf.distribute.MultiWorkerMirroredStrategy:
+    """The multi-worker strategy of ``TF_CONFIG`` or the SLURM step, once every worker has joined (its
+    start waits for them), said and timed by :func:`shared_data.runtime.launch.joining`
+    (``DLAS_START_TIMEOUT``), which names the workers whose port is closed."""
+    resolver = (
+        tf.distribute.cluster_resolver.TFConfigClusterResolver() if os.environ.get("TF_CONFIG") else slurm_resolver()
+    )
+    spec = resolver.cluster_spec()
+    workers = [address for job in spec.jobs for address in spec.job_tasks(job)]
+    with launch.joining(
+        process_index(), len(workers), ", ".join(workers), dict(enumerate(workers)), holds_interpreter=True
+    ):
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
 
 
 def device_kind() -> str:
@@ -131,6 +166,17 @@ def is_main_process() -> bool:
     return process_index() == 0
 
 
+def main_process_flag(strategy: tf.distribute.Strategy, flag: bool) -> bool:
+    """Process 0's ``flag`` on every worker (replica 0's value summed over the replicas), so all workers
+    take the same branch."""
+    if strategy.num_replicas_in_sync == 1:
+        return bool(flag)
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(float(flag) if ctx.replica_id_in_sync_group == 0 else 0.0)
+    )
+    return bool(strategy.reduce("SUM", values, axis=None) > 0)
+
+
 def per_replica(strategy: tf.distribute.Strategy, make: Callable[[], dict]):
     """``make()`` as this step's batch: a plain dict with one replica, per-replica values with several."""
     if strategy.num_replicas_in_sync == 1:
@@ -152,6 +198,20 @@ def replica_batches(
         yield strategy.experimental_distribute_values_from_function(
             lambda ctx: parts[ctx.replica_id_in_sync_group - first]
         )
+
+
+def sync_devices(strategy: tf.distribute.Strategy) -> None:
+    """Return once every op dispatched to this worker's devices has run: TensorFlow's
+    ``tf.test.experimental.sync_devices`` over this worker's devices alone. TF's own visits every
+    device of the context, which under ``MultiWorkerMirroredStrategy`` lists the other workers' devices
+    too; those take collectives, not eager ops ("Haven't set up remote eager worker")."""
+    if isinstance(strategy, tf.distribute.MirroredStrategy | tf.distribute.MultiWorkerMirroredStrategy):
+        devices = strategy.extended.worker_devices
+    else:
+        devices = [d.name for d in tf.config.list_logical_devices()]
+    for name in devices:
+        with tf.device(name):
+            tf.raw_ops.SyncDevice()
 
 
 def physical_gpu_index(logical_index: int) -> int:

@@ -208,10 +208,11 @@ def train_and_evaluate(
         averaged = ema.AveragedWeights(model, optimizer, strategy)
         validation = lambda: averaged.read(lambda _: evaluate(eval_fn, val_in))
         run.begin(start, compile_s, distribute.versions(), validation)
-        monitor = quality.Monitor(run, distribute.device_kind(), start)
+        agree = lambda flag: distribute.main_process_flag(strategy, flag)
+        monitor = quality.Monitor(run, distribute.device_kind(), start, agree)
         forward = predict.forward_fn(monitor.predict_cfg)  # compiled at the first evaluation
 
-        sync = lambda _: tf.test.experimental.sync_devices()  # every device's queued work: Run.steps' input wait
+        sync = lambda _: distribute.sync_devices(strategy)  # the devices' queued work: Run.steps' input wait
         trace = (lambda: tf.profiler.experimental.start(str(workdir / "profile")), tf.profiler.experimental.stop)
         gpu = bool(tf.config.list_logical_devices("GPU"))
         with run.profile(*trace, use_cuda=gpu, annotate=tf.profiler.experimental.Trace):

@@ -188,7 +188,9 @@ class Monitor:
     ``quality_every_epochs`` is 0: every method then does nothing).
 
     The trainer calls :meth:`after_epoch` after each epoch's checkpoint and stops when it returns
-    True, then :meth:`finish` before ``run.finish()``. ``device`` names the accelerator for the records;
+    True, then :meth:`finish` before ``run.finish()``. ``agree(flag)`` returns process 0's flag on every
+    process of a multi-process run (each process's clock and evaluation are its own; a process that
+    stops alone leaves the others waiting in a collective). ``device`` names the accelerator for the records;
     ``start_epoch`` is where the run starts (records of later epochs, from an earlier run, are dropped).
     The validation volume is read at construction, so a missing file or attribute fails before training.
 
@@ -199,8 +201,9 @@ class Monitor:
             is on and the volume lacks what the non-ML baseline needs.
     """
 
-    def __init__(self, run, device: str, start_epoch: int = 0):
+    def __init__(self, run, device: str, start_epoch: int = 0, agree: Callable[[bool], bool] = bool):
         self.run, self.cfg, self.device = run, run.cfg, device
+        self.agree = agree  # process 0's decision on every process, so all stop after the same epoch
         self.enabled = run.cfg.quality_every_epochs > 0
         self.predict_cfg = predict_mod.prediction_config(run.cfg, "float32")
         self.target = Target.from_config(run.cfg)
@@ -297,9 +300,9 @@ class Monitor:
         if not self.enabled:
             return False
         budget = self.cfg.quality_budget_sec
-        over = bool(budget) and self.elapsed() >= budget
+        over = bool(budget) and self.agree(self.elapsed() >= budget)
         due = (epoch + 1) % self.cfg.quality_every_epochs == 0 or over
-        if due and self.evaluate(epoch + 1, step, make_apply())["met"]:
+        if due and self.agree(self.evaluate(epoch + 1, step, make_apply())["met"]):
             self.stopped = f"target met after epoch {epoch + 1}"
             return True
         if over:

@@ -134,6 +134,7 @@ environment (several processes; scripts/launch/ starts them):
   DLAS_JAX_CLUSTER         auto: let jax.distributed detect the cluster (Kubernetes, Cloud TPU, ...);
                            mpi4py, k8s, ...: that detection method; none: stay one process
   JAX_PLATFORMS            cpu runs on the CPU (several CPU processes all-reduce over gloo)
+  DLAS_START_TIMEOUT       seconds a process waits for the others to join (default 300)
 caches and logs:
   JAX_COMPILATION_CACHE_DIR  the persistent compilation cache (default: the config's xla_cache_dir)
   XLA_FLAGS                XLA's flags (the kit adds its defaults, shown in the run's first lines)
@@ -145,6 +146,8 @@ environment (several processes; scripts/launch/ starts them):
                                          "task": {"type": "worker", "index": 0}}' %(prog)s ...
   SLURM_*                  a SLURM step of several tasks (srun) joins by itself; each task drives the GPUs
                            SLURM gives it (--gpus-per-task) or its share of the node's (--gpus-per-node)
+  DLAS_TF_PORT             the first worker port of a SLURM step (default: from the job id)
+  DLAS_START_TIMEOUT       seconds a worker waits for the others to join (default 300)
 caches and logs:
   TF_XLA_FLAGS             --tf_xla_persistent_cache_directory=DIR: the persistent compilation cache
                            (default: <xla_cache_dir>/tf of the config)

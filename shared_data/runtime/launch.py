@@ -21,10 +21,27 @@ takes as ``local_device_ids``, what ``tf.config.set_visible_devices`` keeps in T
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
+import os
+import platform
 import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Mapping
 
 from shared_data.core.errors import UserError
+
+log = logging.getLogger("dlas")
+
+#: ``DLAS_START_TIMEOUT``: seconds a process of a multi-process run waits for the others to join.
+START_TIMEOUT_VARIABLE = "DLAS_START_TIMEOUT"
+DEFAULT_START_TIMEOUT = 300.0
 
 
 def slurm_step(env: Mapping[str, str]) -> bool:
@@ -81,3 +98,147 @@ def task_gpus(env: Mapping[str, str], seen: int | None = None) -> list[int] | No
     share = count // tasks
     local = int(env.get("SLURM_LOCALID", "0"))
     return list(range(local * share, (local + 1) * share))
+
+
+def expand_hostlist(spec: str) -> list[str]:
+    """SLURM's compressed host list as names: ``"node[01-03,07],gpu1"`` -> node01, node02, node03, node07,
+    gpu1 (what ``scontrol show hostnames`` prints)."""
+    hosts = []
+    for prefix, ranges, suffix in re.findall(r"([^,\[\]]+)(?:\[([^\]]+)\])?([^,\[\]]*)", spec):
+        if not ranges:
+            hosts.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            hosts += [f"{prefix}{i:0{len(lo)}d}{suffix}" for i in range(int(lo), int(hi or lo) + 1)]
+    return hosts
+
+
+def launch_info(env: Mapping[str, str]) -> dict:
+    """What ``run.json`` records about how the run was started: ``scheduler`` (``slurm`` or ``none``),
+    ``job_id`` (SLURM's, else None), ``tasks`` (processes of the run) and ``hosts`` (SLURM's node list,
+    the hosts of ``TF_CONFIG``, else this host)."""
+    if env.get("SLURM_JOB_ID"):
+        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or platform.node()
+        tasks = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)
+        return {"scheduler": "slurm", "job_id": env["SLURM_JOB_ID"], "tasks": tasks, "hosts": expand_hostlist(nodes)}
+    hosts, tasks = [platform.node()], 1
+    workers = _tf_config_workers(env)
+    if workers:
+        hosts, tasks = list(dict.fromkeys(w.rpartition(":")[0] for w in workers)), len(workers)
+    elif env.get("JAX_NUM_PROCESSES") or ompi_job(env):
+        tasks = int(env.get("JAX_NUM_PROCESSES") or env["OMPI_COMM_WORLD_SIZE"])
+    return {"scheduler": "none", "job_id": None, "tasks": tasks, "hosts": hosts}
+
+
+def _tf_config_workers(env: Mapping[str, str]) -> list[str]:
+    try:
+        cluster = json.loads(env.get("TF_CONFIG") or "{}").get("cluster", {})
+        return [w for v in cluster.values() for w in v]
+    except (ValueError, AttributeError, TypeError):
+        return []
+
+
+def start_timeout(env: Mapping[str, str]) -> float:
+    """Seconds to wait for the other processes: ``DLAS_START_TIMEOUT``, else 300.
+
+    Raises:
+        UserError: the variable is not a positive number.
+    """
+    value = env.get(START_TIMEOUT_VARIABLE, "")
+    if not value:
+        return DEFAULT_START_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise UserError(f"{START_TIMEOUT_VARIABLE}={value!r}: expected a number of seconds above 0")
+    return seconds
+
+
+def _listening(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _missing(rank: int, size: int, listeners: Mapping[int, str]) -> str:
+    """The processes that did not join, as far as their ports tell: a process of ``listeners`` (rank ->
+    host:port it serves once started) whose port is closed has not started or has died."""
+    closed = [r for r, address in sorted(listeners.items()) if r != rank and not _listening(address)]
+    if closed:
+        return ", ".join(f"process {r} ({listeners[r]}) is not listening" for r in closed)
+    others = [r for r in range(size) if r != rank and r not in listeners]
+    if not others:
+        return "every process is listening, yet the start did not complete"
+    names = ", ".join(map(str, others))
+    return f"process {names} did not join" if len(others) == 1 else f"processes {names}: not all of them joined"
+
+
+@contextlib.contextmanager
+def joining(
+    rank: int,
+    size: int,
+    where: str,
+    listeners: Mapping[int, str],
+    env: Mapping[str, str] = os.environ,
+    *,
+    holds_interpreter: bool = False,
+):
+    """Around the wait of process ``rank`` of ``size`` for the others (``where``: the addresses it
+    waits at): log which processes it waits for, where and until when; after ``DLAS_START_TIMEOUT``
+    seconds end with one ``error:`` line naming the processes missing (:func:`_missing` probes
+    ``listeners``). A watchdog thread ends the process with exit code 2; where the wait holds the
+    interpreter (``holds_interpreter``: TensorFlow's start of collective ops, which no thread or signal
+    handler interrupts) a watchdog process prints the line and kills it (SIGKILL, exit code 137).
+    """
+    timeout = start_timeout(env)
+    others = ", ".join(str(r) for r in range(size) if r != rank)
+    until = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
+    plural = "es" if size > 2 else ""
+    log.info(
+        f"process {rank} of {size}: waiting for process{plural} {others} at {where} until {until} "
+        f"({START_TIMEOUT_VARIABLE}={timeout:g} s)"
+    )
+    args = json.dumps([rank, size, where, {str(k): v for k, v in listeners.items()}, timeout])
+    if holds_interpreter:
+        code = "import sys; from shared_data.runtime import launch; launch.watch(sys.argv[1], sys.argv[2])"
+        watcher = subprocess.Popen([sys.executable, "-c", code, str(os.getpid()), args], stdin=subprocess.DEVNULL)
+        try:
+            yield timeout
+        finally:
+            watcher.kill()
+            watcher.wait()
+        return
+    done = threading.Event()
+
+    def watchdog():
+        if not done.wait(timeout):
+            print(f"error: {timeout_message(args)}", file=sys.stderr, flush=True)
+            os._exit(2)
+
+    threading.Thread(target=watchdog, name="start-watchdog", daemon=True).start()
+    try:
+        yield timeout
+    finally:
+        done.set()
+
+
+def timeout_message(args: str) -> str:
+    """The time-out line of :func:`joining` (its arguments as JSON)."""
+    rank, size, where, listeners, timeout = json.loads(args)
+    missing = _missing(rank, size, {int(k): v for k, v in listeners.items()})
+    return f"process {rank} of {size} waited {timeout:g} s ({START_TIMEOUT_VARIABLE}) at {where}: {missing}"
+
+
+def watch(parent: str, args: str) -> None:
+    """The watchdog process of :func:`joining`: at the time-out, if process ``parent`` still waits (it
+    kills this one once joined), print the time-out line and kill it."""
+    time.sleep(json.loads(args)[-1])
+    if os.getppid() == int(parent):
+        print(f"error: {timeout_message(args)}", file=sys.stderr, flush=True)
+        os.kill(int(parent), signal.SIGKILL)

@@ -39,8 +39,8 @@ from shared_data.core.config import Config, batch_sizes, config_dict
 from shared_data.core.errors import DatasetError, UserError
 from shared_data.core.files import write_atomic, writing
 from shared_data.model import schedule, unet_spec
+from shared_data.runtime import launch, signals
 from shared_data.runtime import lock as run_lock
-from shared_data.runtime import signals
 from shared_data.runtime.logs import (
     INPUT_BOUND_SHARE,
     close_log_file,
@@ -331,6 +331,7 @@ class Run:
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "start_epoch": start_epoch,
                 "host": platform.node(),
+                "launch": launch.launch_info(os.environ),
                 "python": platform.python_version(),
                 "code": code_version(),
                 "versions": versions,
