@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import shutil
 import subprocess
@@ -218,6 +219,17 @@ def main(
         return _main(framework, train_and_evaluate, argv, initialize=initialize, process_index=process_index)
 
 
+def resume_requested(resume: bool, overwrite: bool, env=None) -> tuple[bool, bool]:
+    """``(resume, overwrite)`` of a run: the flags, except in a requeued SLURM job
+    (``SLURM_RESTART_COUNT`` above 0), which resumes whatever its command line says, so a preempted
+    job continues from its checkpoint and an ``--overwrite`` in the job script clears only its first run."""
+    restarts = (os.environ if env is None else env).get("SLURM_RESTART_COUNT", "0")
+    if restarts.isdigit() and int(restarts) > 0:
+        log.info("SLURM_RESTART_COUNT=%s: a requeued job resumes from its newest checkpoint", restarts)
+        return True, False
+    return resume, overwrite
+
+
 def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> int:
     args = build_parser(framework).parse_args(argv)
     setup_logging()
@@ -245,12 +257,13 @@ def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> 
     setup_logging(process_index())
     if joined:
         logging.getLogger(RANK_LOGGER).info(joined)
+    resume, overwrite = resume_requested(args.resume, args.overwrite)
     try:
         train_and_evaluate(
             cfg,
             workdir,
-            resume=args.resume,
-            overwrite=args.overwrite,
+            resume=resume,
+            overwrite=overwrite,
             num_devices=args.num_devices,
             init_weights=args.init_weights,
             stop_after_epoch=args.stop_after_epoch,
