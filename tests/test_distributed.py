@@ -171,7 +171,8 @@ def test_tf_mirrored_strategy_matches_one_device(tiny_cfg):
     print(res.stdout[-300:])
 
 
-TF_TRAIN_SCRIPT = r"""
+TF_TRAIN_SCRIPT = (
+    r"""
 import sys
 import numpy as np
 from tf_impl import distribute
@@ -189,7 +190,9 @@ assert [h["epoch"] for h in hist] == [1, 2] and hist[-1]["step"] == 2 * hist[0][
 got, want = (np.array([(h["train_loss"], h["val_loss"]) for h in x]) for x in (hist, one))
 print("TF 2 replicas (epoch 1) then 1 device, against 1 device: loss rel. diff", np.abs(got / want - 1).max())
 np.testing.assert_allclose(got, want, rtol=%g)
-""" % LOSS_RTOL
+"""
+    % LOSS_RTOL
+)
 
 
 def test_tf_trainer_on_two_replicas_is_one_devices_experiment_across_a_resume(tiny_cfg, tmp_path):
