@@ -5,16 +5,18 @@ same global batches), also across a resume on another world size, mid-epoch incl
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
 import pytest
-from conftest import train_with_signal_at
+from conftest import run_module, train_with_signal_at
 
 from jax_impl import distribute as jax_distribute
 from jax_impl import model as jax_model
@@ -276,6 +278,71 @@ def test_two_jax_processes_match_one_process(tmp_path, tiny_argv):
     assert "Time taken for epoch" not in outs[1] and "data parallel:" not in outs[1]
     out_log = (tmp_path / "multi" / "out.log").read_text()
     assert out_log.count("Time taken for epoch 1 is") == 1
+    a, b = np.load(tmp_path / "single.npz"), np.load(tmp_path / "multi.npz")
+    for k in a.files:
+        np.testing.assert_allclose(b[k], a[k], rtol=RTOL, atol=ATOL, err_msg=k)
+
+
+def _jax_processes(argv, port, **env):
+    """Two JAX trainer processes on localhost (one CPU device each), started together."""
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "jax_impl.train", *argv],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+                "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+                "JAX_NUM_PROCESSES": "2",
+                "JAX_PROCESS_ID": str(i),
+                **env,
+            },
+        )
+        for i in range(2)
+    ]
+
+
+def test_two_jax_processes_stop_together_on_one_ranks_signal_and_resume_exactly(tmp_path, tiny_argv):
+    """SIGUSR1 to process 1 alone, inside epoch 2 of a 2-process run: both processes stop at the same
+    step boundary (exit 138, the same step in their last line), the checkpoint and data cursor are
+    written, and the requeued job (SLURM_RESTART_COUNT=1, no --resume) ends with the losses and
+    weights of an uninterrupted one-process run on 2 devices."""
+    steps = 100  # epoch 2 lasts seconds: the signal lands inside it
+    argv = [*tiny_argv, "--set", f"xla_cache_dir={tmp_path / 'cache'}", "--set", f"Nsamples={4 * steps}"]
+    argv += ["--set", "num_epochs=2"]
+    single = run_module(
+        "jax_impl.train",
+        *argv,
+        "--workdir",
+        str(tmp_path / "single"),
+        "--save_weights",
+        str(tmp_path / "single.npz"),
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+    )
+    assert single.returncode == 0, single.stderr[-3000:]
+    multi = [*argv, "--workdir", str(tmp_path / "multi"), "--save_weights", str(tmp_path / "multi.npz")]
+    procs = _jax_processes(multi, _free_port())
+    end = time.monotonic() + 300
+    while not (tmp_path / "multi" / "checkpoints" / "1").is_dir() and time.monotonic() < end:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    procs[1].send_signal(signal.SIGUSR1)
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [138, 138], outs[0][1][-2000:] + outs[1][1][-2000:]
+    lasts = [err.strip().splitlines()[-1] for _, err in outs]
+    cursor = json.loads((tmp_path / "multi" / "mid_epoch" / "cursor.json").read_text())
+    assert cursor["epoch"] == 1 and 0 < cursor["step"] < steps, cursor
+    for last in lasts:
+        assert f"stopped by SIGUSR1 at epoch 2, step {cursor['step'] + 1} of {steps}: saved in" in last, lasts
+    procs = _jax_processes(multi, _free_port(), SLURM_RESTART_COUNT="1")
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    assert f"at epoch 2, step {cursor['step'] + 1} of {steps}" in outs[0][0]
+    np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single"), rtol=LOSS_RTOL)
     a, b = np.load(tmp_path / "single.npz"), np.load(tmp_path / "multi.npz")
     for k in a.files:
         np.testing.assert_allclose(b[k], a[k], rtol=RTOL, atol=ATOL, err_msg=k)
