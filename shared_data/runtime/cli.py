@@ -121,6 +121,15 @@ def remove_failed_start(created: Path | None) -> None:
     log.info("removed %s: the run stopped before its first checkpoint", created)
 
 
+#: What a SLURM job's signals and requeue do, the same in both trainers (end of ``--help``).
+PREEMPTION = """\
+preemption (SLURM; shared_data/runtime/signals.py):
+  SIGUSR1, SIGTERM         during the steps: every rank saves at the next step boundary (mid_epoch/ in the
+                           run folder, with the data cursor) and stops; under SLURM (SLURM_JOB_ID) the job
+                           is requeued where it allows it (sbatch --requeue)
+  SLURM_RESTART_COUNT      above 0 (a requeued job): resume from the newest checkpoint without --resume
+"""
+
 #: The environment variables each trainer reads, shown by ``--help``.
 ENVIRONMENT = {
     "jax": """\
@@ -138,7 +147,8 @@ environment (several processes; scripts/launch/ starts them):
 caches and logs:
   JAX_COMPILATION_CACHE_DIR  the persistent compilation cache (default: the config's xla_cache_dir)
   XLA_FLAGS                XLA's flags (the kit adds its defaults, shown in the run's first lines)
-""",
+"""
+    + PREEMPTION,
     "tf": """\
 environment (several processes; scripts/launch/ starts them):
   TF_CONFIG                the cluster and this worker's task (MultiWorkerMirroredStrategy), e.g.
@@ -151,7 +161,8 @@ caches and logs:
                            (default: <xla_cache_dir>/tf of the config)
   TF_CPP_MIN_LOG_LEVEL     TensorFlow's C++ log lines: 0 all, 1 no INFO, 2 (default) no WARNING, 3 no ERROR
   XLA_FLAGS                XLA's flags (the kit adds its defaults, shown in the run's first lines)
-""",
+"""
+    + PREEMPTION,
 }
 
 

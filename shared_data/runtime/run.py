@@ -255,7 +255,7 @@ class Run:
         self._input_wait = 0.0
         self._window: CaptureWindow | None = None
         self._running: int | None = None  # the epoch being trained, until its checkpoint is written
-        self._step_in_epoch = 0
+        self._step_in_epoch = self._trained_steps = 0
         self._saved = 0  # the newest checkpoint's epoch
         self._cursor_epoch, self.first_step, self._losses_before = None, 0, []  # a mid-epoch resume's data cursor
         self.stopped_at: tuple[int, int] | None = None  # (epoch, step) where a stop signal ended the steps
@@ -474,6 +474,7 @@ class Run:
         self._running = epoch
         n = self.steps_per_epoch
         first = self.first_step if epoch == self._cursor_epoch else 0
+        self._trained_steps = n - first  # this invocation's steps of the epoch (samples/s)
         stride = max(1, -(-n // WAIT_SAMPLES))  # ceil: at most WAIT_SAMPLES sampled steps
         sampled = range(stride // 2, n, stride) if sync is not None else range(n)
         with signals.stoppable():
@@ -631,7 +632,8 @@ class Run:
         val_seconds = time.perf_counter() - t0
         train_loss = float(np.mean(losses[np.isfinite(losses)])) if np.isfinite(losses).any() else float("nan")
         input_share = min(self._input_wait / seconds, 1.0)
-        for line in epoch_lines(epoch + 1, seconds, steps * self.global_batch, train_loss, val_loss, val_seconds):
+        samples = (self._trained_steps or steps) * self.global_batch
+        for line in epoch_lines(epoch + 1, seconds, samples, train_loss, val_loss, val_seconds):
             log.info(line)
         log.info(share_line(input_share, 1.0 - input_share))
         self._advise(epoch, input_share)
@@ -642,7 +644,7 @@ class Run:
             train_loss=train_loss,
             val_loss=val_loss,
             lr=lr,
-            samples_per_sec=steps * self.global_batch / seconds,
+            samples_per_sec=samples / seconds,
             epoch_sec=seconds,
             val_sec=val_seconds,
             compile_sec=self.compile_sec,
@@ -816,6 +818,9 @@ def requeue_job(env=None) -> bool:
         return False
     try:
         shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=60)
+        if shown.returncode:
+            log.warning("scontrol show job %s failed: %s: not requeued", job, shown.stderr.strip()[:200])
+            return False
         if "Requeue=1" not in shown.stdout:
             log.info("SLURM job %s does not allow requeue (sbatch --requeue): not requeued", job)
             return False
