@@ -134,7 +134,8 @@ def is_main_process() -> bool:
 def any_process(strategy: tf.distribute.Strategy, flag: bool) -> bool:
     """Whether ``flag`` is True on any worker: a sum over the replicas of the workers' flags (every
     worker must call it at the same point), the flag itself in a one-worker run."""
-    if not getattr(strategy, "cluster_resolver", None) or strategy.extended._num_workers <= 1:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or len(resolver.cluster_spec().as_dict().get("worker", [])) <= 1:
         return flag
     value = per_replica(strategy, lambda: tf.constant(int(flag), tf.int32))
     return int(strategy.reduce("SUM", value, axis=None)) > 0
