@@ -282,8 +282,13 @@ class Run:
         if self.resume_requested and mid_epoch is not None:
             cursor = self._mid_epoch_cursor(epochs[-1] if epochs else 0)
             if cursor is not None:
-                with mid_epoch() as mid:
-                    restored = mid.restore(cursor["global_step"])
+                try:
+                    with mid_epoch() as mid:
+                        restored = mid.restore(cursor["global_step"])  # TF restores in place: None
+                except UserError as err:
+                    log.warning("the mid-epoch checkpoint does not restore (%s); trying the epoch checkpoints", err)
+                    cursor = None
+            if cursor is not None:
                 self._saved = cursor["epoch"]
                 self._cursor_epoch, self.first_step = cursor["epoch"], cursor["step"]
                 self._losses_before = list(cursor["losses"])
@@ -456,8 +461,8 @@ class Run:
         """The training batches of ``epoch`` (from the data cursor in a run resumed mid-epoch), timed
         for the input wait; the progress bar and the capture window advance with them.
 
-        Before each step every rank calls ``agree(stop)`` (True where any process's ``stop`` is True;
-        a tiny collective, or None in a one-process run) with whether a stop signal arrived
+        Before each step every rank calls ``agree(stop)`` (True where any process's ``stop`` is True:
+        a one-integer collective across processes, the flag itself in one process) with whether a stop signal arrived
         (:func:`shared_data.runtime.signals.stop_requested`), so all ranks end the epoch's steps at
         the same boundary; :attr:`stopped_at` then holds ``(epoch, step)`` and the trainer calls
         :meth:`preempt`.
