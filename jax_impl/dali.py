@@ -78,7 +78,7 @@ def make_iterator(pipes: list, samples_per_pipe: int, sharding=None):
 class DaliInput:
     """Batches of one split from DALI: ``steps`` per epoch, ``epoch(e)`` an iterator of global arrays."""
 
-    def __init__(self, cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0):
+    def __init__(self, cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0, first_step: int = 0):
         dp.require_dali()
         self.cfg, self.mesh = cfg, mesh
         path = cfg.data_file(split)
@@ -105,12 +105,16 @@ class DaliInput:
         self.steps = len(plans(0))
         sharding = distribute.batch_sharding(mesh) if self.on_gpu else None
         self.iterator = make_iterator(pipes, self.steps * local_bs * len(groups[0][0]), sharding)
-        self.cursor = host_batches.EpochCursor(SPLITS[split], first_epoch)
+        self.cursor = host_batches.EpochCursor(SPLITS[split], first_epoch, first_step)
 
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
-        """Batches of ``epoch``, the pipeline's next one (DALI counts epochs itself from ``first_epoch``)."""
-        self.cursor.advance(epoch)
-        for batch in self.iterator:
+        """Batches of ``epoch``, the pipeline's next one (DALI counts epochs itself from ``first_epoch``);
+        the first epoch of a run resumed mid-epoch is run whole and its first ``first_step`` batches
+        dropped, so the pipelines' epochs keep one length."""
+        skip = self.cursor.advance(epoch)
+        for i, batch in enumerate(self.iterator):
+            if i < skip:
+                continue
             yield (
                 batch
                 if self.on_gpu

@@ -27,8 +27,9 @@ from shared_data.runtime.nvtx import nvtx_range
 class Input:
     """Batches of one split for this process: ``steps`` per epoch, ``epoch(e)`` an iterator."""
 
-    def __init__(self, cfg: Config, split: str, mesh: Mesh):
+    def __init__(self, cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0, first_step: int = 0):
         self.cfg, self.split, self.mesh = cfg, SPLITS[split], mesh
+        self.cursor = host_batches.EpochCursor(self.split, first_epoch, first_step)
         self.reader = crop_readers.make_reader(cfg, split)
         self.workers = host_batches.crop_workers(self.reader, cfg)  # lowmem: processes, started at the first batch
         self.shards = distribute.local_shards(mesh)
@@ -40,11 +41,15 @@ class Input:
         if self.workers is not None:
             self.workers.close()
 
-    def plan(self, epoch: int) -> host_batches.EpochPlan:
-        return host_batches.make_plan(self.cfg, self.split, epoch, self.shards, self.replicas, self.reader.size)
+    def plan(self, epoch: int, first_step: int = 0) -> host_batches.EpochPlan:
+        return host_batches.make_plan(
+            self.cfg, self.split, epoch, self.shards, self.replicas, self.reader.size, first_step
+        )
 
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
-        host = iter(host_batches.NumpyLoader(self.reader, self.plan(epoch), self.cfg, workers=self.workers))
+        """Batches of ``epoch`` from its :meth:`EpochCursor.first_step` on."""
+        plan = self.plan(epoch, self.cursor.first_step(epoch))
+        host = iter(host_batches.NumpyLoader(self.reader, plan, self.cfg, workers=self.workers))
         return prefetch_to_mesh(host, self.mesh)
 
 
@@ -60,18 +65,18 @@ def prefetch_to_mesh(batches: Iterator[dict], mesh: Mesh, depth: int = 2) -> Ite
         yield queue.popleft()
 
 
-def make_input(cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0):
+def make_input(cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0, first_step: int = 0):
     """The input pipeline of ``cfg.data_loader_config`` for ``split`` (``"train"`` / ``"val"``);
-    ``first_epoch`` is where a resumed run starts (the input protocol,
-    :class:`shared_data.data.host_batches.EpochCursor`; DALI inputs hold it)."""
+    ``first_epoch`` and ``first_step`` are where a resumed run starts (the input protocol,
+    :class:`shared_data.data.host_batches.EpochCursor`)."""
     kind = loader_kinds.loader_kind(cfg)
     if kind.dali:
         from jax_impl.dali import DaliInput
 
-        return DaliInput(cfg, split, mesh, first_epoch)
+        return DaliInput(cfg, split, mesh, first_epoch, first_step)
     if kind.device_volumes:
-        return DeviceInput(cfg, split, mesh)
-    return Input(cfg, split, mesh)
+        return DeviceInput(cfg, split, mesh, first_epoch, first_step)
+    return Input(cfg, split, mesh, first_epoch, first_step)
 
 
 def batch_spec(cfg: Config, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
@@ -131,8 +136,8 @@ class DeviceInput(Input):
     transformed there by :func:`gather_batch` from the shared plan's draws, so the host only sends
     crop starts and symmetry indices (a few hundred bytes per step)."""
 
-    def __init__(self, cfg: Config, split: str, mesh: Mesh):
-        super().__init__(cfg, split, mesh)
+    def __init__(self, cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0, first_step: int = 0):
+        super().__init__(cfg, split, mesh, first_epoch, first_step)
         host, static = host_batches.device_gather_setup(self.reader, cfg)
         self.volume = distribute.put_replicated(host, mesh)
         sharding = distribute.batch_sharding(mesh)
@@ -142,7 +147,7 @@ class DeviceInput(Input):
         )
 
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
-        plan = self.plan(epoch)
+        plan = self.plan(epoch, self.cursor.first_step(epoch))
         for draws, mask in zip(plan.draws, plan.masks):
             with nvtx_range("gather batch", "green"):
                 host = {

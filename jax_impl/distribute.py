@@ -153,6 +153,16 @@ def main_process_flag(flag: bool) -> bool:
     return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
 
 
+def any_process(flag: bool) -> bool:
+    """Whether ``flag`` is True on any process: a one-integer all-gather over the processes (every
+    process must call it at the same point), the flag itself in a one-process run."""
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
+
+
 def put_replicated(host: np.ndarray, mesh: Mesh) -> jax.Array:
     """A copy of ``host`` on every device of the mesh (each process passes the same array)."""
     return jax.make_array_from_callback(host.shape, replicated(mesh), lambda index: host[index])

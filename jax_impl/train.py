@@ -177,11 +177,13 @@ def train_and_evaluate(
     model, tx = model_mod.build_model(cfg), make_optimizer(run.lr_table, cfg.adam_update)
     params = model_mod.params_from_canonical(run.initial_weights(init_weights))
     state = jax.device_put(create_train_state(cfg, params, tx), distribute.replicated(mesh))
+    mid_epoch = lambda: Checkpoints(run.mid_epoch_dir / "checkpoints", 1, state)  # a stop's save, numbered by step
     with Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, state) as ckpt:  # closed on every exit
-        start, restored = run.resume(ckpt)
-        if start:
+        start, restored = run.resume(ckpt, mid_epoch)
+        if restored is not None:
             state = restored
-        train_in, val_in = data_mod.make_input(cfg, "train", mesh, start), data_mod.make_input(cfg, "val", mesh)
+        train_in = data_mod.make_input(cfg, "train", mesh, start, run.first_step)
+        val_in = data_mod.make_input(cfg, "val", mesh)
         compiled = run.trains(start, stop_after_epoch)  # a finished run resumed compiles nothing
         spec = data_mod.batch_spec(cfg, mesh)
         train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, spec) if compiled else (None, None, 0.0)
@@ -193,11 +195,14 @@ def train_and_evaluate(
         trace = (lambda: jax.profiler.start_trace(str(workdir / "profile")), jax.profiler.stop_trace)
         with run.profile(*trace, use_cuda=jax.default_backend() == "gpu", annotate=jax.profiler.TraceAnnotation):
             for epoch in run.epochs(start, stop_after_epoch):
-                losses = []
-                for batch in run.steps(train_in.epoch(epoch), epoch, sync):
+                losses = run.losses_before(epoch)
+                for batch in run.steps(train_in.epoch(epoch), epoch, sync, distribute.any_process):
                     with nvtx_range("step dispatch", "blue"):
                         state, m = train_fn(state, batch)
                     losses.append(m["loss"])
+                if run.stopped_at:  # a stop signal: save at this step boundary and stop
+                    with mid_epoch() as mid:
+                        run.preempt(lambda step: mid.save(step, state), lambda: jax.device_get(losses))
                 run.end_epoch(
                     epoch,
                     jax.device_get(jnp.stack(losses)),

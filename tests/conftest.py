@@ -213,3 +213,35 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs a GPU (the GPU machine runs them: pytest -m gpu)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def train_with_signal_at(train_mod, monkeypatch, batch: int, signum: int, cfg, workdir, **kwargs):
+    """Run ``train_mod.train_and_evaluate(cfg, workdir, **kwargs)`` under the trainers' signal handling,
+    sending this process ``signum`` (a real signal) while the training input hands out its batch
+    number ``batch`` (0-based, counted over the epochs of this invocation); return the
+    :class:`shared_data.runtime.signals.Interrupted` it ends with."""
+    from shared_data.runtime import signals
+
+    make_input, handed = train_mod.data_mod.make_input, [0]
+
+    def signalling(cfg, split, *args):
+        inp = make_input(cfg, split, *args)
+        if split != "train":
+            return inp
+        read = inp.epoch
+
+        def epoch(e):
+            for b in read(e):
+                if handed[0] == batch:
+                    os.kill(os.getpid(), signum)
+                handed[0] += 1
+                yield b
+
+        inp.epoch = epoch
+        return inp
+
+    monkeypatch.setattr(train_mod.data_mod, "make_input", signalling)
+    with signals.handled(), pytest.raises(signals.Interrupted) as stopped:
+        train_mod.train_and_evaluate(cfg, workdir, **kwargs)
+    monkeypatch.setattr(train_mod.data_mod, "make_input", make_input)
+    return stopped.value

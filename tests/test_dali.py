@@ -318,3 +318,42 @@ def test_device_crop_source_cuts_several_steps_per_call(tiny_cfg):
     info.iteration = 5
     with pytest.raises(StopIteration):
         source(info)
+
+
+def _resumed_input_is_the_rest_of_the_run(make_input, cfg, context, to_numpy, steps_of=None, resume=None):
+    """An input made at the data cursor (epoch 1, step 2 of 3; by ``resume`` where given) yields
+    step 2 of epoch 1, then all of epoch 2: the lowmem loader's batches of a fresh input, bit for bit."""
+    resumed = (resume or make_input)(cfg, "train", context, 1, 2)
+    native = make_input(config_mod.replace(cfg, data_loader_config="lowmem"), "train", context)
+    for epoch, first in ((1, 2), (2, 0)):
+        it = resumed.epoch(epoch)
+        got = list(itertools.islice(it, steps_of(resumed, first)) if steps_of else it)
+        want = list(native.epoch(epoch))[first:]
+        assert len(got) == len(want) == 3 - first
+        for g, w in zip(got, want):
+            for k in ("inputs", "targets", "mask"):
+                np.testing.assert_array_equal(to_numpy(g[k]), to_numpy(w[k]), err_msg=f"{epoch} {k}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["device", "dali-npy", "dali-h5", "dali-device"])
+def test_jax_inputs_resume_at_a_data_cursor(tiny_cfg, kind):
+    from jax_impl import data as data_mod
+    from jax_impl import distribute
+
+    cfg = _cfg(tiny_cfg, kind)
+    _resumed_input_is_the_rest_of_the_run(data_mod.make_input, cfg, distribute.make_mesh(1), np.asarray)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["device", "dali-npy", "dali-h5", "dali-device", "dali-device from Python"])
+def test_tf_inputs_resume_at_a_data_cursor(tiny_cfg, kind):
+    from tf_impl import dali, distribute
+    from tf_impl import data as data_mod
+
+    cfg = _cfg(tiny_cfg, kind.split()[0])
+    resume, steps_of = None, None
+    if kind.endswith("Python"):  # what runs on GPUs; the trainer takes steps - first_step batches
+        resume, steps_of = dali.DaliDeviceInput, lambda inp, first: inp.steps - first
+    strategy = distribute.make_strategy()
+    _resumed_input_is_the_rest_of_the_run(data_mod.make_input, cfg, strategy, lambda t: t.numpy(), steps_of, resume)

@@ -1,16 +1,22 @@
 """Data parallelism on CPU: 2 JAX devices == 1 device, TF MirroredStrategy over 2 logical CPUs ==
-one device, and two JAX processes on localhost == one process with 2 devices (same global batches)."""
+one device, and two JAX processes on localhost == one process with 2 devices (same global batches);
+the trainers on 1 and 2 replicas are the same experiment (the sampler gives every world size the
+same global batches), also across a resume on another world size, mid-epoch included."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
 import pytest
+from conftest import run_module, train_with_signal_at
 
 from jax_impl import distribute as jax_distribute
 from jax_impl import model as jax_model
@@ -19,16 +25,43 @@ from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
 from shared_data.data import crop_readers, host_batches
 from shared_data.data.sampler import TRAIN
+from shared_data.runtime.records import read_metrics
 
 pytestmark = pytest.mark.slow
 
 RTOL, ATOL = 1e-4, 1e-6  # fp32, different reduction orders; updates are ~lr = 1e-3
+# losses of the same global batches on 1 and 2 replicas (float32 sums in another order; on CPU the
+# per-epoch losses agree to a few 1e-7 relative)
+LOSS_RTOL = 1e-5
 # bfloat16 compute, 1 vs 2 devices: batch-split bf16 reductions round differently and Adam turns a
 # changed near-zero gradient into a step of up to ~lr, so elements differ by up to 7e-4. Compared
 # instead: |update_2 - update_1| / |update_1| over all parameters (L2). On CPU with the generated
 # 32^3 volume this is 0.17 (bf16 against fp32 compute on one device: 0.08); a replica that missed
 # the gradient sum (training on its half batch alone) gives 0.52. The bound sits between the two.
 BF16_REL_UPDATE = 0.3
+
+
+def _losses(workdir):
+    return np.array([(h["train_loss"], h["val_loss"]) for h in read_metrics(workdir)])
+
+
+def test_jax_trainer_on_two_devices_is_one_devices_experiment_across_a_mid_epoch_resume(
+    tiny_cfg, tmp_path, monkeypatch
+):
+    """2 epochs of 3 steps: straight on 1 device; on 2 devices stopped by SIGUSR1 inside epoch 2,
+    then resumed on 1 device from the data cursor. Epoch 1 (2 devices) and epoch 2 (both) give the
+    1-device losses and weights to float32 reduction order."""
+    cfg = config_mod.replace(tiny_cfg, Nsamples=12, num_epochs=2)
+    one = jax_train.train_and_evaluate(cfg, tmp_path / "one", num_devices=1)[0]
+    stopped = train_with_signal_at(jax_train, monkeypatch, 3, signal.SIGUSR1, cfg, tmp_path / "two", num_devices=2)
+    assert "epoch 2, step 2 of 3" in str(stopped)
+    resumed = jax_train.train_and_evaluate(cfg, tmp_path / "two", num_devices=1, resume=True)[0]
+    got, want = _losses(tmp_path / "two"), _losses(tmp_path / "one")
+    print("JAX 2 devices (epoch 1) then 1 device, against 1 device: loss rel. diff", np.abs(got / want - 1).max())
+    np.testing.assert_allclose(got, want, rtol=LOSS_RTOL)
+    a, b = (jax_model.params_to_canonical(jax.device_get(s.params)) for s in (one, resumed))
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=RTOL, atol=ATOL, err_msg=k)
 
 
 def _global_batches(cfg, steps=3):
@@ -140,23 +173,34 @@ def test_tf_mirrored_strategy_matches_one_device(tiny_cfg):
     print(res.stdout[-300:])
 
 
-TF_TRAIN_SCRIPT = r"""
+TF_TRAIN_SCRIPT = (
+    r"""
 import sys
+import numpy as np
 from tf_impl import distribute
 distribute.split_cpu(2)
 from shared_data.runtime.records import read_metrics
 from tf_impl import train as train_mod
 args = ["--config", "cpu_tiny", "--set", "train_path=" + sys.argv[1], "--set", "val_path=" + sys.argv[2],
-        "--num_devices", "2", "--num_epochs", "2", "--data_loader_config", "device", "--workdir", sys.argv[3]]
-assert train_mod.main(args + ["--stop_after_epoch", "1"]) == 0 and train_mod.main(args + ["--resume"]) == 0
-hist = read_metrics(sys.argv[3])
+        "--num_epochs", "2", "--data_loader_config", "device"]
+two = args + ["--workdir", sys.argv[3]]
+assert train_mod.main(two + ["--num_devices", "2", "--stop_after_epoch", "1"]) == 0
+assert train_mod.main(two + ["--num_devices", "1", "--resume"]) == 0
+assert train_mod.main(args + ["--num_devices", "1", "--workdir", sys.argv[3] + "-one"]) == 0
+hist, one = read_metrics(sys.argv[3]), read_metrics(sys.argv[3] + "-one")
 assert [h["epoch"] for h in hist] == [1, 2] and hist[-1]["step"] == 2 * hist[0]["step"] > 0, hist
+got, want = (np.array([(h["train_loss"], h["val_loss"]) for h in x]) for x in (hist, one))
+print("TF 2 replicas (epoch 1) then 1 device, against 1 device: loss rel. diff", np.abs(got / want - 1).max())
+np.testing.assert_allclose(got, want, rtol=%g)
 """
+    % LOSS_RTOL
+)
 
 
-def test_tf_trainer_on_two_replicas_stops_and_resumes(tiny_cfg, tmp_path):
-    """The whole TF trainer under MirroredStrategy (2 logical CPUs, the device loader): epoch 1,
-    stop, resume, epoch 2 (a separate process: strategies of one process share collective keys)."""
+def test_tf_trainer_on_two_replicas_is_one_devices_experiment_across_a_resume(tiny_cfg, tmp_path):
+    """The whole TF trainer under MirroredStrategy (2 logical CPUs, the device loader): epoch 1 on 2
+    replicas, stop, resume on 1 device for epoch 2; the losses equal a 1-device run's to float32
+    reduction order (a separate process: strategies of one process share collective keys)."""
     res = subprocess.run(
         [sys.executable, "-c", TF_TRAIN_SCRIPT, tiny_cfg.train_path, tiny_cfg.val_path, str(tmp_path / "run")],
         cwd=REPO_ROOT,
@@ -167,6 +211,7 @@ def test_tf_trainer_on_two_replicas_stops_and_resumes(tiny_cfg, tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     log = res.stderr + res.stdout
     assert "data parallel: 2 replicas" in log and "input: device loader, 16^3 crops, symmetries cube48" in log
+    print(res.stdout[-200:])
 
 
 def _free_port():
@@ -233,6 +278,71 @@ def test_two_jax_processes_match_one_process(tmp_path, tiny_argv):
     assert "Time taken for epoch" not in outs[1] and "data parallel:" not in outs[1]
     out_log = (tmp_path / "multi" / "out.log").read_text()
     assert out_log.count("Time taken for epoch 1 is") == 1
+    a, b = np.load(tmp_path / "single.npz"), np.load(tmp_path / "multi.npz")
+    for k in a.files:
+        np.testing.assert_allclose(b[k], a[k], rtol=RTOL, atol=ATOL, err_msg=k)
+
+
+def _jax_processes(argv, port, **env):
+    """Two JAX trainer processes on localhost (one CPU device each), started together."""
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "jax_impl.train", *argv],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+                "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+                "JAX_NUM_PROCESSES": "2",
+                "JAX_PROCESS_ID": str(i),
+                **env,
+            },
+        )
+        for i in range(2)
+    ]
+
+
+def test_two_jax_processes_stop_together_on_one_ranks_signal_and_resume_exactly(tmp_path, tiny_argv):
+    """SIGUSR1 to process 1 alone, inside epoch 2 of a 2-process run: both processes stop at the same
+    step boundary (exit 138, the same step in their last line), the checkpoint and data cursor are
+    written, and the requeued job (SLURM_RESTART_COUNT=1, no --resume) ends with the losses and
+    weights of an uninterrupted one-process run on 2 devices."""
+    steps = 100  # epoch 2 lasts seconds: the signal lands inside it
+    argv = [*tiny_argv, "--set", f"xla_cache_dir={tmp_path / 'cache'}", "--set", f"Nsamples={4 * steps}"]
+    argv += ["--set", "num_epochs=2"]
+    single = run_module(
+        "jax_impl.train",
+        *argv,
+        "--workdir",
+        str(tmp_path / "single"),
+        "--save_weights",
+        str(tmp_path / "single.npz"),
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+    )
+    assert single.returncode == 0, single.stderr[-3000:]
+    multi = [*argv, "--workdir", str(tmp_path / "multi"), "--save_weights", str(tmp_path / "multi.npz")]
+    procs = _jax_processes(multi, _free_port())
+    end = time.monotonic() + 300
+    while not (tmp_path / "multi" / "checkpoints" / "1").is_dir() and time.monotonic() < end:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    procs[1].send_signal(signal.SIGUSR1)
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [138, 138], outs[0][1][-2000:] + outs[1][1][-2000:]
+    lasts = [err.strip().splitlines()[-1] for _, err in outs]
+    cursor = json.loads((tmp_path / "multi" / "mid_epoch" / "cursor.json").read_text())
+    assert cursor["epoch"] == 1 and 0 < cursor["step"] < steps, cursor
+    for last in lasts:
+        assert f"stopped by SIGUSR1 at epoch 2, step {cursor['step'] + 1} of {steps}: saved in" in last, lasts
+    procs = _jax_processes(multi, _free_port(), SLURM_RESTART_COUNT="1")
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    assert f"at epoch 2, step {cursor['step'] + 1} of {steps}" in outs[0][0]
+    np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single"), rtol=LOSS_RTOL)
     a, b = np.load(tmp_path / "single.npz"), np.load(tmp_path / "multi.npz")
     for k in a.files:
         np.testing.assert_allclose(b[k], a[k], rtol=RTOL, atol=ATOL, err_msg=k)

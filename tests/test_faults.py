@@ -95,9 +95,11 @@ def _checkpoint_epochs(folder) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.parametrize(("framework", "signum", "code"), [("jax", signal.SIGINT, 130), ("tf", signal.SIGTERM, 143)])
 def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny_argv, framework, signum, code):
-    """Class 7: SIGTERM (a job's time limit) or Ctrl-C in the middle of epoch 2 ends with one line
-    that says the epoch is abandoned and which checkpoint is kept, exit 128 + signal; no traceback,
-    no C++ abort; the lock is released and --resume trains epoch 2 again."""
+    """Class 7: Ctrl-C in the middle of epoch 2 ends with one line that says the epoch is abandoned
+    and which checkpoint is kept, exit 130; SIGTERM (a job's time limit, ``scancel``) saves at the
+    next step boundary with the data cursor and says so, exit 143. No traceback, no C++ abort; the
+    lock is released; --resume (or, for the SIGTERM run, a requeued job's SLURM_RESTART_COUNT
+    without --resume) trains epoch 2 again from its start or from the cursor."""
     workdir = tmp_path / "w"
     steps = 300 if framework == "jax" else 150  # epochs of seconds in either framework (TF's steps are slower)
     # one device: XLA:CPU's in-process all-reduce over 2 forced host devices can stall on long runs
@@ -125,16 +127,27 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
     assert "Traceback" not in err and "terminate called" not in err, err[-2000:]
     name = signal.Signals(signum).name
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"stopped by {name} during epoch 2 (step "), last
-    assert last.endswith(
-        f" of {steps}): that epoch is abandoned; the checkpoint of epoch 1 is kept and --resume continues from it"
-    )
     assert _checkpoint_epochs(workdir / "checkpoints") == [1]
     assert (workdir / run_lock.LOCK_NAME).read_text() == ""
-    res = run_module(f"{framework}_impl.train", *argv, "--resume")
+    env = dict(os.environ)
+    if signum == signal.SIGINT:
+        assert last.startswith(f"stopped by {name} during epoch 2 (step "), last
+        assert last.endswith(
+            f" of {steps}): that epoch is abandoned; the checkpoint of epoch 1 is kept and --resume continues from it"
+        )
+        argv.append("--resume")
+    else:
+        assert last.startswith(f"stopped by {name} at epoch 2, step "), last
+        assert last.endswith(f" of {steps}: saved in {workdir / 'mid_epoch'}; --resume continues from there"), last
+        cursor = json.loads((workdir / "mid_epoch" / "cursor.json").read_text())
+        assert cursor["epoch"] == 1 and 0 < cursor["step"] < steps and len(cursor["losses"]) == cursor["step"]
+        env["SLURM_RESTART_COUNT"] = "1"
+    res = run_module(f"{framework}_impl.train", *argv, env=env)
     assert res.returncode == 0 and "taking over" not in res.stderr, res.stderr[-2000:]
     epochs = [json.loads(line)["epoch"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2]
+    if signum == signal.SIGTERM:
+        assert f"resumed from {workdir / 'mid_epoch'} at epoch 2, step {cursor['step'] + 1}" in res.stdout
 
 
 def _flip_bytes(path, at: float = 0.5, count: int = 4) -> None:
@@ -596,7 +609,7 @@ def test_a_full_disk_during_a_log_write_keeps_the_last_checkpoint(
         f"cannot write {work / record} (No space left on device){lost}; "
         "the checkpoint of epoch 1 is kept and --resume continues from it",
     )
-    assert "Logging error" not in res.stderr
+    assert "Logging error" not in res.stdout
     assert _checkpoint_epochs(work / "checkpoints") == [1]
     monkeypatch.undo()
     assert run_in_process(train.main, [*argv, "--resume"]).returncode == 0

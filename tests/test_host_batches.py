@@ -1,6 +1,7 @@
 """Epoch plans and the threaded NumPy loader: order, reproducibility, shards, validation padding."""
 
 import numpy as np
+import pytest
 
 from shared_data.core import config as config_mod
 from shared_data.data import crop_readers, host_batches
@@ -19,18 +20,40 @@ def test_threaded_loader_yields_the_plan_in_order_reproducibly(tiny_cfg):
         for k in a:
             np.testing.assert_array_equal(a[k], sequential[k])
             np.testing.assert_array_equal(a[k], b[k])
-    # batches 0 and 1 come from the two workers' distinct streams
     assert not np.array_equal(plan.draws[0].starts, plan.draws[1].starts)
 
 
-def test_shards_split_the_global_batch_and_differ(tiny_cfg):
+def test_the_global_batch_is_the_same_on_any_world_size_and_worker_count(tiny_cfg):
+    """The process batches of 1, 2 and 4 replicas (one process holding all, or one per shard) and of
+    1 or 3 data workers concatenate to the same global batch of crops, element by element."""
     r = crop_readers.make_reader(tiny_cfg)
-    both = host_batches.make_plan(tiny_cfg, TRAIN, 0, [0, 1], 2, r.size)
-    s0 = host_batches.make_plan(tiny_cfg, TRAIN, 0, [0], 2, r.size)
-    s1 = host_batches.make_plan(tiny_cfg, TRAIN, 0, [1], 2, r.size)
-    assert len(both) == len(s0) == 4 and len(both.draws[0]) == 4 and len(s0.draws[0]) == 2
-    np.testing.assert_array_equal(both.draws[0].starts, np.concatenate([s0.draws[0].starts, s1.draws[0].starts]))
-    assert not np.array_equal(s0.draws[0].starts, s1.draws[0].starts)
+    one = host_batches.make_plan(tiny_cfg, TRAIN, 1, [0], 1, r.size)
+    assert len(one) == 4 and len(one.draws[0]) == 4
+    for replicas in (2, 4):
+        together = host_batches.make_plan(tiny_cfg, TRAIN, 1, range(replicas), replicas, r.size)
+        apart = [host_batches.make_plan(tiny_cfg, TRAIN, 1, [s], replicas, r.size) for s in range(replicas)]
+        for t in range(len(one)):
+            for plan in (together.draws[t], host_batches._concat([a.draws[t] for a in apart])):
+                np.testing.assert_array_equal(plan.starts, one.draws[t].starts)
+                np.testing.assert_array_equal(plan.symmetries, one.draws[t].symmetries)
+    three = host_batches.make_plan(config_mod.replace(tiny_cfg, num_data_workers=3), TRAIN, 1, [0], 1, r.size)
+    for a, b in zip(three.draws, one.draws):
+        np.testing.assert_array_equal(a.starts, b.starts)
+    batch_1 = host_batches.NumpyLoader(r, one, tiny_cfg).load(2)
+    shard_plans = [host_batches.make_plan(tiny_cfg, TRAIN, 1, [s], 2, r.size) for s in (0, 1)]
+    halves = [host_batches.NumpyLoader(r, p, tiny_cfg).load(2) for p in shard_plans]
+    for k in ("inputs", "targets"):
+        np.testing.assert_array_equal(np.concatenate([h[k] for h in halves]), batch_1[k])
+
+
+def test_a_plan_from_a_data_cursor_is_the_rest_of_the_epoch(tiny_cfg):
+    r = crop_readers.make_reader(tiny_cfg)
+    full = host_batches.make_plan(tiny_cfg, TRAIN, 3, [1], 2, r.size)
+    rest = host_batches.make_plan(tiny_cfg, TRAIN, 3, [1], 2, r.size, first_step=3)
+    assert len(rest) == 1
+    np.testing.assert_array_equal(rest.draws[0].starts, full.draws[3].starts)
+    with pytest.raises(ValueError, match="first_step 4"):
+        host_batches.make_plan(tiny_cfg, TRAIN, 3, [1], 2, r.size, first_step=4)
 
 
 def test_validation_pads_and_masks_the_last_batch(tiny_cfg):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import json
+import signal
 import subprocess
 import sys
 
@@ -10,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_tensorboard_record, run_in_process
+from conftest import assert_tensorboard_record, run_in_process, train_with_signal_at
 
 from jax_impl import model as model_mod
 from jax_impl import train as train_mod
@@ -52,6 +54,27 @@ def test_resume_is_exact(tiny_cfg, tmp_path):
     hist = read_metrics(tmp_path / "split")
     assert [h["epoch"] for h in hist] == [1, 2]
     assert hist[1]["lr"] == read_metrics(tmp_path / "straight")[1]["lr"]
+
+
+@pytest.mark.slow
+def test_a_stop_signal_saves_mid_epoch_and_the_resumed_run_is_exact(tiny_cfg, tmp_path, monkeypatch):
+    """SIGUSR1 while step 1 of epoch 2 runs (3 steps an epoch): the run saves after that step with
+    the data cursor (epoch 2, step 3) and exits 138; the resumed run ends with the weights and
+    the per-epoch losses of the uninterrupted run, bit for bit."""
+    cfg = config_mod.replace(tiny_cfg, Nsamples=12, num_epochs=2)
+    straight = _params(train_mod.train_and_evaluate(cfg, tmp_path / "straight")[0])
+    stopped = train_with_signal_at(train_mod, monkeypatch, 4, signal.SIGUSR1, cfg, tmp_path / "split")
+    assert stopped.exit_code == 128 + signal.SIGUSR1 and "epoch 2, step 3 of 3" in str(stopped), stopped
+    cursor = json.loads((tmp_path / "split" / "mid_epoch" / "cursor.json").read_text())
+    assert (cursor["epoch"], cursor["step"], cursor["global_step"], len(cursor["losses"])) == (1, 2, 5, 2)
+    resumed, _ = train_mod.train_and_evaluate(cfg, tmp_path / "split", resume=True)
+    assert int(resumed.step) == 6 and not (tmp_path / "split" / "mid_epoch").exists()
+    for k, v in straight.items():
+        np.testing.assert_array_equal(_params(resumed)[k], v, err_msg=k)
+    split, want = read_metrics(tmp_path / "split"), read_metrics(tmp_path / "straight")
+    assert [(h["epoch"], h["train_loss"], h["val_loss"]) for h in split] == [
+        (h["epoch"], h["train_loss"], h["val_loss"]) for h in want
+    ]
 
 
 def _step_fn(cfg):

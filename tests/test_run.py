@@ -269,3 +269,19 @@ def test_profile_holds_the_nvtx_ranges(framework, tiny_cfg, tmp_path):
     (trace,) = (tmp_path / "run" / "profile").rglob("*.xplane.pb")
     data = trace.read_bytes()
     assert b"data wait" in data and b"step dispatch" in data
+
+
+def test_a_requeued_slurm_job_resumes_without_the_flag():
+    assert cli.resume_requested(False, True, {"SLURM_RESTART_COUNT": "2"}) == (True, False)
+    assert cli.resume_requested(False, True, {"SLURM_RESTART_COUNT": "0"}) == (False, True)
+    assert cli.resume_requested(True, False, {}) == (True, False)
+
+
+def test_requeue_outside_slurm_or_without_a_controller_is_refused_with_a_line(caplog, tmp_path, monkeypatch):
+    """No SLURM_JOB_ID: nothing is asked. A job id that no reachable controller knows (scontrol
+    missing, or no slurmctld): a warning, no exception, since the checkpoint is already written."""
+    assert run.requeue_job({}) is False
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol on PATH
+    with caplog.at_level(logging.WARNING, logger="dlas"):
+        assert run.requeue_job({"SLURM_JOB_ID": "123"}) is False
+    assert "not requeued" in caplog.text

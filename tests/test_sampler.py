@@ -1,11 +1,12 @@
 import numpy as np
+import pytest
 
-from shared_data.data.sampler import VAL, CropStream, StreamKey, epoch_draws
+from shared_data.data.sampler import VAL, CropStream, StreamKey, epoch_draws, global_batch_draws
 
 
 def test_same_key_same_stream_and_bounds():
-    a = CropStream(StreamKey(seed=3, epoch=1, shard=0, worker=0), 40, 16, "cube48")
-    b = CropStream(StreamKey(seed=3, epoch=1, shard=0, worker=0), 40, 16, "cube48")
+    a = CropStream(StreamKey(seed=3, epoch=1, step=0), 40, 16, "cube48")
+    b = CropStream(StreamKey(seed=3, epoch=1, step=0), 40, 16, "cube48")
     da, db = a.next_batch(500), b.next_batch(500)
     np.testing.assert_array_equal(da.starts, db.starts)
     np.testing.assert_array_equal(da.symmetries, db.symmetries)
@@ -15,28 +16,48 @@ def test_same_key_same_stream_and_bounds():
     assert rot.symmetries.max() == 23
 
 
-def test_workers_shards_epochs_seeds_differ():
-    base = StreamKey(seed=3, epoch=1, shard=0, worker=0)
-    first = CropStream(base, 64, 16, "cube48").next_batch(8).starts
-    for other in (
-        StreamKey(3, 1, 0, 1),
-        StreamKey(3, 1, 1, 0),
-        StreamKey(3, 2, 0, 0),
-        StreamKey(4, 1, 0, 0),
-        StreamKey(3, 1, 0, 0, VAL),
-    ):
+def test_steps_epochs_seeds_splits_differ():
+    first = CropStream(StreamKey(seed=3, epoch=1, step=0), 64, 16, "cube48").next_batch(8).starts
+    for other in (StreamKey(3, 1, 1), StreamKey(3, 2, 0), StreamKey(4, 1, 0), StreamKey(3, 1, 0, VAL)):
         assert not np.array_equal(CropStream(other, 64, 16, "cube48").next_batch(8).starts, first)
 
 
-def test_epoch_draws_interleave_workers():
-    draws = epoch_draws(
-        seed=1, epoch=0, shard=0, num_workers=2, steps=4, batch=3, volume_size=32, crop_size=8, symmetry_group="cube48"
-    )
-    w0 = CropStream(StreamKey(1, 0, 0, 0), 32, 8, "cube48")
-    w1 = CropStream(StreamKey(1, 0, 0, 1), 32, 8, "cube48")
-    expect = [w0.next_batch(3), w1.next_batch(3), w0.next_batch(3), w1.next_batch(3)]
-    for got, want in zip(draws, expect):
+@pytest.mark.parametrize("num_shards", [2, 4])
+def test_shards_are_slices_of_the_one_global_batch(num_shards):
+    """World size 1 and ``num_shards``: shard r's step t is rows [r B, (r+1) B) of the one-shard
+    global batch of step t, element by element (starts and symmetries), for every step."""
+    args = dict(seed=7, epoch=2, steps=3, global_batch=8, volume_size=32, crop_size=8, symmetry_group="cube48")
+    whole = epoch_draws(shard=0, num_shards=1, **args)
+    parts = [epoch_draws(shard=r, num_shards=num_shards, **args) for r in range(num_shards)]
+    local = 8 // num_shards
+    for t in range(3):
+        assert len(whole[t]) == 8
+        for r in range(num_shards):
+            assert len(parts[r][t]) == local
+            np.testing.assert_array_equal(parts[r][t].starts, whole[t].starts[r * local : (r + 1) * local])
+            np.testing.assert_array_equal(parts[r][t].symmetries, whole[t].symmetries[r * local : (r + 1) * local])
+    # each step draws from its own stream: step t's batch is the generator of key (seed, split, epoch, t)
+    rng = np.random.default_rng(np.random.SeedSequence([7, 0, 2, 1]))
+    np.testing.assert_array_equal(whole[1].starts, rng.integers(0, 32 - 8 + 1, size=(8, 3)))
+    np.testing.assert_array_equal(whole[1].symmetries, rng.integers(0, 48, size=8))
+
+
+def test_first_step_is_the_tail_of_the_epoch():
+    args = dict(seed=1, epoch=0, shard=1, num_shards=2, steps=5, global_batch=4, volume_size=32, crop_size=8)
+    full = epoch_draws(symmetry_group="cube48", **args)
+    tail = epoch_draws(symmetry_group="cube48", first_step=3, **args)
+    assert len(tail) == 2
+    for got, want in zip(tail, full[3:]):
         np.testing.assert_array_equal(got.starts, want.starts)
-    val = epoch_draws(1, 5, 0, 1, 2, 3, 32, 8, "cube48", split=VAL)
-    assert all((d.symmetries == 0).all() for d in val)
-    np.testing.assert_array_equal(val[0].starts, epoch_draws(1, 0, 0, 1, 2, 3, 32, 8, "cube48", split=VAL)[0].starts)
+        np.testing.assert_array_equal(got.symmetries, want.symmetries)
+
+
+def test_validation_is_the_same_every_epoch_without_symmetry():
+    val = global_batch_draws(1, 5, 0, 6, 32, 8, "cube48", split=VAL)
+    assert (val.symmetries == 0).all()
+    np.testing.assert_array_equal(val.starts, global_batch_draws(1, 0, 0, 6, 32, 8, "cube48", split=VAL).starts)
+
+
+def test_a_batch_that_does_not_divide_is_refused():
+    with pytest.raises(ValueError, match="global batch 6 must divide"):
+        epoch_draws(1, 0, 0, 4, 2, 6, 32, 8, "cube48")

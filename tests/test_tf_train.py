@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_tensorboard_record, run_in_process
+from conftest import assert_tensorboard_record, run_in_process, train_with_signal_at
 
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
@@ -42,6 +44,27 @@ def test_resume_is_exact(tiny_cfg, tmp_path):
     for k, v in straight.items():
         np.testing.assert_array_equal(resumed[k], v, err_msg=k)
     assert [h["epoch"] for h in read_metrics(tmp_path / "split")] == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_stop_signal_saves_mid_epoch_and_the_resumed_run_is_exact(tiny_cfg, tmp_path, monkeypatch):
+    """SIGTERM while step 1 of epoch 2 runs (3 steps an epoch): the run saves after that step with
+    the data cursor (epoch 2, step 3) and exits 143; the resumed run ends with the weights and the
+    per-epoch losses of the uninterrupted run, bit for bit (the JAX test's twin)."""
+    cfg = config_mod.replace(tiny_cfg, Nsamples=12, num_epochs=2)
+    straight = model_mod.params_to_canonical(train_mod.train_and_evaluate(cfg, tmp_path / "straight")[0])
+    stopped = train_with_signal_at(train_mod, monkeypatch, 4, signal.SIGTERM, cfg, tmp_path / "split")
+    assert stopped.exit_code == 128 + signal.SIGTERM and "epoch 2, step 3 of 3" in str(stopped), stopped
+    cursor = json.loads((tmp_path / "split" / "mid_epoch" / "cursor.json").read_text())
+    assert (cursor["epoch"], cursor["step"], cursor["global_step"], len(cursor["losses"])) == (1, 2, 5, 2)
+    resumed = model_mod.params_to_canonical(train_mod.train_and_evaluate(cfg, tmp_path / "split", resume=True)[0])
+    assert not (tmp_path / "split" / "mid_epoch").exists()
+    for k, v in straight.items():
+        np.testing.assert_array_equal(resumed[k], v, err_msg=k)
+    split, want = read_metrics(tmp_path / "split"), read_metrics(tmp_path / "straight")
+    assert [(h["epoch"], h["train_loss"], h["val_loss"]) for h in split] == [
+        (h["epoch"], h["train_loss"], h["val_loss"]) for h in want
+    ]
 
 
 def _setup(cfg, weights):

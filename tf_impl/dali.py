@@ -39,7 +39,9 @@ class DaliInput:
     """Batches of one split from DALI, one ``DALIDatasetWithInputs`` per replica and epoch:
     ``steps`` per epoch, ``epoch(e)`` an iterator (the contract of :class:`tf_impl.data.Input`)."""
 
-    def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0):
+    def __init__(
+        self, cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0, first_step: int = 0
+    ):
         dp.require_dali()
         import nvidia.dali.plugin.tf as dali_tf
 
@@ -57,15 +59,15 @@ class DaliInput:
         self.volumes = dp.load_volumes(self.path, cfg) if kind.device_volumes else None
         self.crops_outside = kind.crops_outside_dali
         self.steps = len(self.plan(0, self.shards))
-        self.cursor = host_batches.EpochCursor(self.split, first_epoch)
+        self.cursor = host_batches.EpochCursor(self.split, first_epoch, first_step)
 
-    def plan(self, epoch: int, shards: list[int]) -> host_batches.EpochPlan:
-        return host_batches.make_plan(self.cfg, self.split, epoch, shards, self.replicas, self.reader.size)
+    def plan(self, epoch: int, shards: list[int], first_step: int = 0) -> host_batches.EpochPlan:
+        return host_batches.make_plan(self.cfg, self.split, epoch, shards, self.replicas, self.reader.size, first_step)
 
-    def dataset(self, epoch: int, shard: int) -> Iterator[dict]:
-        """One replica's batches of ``epoch`` from a DALI pipeline fed by its plan."""
+    def dataset(self, epoch: int, shard: int, first_step: int = 0) -> Iterator[dict]:
+        """One replica's batches of ``epoch`` from step ``first_step``, from a DALI pipeline fed by its plan."""
         cfg, s = self.cfg, self.cfg.crop_size
-        plan = self.plan(epoch, [shard])
+        plan = self.plan(epoch, [shard], first_step)
         params = dp.plan_params(plan, cfg)
         inputs = {
             k: self.dali_tf.experimental.Input(tf.data.Dataset.from_tensor_slices(v), batch=True)
@@ -97,9 +99,9 @@ class DaliInput:
 
     def epoch(self, epoch: int) -> Iterator:
         """Batches of ``epoch``: plain dicts with one replica, per-replica values with several."""
-        self.cursor.advance(epoch)
-        iters = [iter(self.dataset(epoch, r)) for r in self.shards]
-        return distribute.replica_batches(self.strategy, self.shards, iters, self.steps)
+        first = self.cursor.advance(epoch)
+        iters = [iter(self.dataset(epoch, r, first)) for r in self.shards]
+        return distribute.replica_batches(self.strategy, self.shards, iters, self.steps - first)
 
     def _crop_inputs(self, plan, gpu: str | None) -> dict:
         """``Nbody``/``Hydro`` input datasets: each step's channel-first crops read by the shared
@@ -192,7 +194,9 @@ class DaliDeviceInput:
     is handed to TensorFlow by DLPack and copied into TensorFlow's memory (DALI reuses its output
     buffers)."""
 
-    def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0):
+    def __init__(
+        self, cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0, first_step: int = 0
+    ):
         dp.require_dali()
         self.cfg, self.strategy, self.split = cfg, strategy, SPLITS[split]
         path = cfg.data_file(split)
@@ -212,7 +216,7 @@ class DaliDeviceInput:
             pipe.build()
             self.pipes.append(pipe)
         self.steps = len(plans(0))
-        self.cursor = host_batches.EpochCursor(self.split, first_epoch)
+        self.cursor = host_batches.EpochCursor(self.split, first_epoch, first_step)
         self.copy = tf.function(tf.identity, jit_compile=True)  # an XLA output is a new buffer
         self.runs = [0] * len(self.pipes)  # steps each pipeline has run in its current epoch
 
@@ -233,14 +237,17 @@ class DaliDeviceInput:
         pipe.reset()
         self.runs[i] = 0
 
-    def dataset(self, epoch: int, shard: int) -> Iterator[dict]:
-        """One replica's batches of the pipeline's next epoch (``epoch`` is the cursor's)."""
+    def dataset(self, epoch: int, shard: int, first_step: int = 0) -> Iterator[dict]:
+        """One replica's batches of the pipeline's next epoch (``epoch`` is the cursor's) from step
+        ``first_step``: the pipeline runs the whole epoch and the batches before it are dropped."""
         i = shard - self.shards[0]
         self._finish_epoch(i)
         pipe = self.pipes[i]
-        for _ in range(self.steps):
+        for step in range(self.steps):
             outputs = pipe.run()
             self.runs[i] += 1
+            if step < first_step:
+                continue
             with tf.device(self.devices[i]):
                 yield {
                     name: self.copy(tf.experimental.dlpack.from_dlpack(t.as_tensor().__dlpack__()))
@@ -249,6 +256,6 @@ class DaliDeviceInput:
 
     def epoch(self, epoch: int) -> Iterator:
         """Batches of ``epoch``: plain dicts with one replica, per-replica values with several."""
-        self.cursor.advance(epoch)
-        iters = [iter(self.dataset(epoch, r)) for r in self.shards]
-        return distribute.replica_batches(self.strategy, self.shards, iters, self.steps)
+        first = self.cursor.advance(epoch)
+        iters = [iter(self.dataset(epoch, r, first)) for r in self.shards]
+        return distribute.replica_batches(self.strategy, self.shards, iters, self.steps - first)

@@ -25,8 +25,11 @@ from tf_impl import distribute
 class Input:
     """Batches of one split for this process: ``steps`` per epoch, ``epoch(e)`` an iterator."""
 
-    def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy):
+    def __init__(
+        self, cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0, first_step: int = 0
+    ):
         self.cfg, self.split, self.strategy = cfg, SPLITS[split], strategy
+        self.cursor = host_batches.EpochCursor(self.split, first_epoch, first_step)
         self.reader = crop_readers.make_reader(cfg, split)
         self.workers = host_batches.crop_workers(self.reader, cfg)  # lowmem: processes, started at the first batch
         self.shards = distribute.local_shards(strategy)
@@ -38,14 +41,16 @@ class Input:
         if self.workers is not None:
             self.workers.close()
 
-    def plan(self, epoch: int, shards: list[int] | None = None) -> host_batches.EpochPlan:
+    def plan(self, epoch: int, shards: list[int] | None = None, first_step: int = 0) -> host_batches.EpochPlan:
         return host_batches.make_plan(
-            self.cfg, self.split, epoch, shards or self.shards, self.replicas, self.reader.size
+            self.cfg, self.split, epoch, shards or self.shards, self.replicas, self.reader.size, first_step
         )
 
     def dataset(self, epoch: int, shard: int) -> tf.data.Dataset:
-        """One replica's batches of ``epoch``: (B_local, s, s, s, C) dicts, read in parallel, prefetched."""
-        source = host_batches.NumpyLoader(self.reader, self.plan(epoch, [shard]), self.cfg, workers=self.workers)
+        """One replica's batches of ``epoch`` from its :meth:`EpochCursor.first_step` on: (B_local, s, s,
+        s, C) dicts, read in parallel, prefetched."""
+        plan = self.plan(epoch, [shard], self.cursor.first_step(epoch))
+        source = host_batches.NumpyLoader(self.reader, plan, self.cfg, workers=self.workers)
         cfg, s = self.cfg, self.cfg.crop_size
 
         def load(step):
@@ -71,23 +76,24 @@ class Input:
         """Batches of ``epoch``: plain dicts with one replica, per-replica values with several
         (replica ``r`` gets shard ``r``'s batch, as in JAX)."""
         iters = [iter(self.dataset(epoch, r)) for r in self.shards]
-        return distribute.replica_batches(self.strategy, self.shards, iters, self.steps)
+        return distribute.replica_batches(self.strategy, self.shards, iters, self.steps - self.cursor.first_step(epoch))
 
 
-def make_input(cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0):
+def make_input(cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0, first_step: int = 0):
     """The input pipeline of ``cfg.data_loader_config`` for ``split`` (``"train"`` / ``"val"``);
-    ``first_epoch`` is where a resumed run starts (the input protocol,
-    :class:`shared_data.data.host_batches.EpochCursor`; DALI inputs hold it)."""
+    ``first_epoch`` and ``first_step`` are where a resumed run starts (the input protocol,
+    :class:`shared_data.data.host_batches.EpochCursor`)."""
     kind = loader_kinds.loader_kind(cfg)
+    resume_at = (first_epoch, first_step)
     if kind.dali:
         from tf_impl import dali
 
         if kind.device_volumes and tf.config.list_logical_devices("GPU"):
-            return dali.DaliDeviceInput(cfg, split, strategy, first_epoch)
-        return dali.DaliInput(cfg, split, strategy, first_epoch)
+            return dali.DaliDeviceInput(cfg, split, strategy, *resume_at)
+        return dali.DaliInput(cfg, split, strategy, *resume_at)
     if kind.device_volumes:
-        return DeviceInput(cfg, split, strategy)
-    return Input(cfg, split, strategy)
+        return DeviceInput(cfg, split, strategy, *resume_at)
+    return Input(cfg, split, strategy, *resume_at)
 
 
 def gather_batch(
@@ -141,8 +147,10 @@ class DeviceInput(Input):
     A host tensor fed to a GPU function every step would make TensorFlow copy it while the previous
     step still runs, and the host would wait for the device each step."""
 
-    def __init__(self, cfg: Config, split: str, strategy: tf.distribute.Strategy):
-        super().__init__(cfg, split, strategy)
+    def __init__(
+        self, cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0, first_step: int = 0
+    ):
+        super().__init__(cfg, split, strategy, first_epoch, first_step)
         host, static = host_batches.device_gather_setup(self.reader, cfg)
         self.devices = list(strategy.extended.worker_devices) if self.replicas > 1 else [_default_device()]
         self.volumes = []
@@ -159,7 +167,7 @@ class DeviceInput(Input):
     def dataset(self, epoch: int, shard: int) -> Iterator[dict]:
         """One replica's batches of ``epoch``, each gathered on that replica's device (the
         :meth:`Input.epoch` contract: an iterable of elements)."""
-        plan, i = self.plan(epoch, [shard]), shard - self.shards[0]
+        plan, i = self.plan(epoch, [shard], self.cursor.first_step(epoch)), shard - self.shards[0]
         draws = np.stack([np.concatenate([d.starts, d.symmetries[:, None]], 1) for d in plan.draws]).astype(np.float32)
         with tf.device(self.devices[i]):
             steps = tf.unstack(tf.identity(tf.constant(draws)))

@@ -177,6 +177,16 @@ def main_process_flag(strategy: tf.distribute.Strategy, flag: bool) -> bool:
     return bool(strategy.reduce("SUM", values, axis=None) > 0)
 
 
+def any_process(strategy: tf.distribute.Strategy, flag: bool) -> bool:
+    """Whether ``flag`` is True on any worker: a sum over the replicas of the workers' flags (every
+    worker must call it at the same point), the flag itself in a one-worker run."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or len(resolver.cluster_spec().as_dict().get("worker", [])) <= 1:
+        return flag
+    value = per_replica(strategy, lambda: tf.constant(int(flag), tf.int32))
+    return int(strategy.reduce("SUM", value, axis=None)) > 0
+
+
 def per_replica(strategy: tf.distribute.Strategy, make: Callable[[], dict]):
     """``make()`` as this step's batch: a plain dict with one replica, per-replica values with several."""
     if strategy.num_replicas_in_sync == 1:

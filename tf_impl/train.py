@@ -197,9 +197,11 @@ def train_and_evaluate(
         model, optimizer = model_mod.build_model(cfg), make_optimizer(cfg, run.lr_table)
         model_mod.params_from_canonical(model, run.initial_weights(init_weights))
         optimizer.build(model.trainable_variables)
+    mid_epoch = lambda: Checkpoints(run.mid_epoch_dir / "checkpoints", 1, model, optimizer)  # a stop's save, by step
     with Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, model, optimizer) as ckpt:  # closed on every exit
-        start, _ = run.resume(ckpt)
-        train_in, val_in = data_mod.make_input(cfg, "train", strategy, start), data_mod.make_input(cfg, "val", strategy)
+        start, _ = run.resume(ckpt, mid_epoch)
+        train_in = data_mod.make_input(cfg, "train", strategy, start, run.first_step)
+        val_in = data_mod.make_input(cfg, "val", strategy)
         spec = data_mod.batch_spec(cfg, strategy)
         compiled = run.trains(start, stop_after_epoch)  # a finished run resumed compiles nothing
         train_fn, eval_fn, compile_s = (
@@ -217,11 +219,15 @@ def train_and_evaluate(
         gpu = bool(tf.config.list_logical_devices("GPU"))
         with run.profile(*trace, use_cuda=gpu, annotate=tf.profiler.experimental.Trace):
             for epoch in run.epochs(start, stop_after_epoch):
-                losses = []
-                for batch in run.steps(train_in.epoch(epoch), epoch, sync):
+                losses = run.losses_before(epoch)
+                agree = lambda stop: distribute.any_process(strategy, stop)
+                for batch in run.steps(train_in.epoch(epoch), epoch, sync, agree):
                     with nvtx_range("step dispatch", "blue"):
                         m = train_fn(batch)
                     losses.append(m["loss"])
+                if run.stopped_at:  # a stop signal: save at this step boundary and stop
+                    with mid_epoch() as mid:
+                        run.preempt(mid.save, lambda: [float(x) for x in losses])
                 step = int(optimizer.iterations.numpy())
                 run.end_epoch(epoch, tf.stack(losses).numpy(), validation, step=step, loss_scale=m.get("loss_scale"))
                 with run.saving(epoch + 1):

@@ -23,7 +23,12 @@
 # DLAS_START_TIMEOUT (seconds, default 300): how long a task waits for the others to join.
 # Caches: JAX_COMPILATION_CACHE_DIR / TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR put the
 # compilation cache on scratch (default: .cache/xla under the submit folder).
+# Preemption: 120 s before the time limit SLURM sends USR1 to every task (--signal without B:; with
+# B: only this shell gets it); each rank saves at the next step boundary with the data cursor, the job
+# requeues itself (--requeue allows it) and the requeued job (SLURM_RESTART_COUNT) resumes from there.
 #SBATCH --job-name=dlas-cosmo
+#SBATCH --signal=USR1@120
+#SBATCH --requeue
 #SBATCH --ntasks-per-node=4
 #SBATCH --cpus-per-task=16
 #SBATCH --time=01:00:00

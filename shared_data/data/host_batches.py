@@ -1,17 +1,18 @@
 """Epoch plans (which crops each step reads) and the native NumPy batch iterator both frameworks wrap.
 
-A data-parallel run has ``num_replicas`` replicas; replica ``r`` is data *shard* ``r`` and draws its
-local batches from its own streams (:mod:`shared_data.data.sampler`). A process loads the shards of its
-local devices and concatenates them in replica order, so the process batch of a one-process run
-with 2 devices equals the union of the batches of two one-device processes.
+A data-parallel run has ``num_replicas`` replicas; replica ``r`` is data *shard* ``r`` and reads rows
+``[r B, (r + 1) B)`` of each global batch (:mod:`shared_data.data.sampler`; ``B`` the local batch).
+A process loads the shards of its local devices and concatenates them in replica order, so the
+global batch of step t is the same crops on 1 device, 2 devices in one process or 2 processes.
 
 Every batch is a dict of NumPy arrays: ``inputs`` float32 (B, s, s, s, N_in), ``targets`` float32
 (B, s, s, s, N_out), ``mask`` float32 (B,): 1 for real samples, 0 for the padding of the last
 validation batch (``Nsamples_val`` need not divide by the batch).
 
-The input protocol of both frameworks (``make_input(cfg, split, ..., first_epoch)``, an object with
-``steps`` and ``epoch(e)``) is :class:`EpochCursor`'s: training epochs are read in order from
-``first_epoch``.
+The input protocol of both frameworks (``make_input(cfg, split, ..., first_epoch, first_step)``, an
+object with ``steps`` and ``epoch(e)``) is :class:`EpochCursor`'s: training epochs are read in order
+from ``first_epoch``, whose batches start at step ``first_step`` (a run resumed mid-epoch: the data
+cursor of its checkpoint); every later epoch is read whole.
 """
 
 from __future__ import annotations
@@ -47,33 +48,48 @@ def _concat(parts: Sequence[Draws]) -> Draws:
 
 
 def make_plan(
-    cfg: Config, split: int, epoch: int, shards: Sequence[int], num_replicas: int, volume_size: int
+    cfg: Config,
+    split: int,
+    epoch: int,
+    shards: Sequence[int],
+    num_replicas: int,
+    volume_size: int,
+    first_step: int = 0,
 ) -> EpochPlan:
-    """Plan ``epoch`` of ``split`` (TRAIN or VAL) for the process holding replicas ``shards``.
+    """Plan ``epoch`` of ``split`` (TRAIN or VAL) for the process holding replicas ``shards``, from
+    global step ``first_step`` (TRAIN only; a run resumed mid-epoch) to the epoch's end.
 
     TRAIN: ``steps_per_epoch`` steps, symmetries from ``cfg.symmetry_group``. VAL: ``val_steps``
-    steps over the same ``Nsamples_val`` crops each epoch, no symmetry, padding masked.
+    steps over the same ``Nsamples_val`` crops each epoch, no symmetry, padding masked. Step t of
+    shard r holds rows ``[r B, (r + 1) B)`` of global batch t (:func:`shared_data.data.sampler.epoch_draws`),
+    whatever ``num_data_workers`` and however the replicas spread over processes.
+
+    Raises:
+        ValueError: ``first_step`` outside ``[0, steps)``, or given for VAL.
     """
     global_bs, local_bs = config_mod.batch_sizes(cfg, num_replicas)
     steps = config_mod.steps_per_epoch(cfg, num_replicas) if split == TRAIN else config_mod.val_steps(cfg, num_replicas)
+    if not 0 <= first_step < steps or (first_step and split != TRAIN):
+        raise ValueError(f"first_step {first_step}: a training epoch has steps 0 to {steps - 1}")
     per_shard = {
         r: epoch_draws(
             cfg.seed,
             epoch,
             r,
-            cfg.num_data_workers,
+            num_replicas,
             steps,
-            local_bs,
+            global_bs,
             volume_size,
             cfg.crop_size,
             cfg.symmetry_group,
             split,
+            first_step,
         )
         for r in shards
     }
     draws, masks = [], []
-    for s in range(steps):
-        draws.append(_concat([per_shard[r][s] for r in shards]))
+    for i, s in enumerate(range(first_step, steps)):
+        draws.append(_concat([per_shard[r][i] for r in shards]))
         if split == TRAIN:
             masks.append(np.ones(local_bs * len(shards), np.float32))
         else:
@@ -97,24 +113,31 @@ def synthetic_batch(cfg: Config, batch_size: int, seed: int = 0) -> dict[str, np
 
 class EpochCursor:
     """The input protocol: a training input is read epoch by epoch, in order, from ``first_epoch`` (a
-    resumed run's first epoch); a validation input reads the same ``Nsamples_val`` crops whatever
-    epoch is asked. DALI pipelines count epochs themselves, so an epoch read out of order would give
+    resumed run's first epoch), whose batches start at step ``first_step`` (the data cursor of a
+    mid-epoch checkpoint); a validation input reads the same ``Nsamples_val`` crops whatever epoch
+    is asked. DALI pipelines count epochs themselves, so an epoch read out of order would give
     another epoch's crops without a sign; :meth:`advance` refuses it instead."""
 
-    def __init__(self, split: int, first_epoch: int = 0):
+    def __init__(self, split: int, first_epoch: int = 0, first_step: int = 0):
         self.split, self.next = split, first_epoch
+        self.resume_at = (first_epoch, first_step if split == TRAIN else 0)
 
-    def advance(self, epoch: int) -> None:
-        """Record that ``epoch`` is read now.
+    def first_step(self, epoch: int) -> int:
+        """The step ``epoch``'s batches start at: ``first_step`` for ``first_epoch``, else 0."""
+        return self.resume_at[1] if epoch == self.resume_at[0] else 0
+
+    def advance(self, epoch: int) -> int:
+        """Record that ``epoch`` is read now; return its :meth:`first_step`.
 
         Raises:
             ValueError: a training epoch other than the next one.
         """
         if self.split == VAL:
-            return
+            return 0
         if epoch != self.next:
             raise ValueError(f"training epoch {epoch} asked for; the input reads epochs in order, next {self.next}")
         self.next += 1
+        return self.first_step(epoch)
 
 
 def forever(inp) -> Iterator:

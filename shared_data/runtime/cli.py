@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import shutil
 import subprocess
@@ -120,6 +121,15 @@ def remove_failed_start(created: Path | None) -> None:
     log.info("removed %s: the run stopped before its first checkpoint", created)
 
 
+#: What a SLURM job's signals and requeue do, the same in both trainers (end of ``--help``).
+PREEMPTION = """\
+preemption (SLURM; shared_data/runtime/signals.py):
+  SIGUSR1, SIGTERM         during the steps: every rank saves at the next step boundary (mid_epoch/ in the
+                           run folder, with the data cursor) and stops; under SLURM (SLURM_JOB_ID) the job
+                           is requeued where it allows it (sbatch --requeue)
+  SLURM_RESTART_COUNT      above 0 (a requeued job): resume from the newest checkpoint without --resume
+"""
+
 #: The environment variables each trainer reads, shown by ``--help``.
 ENVIRONMENT = {
     "jax": """\
@@ -138,7 +148,8 @@ environment (several processes; scripts/launch/ starts them):
 caches and logs:
   JAX_COMPILATION_CACHE_DIR  the persistent compilation cache (default: the config's xla_cache_dir)
   XLA_FLAGS                XLA's flags (the kit adds its defaults, shown in the run's first lines)
-""",
+"""
+    + PREEMPTION,
     "tf": """\
 environment (several processes; scripts/launch/ starts them):
   TF_CONFIG                the cluster and this worker's task (MultiWorkerMirroredStrategy), e.g.
@@ -153,7 +164,8 @@ caches and logs:
                            (default: <xla_cache_dir>/tf of the config)
   TF_CPP_MIN_LOG_LEVEL     TensorFlow's C++ log lines: 0 all, 1 no INFO, 2 (default) no WARNING, 3 no ERROR
   XLA_FLAGS                XLA's flags (the kit adds its defaults, shown in the run's first lines)
-""",
+"""
+    + PREEMPTION,
 }
 
 
@@ -221,6 +233,17 @@ def main(
         return _main(framework, train_and_evaluate, argv, initialize=initialize, process_index=process_index)
 
 
+def resume_requested(resume: bool, overwrite: bool, env=None) -> tuple[bool, bool]:
+    """``(resume, overwrite)`` of a run: the flags, except in a requeued SLURM job
+    (``SLURM_RESTART_COUNT`` above 0), which resumes whatever its command line says, so a preempted
+    job continues from its checkpoint and an ``--overwrite`` in the job script clears only its first run."""
+    restarts = (os.environ if env is None else env).get("SLURM_RESTART_COUNT", "0")
+    if restarts.isdigit() and int(restarts) > 0:
+        log.info("SLURM_RESTART_COUNT=%s: a requeued job resumes from its newest checkpoint", restarts)
+        return True, False
+    return resume, overwrite
+
+
 def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> int:
     args = build_parser(framework).parse_args(argv)
     setup_logging()
@@ -248,12 +271,13 @@ def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> 
     setup_logging(process_index())
     if joined:
         logging.getLogger(RANK_LOGGER).info(joined)
+    resume, overwrite = resume_requested(args.resume, args.overwrite)
     try:
         train_and_evaluate(
             cfg,
             workdir,
-            resume=args.resume,
-            overwrite=args.overwrite,
+            resume=resume,
+            overwrite=overwrite,
             num_devices=args.num_devices,
             init_weights=args.init_weights,
             stop_after_epoch=args.stop_after_epoch,

@@ -233,6 +233,7 @@ class Run:
         self.steps_per_epoch = config_mod.steps_per_epoch(cfg, replicas)
         self.lr_table = schedule.lr_table(cfg, self.global_batch, self.steps_per_epoch * cfg.num_epochs)
         check_data(cfg)  # bad data must fail before --overwrite clears anything
+        self.mid_epoch_dir = self.workdir / "mid_epoch"  # the checkpoint of a stop at a step boundary
         if overwrite and (self.workdir / "checkpoints").exists():
             sizes = [f.stat().st_size for f in (self.workdir / "checkpoints").rglob("*") if f.is_file()]
             shutil.rmtree(self.workdir / "checkpoints", ignore_errors=not self.main)
@@ -243,6 +244,8 @@ class Run:
                     len(sizes),
                     _bytes(sum(sizes)),
                 )
+        if overwrite and self.mid_epoch_dir.exists():
+            shutil.rmtree(self.mid_epoch_dir, ignore_errors=not self.main)
         self.metrics = MetricsLog(self.workdir, enabled=self.main)
         self.writer: ScalarWriter | None = None
         self.compile_sec = 0.0
@@ -252,8 +255,10 @@ class Run:
         self._input_wait = 0.0
         self._window: CaptureWindow | None = None
         self._running: int | None = None  # the epoch being trained, until its checkpoint is written
-        self._step_in_epoch = 0
+        self._step_in_epoch = self._trained_steps = 0
         self._saved = 0  # the newest checkpoint's epoch
+        self._cursor_epoch, self.first_step, self._losses_before = None, 0, []  # a mid-epoch resume's data cursor
+        self.stopped_at: tuple[int, int] | None = None  # (epoch, step) where a stop signal ended the steps
         signals.set_describe(self.where)
 
     def initial_weights(self, init_weights: str | None) -> dict[str, np.ndarray]:
@@ -261,16 +266,40 @@ class Run:
         cfg = self.cfg
         return unet_spec.load_weights(init_weights, cfg) if init_weights else unet_spec.init_weights(cfg, cfg.seed)
 
-    def resume(self, checkpoints) -> tuple[int, object]:
+    def resume(self, checkpoints, mid_epoch: Callable[[], object] | None = None) -> tuple[int, object]:
         """Apply the resume rule to ``checkpoints`` (``epochs()`` newest last; ``restore(epoch)``) and
         return ``(start_epoch, restored)``: ``(0, None)`` for a fresh run, else the newest checkpoint
         that restores. A checkpoint that fails to restore (a damaged file) is skipped with a warning.
+        A mid-epoch checkpoint (``mid_epoch()`` opens the checkpoints of :attr:`mid_epoch_dir`,
+        numbered by global step) newer than every epoch checkpoint wins: the run resumes at its data
+        cursor, :attr:`first_step` of the returned epoch.
 
         Raises:
             UserError: the folder holds checkpoints and neither ``--resume`` nor ``--overwrite`` was
                 given; no checkpoint restores (the newest one's error, e.g. a config mismatch).
         """
         epochs = list(checkpoints.epochs())
+        if self.resume_requested and mid_epoch is not None:
+            cursor = self._mid_epoch_cursor(epochs[-1] if epochs else 0)
+            if cursor is not None:
+                try:
+                    with mid_epoch() as mid:
+                        restored = mid.restore(cursor["global_step"])  # TF restores in place: None
+                except UserError as err:
+                    log.warning("the mid-epoch checkpoint does not restore (%s); trying the epoch checkpoints", err)
+                    cursor = None
+            if cursor is not None:
+                self._saved = cursor["epoch"]
+                self._cursor_epoch, self.first_step = cursor["epoch"], cursor["step"]
+                self._losses_before = list(cursor["losses"])
+                log.info(
+                    "resumed from %s at epoch %d, step %d of %d (a stop at a step boundary)",
+                    self.mid_epoch_dir,
+                    cursor["epoch"] + 1,
+                    cursor["step"] + 1,
+                    self.steps_per_epoch,
+                )
+                return cursor["epoch"], restored
         if not epochs:
             if self.resume_requested:
                 log.info("no checkpoint in %s: starting from scratch", self.workdir)
@@ -294,6 +323,34 @@ class Run:
             self._saved = epoch
             return epoch, restored
         raise first_error
+
+    def _mid_epoch_cursor(self, newest_epoch: int) -> dict | None:
+        """The data cursor of :attr:`mid_epoch_dir` (``epoch``, ``step``, ``global_step``, ``losses``)
+        if it is newer than the epoch checkpoint ``newest_epoch`` and fits this run's epoch length."""
+        path = self.mid_epoch_dir / "cursor.json"
+        if not path.is_file():
+            return None
+        try:
+            cursor = json.loads(path.read_text())
+            epoch, step, n = int(cursor["epoch"]), int(cursor["step"]), int(cursor["steps_per_epoch"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.warning("%s is unreadable (%s): resuming from the epoch checkpoints", path, err)
+            return None
+        if n != self.steps_per_epoch:
+            log.warning(
+                "%s was saved with %d steps per epoch, this run has %d (another global batch): resuming "
+                "from the epoch checkpoints",
+                path,
+                n,
+                self.steps_per_epoch,
+            )
+            return None
+        return cursor if epoch * n + step > newest_epoch * n else None
+
+    def losses_before(self, epoch: int) -> list:
+        """The training losses of ``epoch``'s steps before the data cursor (a run resumed mid-epoch),
+        else an empty list: the epoch's train loss is then the mean over all its steps."""
+        return list(self._losses_before) if epoch == self._cursor_epoch else []
 
     def begin(self, start_epoch: int, compile_sec: float, versions: dict, val_loss: Callable[[], float]) -> None:
         """Record the invocation in ``run.json``, drop metrics after ``start_epoch`` and open TensorBoard;
@@ -395,9 +452,21 @@ class Run:
             )
         return range(start_epoch, end)
 
-    def steps(self, batches: Iterator, epoch: int, sync: Callable[[object], None] | None = None) -> Iterator:
-        """The training batches of ``epoch``, timed for the input wait; the progress bar and the
-        capture window advance with them.
+    def steps(
+        self,
+        batches: Iterator,
+        epoch: int,
+        sync: Callable[[object], None] | None = None,
+        agree: Callable[[bool], bool] | None = None,
+    ) -> Iterator:
+        """The training batches of ``epoch`` (from the data cursor in a run resumed mid-epoch), timed
+        for the input wait; the progress bar and the capture window advance with them.
+
+        Before each step every rank calls ``agree(stop)`` (True where any process's ``stop`` is True:
+        a one-integer collective across processes, the flag itself in one process) with whether a stop signal arrived
+        (:func:`shared_data.runtime.signals.stop_requested`), so all ranks end the epoch's steps at
+        the same boundary; :attr:`stopped_at` then holds ``(epoch, step)`` and the trainer calls
+        :meth:`preempt`.
 
         Without ``sync`` the host's wait for each batch (``data wait``) is the input time: right where
         every step runs to its end before the next starts (the CPU). With ``sync`` (a callable that
@@ -409,25 +478,40 @@ class Run:
         """
         self._epoch_start, self._input_wait = time.perf_counter(), 0.0
         self._running = epoch
-        manual = self.cfg.enable_manual_profiling
         n = self.steps_per_epoch
+        first = self.first_step if epoch == self._cursor_epoch else 0
+        self._trained_steps = n - first  # this invocation's steps of the epoch (samples/s)
         stride = max(1, -(-n // WAIT_SAMPLES))  # ceil: at most WAIT_SAMPLES sampled steps
         sampled = range(stride // 2, n, stride) if sync is not None else range(n)
+        with signals.stoppable():
+            yield from self._steps(batches, epoch, first, sync, agree, sampled)
+
+    def _steps(self, batches, epoch, first, sync, agree, sampled) -> Iterator:
+        manual, n = self.cfg.enable_manual_profiling, self.steps_per_epoch
         waited, timed_steps = 0.0, 0
         said = time.perf_counter()
-        for i in progress(range(n), n, f"epoch {epoch + 1}", self.cfg.progress_bar):
-            if i and time.perf_counter() - said >= PROGRESS_SEC and self.main:  # slow steps: not minutes of silence
+        for i in progress(range(first, n), n - first, f"epoch {epoch + 1}", self.cfg.progress_bar):
+            if (
+                i > first and time.perf_counter() - said >= PROGRESS_SEC and self.main
+            ):  # slow steps: not minutes of silence
                 log.info(
                     "epoch %d: step %d/%d, %.1f s per step",
                     epoch + 1,
                     i,
                     n,
-                    (time.perf_counter() - self._epoch_start) / i,
+                    (time.perf_counter() - self._epoch_start) / (i - first),
                 )
                 said = time.perf_counter()
             step = epoch * n + i
             self._step_in_epoch = i
             signals.raise_pending()
+            stop = signals.stop_requested() is not None
+            if agree is not None and agree(stop) and not stop:
+                signals.request_stop(signals.signal.SIGUSR1)  # another rank's signal
+                stop = True
+            if stop:
+                self.stopped_at = (epoch, i)
+                return
             if self._window is not None:
                 self._window.before_step(step)
             timed = i in sampled
@@ -441,8 +525,39 @@ class Run:
                         sync(batch)
                 if timed:
                     waited, timed_steps = waited + time.perf_counter() - t0, timed_steps + 1
-                    self._input_wait = waited * n / timed_steps  # every step timed without sync: = waited
+                    self._input_wait = waited * (n - first) / timed_steps  # every step timed without sync: = waited
                 yield batch
+
+    def preempt(self, save: Callable[[int], None], losses: Callable[[], Sequence[float]]) -> None:
+        """Save at :attr:`stopped_at` and stop: ``save(global_step)`` writes the state as the
+        checkpoint of that global step in :attr:`mid_epoch_dir` (every rank calls it), then the main
+        process writes the data cursor (``cursor.json``: epoch, step, global step, steps per epoch,
+        the epoch's ``losses()`` so far) and asks SLURM to requeue the job (:func:`requeue_job`).
+
+        Raises:
+            Interrupted: always, after the save, naming the step and the signal (exit 128 + signal).
+        """
+        epoch, step = self.stopped_at
+        signum = signals.stop_requested() or signals.signal.SIGUSR1
+        global_step = epoch * self.steps_per_epoch + step
+        with signals.deferred():
+            save(global_step)
+            if self.main:
+                cursor = dict(
+                    epoch=epoch,
+                    step=step,
+                    global_step=global_step,
+                    steps_per_epoch=self.steps_per_epoch,
+                    losses=[float(x) for x in losses()],
+                )
+                with self.writing(self.mid_epoch_dir / "cursor.json"):
+                    write_atomic(self.mid_epoch_dir / "cursor.json", json.dumps(cursor) + "\n")
+        requeued = requeue_job() if self.main else False
+        then = "the job is requeued and resumes there" if requeued else "--resume continues from there"
+        raise signals.Interrupted(
+            signum,
+            f"at epoch {epoch + 1}, step {step + 1} of {self.steps_per_epoch}: saved in {self.mid_epoch_dir}; {then}",
+        )
 
     @contextlib.contextmanager
     def saving(self, epoch: int):
@@ -450,6 +565,8 @@ class Run:
         with signals.deferred():
             yield
             self._saved, self._running = epoch, None
+            if self.main and self.mid_epoch_dir.exists():  # an epoch checkpoint supersedes a mid-epoch one
+                shutil.rmtree(self.mid_epoch_dir, ignore_errors=True)
         signals.raise_pending()
 
     @contextlib.contextmanager
@@ -521,7 +638,8 @@ class Run:
         val_seconds = time.perf_counter() - t0
         train_loss = float(np.mean(losses[np.isfinite(losses)])) if np.isfinite(losses).any() else float("nan")
         input_share = min(self._input_wait / seconds, 1.0)
-        for line in epoch_lines(epoch + 1, seconds, steps * self.global_batch, train_loss, val_loss, val_seconds):
+        samples = (self._trained_steps or steps) * self.global_batch
+        for line in epoch_lines(epoch + 1, seconds, samples, train_loss, val_loss, val_seconds):
             log.info(line)
         log.info(share_line(input_share, 1.0 - input_share))
         self._advise(epoch, input_share)
@@ -532,7 +650,7 @@ class Run:
             train_loss=train_loss,
             val_loss=val_loss,
             lr=lr,
-            samples_per_sec=steps * self.global_batch / seconds,
+            samples_per_sec=samples / seconds,
             epoch_sec=seconds,
             val_sec=val_seconds,
             compile_sec=self.compile_sec,
@@ -691,3 +809,33 @@ def save_final_weights(path: str | None, weights: Callable[[], dict], main_proce
         with writing(path):
             unet_spec.save_weights(path, weights())
         log.info("wrote %s", path)
+
+
+def requeue_job(env=None) -> bool:
+    """Requeue this SLURM job (``scontrol requeue $SLURM_JOB_ID``) where it runs under SLURM and allows
+    it (``scontrol show job`` says ``Requeue=1``: ``sbatch --requeue`` or the cluster's default);
+    the requeued job (``SLURM_RESTART_COUNT`` set) resumes by itself
+    (:func:`shared_data.runtime.cli.resume_requested`). Returns whether the job was requeued; a
+    refusal is logged, never raised (the checkpoint is written already)."""
+    import subprocess
+
+    job = (os.environ if env is None else env).get("SLURM_JOB_ID")
+    if not job:
+        return False
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=60)
+        if shown.returncode:
+            log.warning("scontrol show job %s failed: %s: not requeued", job, shown.stderr.strip()[:200])
+            return False
+        if "Requeue=1" not in shown.stdout:
+            log.info("SLURM job %s does not allow requeue (sbatch --requeue): not requeued", job)
+            return False
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        log.warning("scontrol requeue %s failed (%s): not requeued", job, err)
+        return False
+    if done.returncode:
+        log.warning("scontrol requeue %s failed: %s", job, (done.stderr or done.stdout).strip()[:200])
+        return False
+    log.info("SLURM job %s requeued: it resumes from this step", job)
+    return True

@@ -1,9 +1,14 @@
-"""The signals a batch system sends: SIGTERM (a job's time limit, ``scancel``) and SIGINT (Ctrl-C).
+"""The signals a batch system sends: SIGUSR1 (SLURM's warning, ``#SBATCH --signal=USR1@120``), SIGTERM
+(a job's time limit, ``scancel``, preemption) and SIGINT (Ctrl-C).
 
-Inside :func:`handled` either signal raises :class:`Interrupted` in the main thread, whose message
-says where the run stood (:func:`set_describe`: the run's own sentence, e.g. which epoch is abandoned
-and which checkpoint is kept); :func:`shared_data.core.errors.run_cli` prints it as one line and exits
-with 128 + the signal number (143, 130). Inside :func:`deferred` (a checkpoint being written) the
+While training steps run (inside :func:`stoppable`), SIGUSR1 and SIGTERM ask for a *stop at the
+next step boundary* (:func:`stop_requested`): the trainer agrees on it with every rank, saves a
+mid-epoch checkpoint with the data cursor and then stops (:meth:`shared_data.runtime.run.Run.preempt`).
+Elsewhere SIGTERM and SIGINT raise :class:`Interrupted` in the main thread, whose message says
+where the run stood (:func:`set_describe`: the run's own sentence, e.g. which epoch is abandoned
+and which checkpoint is kept); SIGUSR1 outside the steps is kept for the next step boundary.
+:func:`shared_data.core.errors.run_cli` prints the message as one line and exits with 128 + the
+signal number (143, 130, 138). Inside :func:`deferred` (a checkpoint being written) a raising
 signal waits until the block ends or until :func:`raise_pending` is called at a safe point: the
 training loop checks between steps, so a save is never cut in half and no step stops with part of
 its collectives launched (a JAX step interrupted there leaves its all-reduce waiting forever, and
@@ -16,7 +21,9 @@ import contextlib
 import signal
 from collections.abc import Callable, Iterator
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+#: Signals that ask a running training loop to save at the next step boundary and stop.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -31,7 +38,7 @@ def _before_training() -> str:
     return "before training started: nothing is lost"
 
 
-_state: dict = {"depth": 0, "pending": None, "describe": _before_training}
+_state: dict = {"depth": 0, "pending": None, "describe": _before_training, "stop": None, "stoppable": 0}
 
 
 def set_describe(describe: Callable[[], str]) -> None:
@@ -40,6 +47,9 @@ def set_describe(describe: Callable[[], str]) -> None:
 
 
 def _raise(signum: int, frame=None) -> None:
+    if signum == signal.SIGUSR1 or (signum in STOP_SIGNALS and _state["stoppable"]):
+        _state["stop"] = signum
+        return
     if _state["depth"]:
         _state["pending"] = signum
         return
@@ -48,9 +58,10 @@ def _raise(signum: int, frame=None) -> None:
 
 @contextlib.contextmanager
 def handled() -> Iterator[None]:
-    """SIGTERM and SIGINT raise :class:`Interrupted` inside the block (the previous handlers return
-    after it); outside the main thread, where Python cannot set handlers, the block runs unchanged."""
-    _state.update(pending=None, describe=_before_training)
+    """SIGTERM, SIGINT and SIGUSR1 are handled as the module says inside the block (the previous
+    handlers return after it); outside the main thread, where Python cannot set handlers, the block
+    runs unchanged."""
+    _state.update(pending=None, describe=_before_training, stop=None, stoppable=0)
     try:
         previous = {s: signal.signal(s, _raise) for s in SIGNALS}
     except ValueError:  # not the main thread
@@ -60,7 +71,7 @@ def handled() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        _state.update(pending=None, describe=_before_training)
+        _state.update(pending=None, describe=_before_training, stop=None, stoppable=0)
 
 
 @contextlib.contextmanager
@@ -81,3 +92,25 @@ def raise_pending() -> None:
     if _state["pending"] is not None:
         signum, _state["pending"] = _state["pending"], None
         raise Interrupted(signum, _state["describe"]())
+
+
+@contextlib.contextmanager
+def stoppable() -> Iterator[None]:
+    """Around training steps: SIGTERM asks for a stop at the next step boundary instead of raising."""
+    _state["stoppable"] += 1
+    try:
+        yield
+    finally:
+        _state["stoppable"] -= 1
+
+
+def stop_requested() -> int | None:
+    """The signal that asked for a stop at the next step boundary (SIGUSR1, or SIGTERM during the
+    steps), or None."""
+    return _state["stop"]
+
+
+def request_stop(signum: int) -> None:
+    """Ask for a stop at the next step boundary as ``signum`` would (a rank that learns of another
+    rank's signal through the agreement)."""
+    _state["stop"] = _state["stop"] or signum
