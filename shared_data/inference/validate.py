@@ -60,7 +60,7 @@ import numpy as np
 
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import DatasetError, UserError, run_cli
-from shared_data.core.files import atomic_path, write_atomic
+from shared_data.core.files import atomic_path, check_not_input, write_atomic
 from shared_data.data import cosmology, dataset
 
 log = logging.getLogger("dlas.validate")
@@ -625,6 +625,11 @@ def check_prediction_input(pred_path: Path, pred_attrs: dict, truth_path: Path, 
         )
 
 
+def report_files(out_dir: str | Path, stem: str = STEM, plot: bool = True) -> list[Path]:
+    """The files :func:`validate_files` writes in ``out_dir``: ``<stem>.json`` and, with ``plot``, ``<stem>.png``."""
+    return [Path(out_dir) / f"{stem}.{ext}" for ext in ("json", "png")[: 1 + plot]]
+
+
 def validate_files(
     pred_path,
     truth_path,
@@ -642,8 +647,11 @@ def validate_files(
         DatasetError: the prediction was made from another volume, a file breaks its layout, the
             sides or channel counts differ, a needed
             attribute is missing (the message names the flag) or two files disagree on it.
+        UserError: a report file is the prediction or the truth file (:func:`report_files`).
     """
     pred_path, truth_path, out_dir = Path(pred_path), Path(truth_path), Path(out_dir)
+    outputs = {f"--out's {p.name}": p for p in report_files(out_dir, stem, plot)}
+    check_not_input(outputs, {"--pred": pred_path, "--truth": truth_path}, "report")
     pred, pred_attrs = read_volume(pred_path, "Hydro")
     truth, truth_attrs = read_volume(truth_path, "Hydro")
     nbody, _ = read_volume(truth_path, "Nbody")
@@ -680,7 +688,7 @@ def validate_files(
     if plot:
         figure(out_dir / f"{stem}.png", pred, truth, record, units, title, z)
     log_summary(record)
-    log.info("wrote %s", ", ".join(str(out_dir / f"{stem}.{ext}") for ext in ("json", "png")[: 1 + plot]))
+    log.info("wrote %s", ", ".join(map(str, report_files(out_dir, stem, plot))))
     return record
 
 

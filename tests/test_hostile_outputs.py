@@ -1,0 +1,158 @@
+"""Hostile round 3: no output of a command replaces one of its inputs (by path, symbolic link or
+hard link), and no non-finite weights or predictions are read or written. Every case ends before
+any work in one ``error:`` line, with the input unchanged."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+from conftest import assert_one_error_line, run_in_process
+
+from jax_impl import export as jax_export
+from jax_impl import predict as jax_predict
+from jax_impl import train as jax_train
+from shared_data.core import config as config_mod
+from shared_data.core import files
+from shared_data.core.errors import UserError
+from shared_data.inference import predict as predict_mod
+from shared_data.inference import validate
+from shared_data.model import unet_spec
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return config_mod.load_config("cpu_tiny")
+
+
+def _alias(kind: str, target, path):
+    """``path`` made the same file as ``target``: the same path, a symbolic link or a hard link."""
+    if kind == "path":
+        return target
+    (os.symlink if kind == "symlink" else os.link)(target, path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["path", "symlink", "hardlink"])
+def test_check_not_input_sees_paths_links_and_folders(tmp_path, kind):
+    data = tmp_path / "d.h5"
+    data.write_bytes(b"volume")
+    out = _alias(kind, data, tmp_path / "out.npz")
+    with pytest.raises(UserError, match=r"^--out .* is train_path .*d\.h5 \(.*\), which this command reads"):
+        files.check_not_input({"--out": out}, {"train_path": data, "--weights": None})
+    assert data.read_bytes() == b"volume"
+    files.check_not_input({"--out": tmp_path / "other.npz"}, {"train_path": data})  # another file: fine
+    files.check_not_input({"--out": data}, {"missing": tmp_path / "missing.h5"})  # a missing input: its own check
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(UserError, match="lies inside --workdir's checkpoints"):
+        files.check_not_input(
+            {"--out": tmp_path / "run/checkpoints/p.h5"}, {"--workdir's checkpoints": tmp_path / "run/checkpoints"}
+        )
+    with pytest.raises(UserError, match="holds train_path"):
+        files.check_not_input({"the run folder's checkpoints": tmp_path}, {"train_path": data})
+
+
+@pytest.mark.parametrize("kind", ["path", "hardlink"])
+def test_trainer_refuses_save_weights_onto_its_training_volume(tiny_argv, tiny_cfg, tmp_path, kind):
+    """``--set train_path=d.h5 --save_weights d.h5`` replaced the training volume with the weights."""
+    data = tmp_path / "d.h5"
+    shutil.copy(tiny_cfg.train_path, data)
+    before = data.read_bytes()
+    out = _alias(kind, data, tmp_path / "w.npz")
+    argv = [*tiny_argv, "--set", f"train_path={data}", "--workdir", str(tmp_path / "run"), "--save_weights", str(out)]
+    res = run_in_process(jax_train.main, argv)
+    assert_one_error_line(res, f"--save_weights {out} is train_path {data}")
+    assert data.read_bytes() == before and not (tmp_path / "run" / "run.json").exists()
+
+
+def test_predict_and_export_refuse_outputs_that_are_their_weights(cfg, data_dir, tmp_path):
+    """``predict --weights w.npz --out w.npz`` replaced the weights with the prediction."""
+    weights = tmp_path / "w.npz"
+    unet_spec.save_weights(weights, unet_spec.init_weights(cfg, 0))
+    before = weights.read_bytes()
+    base = ["--config", "cpu_tiny", "--weights", str(weights)]
+    res = run_in_process(jax_predict.main, [*base, "--input", str(data_dir / "val_24.h5"), "--out", str(weights)])
+    assert_one_error_line(res, f"--out {weights} is --weights {weights} (the same path)")
+    (tmp_path / "report").mkdir()
+    link = _alias("symlink", data_dir / "val_24.h5", tmp_path / "report" / "validation.json")
+    argv = [
+        *base,
+        "--input",
+        str(data_dir / "val_24.h5"),
+        "--out",
+        str(tmp_path / "p.h5"),
+        "--validate",
+        str(tmp_path / "report"),
+    ]
+    res = run_in_process(jax_predict.main, argv)
+    assert_one_error_line(res, f"--validate's validation.json {link} is --input")
+    out = tmp_path / "exported"
+    out.mkdir()
+    os.link(weights, out / "export.json")
+    res = run_in_process(jax_export.main, [*base, "--out", str(out)])
+    assert_one_error_line(res, "--out's export.json", "is --weights", "a hard link of the same file")
+    assert weights.read_bytes() == before and not (tmp_path / "p.h5").exists()
+
+
+def test_validate_refuses_a_report_that_is_its_truth(data_dir, tmp_path):
+    truth = tmp_path / "t.h5"
+    shutil.copy(data_dir / "val_24.h5", truth)
+    before = truth.read_bytes()
+    res = run_in_process(validate.main, ["--pred", str(truth), "--truth", str(truth), "--out", str(tmp_path)])
+    assert res.returncode == 0  # a prediction equal to the truth is a (trivial) validation
+    os.replace(tmp_path / "validation.json", tmp_path / "v.json")
+    os.symlink(truth, tmp_path / "validation.json")
+    res = run_in_process(validate.main, ["--pred", str(truth), "--truth", str(truth), "--out", str(tmp_path)])
+    assert_one_error_line(res, "--out's validation.json", f"is --pred {truth} (the same file through a symbolic link)")
+    assert truth.read_bytes() == before
+
+
+# --- non-finite weights and predictions ------------------------------------------------------------
+
+
+@pytest.fixture
+def nan_weights(cfg, tmp_path):
+    """A canonical weights file of cpu_tiny with one NaN in the first up-conv kernel."""
+    weights = unet_spec.init_weights(cfg, 0)
+    name = next(k for k in weights if k.startswith("up"))
+    weights[name][0, 1, 2, 0, 0] = np.nan
+    path = tmp_path / "nan.npz"
+    np.savez(path, **weights)
+    return path, name
+
+
+def test_non_finite_weights_are_refused_by_predict_export_and_init_weights(nan_weights, data_dir, tiny_argv, tmp_path):
+    path, name = nan_weights
+    base = ["--config", "cpu_tiny", "--weights", str(path)]
+    res = run_in_process(
+        jax_predict.main, [*base, "--input", str(data_dir / "val_24.h5"), "--out", str(tmp_path / "p.h5")]
+    )
+    assert_one_error_line(res, f"weights file {path}: array {name!r} holds nan at index (0, 1, 2, 0, 0)")
+    res = run_in_process(jax_export.main, [*base, "--out", str(tmp_path / "exported")])
+    assert_one_error_line(res, f"array {name!r} holds nan")
+    argv = [*tiny_argv, "--workdir", str(tmp_path / "run"), "--init_weights", str(path)]
+    res = run_in_process(jax_train.main, argv)
+    assert_one_error_line(res, f"weights file {path}: array {name!r} holds nan")
+    assert not (tmp_path / "p.h5").exists() and not (tmp_path / "exported" / "unet.jax_export").exists()
+    with pytest.raises(UserError, match=r"cannot write weights file .*holds inf"):
+        unet_spec.save_weights(tmp_path / "w.npz", {"down1/kernel": np.array([1.0, np.inf], np.float32)})
+    assert not list(tmp_path.glob("w*.npz"))
+
+
+def test_a_prediction_that_overflows_is_not_written(cfg, data_dir, tmp_path):
+    """Finite weights of 1e30 overflow float32 in the first layers: the prediction is NaN and is
+    refused before a file is written (it was written with exit code 0)."""
+    weights = {k: np.full_like(v, 1e30) for k, v in unet_spec.init_weights(cfg, 0).items()}
+    path = tmp_path / "big.npz"
+    unet_spec.save_weights(path, weights)
+    out = tmp_path / "p.h5"
+    argv = ["--config", "cpu_tiny", "--weights", str(path), "--input", str(data_dir / "val_24.h5"), "--out", str(out)]
+    res = run_in_process(jax_predict.main, argv)
+    assert_one_error_line(res, "the prediction with weights", "not finite", "nothing was written")
+    assert not out.exists() and not list(tmp_path.glob(".p.h5*"))
+    with pytest.raises(UserError, match=r"holds nan at voxel \(1, 0, 0\), channel 2 \(1 of 24 values"):
+        hydro = np.zeros((2, 2, 2, 3), np.float32)
+        hydro[1, 0, 0, 2] = np.nan
+        predict_mod.check_prediction(hydro, "w")
