@@ -1,11 +1,13 @@
-"""Hostile round 3: no output of a command replaces one of its inputs (by path, symbolic link or
-hard link), and no non-finite weights or predictions are read or written. Every case ends before
-any work in one ``error:`` line, with the input unchanged."""
+"""Hostile input, round 3: no output of a command replaces one of its inputs (by path, symbolic link
+or hard link); no non-finite weights or predictions are read or written; values from the
+environment and the launch scripts are checked where they enter. Every case ends before any work in
+one ``error:`` line, with the inputs unchanged. (Loader workers and signals: test_crop_workers.py.)"""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -16,10 +18,12 @@ from jax_impl import predict as jax_predict
 from jax_impl import train as jax_train
 from shared_data.core import config as config_mod
 from shared_data.core import files
+from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import UserError
 from shared_data.inference import predict as predict_mod
 from shared_data.inference import validate
 from shared_data.model import unet_spec
+from shared_data.runtime import launch
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +160,53 @@ def test_a_prediction_that_overflows_is_not_written(cfg, data_dir, tmp_path):
         hydro = np.zeros((2, 2, 2, 3), np.float32)
         hydro[1, 0, 0, 2] = np.nan
         predict_mod.check_prediction(hydro, "w")
+
+
+# --- values from the environment ---------------------------------------------------------------------
+
+
+COORDINATOR = {"JAX_COORDINATOR_ADDRESS": "localhost:1"}
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (
+            {"JAX_COORDINATOR_ADDRESS": "localhost:1", "JAX_NUM_PROCESSES": "abc", "JAX_PROCESS_ID": "0"},
+            "JAX_NUM_PROCESSES='abc'",
+        ),
+        (
+            {"JAX_COORDINATOR_ADDRESS": "localhost:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"},
+            "JAX_PROCESS_ID='2': expected an integer >= 0 and < 2",
+        ),
+        ({"SLURM_STEP_NUM_TASKS": "abc", "SLURM_PROCID": "0"}, "SLURM_STEP_NUM_TASKS='abc': expected an integer >= 1"),
+    ],
+)
+def test_environment_integers_are_one_error_line(tiny_argv, tmp_path, monkeypatch, env, message):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    res = run_in_process(jax_train.main, [*tiny_argv, "--workdir", str(tmp_path / "run")])
+    assert_one_error_line(res, message)
+
+
+def test_slurm_local_id_is_checked_against_the_tasks_on_the_node():
+    env = {
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+    }
+    assert launch.task_gpus({**env, "SLURM_LOCALID": "1"}) == [1]
+    for bad in ("abc", "2", "-1"):
+        with pytest.raises(UserError, match=f"SLURM_LOCALID='{bad}': expected an integer >= 0 and < 2"):
+            launch.task_gpus({**env, "SLURM_LOCALID": bad})
+
+
+@pytest.mark.parametrize("nproc", ["0", "-3", "two"])
+def test_single_host_launch_refuses_a_process_count_below_one(nproc):
+    """``NPROC=0`` or ``-3`` ran one process."""
+    script = REPO_ROOT / "scripts" / "launch" / "single_host.sh"
+    env = {**os.environ, "NPROC": nproc, "PY": "echo"}  # the trainer is not started either way
+    res = subprocess.run(["bash", str(script), "jax", "cpu_tiny"], capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 2 and res.stdout == "", res
+    assert res.stderr.strip() == f"error: NPROC={nproc}: expected a whole number of processes, at least 1"
