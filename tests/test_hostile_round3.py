@@ -210,3 +210,55 @@ def test_single_host_launch_refuses_a_process_count_below_one(nproc):
     res = subprocess.run(["bash", str(script), "jax", "cpu_tiny"], capture_output=True, text=True, env=env, timeout=60)
     assert res.returncode == 2 and res.stdout == "", res
     assert res.stderr.strip() == f"error: NPROC={nproc}: expected a whole number of processes, at least 1"
+
+
+# --- the time-to-quality target against the validation volume ------------------------------------------
+
+
+def test_quality_target_is_checked_against_the_validation_volume(tiny_cfg, data_dir, tmp_path):
+    """``quality_k_max`` above the validation volume's Nyquist wavenumber was accepted as the target;
+    a validation file without ``box_size_mpc_h`` was told to use ``--voxel_size``, a flag the
+    trainer does not have."""
+    import types
+
+    import h5py
+
+    from shared_data.core.errors import ConfigError, DatasetError
+    from shared_data.inference import quality
+
+    def monitor(**overrides):
+        cfg = config_mod.replace(tiny_cfg, quality_every_epochs=1, **overrides)
+        return quality.Monitor(types.SimpleNamespace(cfg=cfg, main=False, workdir=tmp_path), "cpu")
+
+    # val_24.h5: 24 voxels in a 6 Mpc/h box, voxels of 0.25 Mpc/h, Nyquist pi / 0.25 = 12.566 h/Mpc
+    assert monitor(quality_k_max=12.5).target.k_max == 12.5
+    with pytest.raises(ConfigError, match=r"quality_k_max = 13.0 h/Mpc lies above the Nyquist wavenumber \(12.6 h/Mpc"):
+        monitor(quality_k_max=13.0)
+    val = tmp_path / "val.h5"
+    shutil.copy(data_dir / "val_24.h5", val)
+    with h5py.File(val, "a") as f:
+        del f.attrs["box_size_mpc_h"]
+    with pytest.raises(DatasetError, match="write it into the file as attribute 'box_size_mpc_h'") as err:
+        monitor(val_path=str(val))
+    assert "--voxel_size" not in str(err.value)
+
+
+def test_a_twin_changed_with_its_size_and_time_kept_is_refused(data_dir, tmp_path):
+    """A ``.npy`` twin edited in place with its size and modification time set back trained
+    through ``dali-npy``: its recorded CRC-32 is now checked whatever its size and time."""
+    from shared_data.data import convert, dataset
+
+    h5 = tmp_path / "v.h5"
+    shutil.copy(data_dir / "val_24.h5", h5)
+    nbody, _ = convert.convert_to_npy(h5)
+    info = dataset.validate(h5, 4, 5)
+    dataset.check_npy_twins(info, dataset.npy_paths(h5))
+    st = nbody.stat()
+    arr = np.load(nbody, mmap_mode="r+")
+    arr[23, 23, 23, 3] += 1.0  # a voxel the spot check does not sample (the last one)
+    arr.flush()
+    del arr
+    os.utime(nbody, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert nbody.stat().st_size == st.st_size and nbody.stat().st_mtime_ns == st.st_mtime_ns
+    with pytest.raises(dataset.DatasetError, match=r"v_Nbody\.npy changed after it was converted"):
+        dataset.check_npy_twins(info, dataset.npy_paths(h5))

@@ -164,9 +164,11 @@ def _attribute(name: str, attrs: dict, path: Path) -> tuple[object, str] | None:
     return None
 
 
-def units_from_files(files: dict[Path, dict], side: int, flags: dict) -> Units:
+def units_from_files(files: dict[Path, dict], side: int, flags: dict, flags_given: bool = True) -> Units:
     """The :class:`Units` of volumes of side ``side``, from the attributes of ``files`` (path -> attrs,
-    the truth first) or from ``flags`` (quantity -> value or None).
+    the truth first) or from ``flags`` (quantity -> value or None). ``flags_given``: whether the
+    command has the flags (validate, predict); a missing attribute's message otherwise says to
+    write it into the file (the trainer's time-to-quality mode).
 
     Files without any of the attributes (the tutorial's own) get :data:`TUTORIAL_DEFAULTS`, said
     in one log line.
@@ -205,9 +207,8 @@ def units_from_files(files: dict[Path, dict], side: int, flags: dict) -> Units:
             value, source = None, "absent"
         else:
             files_text = " or ".join(str(p) for p in files)
-            raise DatasetError(
-                f"{files_text}: no attribute {key!r} ({what}); give it with {flag} (no default is assumed)"
-            )
+            remedy = f"give it with {flag}" if flags_given else f"write it into the file as attribute {key!r}"
+            raise DatasetError(f"{files_text}: no attribute {key!r} ({what}); {remedy} (no default is assumed)")
         if name == "voxel_size" and found and source != f"flag {flag}":
             value = float(value) / side
         values[name], sources[name] = value, source
