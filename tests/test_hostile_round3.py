@@ -262,3 +262,18 @@ def test_a_twin_changed_with_its_size_and_time_kept_is_refused(data_dir, tmp_pat
     assert nbody.stat().st_size == st.st_size and nbody.stat().st_mtime_ns == st.st_mtime_ns
     with pytest.raises(dataset.DatasetError, match=r"v_Nbody\.npy changed after it was converted"):
         dataset.check_npy_twins(info, dataset.npy_paths(h5))
+
+
+def test_export_size_has_one_limit_in_both_frameworks(tmp_path):
+    """TF refused ``--size`` above 1024 (the largest crop side) while JAX exported 1048576."""
+    from shared_data.inference import export as export_mod
+
+    cfg = config_mod.load_config("cpu_tiny")
+    assert export_mod.check_size(cfg, 1024) == 1024
+    for size in (1032, 1048576):
+        with pytest.raises(UserError, match=f"--size {size}: expected a multiple of 2\\*\\*levels = 8 from 8 to 1024"):
+            export_mod.check_size(cfg, size)
+    res = run_in_process(
+        jax_export.main, ["--config", "cpu_tiny", "--out", str(tmp_path), "--size", "1048576", "--weights", "w"]
+    )
+    assert_one_error_line(res, "--size 1048576")

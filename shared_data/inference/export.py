@@ -55,11 +55,12 @@ def check_size(cfg: Config, size: int | None) -> int | None:
     """The exported side: ``size``, or None for any multiple of ``2**levels``.
 
     Raises:
-        UserError: ``size`` is not a positive multiple of ``2**levels``.
+        UserError: ``size`` is not a positive multiple of ``2**levels`` or lies above the largest crop
+            side (``MAXIMA["crop_size"]`` of :mod:`shared_data.core.config`), the same in both frameworks.
     """
-    align = predict_mod.alignment(cfg)
-    if size is not None and (size < align or size % align):
-        raise UserError(f"--size {size}: expected a positive multiple of 2**levels = {align}")
+    align, largest = predict_mod.alignment(cfg), config_mod.MAXIMA["crop_size"]
+    if size is not None and (size < align or size % align or size > largest):
+        raise UserError(f"--size {size}: expected a multiple of 2**levels = {align} from {align} to {largest}")
     return size
 
 
