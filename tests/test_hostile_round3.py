@@ -277,3 +277,50 @@ def test_export_size_has_one_limit_in_both_frameworks(tmp_path):
         jax_export.main, ["--config", "cpu_tiny", "--out", str(tmp_path), "--size", "1048576", "--weights", "w"]
     )
     assert_one_error_line(res, "--size 1048576")
+
+
+# --- a full disk ------------------------------------------------------------------------------------------
+
+
+def _limit_file_size():
+    """In the child: files may grow to 128 KiB at most (``ulimit -f``); a longer write fails with
+    EFBIG as a full disk fails with ENOSPC (Python ignores SIGXFSZ), without a disk to fill."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2**17, 2**17))
+
+
+@pytest.mark.parametrize("command", ["generate", "convert", "predict", "validate"])
+def test_a_full_disk_ends_in_one_line_and_leaves_no_file(command, data_dir, tmp_path):
+    """A write that fails (here: past the file-size limit) ends in one ``error:`` line with exit code
+    2: no traceback, no native crash after the message (HDF5 crashed at exit, rc 139; the
+    converter's memory map died of SIGBUS), and no partial or hidden file left."""
+    import sys
+
+    out = tmp_path / "out"
+    out.mkdir()
+    vol = tmp_path / "v.h5"
+    shutil.copy(data_dir / "train_32.h5", vol)  # 32^3: 1.2 MB of data, a prediction of 0.66 MB
+    weights = tmp_path / "w.npz"
+    unet_spec.save_weights(weights, unet_spec.init_weights(config_mod.load_config("cpu_tiny"), 0))
+    args = {
+        "generate": ["shared_data.data.generate", "--out", str(out / "g.h5"), "--size", "48"],
+        "convert": ["shared_data.data.convert", str(out / "v.h5")],
+        "predict": ["jax_impl.predict", "--config", "cpu_tiny", "--weights", str(weights), "--input", str(vol)]
+        + ["--out", str(out / "p.h5")],
+        "validate": ["shared_data.inference.validate", "--pred", str(vol), "--truth", str(vol)]
+        + ["--out", str(out / "report")],
+    }[command]
+    if command == "convert":
+        os.symlink(vol, out / "v.h5")
+    res = subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+        preexec_fn=_limit_file_size,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert_one_error_line(res, "cannot write", "(File too large)")
+    assert sorted(p.name for p in out.iterdir()) == (["v.h5"] if command == "convert" else [])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,6 +98,11 @@ def check_writable(path: str | Path, flag: str, folder: bool = False) -> None:
         raise UserError(f"{flag} {path}: cannot write in {existing} ({err.strerror})") from None
 
 
+#: Files that a native library (HDF5) holds open after a failed write; while it is not empty,
+#: :func:`shared_data.core.errors.run_cli` ends the process with ``os._exit`` after flushing its output.
+EXIT_WITHOUT_FINALISERS: list[str] = []
+
+
 @contextlib.contextmanager
 def writing(path: str | Path) -> Iterator[None]:
     """Turn a failed write inside the body (a full disk, a read-only file system, a quota:
@@ -113,6 +119,10 @@ def writing(path: str | Path) -> Iterator[None]:
         reason = write_failure(err)
         if reason is None:
             raise
+        if "h5py" in sys.modules and sys.modules["h5py"].h5f.get_obj_ids(types=sys.modules["h5py"].h5f.OBJ_FILE):
+            # HDF5 cannot close a file it cannot flush, and retries at the interpreter's exit, which
+            # crashes: the command ends without the library's finalisers (errors.run_cli)
+            EXIT_WITHOUT_FINALISERS.append(str(path))
         raise UserError(f"cannot write {path} ({reason})") from None
 
 
@@ -136,6 +146,8 @@ def write_failure(err: BaseException) -> str | None:
     import re
 
     os_error = os_error_in(err)
+    if os_error is not None and os_error.errno:  # h5py puts HDF5's whole multi-line report in strerror
+        return os.strerror(os_error.errno)
     if os_error is not None and os_error.strerror:
         return os_error.strerror
     known = [os.strerror(e) for e in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO, errno.EFBIG)]

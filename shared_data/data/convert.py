@@ -11,6 +11,7 @@ at a time, so volumes larger than memory convert; each ``.npy`` is written atomi
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,6 +55,7 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
             checksum = dataset.ChannelChecksum(info.path, info.attrs, key)
             with writing(out), atomic_path(out, suffix=".npy") as tmp:
                 mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(*ds.shape[1:], c))
+                reserve(tmp)  # a full disk is an OSError here, not a SIGBUS at a page of the mapping
                 for x0 in range(0, size, SLAB):
                     with dataset.reading(path, f"{key} (x from {x0})"):
                         slab = ds[:, x0 : x0 + SLAB].astype(np.float32)
@@ -66,6 +68,19 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
             dataset.write_source_record(out, path)
             print(f"wrote {out}: shape {(*ds.shape[1:], c)} float32 (DHWC)")
     return outs
+
+
+def reserve(path: Path) -> None:
+    """Allocate every block of ``path`` (its current size) on disk now (``posix_fallocate``, where
+    the system has it): writes through a memory map into a sparse file on a full disk end the
+    process with SIGBUS instead of an error.
+
+    Raises:
+        OSError: ENOSPC (or the file system's refusal) when the blocks are not there.
+    """
+    if hasattr(os, "posix_fallocate"):
+        with open(path, "rb+") as fh:
+            os.posix_fallocate(fh.fileno(), 0, os.fstat(fh.fileno()).st_size)
 
 
 def twin_files(files: Sequence[str | Path]) -> dict[str, Path]:

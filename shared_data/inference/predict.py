@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import itertools
 import json
 import logging
@@ -51,7 +52,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import ConfigError, DatasetError, UserError
-from shared_data.core.files import atomic_path, check_not_input, check_writable, writing
+from shared_data.core.files import check_not_input, check_writable, write_atomic, writing
 from shared_data.data import dataset
 from shared_data.model import unet_spec
 from shared_data.runtime.logs import progress as progress_bar
@@ -252,10 +253,15 @@ def write_prediction(path: str | Path, hydro: np.ndarray, attrs: dict) -> None:
     attrs = {k: v for k, v in attrs.items() if k.startswith("prediction_") or not k.endswith("_crc32")}
     attrs["Hydro_crc32"] = dataset.channel_crc32(data)
     c = min(32, data.shape[1])
-    with writing(path), atomic_path(path, ".h5") as tmp, h5py.File(tmp, "w") as f:
+    # built in memory and written as bytes: a full disk is a plain OSError, and HDF5 holds no file
+    # it cannot close (which would crash the interpreter's exit)
+    image = io.BytesIO()
+    with h5py.File(image, "w") as f:
         f.create_dataset("Hydro", data=data, chunks=(1, c, c, c))
         for k, v in attrs.items():
             f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list, tuple)) else v
+    with writing(path):
+        write_atomic(path, image.getvalue())
 
 
 # --- weights and configs ------------------------------------------------------------------------

@@ -53,6 +53,7 @@ import json
 import logging
 import math
 import re
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -60,7 +61,7 @@ import numpy as np
 
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import DatasetError, UserError, run_cli
-from shared_data.core.files import atomic_path, check_not_input, write_atomic
+from shared_data.core.files import atomic_path, check_not_input, write_atomic, writing
 from shared_data.data import cosmology, dataset
 
 log = logging.getLogger("dlas.validate")
@@ -680,17 +681,43 @@ def validate_files(
         if k.startswith("prediction_")
     }
     record = to_json(metrics)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(out_dir / f"{stem}.json", json.dumps(record, indent=1))
     title = (
         f"{what}\nvs {truth_path.name} ({side}^3, {units.voxel_size:g} Mpc/h voxels): "
         f"mean L1 {record['l1_mean']['model']:.4f} (stored units)"
     )
-    if plot:
-        figure(out_dir / f"{stem}.png", pred, truth, record, units, title, z)
+    draw = (lambda path: figure(path, pred, truth, record, units, title, z)) if plot else (lambda path: None)
+    write_report(out_dir, stem, record, draw)
     log_summary(record)
     log.info("wrote %s", ", ".join(map(str, report_files(out_dir, stem, plot))))
     return record
+
+
+def write_report(out_dir: Path, stem: str, record: dict, draw) -> None:
+    """Write ``<stem>.png`` (``draw(path)``; a ``draw`` that writes nothing: no figure) and then
+    ``<stem>.json`` into ``out_dir`` (made if missing), each atomically. A failed write (a full disk)
+    leaves no new file of the two, and no folder that this call made.
+
+    Raises:
+        UserError: ``cannot write <file> (<reason>)``.
+    """
+    made = not out_dir.exists()
+    written: list[Path] = []
+    try:
+        with writing(out_dir):
+            out_dir.mkdir(parents=True, exist_ok=True)
+        for path, write in (
+            (out_dir / f"{stem}.png", draw),
+            (out_dir / f"{stem}.json", lambda p: write_atomic(p, json.dumps(record, indent=1))),
+        ):
+            with writing(path):
+                write(path)
+            written.append(path)
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        if made:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
 
 
 def log_summary(record: dict) -> None:
