@@ -324,3 +324,14 @@ def test_a_full_disk_ends_in_one_line_and_leaves_no_file(command, data_dir, tmp_
     )
     assert_one_error_line(res, "cannot write", "(File too large)")
     assert sorted(p.name for p in out.iterdir()) == (["v.h5"] if command == "convert" else [])
+
+
+def test_a_name_over_the_systems_limit_is_one_error_line(data_dir, tmp_path):
+    """A 300-character file name (over NAME_MAX, 255 on Linux) ended in an ENAMETOOLONG traceback."""
+    from shared_data.data import generate
+
+    long_name = str(tmp_path / ("a" * 300 + ".h5"))
+    res = run_in_process(generate.main, ["--out", long_name, "--size", "16"])
+    assert_one_error_line(res, f"({len(long_name)} characters): a name longer than the file system allows")
+    argv = ["--config", "cpu_tiny", "--weights", "w.npz", "--input", str(data_dir / "val_24.h5"), "--out", long_name]
+    assert_one_error_line(run_in_process(jax_predict.main, argv), "a name longer than the file system allows")
