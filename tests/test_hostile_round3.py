@@ -282,14 +282,6 @@ def test_export_size_has_one_limit_in_both_frameworks(tmp_path):
 # --- a full disk ------------------------------------------------------------------------------------------
 
 
-def _limit_file_size():
-    """In the child: files may grow to 128 KiB at most (``ulimit -f``); a longer write fails with
-    EFBIG as a full disk fails with ENOSPC (Python ignores SIGXFSZ), without a disk to fill."""
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_FSIZE, (2**17, 2**17))
-
-
 @pytest.mark.parametrize("command", ["generate", "convert", "predict", "validate"])
 def test_a_full_disk_ends_in_one_line_and_leaves_no_file(command, data_dir, tmp_path):
     """A write that fails (here: past the file-size limit) ends in one ``error:`` line with exit code
@@ -313,15 +305,11 @@ def test_a_full_disk_ends_in_one_line_and_leaves_no_file(command, data_dir, tmp_
     }[command]
     if command == "convert":
         os.symlink(vol, out / "v.h5")
-    res = subprocess.run(
-        [sys.executable, "-m", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        timeout=300,
-        preexec_fn=_limit_file_size,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )
+    # files may grow to 128 KiB (``ulimit -f``, KiB in bash): a longer write fails with EFBIG as a
+    # full disk's fails with ENOSPC (Python ignores SIGXFSZ), without a disk to fill
+    limited = ["bash", "-c", 'ulimit -f 128 && exec "$@"', "bash", sys.executable, "-m", *args]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    res = subprocess.run(limited, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, env=env)
     assert_one_error_line(res, "cannot write", "(File too large)")
     assert sorted(p.name for p in out.iterdir()) == (["v.h5"] if command == "convert" else [])
 
