@@ -38,6 +38,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError, run_cli
+from shared_data.core.files import check_not_input
 from shared_data.model import unet_spec
 from shared_data.runtime import sizing
 
@@ -636,6 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warning = sizing.oversized_warning(cfg, len(args.mode) * (args.warmup + args.windows * args.steps), "the benchmark")
     if warning:
         stage(f"warning: {warning}")
+    check_not_input({"--out": args.out}, cfg.data_inputs(), "records")
     session = Session(args.framework, args.num_devices)
     records = session.run(
         cfg, args.mode, args.warmup, args.steps, args.windows, args.label, args.window_sec, args.min_window_steps

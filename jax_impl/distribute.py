@@ -45,8 +45,9 @@ def initialize() -> str | None:
     rest (coordinator, process count and index). See :data:`CLUSTER_VARIABLE` for other launchers.
 
     Raises:
-        UserError: ``JAX_COORDINATOR_ADDRESS`` without ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, or
-            an unknown ``DLAS_JAX_CLUSTER``.
+        UserError: ``JAX_COORDINATOR_ADDRESS`` without ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, one
+            that is not an integer in range (:func:`shared_data.runtime.launch.env_int`), or an
+            unknown ``DLAS_JAX_CLUSTER``.
     """
     if jax.distributed.is_initialized():
         return None
@@ -61,7 +62,8 @@ def initialize() -> str | None:
         missing = [v for v in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if not env.get(v)]
         if missing:
             raise UserError(f"JAX_COORDINATOR_ADDRESS is set: set {' and '.join(missing)} as well")
-        kwargs.update(num_processes=int(env["JAX_NUM_PROCESSES"]), process_id=int(env["JAX_PROCESS_ID"]))
+        count = launch.env_int(env, "JAX_NUM_PROCESSES", 1, 1)
+        kwargs.update(num_processes=count, process_id=launch.env_int(env, "JAX_PROCESS_ID", 0, 0, count))
         address = env["JAX_COORDINATOR_ADDRESS"]
         wait = launch.joining(kwargs["process_id"], kwargs["num_processes"], address, {0: address}, env)
     elif choice and choice != "auto":
@@ -71,7 +73,8 @@ def initialize() -> str | None:
         how = "SLURM" if launch.slurm_step(env) else "Open MPI" if launch.ompi_job(env) else "auto-detected"
         if launch.slurm_step(env) and choice != "auto":
             address = kwargs["coordinator_address"] = slurm_coordinator(env)
-            rank, size = int(env["SLURM_PROCID"]), int(env["SLURM_STEP_NUM_TASKS"])
+            size = launch.env_int(env, "SLURM_STEP_NUM_TASKS", 1, 1)
+            rank = launch.env_int(env, "SLURM_PROCID", 0, 0, size)
             wait = launch.joining(rank, size, address, {0: address}, env)
     else:
         return None

@@ -65,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_weights=predict_jax.load_weights,
         export=export,
         versions=distribute.versions,
+        files=[FILE],
     )
 
 

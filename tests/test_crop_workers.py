@@ -218,3 +218,115 @@ def test_closing_a_benchmarks_endless_batches_stops_the_inputs_workers(tiny_cfg,
     assert len(pids) == 2
     batches.close()
     assert inp.workers.pids == [] and all(_gone(p) for p in pids)
+
+
+def _ended(pid: int, within: float = 5.0) -> bool:
+    """Process ``pid`` has ended within ``within`` seconds (a zombie that no one reaps counts)."""
+    t_end = time.monotonic() + within
+    while time.monotonic() < t_end:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+_ORPHAN_CHILD = """
+import sys, time
+from shared_data.core import config as config_mod
+from shared_data.data import crop_readers, host_batches
+from shared_data.data.sampler import TRAIN
+cfg = config_mod.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1], num_data_workers=2))
+reader = crop_readers.make_reader(cfg)
+workers = host_batches.crop_workers(reader, cfg)
+plan = host_batches.make_plan(cfg, TRAIN, 0, [0], 1, reader.size)
+next(iter(host_batches.NumpyLoader(reader, plan, cfg, workers=workers)))
+print(*workers.pids, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_killed_parent_leaves_no_worker_behind(tiny_cfg):
+    """kill -9 of the process that owns the workers (a trainer killed by the OOM killer or a batch
+    system) ends its workers too: they do not run on holding the file open."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_CHILD, str(tiny_cfg.train_path)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    try:
+        pids = [int(w) for w in child.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        child.kill()
+        child.wait()
+    alive = [p for p in pids if not _ended(p)]
+    for p in alive:  # not ours to leave running whatever the outcome
+        os.kill(p, signal.SIGKILL)
+    assert not alive
+
+
+def test_sigterm_to_the_process_group_is_left_to_the_parent(tiny_cfg, tmp_path):
+    """``scancel`` (another process) signals every process of the job: the workers leave SIGTERM
+    (like SIGINT) to the parent, which stops them when it stops, so a batch under way still
+    completes; the parent's own SIGTERM (its close) ends them."""
+    cfg, reader, workers = _setup(tiny_cfg, tmp_path, 2)
+    plan = host_batches.make_plan(cfg, TRAIN, 0, [0], 1, reader.size)
+    loader = iter(host_batches.NumpyLoader(reader, plan, cfg, workers=workers))
+    next(loader)
+    pids = workers.pids
+    subprocess.run(["kill", "-TERM", *map(str, pids)], check=True)  # sent by another process
+    time.sleep(0.2)
+    batch = next(loader)
+    assert np.isfinite(batch["inputs"]).all() and workers.pids == pids
+    workers.close()
+    assert all(_gone(p) for p in pids)
+
+
+_DALI_CHILD = """
+import multiprocessing as mp, signal, sys, time
+from shared_data.core import config as config_mod
+from shared_data.data import dali_pipelines as dp
+from shared_data.data.sampler import TRAIN
+
+def worker(source, queue):  # what DALI's spawned worker does with the source: unpickle it, call it
+    queue.put((mp.current_process().pid, signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+    time.sleep(120)
+
+if __name__ == "__main__":
+    cfg = config_mod.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1]))
+    source = dp.H5CropSource(dp.EpochPlans(cfg, TRAIN, [0], 1, 32), sys.argv[1], "Nbody", 4, "parallel", 2)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    ctx.Process(target=worker, args=(source, queue)).start()
+    print(*queue.get(timeout=60), flush=True)
+    time.sleep(120)
+"""
+
+
+def test_dali_parallel_workers_leave_signals_to_the_run_and_end_with_it(tiny_cfg, tmp_path):
+    """DALI's ``parallel`` external source runs the crop source in spawned worker processes: there
+    the unpickled source leaves SIGTERM to the run and ends the worker when the run is killed."""
+    script = tmp_path / "run.py"  # a file: spawned processes import the worker function from it
+    script.write_text(_DALI_CHILD)
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(tiny_cfg.train_path)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    try:
+        pid, ignored = child.stdout.readline().split()
+    finally:
+        child.kill()
+        child.wait()
+    ended = _ended(int(pid), within=6.0)
+    if not ended:
+        os.kill(int(pid), signal.SIGKILL)
+    assert ignored == "True" and ended

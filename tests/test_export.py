@@ -138,6 +138,6 @@ def test_export_flag_errors(setup, capsys):
 
     argv = ["--config", "cpu_tiny", "--weights", str(d / "w.npz"), "--out", str(d / "e")]
     assert run_cli(jax_export.main, [*argv, "--size", "12"]) == 2
-    assert "error: --size 12: expected a positive multiple of 2**levels = 8" in capsys.readouterr().err
+    assert "error: --size 12: expected a multiple of 2**levels = 8 from 8 to 1024" in capsys.readouterr().err
     assert run_cli(jax_export.main, [*argv[:3], str(d / "nope.npz"), *argv[4:]]) == 2
     assert "not found" in capsys.readouterr().err

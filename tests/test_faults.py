@@ -657,13 +657,13 @@ def test_generate_convert_and_export_outputs_that_cannot_be_written(data_dir, tm
 
 
 def test_a_full_disk_during_convert_or_predict_leaves_no_partial_file(data_dir, tmp_path, monkeypatch):
-    """Class 5: ENOSPC while convert writes a .npy twin, or while predict writes its HDF5 output
-    (h5py's own error, which quotes the OS error): one line naming the file and the reason; no
-    partial output (or temporary file) is left."""
+    """Class 5: ENOSPC while convert writes a .npy twin, or halfway through predict's HDF5 output
+    (built in memory, written as bytes): one line naming the file and the reason; no partial
+    output (or temporary file) is left."""
     import errno
     import shutil
+    from pathlib import Path
 
-    import h5py
     import numpy as np
 
     from jax_impl import predict
@@ -682,17 +682,13 @@ def test_a_full_disk_during_convert_or_predict_leaves_no_partial_file(data_dir, 
     assert_one_error_line(res, f"cannot write {tmp_path / 'v_Nbody.npy'} (No space left on device)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v.h5", "w.npz"]
 
-    real_file = h5py.File
+    real_write = Path.write_bytes
 
-    def h5_full(name, mode="r", *args, **kwargs):
-        if mode == "w":
-            raise OSError(
-                "Unable to synchronously create file (file write failed: errno = 28, "
-                "error message = 'No space left on device')"
-            )
-        return real_file(name, mode, *args, **kwargs)
+    def half_written(self, data):  # the disk fills halfway through the file
+        real_write(self, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(h5py, "File", h5_full)
+    monkeypatch.setattr(Path, "write_bytes", half_written)  # predict builds the HDF5 file in memory
     argv = ["--config", "cpu_tiny", "--weights", str(tmp_path / "w.npz"), "--input", str(tmp_path / "v.h5")]
     res = run_in_process(predict.main, [*argv, "--out", str(tmp_path / "p.h5")])
     assert_one_error_line(res, f"cannot write {tmp_path / 'p.h5'} (No space left on device)")

@@ -259,7 +259,7 @@ def test_bad_inputs_give_one_error_line(vol64, weights_file, tmp_path, capsys):
         predict_mod.read_input(changed, 4)
     same = ["--config", "cpu_tiny", "--weights", str(weights_file), "--input", str(vol64), "--out", str(vol64)]
     assert run_cli(jax_predict.main, same) == 2
-    assert "is the --input file" in capsys.readouterr().err
+    assert f"--out {vol64} is --input {vol64} (the same path)" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -157,7 +157,7 @@ def process_index() -> int:
         except (ValueError, AttributeError):
             raise UserError(f"TF_CONFIG is not the JSON TensorFlow expects: {config[:80]!r}") from None
     if launch.slurm_step(os.environ):
-        return int(os.environ["SLURM_PROCID"])
+        return launch.env_int(os.environ, "SLURM_PROCID", 0)
     return 0
 
 

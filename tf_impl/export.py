@@ -69,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_weights=predict_tf.load_weights,
         export=export,
         versions=distribute.versions,
+        files=[SAVED_MODEL, KERAS_FILE],
     )
 
 

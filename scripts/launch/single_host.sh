@@ -19,6 +19,10 @@ fw=${1:?usage: [NPROC=N] single_host.sh jax|tf CONFIG [flags]}; cfg=${2:?config 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 PY=${PY:-python3}
 NPROC=${NPROC:-1}
+if ! [[ $NPROC =~ ^[0-9]+$ ]] || (( 10#$NPROC < 1 )); then
+  echo "error: NPROC=$NPROC: expected a whole number of processes, at least 1" >&2; exit 2
+fi
+NPROC=$(( 10#$NPROC ))
 if [[ $NPROC -le 1 ]]; then
   exec $PY -m ${fw}_impl.train --config "$cfg" "$@"
 fi

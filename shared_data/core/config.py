@@ -185,6 +185,16 @@ class Config:
             self._data_path(label) if label else Path(f"{stem}_Hydro.npy"),
         )
 
+    def data_inputs(self) -> dict[str, Path]:
+        """Every data file a run of this config may read, keyed by how the user names it: the
+        training and validation volumes and their ``.npy`` twins (:meth:`npy_files`)."""
+        inputs = {}
+        for split in ("train", "val"):
+            inputs[f"{split}_path"] = self.data_file(split)
+            for key, npy in zip(("Nbody", "Hydro"), self.npy_files(split)):
+                inputs[f"the {key} .npy twin of {split}_path"] = npy
+        return inputs
+
     @property
     def precision(self) -> str:
         """``"float32"`` when AMP is off, else ``amp_dtype`` (``"bfloat16"`` or ``"float16"``)."""

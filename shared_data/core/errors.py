@@ -78,6 +78,38 @@ def require_package(module: str, extra: str, package: str) -> None:
         raise MissingDependencyError(message)
 
 
+def name_too_long(err: OSError) -> str | None:
+    """The one line for a path the user gave that is longer than the file system allows
+    (``ENAMETOOLONG``, wherever the path is first used); None for other errors."""
+    import errno
+    import os
+
+    if err.errno != errno.ENAMETOOLONG:
+        return None
+    path = str(err.filename)
+    try:
+        limits = f"{os.pathconf('/', 'PC_NAME_MAX')} characters a name, {os.pathconf('/', 'PC_PATH_MAX')} a path"
+    except (OSError, ValueError):
+        limits = "see the file system's limits"
+    return f"{path[:60]}...{path[-20:]} ({len(path)} characters): a name longer than the file system allows ({limits})"
+
+
+def _exit_if_native_files_are_stuck(code: int) -> None:
+    """End the process now with ``code`` when a native library holds a file it failed to write
+    (:data:`shared_data.core.files.EXIT_WITHOUT_FINALISERS`): its finalisers would retry the write
+    at exit and crash after the error line. Output and log files are flushed first."""
+    from shared_data.core.files import EXIT_WITHOUT_FINALISERS
+
+    if EXIT_WITHOUT_FINALISERS and "pytest" not in sys.modules:  # a test's process goes on
+        import logging
+        import os
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:
     """Run ``main(argv)``; print a :class:`UserError` (also one wrapped by TF or DALI) as
     ``error: <message>`` on stderr and return 2.
@@ -90,12 +122,19 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         code = main(argv)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
+        _exit_if_native_files_are_stuck(2)
         return 2
     except BrokenPipeError:  # the reader of stdout went away (``... | head``): stop quietly
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:
+        message = user_error_in(err) or name_too_long(err)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
     except Exception as err:
         message = user_error_in(err)
         if message is None:

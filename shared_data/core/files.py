@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,6 +98,11 @@ def check_writable(path: str | Path, flag: str, folder: bool = False) -> None:
         raise UserError(f"{flag} {path}: cannot write in {existing} ({err.strerror})") from None
 
 
+#: Files that a native library (HDF5) holds open after a failed write; while it is not empty,
+#: :func:`shared_data.core.errors.run_cli` ends the process with ``os._exit`` after flushing its output.
+EXIT_WITHOUT_FINALISERS: list[str] = []
+
+
 @contextlib.contextmanager
 def writing(path: str | Path) -> Iterator[None]:
     """Turn a failed write inside the body (a full disk, a read-only file system, a quota:
@@ -113,6 +119,10 @@ def writing(path: str | Path) -> Iterator[None]:
         reason = write_failure(err)
         if reason is None:
             raise
+        if "h5py" in sys.modules and sys.modules["h5py"].h5f.get_obj_ids(types=sys.modules["h5py"].h5f.OBJ_FILE):
+            # HDF5 cannot close a file it cannot flush, and retries at the interpreter's exit, which
+            # crashes: the command ends without the library's finalisers (errors.run_cli)
+            EXIT_WITHOUT_FINALISERS.append(str(path))
         raise UserError(f"cannot write {path} ({reason})") from None
 
 
@@ -136,6 +146,8 @@ def write_failure(err: BaseException) -> str | None:
     import re
 
     os_error = os_error_in(err)
+    if os_error is not None and os_error.errno:  # h5py puts HDF5's whole multi-line report in strerror
+        return os.strerror(os_error.errno)
     if os_error is not None and os_error.strerror:
         return os_error.strerror
     known = [os.strerror(e) for e in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO, errno.EFBIG)]
@@ -150,3 +162,61 @@ def write_failure(err: BaseException) -> str | None:
             return text
         err = err.__cause__ or err.__context__
     return None if os_error is None else " ".join(str(os_error).split())[:200]
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether paths ``a`` and ``b`` name one file or folder: the same path, a symbolic link to it
+    (followed), or a hard link (the same device and inode, ``os.path.samefile``). A path that does
+    not exist is compared by its resolved absolute form."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+
+
+def _inside(path: str | Path, folder: str | Path) -> bool:
+    """Whether ``path`` lies inside the existing folder ``folder`` (links resolved)."""
+    if not os.path.isdir(folder):
+        return False
+    real, top = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return top in real.parents
+
+
+def _alias(a: str | Path, b: str | Path) -> str:
+    """How two paths of one file are related: the same path, through a symbolic link, a hard link."""
+    if os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b)):
+        return "the same path"
+    if os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b)):
+        return "the same file through a symbolic link"
+    return "a hard link of the same file"
+
+
+def check_not_input(
+    outputs: dict[str, str | Path | None], inputs: dict[str, str | Path | None], what: str = "output"
+) -> None:
+    """Check, before any work, that no output of a command is one of its inputs: the same path, a
+    symbolic link to it or a hard link of it (:func:`same_file`), an input inside an output folder
+    that the command replaces, or an output inside an input folder that it reads (a run's
+    ``checkpoints``). Keys are what the user sees (``--out w.npz``, ``train_path``); ``None``
+    values are skipped, and so are inputs that do not exist (their own check names them).
+
+    Raises:
+        UserError: ``<output key> <path> is <input key> <path> (...): write the <what> to another path``.
+    """
+    from shared_data.core.errors import UserError
+
+    for out_key, out in outputs.items():
+        if out is None:
+            continue
+        for in_key, inp in inputs.items():
+            if inp is None or not os.path.lexists(inp):
+                continue
+            if same_file(out, inp):
+                relation = f"is {in_key} {inp} ({_alias(out, inp)})"
+            elif _inside(inp, out):
+                relation = f"holds {in_key} {inp}"
+            elif _inside(out, inp):
+                relation = f"lies inside {in_key} {inp}"
+            else:
+                continue
+            raise UserError(f"{out_key} {out} {relation}, which this command reads: write the {what} to another path")

@@ -11,6 +11,7 @@ at a time, so volumes larger than memory convert; each ``.npy`` is written atomi
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import numpy as np
 from shared_data.core.commands import make_parser
 from shared_data.data import dataset
 from shared_data.core.errors import run_cli
-from shared_data.core.files import atomic_path, check_writable, writing
+from shared_data.core.files import atomic_path, check_not_input, check_writable, writing
 
 SLAB = 16
 
@@ -44,6 +45,7 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
             return outs
         except dataset.DatasetError as err:
             print(f"reconverting: {err}")
+    check_not_input(twin_files([path]), {"input": path}, ".npy twins")
     for out in outs:
         check_writable(out, "output")
     with dataset.open_h5(path) as f:
@@ -53,6 +55,7 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
             checksum = dataset.ChannelChecksum(info.path, info.attrs, key)
             with writing(out), atomic_path(out, suffix=".npy") as tmp:
                 mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(*ds.shape[1:], c))
+                reserve(tmp)  # a full disk is an OSError here, not a SIGBUS at a page of the mapping
                 for x0 in range(0, size, SLAB):
                     with dataset.reading(path, f"{key} (x from {x0})"):
                         slab = ds[:, x0 : x0 + SLAB].astype(np.float32)
@@ -67,12 +70,36 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
     return outs
 
 
+def reserve(path: Path) -> None:
+    """Allocate every block of ``path`` (its current size) on disk now (``posix_fallocate``, where
+    the system has it): writes through a memory map into a sparse file on a full disk end the
+    process with SIGBUS instead of an error.
+
+    Raises:
+        OSError: ENOSPC (or the file system's refusal) when the blocks are not there.
+    """
+    if hasattr(os, "posix_fallocate"):
+        with open(path, "rb+") as fh:
+            os.posix_fallocate(fh.fileno(), 0, os.fstat(fh.fileno()).st_size)
+
+
+def twin_files(files: Sequence[str | Path]) -> dict[str, Path]:
+    """Every file that converting ``files`` writes: each one's ``.npy`` twins and their records."""
+    outputs = {}
+    for path in files:
+        for npy in dataset.npy_paths(path):
+            outputs[f"output {npy.name}"] = npy
+            outputs[f"output {dataset.source_record(npy).name}"] = dataset.source_record(npy)
+    return outputs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("shared_data.data.convert", __doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+", help="HDF5 dataset files")
     p.add_argument("--n_in", type=int, default=4, help="Nbody channels (default: %(default)s)")
     p.add_argument("--n_out", type=int, default=5, help="Hydro channels (default: %(default)s)")
     args = p.parse_args(argv)
+    check_not_input(twin_files(args.files), {f"input {f}": f for f in args.files}, ".npy twins")
     for path in args.files:
         convert_to_npy(path, args.n_in, args.n_out)
     return 0

@@ -13,7 +13,13 @@ with its own handle (the tutorial's PyTorch ``DataLoader`` workers), read in par
   the slot (:func:`shared_data.data.crop_readers.make_batch` with ``out``); the parent copies them out
   and puts the slot back on the free list, so slots are reused and the caller owns its arrays.
 * End: :meth:`CropWorkers.close`, the object's collection, or the interpreter's exit stop the workers
-  (a worker still running after :data:`JOIN_S` is terminated) and unlink every slot.
+  (a worker still running after :data:`JOIN_S` is killed) and unlink every slot.
+* Signals: SIGINT and SIGTERM to the process group (Ctrl-C, ``scancel``) are the parent's to
+  handle; the workers ignore them and end when the parent closes them. A parent that dies without
+  closing them (kill -9, the OOM killer) takes them along: the kernel's parent-death signal
+  (``prctl(PR_SET_PDEATHSIG)``, Linux) kills a worker when the fork server that forked it ends,
+  which it does when the parent ends, and a thread in each worker that watches the parent's
+  process id (:data:`PARENT_WATCH_S`) covers other systems.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ BATCH_TIMEOUT_S = 300.0
 #: Seconds :meth:`CropWorkers.close` waits for a worker to finish its batch before terminating it.
 JOIN_S = 5.0
 SHM_DIR = "/dev/shm"
+#: Seconds between a worker's checks that the process that started it is still alive.
+PARENT_WATCH_S = 1.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def batch_shapes(n: int, cfg: Config) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -66,8 +75,52 @@ def _views(buf, n: int, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
 _WORKER: dict = {}
 
 
-def _init(reader, cfg: Config) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes the workers
+def serve_parent(parent: int) -> None:
+    """Make this process a loader worker of process ``parent``. SIGINT and SIGTERM from others than
+    ``parent`` (Ctrl-C and ``scancel`` signal the whole process group) are ignored: the parent
+    handles them and stops its workers; a SIGTERM from ``parent`` itself (a process pool stopping
+    its workers) ends the worker. The worker also ends when ``parent`` ends: by the parent-death
+    signal where the kernel has one (it fires when this process's own parent ends: ``parent`` or
+    the fork server that ``parent`` started, which ends with it) and by a thread that watches
+    ``parent``'s process id. Called outside the main thread (where Python sets no signal
+    handling) or on a system without ``sigwaitinfo``, SIGTERM keeps its default action."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if hasattr(signal, "sigwaitinfo"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started later inherit it
+            threading.Thread(target=_sigterm_from, args=(parent,), name="sigterm", daemon=True).start()
+    except ValueError:  # not the main thread
+        pass
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(parent, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # alive, another user's (a reused id is not ours to judge)
+                pass
+            time.sleep(PARENT_WATCH_S)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _sigterm_from(parent: int) -> None:
+    """Wait for SIGTERM (blocked in every thread); end the process when ``parent`` sent it."""
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(128 + signal.SIGTERM)
+
+
+def _init(reader, cfg: Config, parent: int) -> None:
+    serve_parent(parent)
     _WORKER.update(reader=reader, cfg=cfg, slots={})
 
 
@@ -173,7 +226,10 @@ class CropWorkers:
                 ctx = mp.get_context("forkserver")
                 ctx.set_forkserver_preload([__name__])
                 pool.executor = cf.ProcessPoolExecutor(
-                    self.num_workers, mp_context=ctx, initializer=_init, initargs=(self.reader, self.cfg)
+                    self.num_workers,
+                    mp_context=ctx,
+                    initializer=_init,
+                    initargs=(self.reader, self.cfg, os.getpid()),
                 )
             return pool.executor
 

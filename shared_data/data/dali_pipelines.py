@@ -48,6 +48,7 @@ import concurrent.futures as cf
 import functools
 import itertools
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -196,6 +197,7 @@ class H5CropSource:
         self._pending: dict = {}
         self._buffers: np.ndarray | None = None
         self._next_slot = 0
+        self._parent = os.getpid()
 
     @property
     def no_copy(self) -> bool:
@@ -206,6 +208,18 @@ class H5CropSource:
         state = dict(self.__dict__)
         state["_pool"], state["_pending"], state["_buffers"] = None, {}, None
         return state
+
+    def __setstate__(self, state):
+        """Unpickled in one of DALI's worker processes (``parallel``), the source makes the process
+        leave SIGINT and SIGTERM to the pipeline's process and end with it
+        (:func:`shared_data.data.crop_workers.serve_parent`): a signal to the process group then
+        stops the run in one line instead of killing the workers under DALI, and a kill -9 of
+        the run leaves no worker behind."""
+        self.__dict__.update(state)
+        if os.getpid() != self._parent:
+            from shared_data.data.crop_workers import serve_parent
+
+            serve_parent(self._parent)
 
     def _shape(self) -> tuple:
         s = self.plans.cfg.crop_size

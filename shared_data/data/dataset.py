@@ -296,8 +296,8 @@ def check_npy_twins(info: VolumeInfo, npys: tuple[Path, Path]) -> None:
     """Check that the DHWC ``.npy`` twins of ``info``'s HDF5 file exist, have its shape as (L, L, L, C)
     float32, C order, and hold its values, so DALI's numpy reader trains on the same data as the
     HDF5 loaders: the values at :data:`SAMPLE_VOXELS` voxels must equal the HDF5 file's, a twin
-    that records its conversion (:func:`write_source_record`) and was modified since must still
-    have the recorded CRC-32, and one without that record must equal the HDF5 file at every voxel.
+    that records its conversion (:func:`write_source_record`) must still have the recorded CRC-32
+    (read in full each time), and one without that record must equal the HDF5 file at every voxel.
 
     Raises:
         DatasetError: a twin is missing (the message names the converter), unreadable, of another
@@ -335,9 +335,8 @@ def check_npy_twins(info: VolumeInfo, npys: tuple[Path, Path]) -> None:
                     )
             if record.get("crc32") is None:  # no record of what it was made from: compare every voxel
                 _compare_twin(f[key], arr, npy, info.path, key, fix)
-        st = npy.stat()
-        modified = (st.st_size, st.st_mtime_ns) != (record.get("bytes"), record.get("mtime_ns"))
-        if record.get("crc32") is not None and modified and file_crc32(npy) != record["crc32"]:
+        # every byte, every time: a twin edited in place keeps its size, and its time can be set back
+        if record.get("crc32") is not None and file_crc32(npy) != record["crc32"]:
             raise DatasetError(
                 f"{npy} changed after it was converted from {info.path} (its CRC-32 differs from "
                 f"the one recorded in {source_record(npy).name}); {fix}"

@@ -23,7 +23,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
-from shared_data.core.files import check_writable, write_atomic, writing
+from shared_data.core.files import check_not_input, check_writable, write_atomic, writing
 from shared_data.inference import predict as predict_mod
 from shared_data.runtime.logs import setup_logging
 from shared_data.runtime.records import code_version
@@ -55,11 +55,12 @@ def check_size(cfg: Config, size: int | None) -> int | None:
     """The exported side: ``size``, or None for any multiple of ``2**levels``.
 
     Raises:
-        UserError: ``size`` is not a positive multiple of ``2**levels``.
+        UserError: ``size`` is not a positive multiple of ``2**levels`` or lies above the largest crop
+            side (``MAXIMA["crop_size"]`` of :mod:`shared_data.core.config`), the same in both frameworks.
     """
-    align = predict_mod.alignment(cfg)
-    if size is not None and (size < align or size % align):
-        raise UserError(f"--size {size}: expected a positive multiple of 2**levels = {align}")
+    align, largest = predict_mod.alignment(cfg), config_mod.MAXIMA["crop_size"]
+    if size is not None and (size < align or size % align or size > largest):
+        raise UserError(f"--size {size}: expected a multiple of 2**levels = {align} from {align} to {largest}")
     return size
 
 
@@ -88,15 +89,19 @@ def main(
     load_weights: Callable[[Config, str | None, str | None], tuple[dict, str]],
     export: Callable[[Config, dict, Path, int | None], list[str]],
     versions: Callable[[], dict],
+    files: Sequence[str],
 ) -> int:
     """The ``export`` command of both frameworks: parse, load the weights, ``export(cfg, weights,
-    out_dir, size) -> [file names written in out_dir]``, write ``export.json``."""
+    out_dir, size) -> [file names written in out_dir]`` (``files``: the names it writes, each refused
+    as an input before any work), write ``export.json``."""
     args = build_parser(framework).parse_args(argv)
     setup_logging()
     cfg = predict_mod.prediction_config(predict_mod.config_from_args(args), args.precision)
     size = check_size(cfg, args.size)
     out = Path(args.out)
     check_writable(out, "--out", folder=True)
+    outputs = {f"--out's {name}": out / name for name in [*files, RECORD]}
+    check_not_input(outputs, predict_mod.weights_inputs(args), "export")
     weights, source = load_weights(cfg, args.weights, args.workdir)
     log.info("%s; config %r, %s, %s compute", banner, cfg.name, source, args.precision)
     with writing(out):

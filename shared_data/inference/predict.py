@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import itertools
 import json
 import logging
@@ -51,7 +52,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import ConfigError, DatasetError, UserError
-from shared_data.core.files import atomic_path, check_writable, writing
+from shared_data.core.files import check_not_input, check_writable, write_atomic, writing
 from shared_data.data import dataset
 from shared_data.model import unet_spec
 from shared_data.runtime.logs import progress as progress_bar
@@ -252,10 +253,15 @@ def write_prediction(path: str | Path, hydro: np.ndarray, attrs: dict) -> None:
     attrs = {k: v for k, v in attrs.items() if k.startswith("prediction_") or not k.endswith("_crc32")}
     attrs["Hydro_crc32"] = dataset.channel_crc32(data)
     c = min(32, data.shape[1])
-    with writing(path), atomic_path(path, ".h5") as tmp, h5py.File(tmp, "w") as f:
+    # built in memory and written as bytes: a full disk is a plain OSError, and HDF5 holds no file
+    # it cannot close (which would crash the interpreter's exit)
+    image = io.BytesIO()
+    with h5py.File(image, "w") as f:
         f.create_dataset("Hydro", data=data, chunks=(1, c, c, c))
         for k, v in attrs.items():
             f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list, tuple)) else v
+    with writing(path):
+        write_atomic(path, image.getvalue())
 
 
 # --- weights and configs ------------------------------------------------------------------------
@@ -330,7 +336,8 @@ def load_weights(
     (canonical weights, epoch)``; and their description, naming which.
 
     Raises:
-        UserError: a missing or mismatched weights file, no checkpoint, a checkpoint of another config.
+        UserError: a missing or mismatched weights file, no checkpoint, a checkpoint of another config,
+            weights holding NaN or inf (:func:`shared_data.model.unet_spec.check_finite_weights`).
     """
     if weights:
         return unet_spec.load_weights(weights, cfg), describe_weights(weights, None)
@@ -348,6 +355,7 @@ def load_weights(
             workdir,
             run_cfg.ema_decay,
         )
+    unet_spec.check_finite_weights(canonical, f"the checkpoint of epoch {epoch} in {directory}")
     return canonical, describe_weights(None, workdir, epoch)
 
 
@@ -424,19 +432,37 @@ def build_parser(framework: str) -> argparse.ArgumentParser:
     return p
 
 
+def weights_inputs(args: argparse.Namespace) -> dict[str, str | Path | None]:
+    """The files ``predict`` and ``export`` read their weights from: ``--weights``, or the run
+    folder's ``run.json``, ``checkpoints`` and ``weights.npz`` of ``--workdir``."""
+    if args.weights:
+        return {"--weights": args.weights}
+    return {f"--workdir's {name}": Path(args.workdir) / name for name in ("run.json", "checkpoints", "weights.npz")}
+
+
+def prediction_outputs(args: argparse.Namespace) -> dict[str, str | Path | None]:
+    """The files ``predict`` writes: ``--out`` and, with ``--validate DIR``, DIR's report."""
+    from shared_data.inference.validate import report_files
+
+    outputs: dict[str, str | Path | None] = {"--out": args.out}
+    if args.validate:
+        outputs.update({f"--validate's {p.name}": p for p in report_files(args.validate)})
+    return outputs
+
+
 def check_args(args: argparse.Namespace, margin: int) -> None:
     """Reject flags that cannot work, before the model is built.
 
     Raises:
-        UserError: output folder missing or not writable, output a folder, output equal to the
-            input, bad --batch_size / --overlap / --memory_gb, a --validate path that is a file.
+        UserError: output folder missing or not writable, output a folder, an output that is an
+            input (:func:`prediction_outputs`, :func:`weights_inputs`), bad --batch_size /
+            --overlap / --memory_gb, a --validate path that is a file.
     """
-    out, inp = Path(args.out), Path(args.input)
+    out = Path(args.out)
     if not out.absolute().parent.exists():
         raise UserError(f"--out {out}: folder {out.absolute().parent} does not exist")
     check_writable(out, "--out")
-    if out.exists() and inp.exists() and out.resolve() == inp.resolve():
-        raise UserError(f"--out {out} is the --input file; write the prediction to another file")
+    check_not_input(prediction_outputs(args), weights_inputs(args) | {"--input": args.input}, "prediction")
     if args.batch_size < 1:
         raise UserError(f"--batch_size {args.batch_size}: expected at least 1")
     if args.overlap is not None and args.overlap < 0:
@@ -508,6 +534,7 @@ def main(
     )
     seconds = time.perf_counter() - t0
     hydro = hydro[:side, :side, :side]
+    check_prediction(hydro, source)
     log.info("predicted %d window(s) in %.1f s (compilation included)", tiles, seconds)
     provenance = {
         "prediction_framework": framework,
@@ -536,6 +563,22 @@ def main(
 
         validate.validate_files(args.out, args.input, args.validate)
     return 0
+
+
+def check_prediction(hydro: np.ndarray, source: str) -> None:
+    """Check a prediction (L, L, L, N_out) before it is written: the network ends in tanh, so a
+    NaN or inf comes from weights or an input the network overflowed on.
+
+    Raises:
+        UserError: the first non-finite voxel and channel, and how many there are; nothing is written.
+    """
+    bad = dataset.first_bad(hydro, np.inf)
+    if bad is not None:
+        count = int((~np.isfinite(hydro)).sum())
+        raise UserError(
+            f"the prediction with {source} holds {hydro[bad]} at voxel {bad[:3]}, channel {bad[3]} "
+            f"({count} of {hydro.size} values not finite): the network overflowed; nothing was written"
+        )
 
 
 def describe_weights(weights: str | None, workdir: str | None, epoch: int | None = None) -> str:

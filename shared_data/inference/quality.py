@@ -197,8 +197,9 @@ class Monitor:
     Raises:
         DatasetError: the validation file breaks the dataset contract or lacks the attributes the
             metrics need (:func:`shared_data.inference.validate.units_from_files`).
-        ConfigError: ``quality_k_max`` lies below the volume's first k bin, or ``quality_beat_non_ml``
-            is on and the volume lacks what the non-ML baseline needs.
+        ConfigError: ``quality_k_max`` lies below the volume's first k bin or above its Nyquist
+            wavenumber ``pi / voxel size``, or ``quality_beat_non_ml`` is on and the volume lacks what
+            the non-ML baseline needs.
     """
 
     def __init__(self, run, device: str, start_epoch: int = 0, agree: Callable[[bool], bool] = bool):
@@ -218,8 +219,14 @@ class Monitor:
         self.truth, attrs = validate.read_volume(path, "Hydro")
         self.nbody, _ = validate.read_volume(path, "Nbody")
         side = self.truth.shape[1]
-        self.units = validate.units_from_files({path: attrs}, side, {})
+        self.units = validate.units_from_files({path: attrs}, side, {}, flags_given=False)
         first_k = 2 * np.pi / (side * self.units.voxel_size)
+        nyquist = np.pi / self.units.voxel_size
+        if self.target.k_max > nyquist:
+            raise ConfigError(
+                f"quality_k_max = {self.target.k_max} h/Mpc lies above the Nyquist wavenumber ({nyquist:.3g} h/Mpc, "
+                f"pi / the voxel size {self.units.voxel_size:g} Mpc/h) of {path}: no bin there to test"
+            )
         if self.target.k_max < first_k:
             raise ConfigError(
                 f"quality_k_max = {self.target.k_max} h/Mpc lies below the first k bin ({first_k:.3g} h/Mpc) of "

@@ -53,6 +53,7 @@ import json
 import logging
 import math
 import re
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -60,7 +61,7 @@ import numpy as np
 
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import DatasetError, UserError, run_cli
-from shared_data.core.files import atomic_path, write_atomic
+from shared_data.core.files import atomic_path, check_not_input, write_atomic, writing
 from shared_data.data import cosmology, dataset
 
 log = logging.getLogger("dlas.validate")
@@ -164,9 +165,11 @@ def _attribute(name: str, attrs: dict, path: Path) -> tuple[object, str] | None:
     return None
 
 
-def units_from_files(files: dict[Path, dict], side: int, flags: dict) -> Units:
+def units_from_files(files: dict[Path, dict], side: int, flags: dict, flags_given: bool = True) -> Units:
     """The :class:`Units` of volumes of side ``side``, from the attributes of ``files`` (path -> attrs,
-    the truth first) or from ``flags`` (quantity -> value or None).
+    the truth first) or from ``flags`` (quantity -> value or None). ``flags_given``: whether the
+    command has the flags (validate, predict); a missing attribute's message otherwise says to
+    write it into the file (the trainer's time-to-quality mode).
 
     Files without any of the attributes (the tutorial's own) get :data:`TUTORIAL_DEFAULTS`, said
     in one log line.
@@ -205,9 +208,8 @@ def units_from_files(files: dict[Path, dict], side: int, flags: dict) -> Units:
             value, source = None, "absent"
         else:
             files_text = " or ".join(str(p) for p in files)
-            raise DatasetError(
-                f"{files_text}: no attribute {key!r} ({what}); give it with {flag} (no default is assumed)"
-            )
+            remedy = f"give it with {flag}" if flags_given else f"write it into the file as attribute {key!r}"
+            raise DatasetError(f"{files_text}: no attribute {key!r} ({what}); {remedy} (no default is assumed)")
         if name == "voxel_size" and found and source != f"flag {flag}":
             value = float(value) / side
         values[name], sources[name] = value, source
@@ -625,6 +627,11 @@ def check_prediction_input(pred_path: Path, pred_attrs: dict, truth_path: Path, 
         )
 
 
+def report_files(out_dir: str | Path, stem: str = STEM, plot: bool = True) -> list[Path]:
+    """The files :func:`validate_files` writes in ``out_dir``: ``<stem>.json`` and, with ``plot``, ``<stem>.png``."""
+    return [Path(out_dir) / f"{stem}.{ext}" for ext in ("json", "png")[: 1 + plot]]
+
+
 def validate_files(
     pred_path,
     truth_path,
@@ -642,8 +649,11 @@ def validate_files(
         DatasetError: the prediction was made from another volume, a file breaks its layout, the
             sides or channel counts differ, a needed
             attribute is missing (the message names the flag) or two files disagree on it.
+        UserError: a report file is the prediction or the truth file (:func:`report_files`).
     """
     pred_path, truth_path, out_dir = Path(pred_path), Path(truth_path), Path(out_dir)
+    outputs = {f"--out's {p.name}": p for p in report_files(out_dir, stem, plot)}
+    check_not_input(outputs, {"--pred": pred_path, "--truth": truth_path}, "report")
     pred, pred_attrs = read_volume(pred_path, "Hydro")
     truth, truth_attrs = read_volume(truth_path, "Hydro")
     nbody, _ = read_volume(truth_path, "Nbody")
@@ -671,17 +681,43 @@ def validate_files(
         if k.startswith("prediction_")
     }
     record = to_json(metrics)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(out_dir / f"{stem}.json", json.dumps(record, indent=1))
     title = (
         f"{what}\nvs {truth_path.name} ({side}^3, {units.voxel_size:g} Mpc/h voxels): "
         f"mean L1 {record['l1_mean']['model']:.4f} (stored units)"
     )
-    if plot:
-        figure(out_dir / f"{stem}.png", pred, truth, record, units, title, z)
+    draw = (lambda path: figure(path, pred, truth, record, units, title, z)) if plot else (lambda path: None)
+    write_report(out_dir, stem, record, draw)
     log_summary(record)
-    log.info("wrote %s", ", ".join(str(out_dir / f"{stem}.{ext}") for ext in ("json", "png")[: 1 + plot]))
+    log.info("wrote %s", ", ".join(map(str, report_files(out_dir, stem, plot))))
     return record
+
+
+def write_report(out_dir: Path, stem: str, record: dict, draw) -> None:
+    """Write ``<stem>.png`` (``draw(path)``; a ``draw`` that writes nothing: no figure) and then
+    ``<stem>.json`` into ``out_dir`` (made if missing), each atomically. A failed write (a full disk)
+    leaves no new file of the two, and no folder that this call made.
+
+    Raises:
+        UserError: ``cannot write <file> (<reason>)``.
+    """
+    made = not out_dir.exists()
+    written: list[Path] = []
+    try:
+        with writing(out_dir):
+            out_dir.mkdir(parents=True, exist_ok=True)
+        for path, write in (
+            (out_dir / f"{stem}.png", draw),
+            (out_dir / f"{stem}.json", lambda p: write_atomic(p, json.dumps(record, indent=1))),
+        ):
+            with writing(path):
+                write(path)
+            written.append(path)
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        if made:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
 
 
 def log_summary(record: dict) -> None:

@@ -262,8 +262,33 @@ def init_weights(cfg: Config, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
+def check_finite_weights(weights: Mapping[str, np.ndarray], source: str) -> None:
+    """Check that every array of ``weights`` is finite: a NaN or inf weight makes every output
+    NaN, so such weights are neither loaded nor written.
+
+    Raises:
+        UserError: ``<source>: array '<name>' holds <nan|inf> at index (...)`` for the first such
+            array (in the file's order).
+    """
+    from shared_data.core.errors import UserError
+
+    for name, array in weights.items():
+        array = np.asarray(array)
+        if array.size and not np.isfinite(array).all():
+            index = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
+            raise UserError(
+                f"{source}: array {name!r} holds {array[index]} at index {index} "
+                f"(and {int((~np.isfinite(array)).sum())} non-finite value(s) in all); expected finite weights"
+            )
+
+
 def save_weights(path: str | Path, weights: Mapping[str, np.ndarray]) -> None:
-    """Write canonical weights to ``path`` (``.npz``) atomically."""
+    """Write canonical weights to ``path`` (``.npz``) atomically.
+
+    Raises:
+        UserError: an array holds NaN or inf (:func:`check_finite_weights`); nothing is written.
+    """
+    check_finite_weights(weights, f"cannot write weights file {path}")
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp.npz")
     np.savez(tmp, **{k: np.asarray(v, np.float32) for k, v in weights.items()})
@@ -274,8 +299,8 @@ def load_weights(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
     """Read and check a canonical weights file against ``cfg``'s layers.
 
     Raises:
-        UserError: missing file, a damaged or truncated file, missing or extra array, or a shape
-            that does not match ``cfg``.
+        UserError: missing file, a damaged or truncated file, missing or extra array, a shape
+            that does not match ``cfg``, or an array holding NaN or inf (:func:`check_finite_weights`).
     """
     import zipfile
     import zlib
@@ -306,4 +331,5 @@ def load_weights(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
     extra = sorted(set(weights) - set(expected))
     if extra:
         raise UserError(f"weights file {path}: unexpected array {extra[0]!r} for config {cfg.name!r}")
+    check_finite_weights(weights, f"weights file {path}")
     return weights

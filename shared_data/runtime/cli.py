@@ -18,7 +18,7 @@ from pathlib import Path
 from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError
-from shared_data.core.files import check_writable
+from shared_data.core.files import check_not_input, check_writable
 from shared_data.runtime import signals, sizing
 from shared_data.runtime.logs import RANK_LOGGER, close_log_file, log_to_file_only, setup_logging
 from shared_data.runtime.records import read_run_info
@@ -129,6 +129,25 @@ preemption (SLURM; shared_data/runtime/signals.py):
                            is requeued where it allows it (sbatch --requeue)
   SLURM_RESTART_COUNT      above 0 (a requeued job): resume from the newest checkpoint without --resume
 """
+
+
+#: What a run writes in its folder (besides ``--save_weights``), each refused as an input.
+RUN_FOLDER_OUTPUTS = ("run.json", "out.log", "metrics.jsonl", "checkpoints", "mid_epoch", "tb", "profile")
+
+
+def check_outputs_are_not_inputs(cfg, workdir: Path, save_weights: str | None, init_weights: str | None) -> None:
+    """Refuse, before any work, a ``--save_weights`` file or a run-folder file (:data:`RUN_FOLDER_OUTPUTS`)
+    that is one of the run's inputs: the training and validation volumes, their ``.npy`` twins, the
+    ``--init_weights`` file (by path, symbolic link or hard link: :func:`check_not_input`).
+
+    Raises:
+        UserError: one line naming the output and the input it would replace.
+    """
+    inputs = {"--init_weights": init_weights, **cfg.data_inputs()}
+    outputs = {"--save_weights": save_weights}
+    outputs.update({f"the run folder's {name}": workdir / name for name in RUN_FOLDER_OUTPUTS})
+    check_not_input(outputs, inputs, "run's files")
+
 
 #: The environment variables each trainer reads, shown by ``--help``.
 ENVIRONMENT = {
@@ -267,6 +286,7 @@ def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> 
     if warning:
         log.warning(warning)
     created = first_missing_folder(workdir)  # what a failed start removes again
+    check_outputs_are_not_inputs(cfg, workdir, save_weights, args.init_weights)
     joined = initialize()
     setup_logging(process_index())
     if joined:

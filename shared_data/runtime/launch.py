@@ -44,14 +44,37 @@ START_TIMEOUT_VARIABLE = "DLAS_START_TIMEOUT"
 DEFAULT_START_TIMEOUT = 300.0
 
 
+def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, below: int | None = None) -> int:
+    """The integer value of environment variable ``name`` (``default`` when unset or empty).
+
+    Raises:
+        UserError: ``NAME='abc': expected an integer >= minimum`` (and ``< below``, where given).
+    """
+    text = env.get(name, "")
+    if not text.strip():
+        return default
+    expected = f"an integer >= {minimum}" + (f" and < {below}" if below is not None else "")
+    try:
+        value = int(text)
+    except ValueError:
+        raise UserError(f"environment variable {name}={text!r}: expected {expected}") from None
+    if value < minimum or (below is not None and value >= below):
+        raise UserError(f"environment variable {name}={text!r}: expected {expected}")
+    return value
+
+
 def slurm_step(env: Mapping[str, str]) -> bool:
-    """True in a SLURM step of several tasks (a process started by ``srun -n N``, N > 1)."""
-    return int(env.get("SLURM_STEP_NUM_TASKS", "1") or "1") > 1 and "SLURM_PROCID" in env
+    """True in a SLURM step of several tasks (a process started by ``srun -n N``, N > 1).
+
+    Raises:
+        UserError: ``SLURM_STEP_NUM_TASKS`` is not a positive integer (:func:`env_int`).
+    """
+    return env_int(env, "SLURM_STEP_NUM_TASKS", 1, 1) > 1 and "SLURM_PROCID" in env
 
 
 def ompi_job(env: Mapping[str, str]) -> bool:
     """True in an Open MPI job of several processes (``mpirun -n N``, N > 1)."""
-    return int(env.get("OMPI_COMM_WORLD_SIZE", "1") or "1") > 1
+    return env_int(env, "OMPI_COMM_WORLD_SIZE", 1, 1) > 1
 
 
 def slurm_tasks_on_node(env: Mapping[str, str]) -> int:
@@ -65,9 +88,9 @@ def slurm_tasks_on_node(env: Mapping[str, str]) -> int:
             if m is None:
                 raise UserError(f"SLURM_STEP_TASKS_PER_NODE={spec!r}: expected a form like '4(x2)' or '4,3'")
             counts += [int(m[1])] * int(m[2] or 1)
-        node = int(env.get("SLURM_NODEID", "0"))
+        node = env_int(env, "SLURM_NODEID", 0)
         return counts[min(node, len(counts) - 1)]
-    return int(env.get("SLURM_NTASKS_PER_NODE", "1") or "1")
+    return env_int(env, "SLURM_NTASKS_PER_NODE", 1, 1)
 
 
 def task_gpus(env: Mapping[str, str], seen: int | None = None) -> list[int] | None:
@@ -96,7 +119,7 @@ def task_gpus(env: Mapping[str, str], seen: int | None = None) -> list[int] | No
             "(--ntasks-per-node dividing --gpus-per-node, or --gpus-per-task)"
         )
     share = count // tasks
-    local = int(env.get("SLURM_LOCALID", "0"))
+    local = env_int(env, "SLURM_LOCALID", 0, 0, tasks)
     return list(range(local * share, (local + 1) * share))
 
 
