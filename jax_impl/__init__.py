@@ -2,7 +2,7 @@
 
 Importing it sets the kit's default XLA flags (:mod:`shared_data.runtime.xla_flags`) before JAX starts a backend."""
 
-from shared_data.console import answer_before_import
+from shared_data.core.commands import answer_before_import
 from shared_data.core.errors import require_package
 from shared_data.runtime.xla_flags import apply_default_xla_flags
 

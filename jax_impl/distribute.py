@@ -83,6 +83,10 @@ def initialize() -> str | None:
         kwargs["local_device_ids"] = ids
     if env.get("JAX_PLATFORMS", "") == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes all-reduce over gloo
+    # SIGTERM (scancel, a requeue, the time limit) is the run's to handle: every rank stops at one step
+    # boundary and saves its data cursor (shared_data.runtime.run). JAX's preemption service would take
+    # SIGTERM from Python's handler and leave the steps running.
+    jax.config.update("jax_enable_preemption_service", False)
     # JAX's own time-out aborts the process with a C++ trace: the watchdog of launch.joining ends it first
     kwargs["initialization_timeout"] = int(launch.start_timeout(env)) + 30
     try:

@@ -54,7 +54,7 @@ def test_missing_data_gives_the_command_that_makes_it_and_no_run_folder(tmp_path
     res = jax_train(["--config", "cpu_tiny", "--set", "val_path=/nonexistent_folder/valid.h5"])
     assert_one_error_line(
         res,
-        f"dataset file {tmp_path}/data/train_128.h5 and /nonexistent_folder/valid.h5 not found; make them with: "
+        f"dataset files {tmp_path}/data/train_128.h5 and /nonexistent_folder/valid.h5 not found; make them with: "
         "python -m shared_data.data.generate --out data/train_128.h5 --size 128 --seed 1; "
         "python -m shared_data.data.generate --out data/valid.h5 --size 32 --seed 2, "
         "then pass --set val_path=data/valid.h5",

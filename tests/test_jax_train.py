@@ -133,7 +133,12 @@ def test_cli_help_and_user_errors(tiny_cfg, tmp_path):
     res = _cli(
         "--config", "cpu_tiny", "--set", f"train_path={tmp_path / 'missing.h5'}", "--workdir", str(tmp_path / "w")
     )
-    assert res.returncode == 2 and "missing.h5 not found" in res.stderr and "Traceback" not in res.stderr
+    assert (
+        res.returncode == 2
+        and "missing.h5" in res.stderr
+        and "not found; make" in res.stderr
+        and "Traceback" not in res.stderr
+    )
 
 
 @pytest.mark.slow

@@ -211,19 +211,14 @@ def test_n_processes_on_one_host_tag_their_lines(tmp_path, tiny_argv):
 
 @pytest.mark.slow
 def test_tf_starts_without_absl_or_onednn_lines_at_level_2():
+    """Importing the TF trainer loads TensorFlow (``--help`` answers before it does) without its C++
+    start-up lines at ``TF_CPP_MIN_LOG_LEVEL=2``; at 0 they are there."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    quiet = subprocess.run(
-        [sys.executable, "-m", "tf_impl.train", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, env=env
-    )
-    assert quiet.returncode == 0 and "TF_CPP_MIN_LOG_LEVEL" in quiet.stdout
+    cmd = [sys.executable, "-c", "import tf_impl.train, tensorflow; print(tensorflow.__version__)"]
+    quiet = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=env)
+    assert quiet.returncode == 0 and quiet.stdout.strip()
     assert quiet.stderr == ""
-    loud = subprocess.run(
-        [sys.executable, "-m", "tf_impl.train", "--help"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"},
-    )
+    loud = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"})
     assert "absl::InitializeLog()" in loud.stderr  # the lines exist; level 2 hides them
 
 

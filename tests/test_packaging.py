@@ -111,7 +111,7 @@ def test_a_missing_framework_is_one_error_line(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCK_TF)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO_ROOT}"}
     for cmd in (
-        [sys.executable, "-m", "tf_impl.train", "--help"],
+        [sys.executable, "-m", "tf_impl.train", "--config", "cpu_tiny"],
         [
             sys.executable,
             "-c",
@@ -125,7 +125,9 @@ def test_a_missing_framework_is_one_error_line(tmp_path):
             res.stderr.strip()
             == "error: tf_impl needs tensorflow, which is not installed: pip install 'dlas-cosmo[tf]'"
         )
-    # the console script answers --help from the shared parser, before TensorFlow is needed
+    # --help is answered from the shared parser, before TensorFlow is needed: by python -m and the console script
+    module_help = _run([sys.executable, "-m", "tf_impl.train", "--help"], cwd=tmp_path, env=env)
+    assert module_help.returncode == 0 and "usage: python -m tf_impl.train" in module_help.stdout, module_help.stderr
     script_help = _run(
         [
             sys.executable,

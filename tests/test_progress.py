@@ -20,9 +20,17 @@ def test_generate_says_each_stage(tmp_path, capsys):
     assert err == [
         "[generate] v.h5, 16^3: Gaussian random field",
         "[generate] v.h5, 16^3: Zel'dovich displacements",
+        "[generate] v.h5, 16^3: deformation tensor: shell crossing, shock temperature, shear",
         "[generate] v.h5, 16^3: dark matter on the grid (2^3 particles per cell, TSC)",
-        "[generate] v.h5, 16^3: gas: Jeans smoothing, temperature-density relation",
+        "[generate] v.h5, 16^3: gas: shock heating, two-phase temperature, temperature-dependent Jeans smoothing",
         "[generate] v.h5, 16^3: writing",
+    ]
+    # the linear gas of generator v2 has no deformation-tensor stage
+    assert generate.main(["--out", str(tmp_path / "f.h5"), "--size", "16", "--box", "4", "--gas", "filtered"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[2:4] == [
+        "[generate] f.h5, 16^3: dark matter on the grid (2^3 particles per cell, TSC)",
+        "[generate] f.h5, 16^3: gas: Jeans smoothing, temperature-density relation",
     ]
 
 

@@ -6,7 +6,7 @@ C++ lines TensorFlow prints while it loads (:func:`shared_data.runtime.logs.quie
 
 import os
 
-from shared_data.console import answer_before_import
+from shared_data.core.commands import answer_before_import
 from shared_data.core.errors import require_package
 from shared_data.runtime.logs import quiet_import
 from shared_data.runtime.xla_flags import apply_default_xla_flags

@@ -8,10 +8,12 @@ the kit: the console script (``dlas-generate``) when they typed one, else ``pyth
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from shared_data.core.errors import did_you_mean
+from shared_data.core.errors import did_you_mean, run_cli
 
 #: console script -> (module, the optional dependency it needs, the extra that installs it)
 COMMANDS = {
@@ -91,3 +93,45 @@ def make_parser(module: str, description: str | None = None, **kwargs) -> argpar
     parser = OneLineErrorParser(prog=command_name(module), description=description, **kwargs)
     parser.add_argument("--version", action="version", version=f"%(prog)s (dlas-cosmo {package_version()})")
     return parser
+
+
+#: console script -> (the framework-neutral module whose ``build_parser(framework)`` its command uses,
+#: the module whose ``config_from_args(args)`` loads its config, framework)
+PARSERS = {
+    "train_jax": ("shared_data.runtime.cli", "shared_data.core.config", "jax"),
+    "train_tf": ("shared_data.runtime.cli", "shared_data.core.config", "tf"),
+    "predict_jax": ("shared_data.inference.predict", "shared_data.inference.predict", "jax"),
+    "predict_tf": ("shared_data.inference.predict", "shared_data.inference.predict", "tf"),
+    "export_jax": ("shared_data.inference.export", "shared_data.inference.predict", "jax"),
+    "export_tf": ("shared_data.inference.export", "shared_data.inference.predict", "tf"),
+}
+
+
+def check_arguments(name: str, argv: Sequence[str] | None) -> None:
+    """Parse ``argv`` with command ``name``'s parser and load its config, importing no framework:
+    ``--help`` and ``--version`` exit 0 here, a flag error exits 2 (argparse's one line).
+
+    Raises:
+        ConfigError: a wrong ``--config``, ``--yaml_config`` or ``--set``.
+    """
+    parser_module, config_module, framework = PARSERS[name]
+    args = importlib.import_module(parser_module).build_parser(framework).parse_args(argv)
+    importlib.import_module(config_module).config_from_args(args)
+
+
+def answer_before_import(package: str) -> None:
+    """Under ``python -m <package>.<command>`` (``tf_impl.train``, ``jax_impl.predict``, ...), answer
+    ``--help``, ``--version``, flag and config errors while ``package`` imports, before its framework
+    loads (the command's module imports it at its top): one ``error:`` line and exit 2 for a bad input.
+    Does nothing under any other command (``sys.orig_argv`` names the module that ``-m`` runs)."""
+    argv = list(getattr(sys, "orig_argv", []))
+    if "-m" not in argv[:-1]:
+        return
+    at = argv.index("-m")
+    module = argv[at + 1]
+    name = next((n for n, (m, _, _) in COMMANDS.items() if m == module and n in PARSERS), None)
+    if module.split(".")[0] != package or name is None:
+        return
+    code = run_cli(lambda rest: check_arguments(name, rest), argv[at + 2 :])
+    if code:
+        raise SystemExit(code)

@@ -94,12 +94,16 @@ def name_too_long(err: OSError) -> str | None:
     return f"{path[:60]}...{path[-20:]} ({len(path)} characters): a name longer than the file system allows ({limits})"
 
 
+#: Files that a native library (HDF5) holds open after a failed write (:mod:`shared_data.core.files`
+#: adds them); while it is not empty, :func:`run_cli` ends the process with ``os._exit`` after flushing
+#: its output.
+EXIT_WITHOUT_FINALISERS: list[str] = []
+
+
 def _exit_if_native_files_are_stuck(code: int) -> None:
     """End the process now with ``code`` when a native library holds a file it failed to write
-    (:data:`shared_data.core.files.EXIT_WITHOUT_FINALISERS`): its finalisers would retry the write
-    at exit and crash after the error line. Output and log files are flushed first."""
-    from shared_data.core.files import EXIT_WITHOUT_FINALISERS
-
+    (:data:`EXIT_WITHOUT_FINALISERS`): its finalisers would retry the write at exit and crash after
+    the error line. Output and log files are flushed first."""
     if EXIT_WITHOUT_FINALISERS and "pytest" not in sys.modules:  # a test's process goes on
         import logging
         import os

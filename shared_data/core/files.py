@@ -14,6 +14,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from shared_data.core.errors import EXIT_WITHOUT_FINALISERS
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
@@ -96,11 +98,6 @@ def check_writable(path: str | Path, flag: str, folder: bool = False) -> None:
         probe.unlink()
     except OSError as err:
         raise UserError(f"{flag} {path}: cannot write in {existing} ({err.strerror})") from None
-
-
-#: Files that a native library (HDF5) holds open after a failed write; while it is not empty,
-#: :func:`shared_data.core.errors.run_cli` ends the process with ``os._exit`` after flushing its output.
-EXIT_WITHOUT_FINALISERS: list[str] = []
 
 
 @contextlib.contextmanager

@@ -107,7 +107,8 @@ def check_data_files(cfg: Config) -> None:
         files = " and ".join(str(cfg.data_file(split)) for split in missing)
         commands = "; ".join(generate_command(cfg, split) for split in missing)
         raise DatasetError(
-            f"dataset file {files} not found; make {'it' if len(missing) == 1 else 'them'} with: {commands}"
+            f"dataset file{'' if len(missing) == 1 else 's'} {files} not found; "
+            f"make {'it' if len(missing) == 1 else 'them'} with: {commands}"
         )
 
 
