@@ -11,20 +11,8 @@ from conftest import run_module
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fw", ["tf_impl"])  # JAX: tests/test_entry_points.py (a run of no epochs compiles nothing)
-def test_the_cache_is_written_and_a_finished_run_resumed_compiles_nothing(fw, tmp_path, tiny_cfg):
-    argv = [
-        f"{fw}.train",
-        "--config",
-        "cpu_tiny",
-        "--set",
-        f"train_path={tiny_cfg.train_path}",
-        "--set",
-        f"val_path={tiny_cfg.val_path}",
-        "--set",
-        f"xla_cache_dir={tmp_path / 'xla'}",
-        "--workdir",
-        str(tmp_path / "w"),
-    ]
+def test_the_cache_is_written_and_a_finished_run_resumed_compiles_nothing(fw, tmp_path, tiny_argv):
+    argv = [f"{fw}.train", *tiny_argv, "--set", f"xla_cache_dir={tmp_path / 'xla'}", "--workdir", str(tmp_path / "w")]
     # a TF_XLA_FLAGS of the environment names its own cache and wins over the config: the config's here
     env = {k: v for k, v in os.environ.items() if k != "TF_XLA_FLAGS"}
     first = run_module(*argv, env=env)
