@@ -1,6 +1,6 @@
 """The figures read without squinting, checked through matplotlib's objects: linear throughput axes
 with min-max whiskers and the newest records, a titled loss plot on whole epochs where agreeing curves
-stay visible, a validation figure with a linear P-ratio axis and a panel around 1 (P ratio, r(k), the +-2% band)
+stay visible, a validation figure with a log P-ratio axis and a panel around 1 (P ratio, r(k), the +-2% band)
 whose lines carry the spectra, gaps for empty PDF bins, no machine path
 in its title and tick labels that do not overlap, a ladder whose labels clear its whiskers and whose
 legend stays plain beside a cross-hatched (unreliable) bar."""
