@@ -54,7 +54,6 @@ FEW_STEPS = {
 BUDGET_STOP = "stopped at the ladder's time budget"
 #: Commands that cannot run on this machine, each with the line it must end with (exit code 2).
 REFUSES_ON_CPU = {
-    "experiments/ladder_h200/run.sh": "error: .*needs an NVIDIA GPU",
     "scripts/gpu/scaling.sh": "error: .*needs an NVIDIA GPU",
     "scripts/launch/submit_slurm.sh": "error: .*SLURM",
     "--framework torch": "error: .*torch",
@@ -110,6 +109,38 @@ def test_readme_commands_are_extracted():
         "-m jax_impl.train --config short_opt --enable_manual_profiling --run_num profile"
     )
     assert not any("#" in c or "\\" in c for c in COMMANDS)
+
+
+#: The README and the pages under docs/ it links: where links, figures and study names are checked.
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_studies_and_figures_resolve():
+    """Every relative link and image of the README and docs/*.md names a file of the checkout (with
+    ``#anchor``, a heading of that file); every study the README names (`experiments/<name>`) exists;
+    docs/figures/ holds only figures these pages show."""
+    shown = set()
+    for page in PAGES:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, fragment = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            assert file.exists(), f"{page.name}: the link {target} names no file"
+            shown.add(file)
+            if fragment:
+                headings = {anchor(h) for h in re.findall(r"^#+ (.+)$", file.read_text(), re.M)}
+                assert fragment in headings, f"{page.name}: {target}: no such heading in {file.name}"
+    for study in set(re.findall(r"`experiments/([\w.-]+)", README.read_text())):
+        assert (ROOT / "experiments" / study).exists(), f"README.md names experiments/{study}, which does not exist"
+    figures = set((ROOT / "docs/figures").iterdir())
+    assert figures and figures <= shown, f"docs/figures/ holds figures no page shows: {sorted(figures - shown)}"
 
 
 def refusal(command: str) -> str | None:
