@@ -201,7 +201,10 @@ def test_user_errors(tiny_cfg, capsys):
     )
     assert err[1].startswith("error: enable_amp is set by the ladder's rungs")
     assert err[2] == "error: --modes must include full: the ladder's speedups are FULL samples/s"
-    assert err[3].startswith("error: config 'cpu_tiny' reads /nonexistent.h5, which does not exist")
+    assert err[3] == (  # the kit's command, with the twins the DALI rung reads (cpu_tiny: 4 crops of 16 a side)
+        "error: config 'cpu_tiny' reads /nonexistent.h5, which does not exist "
+        "(python -m shared_data.data.generate --out /nonexistent.h5 --size 64 --seed 1 --npy)"
+    )
     assert err[4] == (
         "error: --resume /nonexistent.jsonl: expected a JSON lines file written by the ladder "
         "([Errno 2] No such file or directory: '/nonexistent.jsonl')"

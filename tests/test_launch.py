@@ -82,6 +82,11 @@ def test_tasks_per_node_in_slurms_notation(spec, node, tasks):
     assert launch.slurm_tasks_on_node(env) == tasks
 
 
+#: What TF's persistent XLA cache logs as errors on a hit (the AOT line with the feature named).
+CACHE_ENTRY = "Error parsing text-format tensorflow.XlaSerializedCacheEntry: 2:1: Expected identifier, got: 5"
+AOT = "Loading XLA:CPU AOT result. Target machine feature +%s is not  supported on the host machine."
+
+
 @pytest.mark.parametrize(
     "line, level, shown",
     [
@@ -92,11 +97,33 @@ def test_tasks_per_node_in_slurms_notation(spec, node, tasks):
         ("W0000 00:00:1796137816.120445    3126 gpu_device.cc:2] Cannot dlopen some GPU libraries.\n", 2, False),
         ("W0000 00:00:1796137816.120445    3126 gpu_device.cc:2] Cannot dlopen some GPU libraries.\n", 1, True),
         ("E0000 00:00:1796137816.120445    3126 cuda_dnn.cc:8] Unable to register cuDNN factory\n", 2, True),
+        (f"E0000 00:00:1796285138.838106   11132 text_format.cc:378] {CACHE_ENTRY}\n", 1, False),
+        (f"E0000 00:00:1796285138.838106   11132 text_format.cc:378] {CACHE_ENTRY}\n", 0, True),
+        (f"E0000 00:00:1796285138.877718   11132 cpu_aot_loader.cc:220] {AOT % 'prefer-no-gather'}\n", 2, False),
+        (f"E0000 00:00:1796285138.877718   11132 cpu_aot_loader.cc:220] {AOT % 'avx512f'}\n", 2, True),
         ("Traceback (most recent call last):\n", 3, True),
     ],
 )
 def test_native_lines_follow_tf_cpp_min_log_level(line, level, shown):
     assert native_line_shown(line, level) is shown
+
+
+def test_native_lines_filtered_forwards_the_last_words_of_an_abort():
+    """C++ lines written inside ``native_lines_filtered`` pass by the level, the cache's false errors
+    are dropped, and a process that aborts in the block still shows what it wrote before."""
+    code = f"""
+import os
+from shared_data.runtime.logs import native_lines_filtered
+with native_lines_filtered():
+    os.write(2, b"I0000 00:00:1.0 1 port.cc:153] oneDNN custom operations are on\\n")
+    os.write(2, b"E0000 00:00:1.0 1 text_format.cc:378] {CACHE_ENTRY}\\n")
+    os.write(2, b"F0000 00:00:1.0 1 conv.cc:9] Check failed: the last words\\n")
+    os.abort()
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -6  # SIGABRT
+    assert proc.stderr == "F0000 00:00:1.0 1 conv.cc:9] Check failed: the last words\n"
 
 
 def test_jax_explicit_variables_need_all_three(monkeypatch):

@@ -93,8 +93,9 @@ def generate_command(cfg: Config, split: str) -> str:
     return f"{generate} --out {out} --size {max(side, cfg.crop_size)} --seed {1 if split == 'train' else 2}{npy}{point}"
 
 
-def check_data_files(cfg: Config) -> None:
-    """Check that the data files of ``cfg`` exist, before the run folder is made.
+def check_data_files(cfg: Config, splits: tuple[str, ...] = ("train", "val")) -> None:
+    """Check that the data files of ``cfg``'s ``splits`` exist, before the run folder is made (or a
+    benchmark compiles its step).
 
     Raises:
         DatasetError: a split's HDF5 file is missing; the message gives the command that makes it
@@ -102,7 +103,7 @@ def check_data_files(cfg: Config) -> None:
     """
     if not loader_kinds.loader_kind(cfg).uses_files:
         return
-    missing = [split for split in ("train", "val") if not cfg.data_file(split).exists()]
+    missing = [split for split in splits if not cfg.data_file(split).exists()]
     if missing:
         files = " and ".join(str(cfg.data_file(split)) for split in missing)
         commands = "; ".join(generate_command(cfg, split) for split in missing)
