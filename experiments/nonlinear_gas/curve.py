@@ -9,7 +9,8 @@ trainer's start) the last evaluation finished by then gives, for gas density and
 r(k) and the worst |P_pred/P_true - 1| over the k bins the target tests (k <= ``quality_k_max``, at least
 one mode); a mark past the run's end stays empty, and a last row "end" gives the run's last evaluation.
 The two baselines do not depend on the model: they are scored here on ``--val`` the way validate scores
-them (:func:`shared_data.inference.validate.compute_metrics` with the truth as the prediction): the dark matter as gas, and the non-ML baseline (Jeans-filtered dark matter with the mean
+them (:func:`shared_data.inference.validate.compute_metrics` with the truth as the prediction): the
+dark matter as gas, and the non-ML baseline (Jeans-filtered dark matter with the mean
 temperature-density relation). Prints a markdown table; ``--json`` also writes it as records.
 """
 
@@ -76,9 +77,7 @@ def table(records: Path, val: Path, marks: list[float], k_max: float) -> tuple[s
     rows = []
 
     def cells(values: dict) -> str:
-        return " | ".join(
-            f"{values[n][0]:.4f} | {values[n][1]:.4f}" if n in values else "- | -" for n in CHANNELS
-        )
+        return " | ".join(f"{values[n][0]:.4f} | {values[n][1]:.4f}" if n in values else "- | -" for n in CHANNELS)
 
     for path in sorted(records.glob("*/quality.jsonl")):
         curve = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -87,12 +86,24 @@ def table(records: Path, val: Path, marks: list[float], k_max: float) -> tuple[s
                 lines.append(f"| {path.parent.name} | {mark} | - | - | " + cells({}) + " |")
                 continue
             values = {n: model_worst(e, n) for n in CHANNELS}
-            rows.append({"run": path.parent.name, "minutes": mark, "epoch": e["epoch"], "time_sec": e["time_sec"],
-                         **{f"{CHANNELS[n]}_{q}": v for n in values for q, v in zip(("r", "ratio_dev"), values[n])}})
+            rows.append(
+                {
+                    "run": path.parent.name,
+                    "minutes": mark,
+                    "epoch": e["epoch"],
+                    "time_sec": e["time_sec"],
+                    **{f"{CHANNELS[n]}_{q}": v for n in values for q, v in zip(("r", "ratio_dev"), values[n])},
+                }
+            )
             lines.append(f"| {path.parent.name} | {mark} | {e['epoch']} | {e['time_sec']:.0f} | {cells(values)} |")
     for tag, label in (("baseline", "dark matter as gas"), ("non_ml", "non-ML baseline")):
         lines.append(f"| {label} | - | - | - | {cells(base[tag])} |")
-        rows.append({"run": label, **{f"{CHANNELS[n]}_{q}": v for n in base[tag] for q, v in zip(("r", "ratio_dev"), base[tag][n])}})
+        rows.append(
+            {
+                "run": label,
+                **{f"{CHANNELS[n]}_{q}": v for n in base[tag] for q, v in zip(("r", "ratio_dev"), base[tag][n])},
+            }
+        )
     return "\n".join(lines), rows
 
 
