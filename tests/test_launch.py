@@ -329,6 +329,8 @@ def test_a_lone_process_says_whom_it_waits_for_and_names_the_missing_one(framewo
     assert res.returncode == code, res.stderr[-3000:]
     said = f"process {rank} of 2: waiting for process {1 - rank} at {where} until "
     assert said in res.stdout + res.stderr and "(DLAS_START_TIMEOUT=3 s)" in res.stdout + res.stderr
+    if rank:  # a non-zero rank's line carries its tag
+        assert f"[rank 1] INFO {said}" in res.stdout, res.stdout[-2000:]
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     line = f"error: process {rank} of 2 waited 3 s (DLAS_START_TIMEOUT) at {where}: {missing} is not listening"
     assert errors == [line], res.stderr[-3000:]

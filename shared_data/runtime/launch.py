@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping
 
 from shared_data.core.errors import UserError
+from shared_data.runtime import logs
 
 log = logging.getLogger("dlas")
 
@@ -223,7 +224,9 @@ def joining(
     others = ", ".join(str(r) for r in range(size) if r != rank)
     until = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
     plural = "es" if size > 2 else ""
-    log.info(
+    if rank != 0:  # the rank is known from here: this line and the rest carry its tag
+        logs.setup_logging(rank)
+    logging.getLogger(logs.RANK_LOGGER).info(
         f"process {rank} of {size}: waiting for process{plural} {others} at {where} until {until} "
         f"({START_TIMEOUT_VARIABLE}={timeout:g} s)"
     )
