@@ -11,6 +11,7 @@ size.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from dlas_compare.ladder_rungs import RUNGS
@@ -112,7 +113,7 @@ def ladder_axes(summaries: list[dict], rungs: list[tuple[str, str]], title: str,
         loc="upper left" if absolute else "upper right",
         ncol=1 if absolute else len(frameworks),
     )
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 110), fontsize=10)  # a long title wraps instead of running off the figure
     fig.tight_layout()
     return fig
 
