@@ -104,8 +104,13 @@ def initialize() -> str | None:
 
 def slurm_coordinator(env) -> str:
     """Process 0's address in a SLURM step, as JAX's own SLURM detection picks it: the step's first
-    node, port ``JAX_COORDINATOR_PORT`` or 61440 + (job id mod 4096)."""
-    port = env.get("JAX_COORDINATOR_PORT") or str(int(env["SLURM_JOB_ID"]) % 4096 + 61440)
+    node, port ``JAX_COORDINATOR_PORT`` or 61440 + (job id mod 4096).
+
+    Raises:
+        UserError: ``JAX_COORDINATOR_PORT`` is not a port number or ``SLURM_JOB_ID`` not an integer.
+    """
+    port = launch.env_int(env, "JAX_COORDINATOR_PORT", 0, 1, 65536)
+    port = port or launch.env_int(env, "SLURM_JOB_ID", 0) % 4096 + 61440
     return f"{launch.expand_hostlist(env['SLURM_STEP_NODELIST'])[0]}:{port}"
 
 

@@ -81,14 +81,14 @@ def slurm_port_base(env) -> int:
     jobs on one node seldom collide (the resolver's own default, 8888, is every job's).
 
     Raises:
-        UserError: ``DLAS_TF_PORT`` is not a port number.
+        UserError: ``DLAS_TF_PORT`` is not a port number; ``SLURM_JOB_ID`` is not an integer.
     """
     if env.get(PORT_VARIABLE):
         value = env[PORT_VARIABLE]
         if not value.isdigit() or not 1024 <= int(value) <= 65000:
             raise UserError(f"{PORT_VARIABLE}={value!r}: expected a port number in 1024-65000")
         return int(value)
-    return 40000 + 8 * (int(env.get("SLURM_JOB_ID", "0")) % 2048)
+    return 40000 + 8 * (launch.env_int(env, "SLURM_JOB_ID", 0) % 2048)
 
 
 def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
