@@ -52,7 +52,7 @@ from shared_data.runtime.logs import (
     share_line,
 )
 from shared_data.runtime.nvtx import CaptureWindow, mirrored_in, nvtx_range
-from shared_data.runtime.records import TENSORBOARD_TAGS, MetricsLog, ScalarWriter, code_version, read_run_info
+from shared_data.runtime.records import TENSORBOARD_TAGS, MetricsLog, ScalarWriter, code_version, run_info_and_problem
 
 log = logging.getLogger("dlas")
 
@@ -374,9 +374,13 @@ class Run:
 
     def _record_invocation(self, start_epoch: int, versions: dict) -> None:
         """Append this invocation, with its full config, to ``run.json``; a resume whose config differs
-        from the last invocation's says what changed."""
-        info = read_run_info(self.workdir)
-        invocations = info.get("invocations") if isinstance(info.get("invocations"), list) else []
+        from the last invocation's says what changed. A ``run.json`` that cannot be used (not JSON, not
+        text, unreadable) is kept as ``run.json.damaged`` with a warning that says what is lost, and a
+        new one starts from this invocation."""
+        info, problem = run_info_and_problem(self.workdir)
+        if problem:
+            self._set_aside_damaged_run_info(problem, start_epoch)
+        invocations = info.get("invocations", [])
         values = json.loads(json.dumps(config_dict(self.cfg)))  # as run.json holds them (lists, not tuples)
         if start_epoch and isinstance(info.get("config_values"), dict):
             changes = recipe_changes(info.get("config"), info["config_values"], self.cfg.name, values)
@@ -405,6 +409,20 @@ class Run:
             invocations=invocations,
         )
         write_atomic(self.workdir / "run.json", json.dumps(info, indent=1))
+
+    def _set_aside_damaged_run_info(self, problem: str, start_epoch: int) -> None:
+        """Keep a ``run.json`` that cannot be used as ``run.json.damaged`` (a file; anything else stays,
+        and writing the new record then fails with its one line) and say what this run loses."""
+        path = self.workdir / "run.json"
+        kept = path.with_name("run.json.damaged")
+        lost = "the record of the earlier invocations (commands, configs, versions) is not carried over"
+        if start_epoch:
+            lost += ", and this resume's config cannot be compared with the run's (no recipe-change check)"
+        if path.is_file():
+            os.replace(path, kept)
+            log.warning("%s %s: kept as %s; a new run.json starts with this invocation: %s", path, problem, kept, lost)
+        else:
+            log.warning("%s %s: %s", path, problem, lost)
 
     @contextlib.contextmanager
     def profile(
