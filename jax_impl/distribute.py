@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
-from shared_data.runtime import launch
+from shared_data.runtime import launch, xla_flags
 
 log = logging.getLogger(__name__)
 
@@ -200,12 +200,14 @@ def configure_xla(cfg: Config) -> dict:
     The persistent compilation cache makes a second run of the same config skip compilation. It goes
     where ``JAX_COMPILATION_CACHE_DIR`` says (a centre points it at scratch), else in the config's
     ``xla_cache_dir``: the environment wins over the config, as ``TF_XLA_FLAGS`` does in
-    :func:`tf_impl.distribute.configure_xla`.
+    :func:`tf_impl.distribute.configure_xla`; a folder that cannot be written is left out with a
+    warning (:func:`shared_data.runtime.xla_flags.writable_cache`).
     """
     settings = {}
     from_env = os.environ.get("JAX_COMPILATION_CACHE_DIR", "")
     cache = from_env or (str(cfg.resolve_path(cfg.xla_cache_dir)) if cfg.xla_cache_dir else "")
-    if cache:
+    source = "JAX_COMPILATION_CACHE_DIR" if from_env else "xla_cache_dir"
+    if cache and xla_flags.writable_cache(cache, source):
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -37,7 +37,7 @@ from shared_data.core import loader_kinds
 from shared_data.core.commands import command_name
 from shared_data.core.config import Config, batch_sizes, config_dict
 from shared_data.core.errors import DatasetError, UserError
-from shared_data.core.files import write_atomic, writing
+from shared_data.core.files import check_writable, write_atomic, writing
 from shared_data.model import schedule, unet_spec
 from shared_data.runtime import launch, signals
 from shared_data.runtime import lock as run_lock
@@ -146,6 +146,19 @@ def check_data(cfg: Config) -> None:
     )
 
 
+def check_tensorboard_folder(folder: Path) -> None:
+    """Check, before the steps are compiled, that the run's TensorBoard folder can be written (a file
+    or a dangling link in its place, a read-only folder: :func:`shared_data.core.files.check_writable`).
+
+    Raises:
+        UserError: one line naming the folder, what is in the way and how to run without it.
+    """
+    try:
+        check_writable(folder, "the run's TensorBoard folder", folder=True)
+    except UserError as err:
+        raise UserError(f"{err}; --set tensorboard=false runs without TensorBoard records") from None
+
+
 def available_memory_bytes() -> int | None:
     """The host memory this process may still take: the least of the kernel's ``MemAvailable``, the
     cgroup's limit minus its usage (a batch job's allocation) and ``RLIMIT_AS``; None if none is known."""
@@ -227,7 +240,12 @@ class Run:
         check_data_files(cfg)  # a missing file stops the run before its folder exists
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._lock = run_lock.acquire(self.workdir) if self.main else None  # before anything is written
-        log_to_file(self.workdir / "out.log", process_index)
+        try:
+            log_to_file(self.workdir / "out.log", process_index)
+        except OSError as err:  # a read-only out.log (or folder) of an earlier run
+            raise UserError(f"cannot write {self.workdir / 'out.log'} ({err.strerror}): nothing is trained") from None
+        if self.main and cfg.tensorboard:
+            check_tensorboard_folder(self.workdir / "tb")
         log.info("%s; config %r from %s", banner, cfg.name, cfg.source)
         log.info("run folder: %s", self.workdir.absolute())
         self.global_batch, self.local_batch = log_setup(cfg, settings, replicas)
@@ -360,13 +378,15 @@ class Run:
         self.last = {"epoch": start_epoch, "compile_sec": compile_sec}
         if not self.main:
             return
-        self.metrics.truncate_after(start_epoch)
+        with self.writing(self.metrics.path):
+            self.metrics.truncate_after(start_epoch)
         with self.writing(self.workdir / "run.json"):
             self._record_invocation(start_epoch, versions)
         failed = log_file_error()
         if failed:  # out.log cannot be written: stop before the first step
             raise self.write_error(*failed)
-        self.writer = ScalarWriter(self.workdir / "tb", self.cfg.tensorboard)
+        with self.writing(self.workdir / "tb"):
+            self.writer = ScalarWriter(self.workdir / "tb", self.cfg.tensorboard)
         if start_epoch == 0 and self.writer._writer is not None:
             hparams = {"framework": self.framework, **config_dict(self.cfg), "global_batch": self.global_batch}
             self.writer.hparams(hparams, TENSORBOARD_TAGS)
