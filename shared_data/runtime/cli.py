@@ -289,6 +289,7 @@ def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> 
     created = first_missing_folder(workdir)  # what a failed start removes again
     check_outputs_are_not_inputs(cfg, workdir, save_weights, args.init_weights)
     joined = initialize()
+    signals.reclaim()  # the distributed runtime has started: our handlers, and a signal that came meanwhile
     setup_logging(process_index())
     if joined:
         logging.getLogger(RANK_LOGGER).info(joined)

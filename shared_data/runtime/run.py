@@ -374,6 +374,7 @@ class Run:
     def begin(self, start_epoch: int, compile_sec: float, versions: dict, val_loss: Callable[[], float]) -> None:
         """Record the invocation in ``run.json``, drop metrics after ``start_epoch`` and open TensorBoard;
         a fresh run writes its step-0 validation loss (``val_loss()``, one pass) there."""
+        signals.reclaim()  # the steps are compiled and the input pipelines started (DALI's included)
         self.compile_sec = compile_sec
         self.last = {"epoch": start_epoch, "compile_sec": compile_sec}
         if not self.main:
@@ -558,7 +559,7 @@ class Run:
                 if timed and sync is not None:
                     sync(None)
                 t0 = time.perf_counter()
-                with nvtx_range("data wait", "yellow"):
+                with nvtx_range("data wait", "yellow"), signals.signal_first():
                     batch = next(batches)
                     if timed and sync is not None:
                         sync(batch)
@@ -673,7 +674,8 @@ class Run:
             checked = "; its crops are finite and within range, so" if cause is not None else ";"
             raise UserError(f"{where}{checked} lower start_lr or enable loss scaling")
         t0 = time.perf_counter()
-        val_loss = float(evaluate())
+        with signals.signal_first():
+            val_loss = float(evaluate())
         val_seconds = time.perf_counter() - t0
         train_loss = float(np.mean(losses[np.isfinite(losses)])) if np.isfinite(losses).any() else float("nan")
         input_share = min(self._input_wait / seconds, 1.0)
