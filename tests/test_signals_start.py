@@ -86,7 +86,7 @@ def test_a_signal_while_the_command_exits_is_one_sentence():
     assert (res.returncode, res.stdout, res.stderr) == (
         143,
         "",
-        "stopped by SIGTERM as the command ended, after its work was written: nothing is lost\n",
+        "stopped by SIGTERM as the command exited: what it reported stands\n",
     )
 
 

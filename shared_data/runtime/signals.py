@@ -88,11 +88,11 @@ def _exit_at_once(signum: int, frame=None) -> None:
     if signum == signal.SIGUSR1:  # a stop request: the first step boundary honours it
         _state["held"] = signum
         return
-    when = "as the command ended, after its work was written" if _state["ended"] else "before training started"
+    when = "as the command exited: what it reported stands" if _state["ended"] else _before_training()
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
         sys.stderr.flush()
-    line = f"stopped by {signal.Signals(signum).name} {when}: nothing is lost\n"
+    line = f"stopped by {signal.Signals(signum).name} {when}\n"
     os.write(_state["stderr"], line.encode())
     os._exit(128 + signum)
 
