@@ -27,6 +27,7 @@ from pathlib import Path
 
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError, run_cli
+from shared_data.core.files import check_writable, write_atomic, writing
 from shared_data.runtime.xla_flags import DEFAULT_XLA_FLAGS, apply_default_xla_flags
 
 # Each probe prints one JSON object; it runs in a fresh interpreter with a timeout.
@@ -194,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="print the path of the pins for this machine kind (for pip install -c) and exit",
     )
     args = p.parse_args(argv)
+    if args.json:  # before the checks, which take seconds
+        check_writable(args.json, "--json")
     if args.constraints:
         path = pins_file(args.constraints)
         if path is None:
@@ -205,9 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for what, verdict, detail in rows:
         print(f"{what:<{width}}{verdict:<6}{detail}")
     if args.json:
-        from shared_data.core.files import write_atomic
-
-        write_atomic(args.json, json.dumps([dict(check=w, verdict=v, detail=d) for w, v, d in rows], indent=1))
+        with writing(args.json):
+            write_atomic(args.json, json.dumps([dict(check=w, verdict=v, detail=d) for w, v, d in rows], indent=1))
     return 1 if any(v == "FAIL" for _, v, _ in rows) else 0
 
 

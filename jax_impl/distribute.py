@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
-from shared_data.runtime import launch
+from shared_data.runtime import launch, xla_flags
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,13 @@ def initialize() -> str | None:
 
 def slurm_coordinator(env) -> str:
     """Process 0's address in a SLURM step, as JAX's own SLURM detection picks it: the step's first
-    node, port ``JAX_COORDINATOR_PORT`` or 61440 + (job id mod 4096)."""
-    port = env.get("JAX_COORDINATOR_PORT") or str(int(env["SLURM_JOB_ID"]) % 4096 + 61440)
+    node, port ``JAX_COORDINATOR_PORT`` or 61440 + (job id mod 4096).
+
+    Raises:
+        UserError: ``JAX_COORDINATOR_PORT`` is not a port number or ``SLURM_JOB_ID`` not an integer.
+    """
+    port = launch.env_int(env, "JAX_COORDINATOR_PORT", 0, 1, 65536)
+    port = port or launch.env_int(env, "SLURM_JOB_ID", 0) % 4096 + 61440
     return f"{launch.expand_hostlist(env['SLURM_STEP_NODELIST'])[0]}:{port}"
 
 
@@ -195,12 +200,14 @@ def configure_xla(cfg: Config) -> dict:
     The persistent compilation cache makes a second run of the same config skip compilation. It goes
     where ``JAX_COMPILATION_CACHE_DIR`` says (a centre points it at scratch), else in the config's
     ``xla_cache_dir``: the environment wins over the config, as ``TF_XLA_FLAGS`` does in
-    :func:`tf_impl.distribute.configure_xla`.
+    :func:`tf_impl.distribute.configure_xla`; a folder that cannot be written is left out with a
+    warning (:func:`shared_data.runtime.xla_flags.writable_cache`).
     """
     settings = {}
     from_env = os.environ.get("JAX_COMPILATION_CACHE_DIR", "")
     cache = from_env or (str(cfg.resolve_path(cfg.xla_cache_dir)) if cfg.xla_cache_dir else "")
-    if cache:
+    source = "JAX_COMPILATION_CACHE_DIR" if from_env else "xla_cache_dir"
+    if cache and xla_flags.writable_cache(cache, source):
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from shared_data.core.commands import COMMANDS, PARSERS, check_arguments
 from shared_data.core.errors import MissingDependencyError, run_cli
+from shared_data.runtime.signals import guard_command
 
 
 def load_main(name: str) -> Callable:
@@ -32,6 +33,8 @@ def load_main(name: str) -> Callable:
 
 def _entry(name: str) -> Callable[[], int]:
     def main(argv):
+        if name in ("train_jax", "train_tf"):  # SIGTERM and Ctrl-C while the framework imports: one sentence
+            guard_command()
         if name in PARSERS:  # --help, --version, flag and config errors end here, before the framework imports
             check_arguments(name, argv)
         return load_main(name)(argv)

@@ -200,6 +200,32 @@ def slurm(tmp_path_factory):
         subprocess.run(["bash", script, "stop", folder], capture_output=True, timeout=120)
 
 
+@contextlib.contextmanager
+def read_only(path):
+    """``path`` (a file or a folder) read-only while the block runs, for root too: a read-only bind
+    mount of it onto itself as root (root ignores permission bits), its write bits removed otherwise.
+    Skips the test with the reason where the mount is not allowed."""
+    path = Path(path)
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(mode & ~0o222)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    for cmd in (["mount", "--bind", path, path], ["mount", "-o", "remount,bind,ro", path]):
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode:
+            if cmd[1] != "--bind":
+                subprocess.run(["umount", path], capture_output=True)
+            pytest.skip(f"cannot make {path} read-only with a bind mount: {res.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", path], capture_output=True, check=True)
+
+
 def _has_gpu() -> bool:
     """An NVIDIA GPU is visible (``nvidia-smi -L`` lists one); asked without starting a framework."""
     smi = shutil.which("nvidia-smi")

@@ -5,8 +5,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from conftest import assert_one_error_line, run_in_process
 
 from shared_data.core import config as config_mod
+from shared_data.core.commands import check_arguments
 from shared_data.core.errors import ConfigError
 
 
@@ -275,6 +277,42 @@ def test_the_tutorials_yaml_loads_unchanged(tmp_path):
     bad.write_text(TUTORIAL_YAML.replace("conv_scale: 0.02", "conv_scale: 0.1"))
     with pytest.raises(ConfigError, match=r"key 'weight_init': .* is not supported; this kit initialises"):
         config_mod.load_config("base", bad)
+
+
+@pytest.mark.parametrize(
+    "line, texts",
+    [
+        (
+            "  weight_init: normal",
+            ("key 'weight_init'", "expected a mapping of conv_init, conv_scale, conv_bias", "'normal'"),
+        ),
+        ("  weight_init: [normal, 0.02]", ("key 'weight_init'", "expected a mapping", "['normal', 0.02]")),
+        ("  weight_init: {scale: 0.02}", ("key 'weight_init'", "unknown entry 'scale'")),
+        ("  lr_schedule: [sqrt, 2.E-4]", ("key 'lr_schedule'", "expected a mapping of scaling, start_lr", "['sqrt'")),
+        (
+            "  lr_schedule: {scaling: 'sqrt', start_lr: fast}",
+            ("key 'lr_schedule.start_lr'", "expected number, got 'fast'"),
+        ),
+        ("  data_size: [64]", ("key 'data_size' (this kit's crop_size)", "expected integer, got [64]")),
+        ("  expdir: [logs]", ("key 'expdir' (this kit's exp_dir)", "expected string, got ['logs']")),
+        ("  enable_apex: 'yes'", ("key 'enable_apex'", "expected boolean, got 'yes'")),
+        ("  box_size: big", ("key 'box_size'", "expected list of number, got 'big'")),
+        ("  global_batch_size: '64'", ("key 'global_batch_size'", "expected integer, got '64'")),
+        ("  1: 2", ("unknown key '1'",)),
+    ],
+)
+def test_a_tutorial_yaml_with_a_wrong_type_is_one_error_line(tmp_path, line, texts):
+    """A tutorial-format file whose key holds the wrong type (``weight_init: normal``, a list where the
+    tutorial has a mapping): the trainer's one line names the key, the value and the expected type."""
+    key = line.split(":")[0]
+    path = tmp_path / "UNet.yaml"
+    kept = [old for old in TUTORIAL_YAML.splitlines() if not old.startswith(key + ":")]
+    path.write_text("\n".join(kept).replace("  lambda_rho: 0", "  lambda_rho: 0\n" + line, 1))
+    # what `python -m jax_impl.train` (and tf_impl.train) answers before the framework loads
+    res = run_in_process(
+        lambda argv: check_arguments("train_jax", argv), ["--yaml_config", str(path), "--config", "short"]
+    )
+    assert_one_error_line(res, str(path), "[short]", *texts)
 
 
 def test_numbers_as_people_write_them():

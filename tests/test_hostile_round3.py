@@ -189,6 +189,42 @@ def test_environment_integers_are_one_error_line(tiny_argv, tmp_path, monkeypatc
     assert_one_error_line(res, message)
 
 
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"JAX_NUM_PROCESSES": "abc"}, "JAX_NUM_PROCESSES='abc': expected an integer >= 1"),
+        ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "two"}, "SLURM_NTASKS='two': expected an integer >= 1"),
+    ],
+)
+def test_task_counts_recorded_in_run_json_are_checked(tiny_argv, tmp_path, monkeypatch, env, message):
+    """A one-process run records its launch (``launch.launch_info``): the task count came from ``int()``."""
+    for name in ("JAX_COORDINATOR_ADDRESS", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    res = run_in_process(jax_train.main, [*tiny_argv, "--workdir", str(tmp_path / "run")])
+    assert_one_error_line(res, message)
+    assert not (tmp_path / "run").exists()
+
+
+def test_slurm_job_ids_and_ports_are_checked():
+    """The SLURM job id picks the coordinator's port (JAX) and the workers' ports (TF)."""
+    from jax_impl import distribute as jax_distribute
+
+    step = {"SLURM_STEP_NODELIST": "node[03-04]", "SLURM_JOB_ID": "4097"}
+    assert jax_distribute.slurm_coordinator(step) == "node03:61441"
+    assert jax_distribute.slurm_coordinator({**step, "JAX_COORDINATOR_PORT": "1234"}) == "node03:1234"
+    with pytest.raises(UserError, match=r"^environment variable SLURM_JOB_ID='12x': expected an integer >= 0$"):
+        jax_distribute.slurm_coordinator({**step, "SLURM_JOB_ID": "12x"})
+    with pytest.raises(UserError, match="JAX_COORDINATOR_PORT='http': expected an integer >= 1 and < 65536"):
+        jax_distribute.slurm_coordinator({**step, "JAX_COORDINATOR_PORT": "http"})
+    from tf_impl.distribute import slurm_port_base
+
+    assert slurm_port_base({"SLURM_JOB_ID": "2049"}) == 40008
+    with pytest.raises(UserError, match=r"^environment variable SLURM_JOB_ID='x1': expected an integer >= 0$"):
+        slurm_port_base({"SLURM_JOB_ID": "x1"})
+
+
 def test_slurm_local_id_is_checked_against_the_tasks_on_the_node():
     env = {
         "SLURM_STEP_NUM_TASKS": "2",

@@ -6,11 +6,14 @@ C++ lines TensorFlow prints while it loads (:func:`shared_data.runtime.logs.quie
 
 import os
 
-from shared_data.core.commands import answer_before_import
+from shared_data.core.commands import answer_before_import, command_module
 from shared_data.core.errors import require_package
 from shared_data.runtime.logs import quiet_import
+from shared_data.runtime.signals import guard_command
 from shared_data.runtime.xla_flags import apply_default_xla_flags
 
+if command_module() == f"{__name__}.train":  # SIGTERM and Ctrl-C while the framework imports: one sentence
+    guard_command()
 apply_default_xla_flags()
 answer_before_import(__name__)  # --help and bad input answered before the framework loads
 require_package("tensorflow", "tf", "tf_impl")

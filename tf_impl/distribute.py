@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
-from shared_data.runtime import launch
+from shared_data.runtime import launch, xla_flags
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +81,14 @@ def slurm_port_base(env) -> int:
     jobs on one node seldom collide (the resolver's own default, 8888, is every job's).
 
     Raises:
-        UserError: ``DLAS_TF_PORT`` is not a port number.
+        UserError: ``DLAS_TF_PORT`` is not a port number; ``SLURM_JOB_ID`` is not an integer.
     """
     if env.get(PORT_VARIABLE):
         value = env[PORT_VARIABLE]
         if not value.isdigit() or not 1024 <= int(value) <= 65000:
             raise UserError(f"{PORT_VARIABLE}={value!r}: expected a port number in 1024-65000")
         return int(value)
-    return 40000 + 8 * (int(env.get("SLURM_JOB_ID", "0")) % 2048)
+    return 40000 + 8 * (launch.env_int(env, "SLURM_JOB_ID", 0) % 2048)
 
 
 def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
@@ -272,16 +272,21 @@ def configure_xla(cfg: Config) -> dict:
     XLA compiles only where asked (the steps' ``jit_compile=enable_jit``). TF's persistent
     compilation cache (``--tf_xla_persistent_cache_directory``, read at the first compilation)
     goes where ``TF_XLA_FLAGS`` names one, else in ``<xla_cache_dir>/tf``: the environment wins over
-    the config, as ``JAX_COMPILATION_CACHE_DIR`` does in :func:`jax_impl.distribute.configure_xla`.
+    the config, as ``JAX_COMPILATION_CACHE_DIR`` does in :func:`jax_impl.distribute.configure_xla`; a
+    folder that cannot be written is left out with a warning (:func:`shared_data.runtime.xla_flags.writable_cache`).
     A second run of the same config loads its executables instead of compiling them. TensorFlow
     reads ``TF_XLA_FLAGS`` once, at the first device query (``list_logical_devices``, a strategy), so
     this runs before those.
     """
     tf.config.optimizer.set_jit(False)
     flags = os.environ.get("TF_XLA_FLAGS", "")
-    if cfg.xla_cache_dir and "tf_xla_persistent_cache_directory" not in flags:
+    named = xla_flags.tf_cache_folder(flags)
+    if named is not None and not xla_flags.writable_cache(named, "TF_XLA_FLAGS"):
+        os.environ["TF_XLA_FLAGS"] = xla_flags.without_tf_cache(flags)  # TF would fail the first compilation
+    elif named is None and cfg.xla_cache_dir:
         cache = cfg.resolve_path(cfg.xla_cache_dir) / "tf"
-        os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={cache}".strip()
+        if xla_flags.writable_cache(cache, "xla_cache_dir"):
+            os.environ["TF_XLA_FLAGS"] = f"{flags} {xla_flags.TF_CACHE_FLAG}={cache}".strip()
     return {
         "jit_compile": cfg.enable_jit,
         "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),

@@ -119,16 +119,22 @@ def check_arguments(name: str, argv: Sequence[str] | None) -> None:
     importlib.import_module(config_module).config_from_args(args)
 
 
+def command_module() -> str | None:
+    """The module that ``python -m`` runs in this process (``sys.orig_argv``), else None."""
+    argv = list(getattr(sys, "orig_argv", []))
+    return argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
+
+
 def answer_before_import(package: str) -> None:
     """Under ``python -m <package>.<command>`` (``tf_impl.train``, ``jax_impl.predict``, ...), answer
     ``--help``, ``--version``, flag and config errors while ``package`` imports, before its framework
     loads (the command's module imports it at its top): one ``error:`` line and exit 2 for a bad input.
     Does nothing under any other command (``sys.orig_argv`` names the module that ``-m`` runs)."""
-    argv = list(getattr(sys, "orig_argv", []))
-    if "-m" not in argv[:-1]:
+    module = command_module()
+    if module is None:
         return
+    argv = list(sys.orig_argv)
     at = argv.index("-m")
-    module = argv[at + 1]
     name = next((n for n, (m, _, _) in COMMANDS.items() if m == module and n in PARSERS), None)
     if module.split(".")[0] != package or name is None:
         return

@@ -87,6 +87,8 @@ def check_writable(path: str | Path, flag: str, folder: bool = False) -> None:
         raise UserError(f"{flag} {path} is a folder, expected a file path")
     if folder and path.exists() and not path.is_dir():
         raise UserError(f"{flag} {path} is a file, expected a folder")
+    if folder and path.is_symlink() and not path.exists():
+        raise UserError(f"{flag} {path} is a symbolic link to {os.readlink(path)}, which does not exist")
     existing = path if folder and path.is_dir() else path.parent
     while not existing.exists():
         existing = existing.parent

@@ -21,7 +21,7 @@ from shared_data.core.errors import UserError
 from shared_data.core.files import check_not_input, check_writable
 from shared_data.runtime import signals, sizing
 from shared_data.runtime.logs import RANK_LOGGER, close_log_file, log_to_file_only, setup_logging
-from shared_data.runtime.records import read_run_info
+from shared_data.runtime.records import run_info_and_problem
 from shared_data.runtime.run import workdir_for
 
 log = logging.getLogger("dlas")
@@ -85,7 +85,8 @@ def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> N
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite conflict: give one")
     check_writable(workdir, "--workdir", folder=True)
-    other = read_run_info(workdir).get("framework") if workdir.is_dir() else None
+    # a run.json that cannot be used is reported once, by the run that replaces it (Run.begin)
+    other = run_info_and_problem(workdir)[0].get("framework") if workdir.is_dir() else None
     if other and other != framework:
         raise UserError(f"{workdir} holds a {other} run; use another --workdir for {framework}")
     if args.num_devices is not None and args.num_devices < 1:
@@ -288,6 +289,7 @@ def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> 
     created = first_missing_folder(workdir)  # what a failed start removes again
     check_outputs_are_not_inputs(cfg, workdir, save_weights, args.init_weights)
     joined = initialize()
+    signals.reclaim()  # the distributed runtime has started: our handlers, and a signal that came meanwhile
     setup_logging(process_index())
     if joined:
         logging.getLogger(RANK_LOGGER).info(joined)

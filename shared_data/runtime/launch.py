@@ -141,17 +141,25 @@ def expand_hostlist(spec: str) -> list[str]:
 def launch_info(env: Mapping[str, str]) -> dict:
     """What ``run.json`` records about how the run was started: ``scheduler`` (``slurm`` or ``none``),
     ``job_id`` (SLURM's, else None), ``tasks`` (processes of the run) and ``hosts`` (SLURM's node list,
-    the hosts of ``TF_CONFIG``, else this host)."""
+    the hosts of ``TF_CONFIG``, else this host).
+
+    Raises:
+        UserError: a task count (``SLURM_STEP_NUM_TASKS``, ``SLURM_NTASKS``, ``JAX_NUM_PROCESSES``) that
+            is not a positive integer (:func:`env_int`).
+    """
     if env.get("SLURM_JOB_ID"):
         nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or platform.node()
-        tasks = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1)
+        name = "SLURM_STEP_NUM_TASKS" if env.get("SLURM_STEP_NUM_TASKS", "").strip() else "SLURM_NTASKS"
+        tasks = env_int(env, name, 1, 1)
         return {"scheduler": "slurm", "job_id": env["SLURM_JOB_ID"], "tasks": tasks, "hosts": expand_hostlist(nodes)}
     hosts, tasks = [platform.node()], 1
     workers = _tf_config_workers(env)
     if workers:
         hosts, tasks = list(dict.fromkeys(w.rpartition(":")[0] for w in workers)), len(workers)
-    elif env.get("JAX_NUM_PROCESSES") or ompi_job(env):
-        tasks = int(env.get("JAX_NUM_PROCESSES") or env["OMPI_COMM_WORLD_SIZE"])
+    elif env.get("JAX_NUM_PROCESSES", "").strip():
+        tasks = env_int(env, "JAX_NUM_PROCESSES", 1, 1)
+    elif ompi_job(env):
+        tasks = env_int(env, "OMPI_COMM_WORLD_SIZE", 1, 1)
     return {"scheduler": "none", "job_id": None, "tasks": tasks, "hosts": hosts}
 
 

@@ -127,17 +127,35 @@ def read_metrics(workdir: str | Path) -> list[dict]:
     return records
 
 
-def read_run_info(workdir: Path) -> dict:
-    """``<workdir>/run.json`` as a dict; empty when missing, and empty with a warning when damaged."""
+def run_info_and_problem(workdir: Path) -> tuple[dict, str | None]:
+    """``<workdir>/run.json`` as a dict and, when it cannot be used, what is wrong with it (``is not
+    valid JSON (...)``, ``is not text``, ``cannot be read (...)``, ``holds a JSON list, not an object``);
+    ``({}, None)`` when there is none."""
     path = workdir / "run.json"
     if not path.exists():
-        return {}
+        return {}, None
     try:
-        info = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        log.warning("%s is not valid JSON (a damaged file?): a new one is written", path)
-        return {}
-    return info if isinstance(info, dict) else {}
+        info = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        return {}, "is not text (a binary or damaged file)"
+    except json.JSONDecodeError as err:
+        return {}, f"is not valid JSON ({err.msg}: line {err.lineno} column {err.colno})"
+    except OSError as err:
+        return {}, f"cannot be read ({err.strerror})"
+    if not isinstance(info, dict):
+        return {}, f"holds a JSON {type(info).__name__}, not an object"
+    if not isinstance(info.get("invocations", []), list):
+        return {}, "holds invocations that are not a list"
+    return info, None
+
+
+def read_run_info(workdir: Path) -> dict:
+    """``<workdir>/run.json`` as a dict; empty when missing, and empty with a warning when it cannot be
+    used (:func:`run_info_and_problem`)."""
+    info, problem = run_info_and_problem(workdir)
+    if problem:
+        log.warning("%s %s: ignored", workdir / "run.json", problem)
+    return info
 
 
 def code_version() -> dict:

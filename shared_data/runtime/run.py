@@ -37,7 +37,7 @@ from shared_data.core import loader_kinds
 from shared_data.core.commands import command_name
 from shared_data.core.config import Config, batch_sizes, config_dict
 from shared_data.core.errors import DatasetError, UserError
-from shared_data.core.files import write_atomic, writing
+from shared_data.core.files import check_writable, write_atomic, writing
 from shared_data.model import schedule, unet_spec
 from shared_data.runtime import launch, signals
 from shared_data.runtime import lock as run_lock
@@ -52,7 +52,7 @@ from shared_data.runtime.logs import (
     share_line,
 )
 from shared_data.runtime.nvtx import CaptureWindow, mirrored_in, nvtx_range
-from shared_data.runtime.records import TENSORBOARD_TAGS, MetricsLog, ScalarWriter, code_version, read_run_info
+from shared_data.runtime.records import TENSORBOARD_TAGS, MetricsLog, ScalarWriter, code_version, run_info_and_problem
 
 log = logging.getLogger("dlas")
 
@@ -147,6 +147,19 @@ def check_data(cfg: Config) -> None:
     )
 
 
+def check_tensorboard_folder(folder: Path) -> None:
+    """Check, before the steps are compiled, that the run's TensorBoard folder can be written (a file
+    or a dangling link in its place, a read-only folder: :func:`shared_data.core.files.check_writable`).
+
+    Raises:
+        UserError: one line naming the folder, what is in the way and how to run without it.
+    """
+    try:
+        check_writable(folder, "the run's TensorBoard folder", folder=True)
+    except UserError as err:
+        raise UserError(f"{err}; --set tensorboard=false runs without TensorBoard records") from None
+
+
 def available_memory_bytes() -> int | None:
     """The host memory this process may still take: the least of the kernel's ``MemAvailable``, the
     cgroup's limit minus its usage (a batch job's allocation) and ``RLIMIT_AS``; None if none is known."""
@@ -228,7 +241,12 @@ class Run:
         check_data_files(cfg)  # a missing file stops the run before its folder exists
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._lock = run_lock.acquire(self.workdir) if self.main else None  # before anything is written
-        log_to_file(self.workdir / "out.log", process_index)
+        try:
+            log_to_file(self.workdir / "out.log", process_index)
+        except OSError as err:  # a read-only out.log (or folder) of an earlier run
+            raise UserError(f"cannot write {self.workdir / 'out.log'} ({err.strerror}): nothing is trained") from None
+        if self.main and cfg.tensorboard:
+            check_tensorboard_folder(self.workdir / "tb")
         log.info("%s; config %r from %s", banner, cfg.name, cfg.source)
         log.info("run folder: %s", self.workdir.absolute())
         self.global_batch, self.local_batch = log_setup(cfg, settings, replicas)
@@ -357,17 +375,20 @@ class Run:
     def begin(self, start_epoch: int, compile_sec: float, versions: dict, val_loss: Callable[[], float]) -> None:
         """Record the invocation in ``run.json``, drop metrics after ``start_epoch`` and open TensorBoard;
         a fresh run writes its step-0 validation loss (``val_loss()``, one pass) there."""
+        signals.reclaim()  # the steps are compiled and the input pipelines started (DALI's included)
         self.compile_sec = compile_sec
         self.last = {"epoch": start_epoch, "compile_sec": compile_sec}
         if not self.main:
             return
-        self.metrics.truncate_after(start_epoch)
+        with self.writing(self.metrics.path):
+            self.metrics.truncate_after(start_epoch)
         with self.writing(self.workdir / "run.json"):
             self._record_invocation(start_epoch, versions)
         failed = log_file_error()
         if failed:  # out.log cannot be written: stop before the first step
             raise self.write_error(*failed)
-        self.writer = ScalarWriter(self.workdir / "tb", self.cfg.tensorboard)
+        with self.writing(self.workdir / "tb"):
+            self.writer = ScalarWriter(self.workdir / "tb", self.cfg.tensorboard)
         if start_epoch == 0 and self.writer._writer is not None:
             hparams = {"framework": self.framework, **config_dict(self.cfg), "global_batch": self.global_batch}
             self.writer.hparams(hparams, TENSORBOARD_TAGS)
@@ -375,9 +396,13 @@ class Run:
 
     def _record_invocation(self, start_epoch: int, versions: dict) -> None:
         """Append this invocation, with its full config, to ``run.json``; a resume whose config differs
-        from the last invocation's says what changed."""
-        info = read_run_info(self.workdir)
-        invocations = info.get("invocations") if isinstance(info.get("invocations"), list) else []
+        from the last invocation's says what changed. A ``run.json`` that cannot be used (not JSON, not
+        text, unreadable) is kept as ``run.json.damaged`` with a warning that says what is lost, and a
+        new one starts from this invocation."""
+        info, problem = run_info_and_problem(self.workdir)
+        if problem:
+            self._set_aside_damaged_run_info(problem, start_epoch)
+        invocations = info.get("invocations", [])
         values = json.loads(json.dumps(config_dict(self.cfg)))  # as run.json holds them (lists, not tuples)
         if start_epoch and isinstance(info.get("config_values"), dict):
             changes = recipe_changes(info.get("config"), info["config_values"], self.cfg.name, values)
@@ -406,6 +431,20 @@ class Run:
             invocations=invocations,
         )
         write_atomic(self.workdir / "run.json", json.dumps(info, indent=1))
+
+    def _set_aside_damaged_run_info(self, problem: str, start_epoch: int) -> None:
+        """Keep a ``run.json`` that cannot be used as ``run.json.damaged`` (a file; anything else stays,
+        and writing the new record then fails with its one line) and say what this run loses."""
+        path = self.workdir / "run.json"
+        kept = path.with_name("run.json.damaged")
+        lost = "the record of the earlier invocations (commands, configs, versions) is not carried over"
+        if start_epoch:
+            lost += ", and this resume's config cannot be compared with the run's (no recipe-change check)"
+        if path.is_file():
+            os.replace(path, kept)
+            log.warning("%s %s: kept as %s; a new run.json starts with this invocation: %s", path, problem, kept, lost)
+        else:
+            log.warning("%s %s: %s", path, problem, lost)
 
     @contextlib.contextmanager
     def profile(
@@ -521,7 +560,7 @@ class Run:
                 if timed and sync is not None:
                     sync(None)
                 t0 = time.perf_counter()
-                with nvtx_range("data wait", "yellow"):
+                with nvtx_range("data wait", "yellow"), signals.signal_first():
                     batch = next(batches)
                     if timed and sync is not None:
                         sync(batch)
@@ -636,7 +675,8 @@ class Run:
             checked = "; its crops are finite and within range, so" if cause is not None else ";"
             raise UserError(f"{where}{checked} lower start_lr or enable loss scaling")
         t0 = time.perf_counter()
-        val_loss = float(evaluate())
+        with signals.signal_first():
+            val_loss = float(evaluate())
         val_seconds = time.perf_counter() - t0
         train_loss = float(np.mean(losses[np.isfinite(losses)])) if np.isfinite(losses).any() else float("nan")
         input_share = min(self._input_wait / seconds, 1.0)

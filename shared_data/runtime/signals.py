@@ -13,12 +13,27 @@ signal waits until the block ends or until :func:`raise_pending` is called at a 
 training loop checks between steps, so a save is never cut in half and no step stops with part of
 its collectives launched (a JAX step interrupted there leaves its all-reduce waiting forever, and
 XLA aborts the process).
+
+A trainer run as a command is covered from its first import to its exit (:func:`guard_command`,
+called by ``jax_impl`` and ``tf_impl`` before the framework imports): until :func:`handled` installs
+the handlers above, and again after it, SIGTERM and SIGINT end the process at once with one sentence
+(nothing has started, or everything is written), instead of a traceback from inside ``import
+tensorflow``, a silent death by SIGTERM, or a signal lost in the interpreter's exit. A raised
+:class:`Interrupted` can still be lost: Python runs signal handlers wherever the main thread is,
+finalisers and library callbacks included, and an exception raised there is printed and dropped
+("Exception ignored in ..."). So the signal stays recorded, :func:`raise_pending` raises it again at
+the next safe point (between steps, after the framework's start-up: :func:`reclaim`), and the
+unraisable hook drops the lost copy's traceback. :func:`reclaim` also installs the handlers again, in
+case a native library replaced them while it started (a handler installed with ``sigaction`` is
+invisible to Python).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 from collections.abc import Callable, Iterator
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -38,7 +53,19 @@ def _before_training() -> str:
     return "before training started: nothing is lost"
 
 
-_state: dict = {"depth": 0, "pending": None, "describe": _before_training, "stop": None, "stoppable": 0}
+_state: dict = {
+    "depth": 0,
+    "pending": None,
+    "describe": _before_training,
+    "stop": None,
+    "stoppable": 0,
+    "raised": None,  # the signal of the Interrupted last raised by the handler (raised again if it was lost)
+    "held": None,  # a SIGUSR1 that arrived before handled() (guard_command)
+    "ended": False,  # handled() has ended: a signal now comes as the command exits (guard_command)
+    "stderr": 2,  # where guard_command's sentence goes
+    "installed": False,  # handled() installed the handlers (in the main thread)
+}
+_FRESH = dict(pending=None, describe=_before_training, stop=None, stoppable=0, raised=None)
 
 
 def set_describe(describe: Callable[[], str]) -> None:
@@ -53,25 +80,78 @@ def _raise(signum: int, frame=None) -> None:
     if _state["depth"]:
         _state["pending"] = signum
         return
+    _state["raised"] = signum
     raise Interrupted(signum, _state["describe"]())
+
+
+def _exit_at_once(signum: int, frame=None) -> None:
+    if signum == signal.SIGUSR1:  # a stop request: the first step boundary honours it
+        _state["held"] = signum
+        return
+    when = "as the command exited: what it reported stands" if _state["ended"] else _before_training()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    line = f"stopped by {signal.Signals(signum).name} {when}\n"
+    os.write(_state["stderr"], line.encode())
+    os._exit(128 + signum)
+
+
+def guard_command() -> None:
+    """For a trainer run as a command, from before its framework imports: outside :func:`handled`
+    (before it, while the framework imports and the arguments are read, and after it, while the
+    process exits) SIGTERM and SIGINT end the process at once, with one sentence and exit code
+    128 + the signal; SIGUSR1 is kept for the first step boundary. Does nothing outside the main thread."""
+    with contextlib.suppress(ValueError):  # not the main thread
+        for s in SIGNALS:
+            signal.signal(s, _exit_at_once)
+        # the stderr of now: a framework's import may point file descriptor 2 elsewhere for a while
+        # (shared_data.runtime.logs.quiet_import)
+        _state["stderr"] = os.dup(2)
+
+
+def _drop_lost_interrupts(previous: Callable) -> Callable:
+    """An unraisable hook that drops an :class:`Interrupted` raised where Python cannot propagate it
+    (a finaliser, a library callback): :func:`raise_pending` raises it again at the next safe point."""
+
+    def hook(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, Interrupted):
+            previous(unraisable)
+
+    return hook
 
 
 @contextlib.contextmanager
 def handled() -> Iterator[None]:
     """SIGTERM, SIGINT and SIGUSR1 are handled as the module says inside the block (the previous
-    handlers return after it); outside the main thread, where Python cannot set handlers, the block
-    runs unchanged."""
-    _state.update(pending=None, describe=_before_training, stop=None, stoppable=0)
+    handlers return after it); a SIGUSR1 that came while the command started (:func:`guard_command`)
+    stops the run at the first step boundary. Outside the main thread, where Python cannot set
+    handlers, the block runs unchanged."""
+    _state.update(_FRESH, ended=False)
     try:
         previous = {s: signal.signal(s, _raise) for s in SIGNALS}
     except ValueError:  # not the main thread
         previous = {}
+    _state["installed"] = bool(previous)
+    hook, sys.unraisablehook = sys.unraisablehook, _drop_lost_interrupts(sys.unraisablehook)
+    _state["stop"], _state["held"] = _state["held"], None
     try:
         yield
     finally:
+        sys.unraisablehook = hook
+        _state.update(_FRESH, installed=False, ended=True)
         for s, handler in previous.items():
             signal.signal(s, handler)
-        _state.update(pending=None, describe=_before_training, stop=None, stoppable=0)
+
+
+def reclaim() -> None:
+    """At a safe point after the framework started (its distributed runtime joined, its input pipelines
+    built): install the handlers again where :func:`handled` installed them (a native library may have
+    replaced them) and raise a signal that arrived meanwhile (:func:`raise_pending`)."""
+    if _state["installed"]:
+        for s in SIGNALS:
+            signal.signal(s, _raise)
+    raise_pending()
 
 
 @contextlib.contextmanager
@@ -87,11 +167,31 @@ def deferred() -> Iterator[None]:
 
 
 def raise_pending() -> None:
-    """Raise :class:`Interrupted` for a signal that arrived inside :func:`deferred`: a point where
-    stopping is safe (between steps, after a checkpoint is written)."""
-    if _state["pending"] is not None:
-        signum, _state["pending"] = _state["pending"], None
+    """Raise :class:`Interrupted` for a signal that arrived inside :func:`deferred`, or again for one
+    whose :class:`Interrupted` was lost (raised in a finaliser or a library that dropped it): a point
+    where stopping is safe (between steps, after a checkpoint is written)."""
+    signum = _state["pending"] or _state["raised"]
+    if signum is not None:
+        _state["pending"] = None
         raise Interrupted(signum, _state["describe"]())
+
+
+@contextlib.contextmanager
+def signal_first() -> Iterator[None]:
+    """Around work that a signal to the process group can break as well (the loader's worker
+    processes get it too, and one that dies while it starts fails the batch): an exception from the
+    block after a signal arrived (raised, deferred, or a stop request) is that signal's
+    :class:`Interrupted`, not the loader's error."""
+    try:
+        yield
+    except StopIteration:
+        raise
+    except Exception:
+        signum = _state["pending"] or _state["raised"] or _state["stop"]
+        if signum is None:
+            raise
+        _state["pending"] = None
+        raise Interrupted(signum, _state["describe"]()) from None
 
 
 @contextlib.contextmanager

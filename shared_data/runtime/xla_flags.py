@@ -14,6 +14,11 @@ opts out.
 Every default is a boolean switch written ``--name=true``, so :func:`default_xla_flags_off` can name
 each one ``=false`` for a run without them (the ladder's rungs before compilation).
 
+The persistent compilation caches (JAX's ``JAX_COMPILATION_CACHE_DIR``, TF's
+``--tf_xla_persistent_cache_directory`` in ``TF_XLA_FLAGS``, else the config's ``xla_cache_dir``) are
+optional: a folder that cannot be written (read-only, under a file) is named in one warning and the
+run compiles without a cache (:func:`writable_cache`), instead of TensorFlow failing the first step.
+
 Where ``XLA_FLAGS`` gives the CPU platform several devices (``--xla_force_host_platform_device_count``
 > 1, as the tests' data-parallel runs on CPU do), :data:`MULTI_CPU_DEVICE_XLA_FLAGS` are added too:
 
@@ -31,8 +36,12 @@ Where ``XLA_FLAGS`` gives the CPU platform several devices (``--xla_force_host_p
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+from pathlib import Path
+
+log = logging.getLogger("dlas")
 
 DEFAULT_XLA_FLAGS = ("--xla_gpu_force_conv_nhwc=true",)
 MULTI_CPU_DEVICE_XLA_FLAGS = ("--xla_cpu_multi_thread_eigen=false",)
@@ -55,6 +64,37 @@ def apply_default_xla_flags(environ: dict | None = None) -> str:
     added = [f for f in wanted if f.split("=")[0] not in present]
     env["XLA_FLAGS"] = " ".join([flags.strip(), *added]).strip()
     return env["XLA_FLAGS"]
+
+
+#: TensorFlow's flag (in ``TF_XLA_FLAGS``) that names its persistent compilation cache.
+TF_CACHE_FLAG = "--tf_xla_persistent_cache_directory"
+
+
+def tf_cache_folder(flags: str) -> str | None:
+    """The folder a ``TF_XLA_FLAGS`` value names with ``--tf_xla_persistent_cache_directory=DIR``
+    (the last one), else None."""
+    found = re.findall(rf"(?:^|\s){TF_CACHE_FLAG}=(\S*)", flags)
+    return found[-1] if found else None
+
+
+def without_tf_cache(flags: str) -> str:
+    """A ``TF_XLA_FLAGS`` value without its ``--tf_xla_persistent_cache_directory=...`` flags."""
+    return " ".join(item for item in flags.split() if not item.startswith(TF_CACHE_FLAG + "="))
+
+
+def writable_cache(folder: str | Path, source: str) -> bool:
+    """Whether the persistent compilation cache ``folder`` (named by ``source``: an environment variable
+    or the config key) can be written (:func:`shared_data.core.files.check_writable`, which makes
+    nothing); if not, one warning names it and says the run compiles without a cache."""
+    from shared_data.core.errors import UserError
+    from shared_data.core.files import check_writable
+
+    try:
+        check_writable(folder, f"the compilation cache of {source}", folder=True)
+    except UserError as err:
+        log.warning("%s: this run compiles without a persistent compilation cache", err)
+        return False
+    return True
 
 
 def default_xla_flags_off(flags: str = "") -> str:
