@@ -876,6 +876,9 @@ def requeue_job(env=None) -> bool:
     except (OSError, subprocess.TimeoutExpired) as err:
         log.warning("scontrol requeue %s failed (%s): not requeued", job, err)
         return False
+    if done.returncode and "pending execution" in done.stderr:  # requeued already (scontrol requeue from outside)
+        log.info("SLURM job %s is requeued already: it resumes from this step", job)
+        return True
     if done.returncode:
         log.warning("scontrol requeue %s failed: %s", job, (done.stderr or done.stdout).strip()[:200])
         return False
