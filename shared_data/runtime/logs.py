@@ -110,7 +110,11 @@ def native_lines_filtered() -> Iterator[None]:
     sys.stderr.flush()
     saved = os.dup(2)
     try:
-        child = subprocess.Popen([sys.executable, "-S", "-c", code], stdin=subprocess.PIPE, stdout=saved)
+        # its own process group: Ctrl-C or scancel to the trainer's group is the trainer's to report; the
+        # filter ends when the pipe closes (this process's end, a kill -9 included)
+        child = subprocess.Popen(
+            [sys.executable, "-S", "-c", code], stdin=subprocess.PIPE, stdout=saved, process_group=0
+        )
     except OSError:  # no process to filter with: the lines pass unfiltered
         child = None
     if child is None:
