@@ -85,6 +85,12 @@ def assert_one_error_line(res, *texts: str) -> None:
     assert len(lines) == 1 and all(t in lines[0] for t in texts), res.stderr[-2000:]
 
 
+def checkpoint_epochs(folder) -> list[int]:
+    """The epochs with a finished checkpoint in ``folder``: orbax's ``N`` folders, TF's ``ckpt-N.index``."""
+    jax_epochs = [int(p.name) for p in Path(folder).glob("*") if p.name.isdigit()]
+    return sorted(jax_epochs + [int(p.name[5:-6]) for p in Path(folder).glob("ckpt-*.index")])
+
+
 def process_ended(pid: int, within: float = 5.0) -> bool:
     """Process ``pid`` has ended within ``within`` seconds (a zombie that no one reaps counts)."""
     t_end = time.monotonic() + within

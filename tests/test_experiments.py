@@ -1,6 +1,6 @@
 """The two-GPU study's scripts run on CPU too (2 host devices): the all-reduce schedule report, the
 manual-PGLE comparison (empty profile on a CPU), the scaling-gap variants and the timeline
-arithmetic, so a device session does not find them broken."""
+arithmetic, so a device session does not find them broken; the CPU scaling study's loss table."""
 
 from __future__ import annotations
 
@@ -193,3 +193,32 @@ def test_nonlinear_gas_study_measures_a_volume(data_dir, tmp_path):
     assert lo == pytest.approx(np.log10(4.0))
     shells = props["shells"]["gas_density"]
     assert max(shells["k"]) <= 6.3 and len(shells["r_dm_as_gas"]) == len(shells["r_non_ml"]) == len(shells["k"])
+
+
+def test_scaling_cpu_table_compares_every_launch_with_one_device(tmp_path):
+    """``experiments/scaling_cpu/table.py`` on run folders with known losses: each row's largest
+    relative difference from the framework's 1-device run (any epoch, train or validation) and the
+    framework's maximum."""
+    names = ["1-device", "2-devices", "2-processes", "2-tasks", "4-processes", "4-tasks"]
+    shift = {("jax", "2-tasks"): ("val_loss", 1, 1e-6), ("tf", "4-tasks"): ("train_loss", 2, -3e-6)}
+    for fw in ("jax", "tf"):
+        for name in names:
+            records = [
+                {"epoch": 1, "train_loss": 0.5, "val_loss": 0.4},
+                {"epoch": 2, "train_loss": 0.25, "val_loss": 0.2},
+            ]
+            if (fw, name) in shift:
+                key, epoch, rel = shift[fw, name]
+                records[epoch - 1][key] *= 1 + rel
+            (tmp_path / f"{fw}-{name}").mkdir()
+            (tmp_path / f"{fw}-{name}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    cmd = [sys.executable, "experiments/scaling_cpu/table.py", str(tmp_path)]
+    res = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    rows = [line.split(" | ") for line in res.stdout.splitlines() if line.startswith(("| jax", "| tf"))]
+    assert len(rows) == 12
+    assert rows[3] == ["| jax", "2 SLURM tasks", "2", "0.250000", "0.200000", "1.0e-06 |"]
+    assert rows[11] == ["| tf", "4 SLURM tasks", "4", "0.249999", "0.200000", "3.0e-06 |"]
+    assert [r[5] for r in rows if r is not rows[3] and r is not rows[11]] == ["0.0e+00 |"] * 10
+    assert res.stdout.strip().endswith("max relative difference from 1 device: jax 1.0e-06, tf 3.0e-06")

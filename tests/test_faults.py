@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO_ROOT, assert_one_error_line, process_ended, run_in_process, run_module
+from conftest import REPO_ROOT, assert_one_error_line, checkpoint_epochs, process_ended, run_in_process, run_module
 
 from shared_data.core.errors import UserError
 from shared_data.runtime import lock as run_lock
@@ -86,12 +86,6 @@ def test_two_trainers_started_together_one_refuses(tmp_path, tiny_argv):
     assert epochs == [1, 2, 3]
 
 
-def _checkpoint_epochs(folder) -> list[int]:
-    """The epochs with a finished checkpoint in ``folder``: orbax's ``N`` folders, TF's ``ckpt-N.index``."""
-    jax_epochs = [int(p.name) for p in folder.glob("*") if p.name.isdigit()]
-    return sorted(jax_epochs + [int(p.name[5:-6]) for p in folder.glob("ckpt-*.index")])
-
-
 def _descendants(pid: int) -> list[int]:
     """The processes ``pid`` started, and theirs (a lowmem loader's forkserver and workers), from /proc."""
     children = [int(c) for t in os.scandir(f"/proc/{pid}/task") for c in open(f"{t.path}/children").read().split()]
@@ -128,7 +122,7 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, start_new_session=True
     )
     end = time.monotonic() + 300
-    while _checkpoint_epochs(workdir / "checkpoints") != [1] and time.monotonic() < end:
+    while checkpoint_epochs(workdir / "checkpoints") != [1] and time.monotonic() < end:
         time.sleep(0.05)
     time.sleep(0.5)  # inside epoch 2: seconds of steps even on a fast CPU
     workers = _descendants(proc.pid)
@@ -142,7 +136,7 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
     assert "Traceback" not in err and "terminate called" not in err, err[-2000:]
     name = signal.Signals(signum).name
     last = err.strip().splitlines()[-1]
-    assert _checkpoint_epochs(workdir / "checkpoints") == [1]
+    assert checkpoint_epochs(workdir / "checkpoints") == [1]
     assert (workdir / run_lock.LOCK_NAME).read_text() == ""
     env = dict(os.environ)
     if signum == signal.SIGINT:
@@ -625,7 +619,7 @@ def test_a_full_disk_during_a_log_write_keeps_the_last_checkpoint(
         "the checkpoint of epoch 1 is kept and --resume continues from it",
     )
     assert "Logging error" not in res.stdout
-    assert _checkpoint_epochs(work / "checkpoints") == [1]
+    assert checkpoint_epochs(work / "checkpoints") == [1]
     monkeypatch.undo()
     assert run_in_process(train.main, [*argv, "--resume"]).returncode == 0
     assert [json.loads(line)["epoch"] for line in (work / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
@@ -769,7 +763,7 @@ def test_a_real_full_disk_loses_nothing(framework, tmp_path, tiny_argv):
             f"cannot write the checkpoint of epoch 2 in {work / 'checkpoints'} (No space left on device); "
             "the checkpoint of epoch 1 is kept and --resume continues from it",
         )
-        assert _checkpoint_epochs(work / "checkpoints") == [1]
+        assert checkpoint_epochs(work / "checkpoints") == [1]
         (small / "fill").unlink()
         res = run_in_process(train.main, [*argv, "--resume"])
         assert res.returncode == 0, res.stderr[-2000:]

@@ -1,10 +1,13 @@
 """The launch scripts under a real SLURM (the session's one-node cluster, ``scripts/slurm_local.sh``) and on
-one host: ``sbatch --wait scripts/launch/submit_slurm.sh`` and ``NPROC=N scripts/launch/single_host.sh``
-train the same experiment in JAX and TensorFlow with 2 and 4 processes (2 epochs of ``cpu_tiny``).
+one host: ``sbatch scripts/launch/submit_slurm.sh`` and ``NPROC=N scripts/launch/single_host.sh`` train
+the same experiment in JAX and TensorFlow with 2 and 4 processes (2 epochs of ``cpu_tiny``), and a
+2-task job requeued inside an epoch resumes from that step as the same experiment.
 
 The two launches of one world size run the same processes on the same shards, so their epoch losses agree
 to float32 reduction order; the tolerance, rtol 1e-5, is a few float32 roundings of a loss near 0.02 summed
-over 4 replicas. JAX with 2 CPU devices in one process is the same experiment as 2 processes."""
+over 4 replicas. JAX with 2 CPU devices in one process is the same experiment as 2 processes. (Between
+world sizes, over 200 steps, float32 reduction order alone moves Adam's losses by ~1e-3: each test
+compares runs of one world size.)"""
 
 from __future__ import annotations
 
@@ -19,13 +22,16 @@ import time
 
 import numpy as np
 import pytest
+from conftest import checkpoint_epochs
 
 from shared_data.core.config import REPO_ROOT
 from shared_data.runtime.records import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 RTOL = 1e-5
-EPOCHS = ["--set", "num_epochs=2"]
+STEPS = 100  # an epoch of the 2-task runs: epoch 2 lasts seconds, so a requeue lands inside it
+TWO_TASKS = ["--set", "num_epochs=2", "--set", f"Nsamples={4 * STEPS}"]  # cpu_tiny: global batch 4
+FOUR_TASKS = ["--set", "num_epochs=2", "--set", "Nsamples=8", "--set", "unet_widths=[4, 8]"]  # 2 steps an epoch
 
 
 def _free_port() -> int:
@@ -88,48 +94,6 @@ def launch(workdir) -> dict:
     return json.loads((workdir / "run.json").read_text())["invocations"][-1]["launch"]
 
 
-@pytest.mark.parametrize("tasks", [2, 4])
-@pytest.mark.parametrize("framework", ["jax", "tf"])
-def test_slurm_and_single_host_train_one_experiment(slurm, framework, tasks, tiny_argv, tmp_path):
-    """The same run through sbatch and through single_host.sh: both finish, their run.json says how they
-    were launched, their losses agree. With 2 processes both write --save_weights (equal weights); in TF
-    the single-host run is also split by --stop_after_epoch and --resume (checkpoints of several workers)
-    and the SLURM run evaluates time to quality every epoch."""
-    argv = [*tiny_argv[1:], *EPOCHS]
-    extra = tasks == 2
-    quality = ["--save_weights", str(tmp_path / "slurm.npz")] if extra else []
-    if extra and framework == "tf":  # the multi-worker path these features were fixed for
-        quality += ["--set", "quality_every_epochs=1"]
-    slurm_argv = [*argv, *quality, "--workdir", str(tmp_path / "slurm")]
-    job, out = sbatch(slurm, framework, tasks, slurm_argv, tmp_path / "job")
-    assert out.count("Time taken for epoch 2 is") == 1, out[-3000:]
-    local = [*argv, "--workdir", str(tmp_path / "local")]
-    if extra and framework == "tf":
-        single_host(framework, tasks, [*local, "--stop_after_epoch", "1"])
-        single_host(framework, tasks, [*local, "--resume", "--save_weights", str(tmp_path / "local.npz")])
-    else:
-        single_host(framework, tasks, [*local, "--save_weights", str(tmp_path / "local.npz")] if extra else local)
-
-    np.testing.assert_allclose(losses(tmp_path / "local"), losses(tmp_path / "slurm"), rtol=RTOL)
-    host = socket.gethostname().split(".")[0]
-    assert launch(tmp_path / "slurm") == {"scheduler": "slurm", "job_id": job, "tasks": tasks, "hosts": [host]}
-    assert launch(tmp_path / "local")["scheduler"] == "none" and launch(tmp_path / "local")["tasks"] == tasks
-    if extra and framework == "tf":
-        records = [json.loads(line) for line in (tmp_path / "slurm" / "quality.jsonl").read_text().splitlines()]
-        assert [r["epoch"] for r in records] == [1, 2]
-    if extra:
-        a, b = np.load(tmp_path / "slurm.npz"), np.load(tmp_path / "local.npz")
-        assert sorted(a.files) == sorted(b.files)
-        for k in a.files:
-            np.testing.assert_allclose(b[k], a[k], rtol=RTOL, atol=1e-7, err_msg=k)
-        if framework == "jax":  # 2 devices of one process: the same experiment as 2 processes
-            env = _env(os.environ) | {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-            cmd = [sys.executable, "-m", "jax_impl.train", *tiny_argv, *EPOCHS, "--workdir", str(tmp_path / "devices")]
-            res = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
-            assert res.returncode == 0, res.stderr[-3000:]
-            np.testing.assert_allclose(losses(tmp_path / "devices"), losses(tmp_path / "slurm"), rtol=RTOL)
-
-
 def _job_gone(job: str, env: dict) -> bool:
     res = subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True, env=env)
     return res.returncode != 0 or not res.stdout.strip()
@@ -140,52 +104,107 @@ def _job_state(job: str, env: dict) -> str:
     return res.stdout.strip()
 
 
-@pytest.mark.parametrize("framework", ["jax", "tf"])
-def test_scontrol_requeue_mid_epoch_resumes_the_same_experiment(slurm, framework, tiny_argv, tmp_path):
-    """``scontrol requeue`` of a 2-task job inside its second epoch: SLURM's SIGTERM stops both tasks at
-    one step boundary with a mid-epoch checkpoint, the requeued job (SLURM_RESTART_COUNT=1, no --resume)
-    continues from that step, and the run ends with the losses and weights of the same run launched
-    without interruption (``single_host.sh``, 2 processes). (Over 200 steps, float32 reduction order
-    alone moves Adam's losses by ~1e-3 between world sizes: the world-size tests use a few steps.)"""
-    steps = 100  # epoch 2 lasts seconds, so the requeue lands inside it
-    # inmem: TF's lowmem worker processes do not yet outlive SLURM's SIGTERM to the whole step (issue 41)
-    argv = [*tiny_argv[1:], "--set", "num_epochs=2", "--set", f"Nsamples={4 * steps}", "--data_loader_config", "inmem"]
-    env = _env(slurm)
-    single_host(framework, 2, [*argv, "--workdir", str(tmp_path / "one"), "--save_weights", str(tmp_path / "one.npz")])
-
-    log = tmp_path / "job.out"
-    run_argv = [*argv, "--workdir", str(tmp_path / "slurm"), "--save_weights", str(tmp_path / "slurm.npz")]
+def sbatch_requeued_mid_epoch(slurm_env: dict, framework: str, argv: list[str], log, epoch_1_done) -> str:
+    """``sbatch --requeue`` of the submit script with 2 tasks, ``scontrol requeue`` of the job a second
+    after ``epoch_1_done()`` (what the run does between epochs 1 and 2 is done), inside epoch 2, and the
+    wait until the requeued job has ended; returns the job id. The job's output, both runs of it, is
+    in ``log``."""
+    env = _env(slurm_env)
     submit = ["sbatch", "--parsable", "-N", "1", "--ntasks-per-node=2", "--cpus-per-task=1", "--requeue"]
-    submit += ["--open-mode=append", f"--output={log}", "scripts/launch/submit_slurm.sh", framework, *run_argv]
+    submit += ["--open-mode=append", f"--output={log}", "scripts/launch/submit_slurm.sh", framework, *argv]
     res = subprocess.run(submit, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 0, res.stderr
     job = res.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 600
-    while not (log.exists() and "Input wait" in log.read_text()):  # the last line of epoch 1
-        assert time.monotonic() < deadline and not _job_gone(job, env), log.read_text()[-3000:] if log.exists() else ""
+    output = lambda: log.read_text()[-3000:] if log.exists() else ""
+    while not epoch_1_done():
+        assert time.monotonic() < deadline and not _job_gone(job, env), output()
         time.sleep(0.1)
     time.sleep(1.0)
     requeue = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, env=env)
     assert requeue.returncode == 0, requeue.stderr
-    # SLURM holds a requeued job back (begin time = requeue + the credential lifetime, 121 s) once its
-    # tasks have ended (COMPLETING -> PENDING); an earlier begin time set before that is overwritten
+    # SLURM holds a requeued job back (begin time = now + its credential lifetime, 121 s) once its
+    # tasks have ended (COMPLETING -> PENDING); a begin time set before that is overwritten
     while _job_state(job, env) != "PENDING":
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, output()
         time.sleep(0.2)
     update = ["scontrol", "update", f"JobId={job}", "StartTime=now"]
     update = subprocess.run(update, capture_output=True, text=True, env=env)
     assert update.returncode == 0, update.stderr
     while not _job_gone(job, env):
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(1)
+        assert time.monotonic() < deadline, output()
+        time.sleep(0.5)
+    return job
+
+
+def assert_same_weights(path_a, path_b, rtol: float = RTOL, atol: float = 1e-7) -> None:
+    a, b = np.load(path_a), np.load(path_b)
+    assert sorted(a.files) == sorted(b.files)
+    for k in a.files:
+        np.testing.assert_allclose(b[k], a[k], rtol=rtol, atol=atol, err_msg=k)
+
+
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_two_tasks_requeued_mid_epoch_train_the_experiment_of_two_processes(slurm, framework, tiny_argv, tmp_path):
+    """A 2-task job of ``submit_slurm.sh`` requeued inside its second epoch (``scontrol requeue``):
+    SLURM's SIGTERM stops both tasks at one step boundary with a mid-epoch checkpoint, rank 0 sees the
+    job requeued already, the requeued job (SLURM_RESTART_COUNT=1, no --resume) continues from that
+    step, and the run ends with the epoch losses and the --save_weights of 2 processes of
+    ``single_host.sh`` run without interruption; run.json records both runs of the job and the launch.
+    The loader is ``lowmem``: its worker processes outlive SLURM's SIGTERM to every process of the step.
+    TF: the job also evaluates time to quality every epoch, across the requeue. JAX: 2 devices of one
+    process give the same run."""
+    run = lambda name: [
+        *tiny_argv[1:],
+        *TWO_TASKS,
+        "--save_weights",
+        str(tmp_path / f"{name}.npz"),
+        "--workdir",
+        str(tmp_path / name),
+    ]
+    quality = ["--set", "quality_every_epochs=1"] if framework == "tf" else []  # the multi-worker path it was fixed for
+    records = tmp_path / "slurm" / "quality.jsonl"
+    epoch_1_done = lambda: (
+        checkpoint_epochs(tmp_path / "slurm" / "checkpoints") == [1]
+        and (not quality or (records.exists() and records.read_text().strip() != ""))
+    )
+    log = tmp_path / "job.out"
+    job = sbatch_requeued_mid_epoch(slurm, framework, [*run("slurm"), *quality], log, epoch_1_done)
+    single_host(framework, 2, run("local"))
+
     text = log.read_text()
-    stop = re.search(r"stopped by SIGTERM at epoch 2, step (\d+) of 100: saved in", text)
-    assert stop, text[-4000:]
-    assert f"at epoch 2, step {stop[1]} of 100" in text[stop.end() :], text[-4000:]  # the requeued job's resume
+    stop = re.search(rf"stopped by SIGTERM at epoch 2, step (\d+) of {STEPS}: saved in .*; the job is requeued", text)
+    assert stop and "is requeued already" in text, text[-4000:]
+    assert f"at epoch 2, step {stop[1]} of {STEPS} (a stop" in text[stop.end() :], text[-4000:]  # the resume
     assert text.count("Time taken for epoch 2 is") == 1, text[-4000:]
     info = json.loads((tmp_path / "slurm" / "run.json").read_text())
     assert [i["launch"]["job_id"] for i in info["invocations"]] == [job, job]
-    np.testing.assert_allclose(losses(tmp_path / "slurm"), losses(tmp_path / "one"), rtol=RTOL)
-    a, b = np.load(tmp_path / "one.npz"), np.load(tmp_path / "slurm.npz")
-    for k in a.files:
-        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    host = socket.gethostname().split(".")[0]
+    assert launch(tmp_path / "slurm") == {"scheduler": "slurm", "job_id": job, "tasks": 2, "hosts": [host]}
+    assert launch(tmp_path / "local")["scheduler"] == "none" and launch(tmp_path / "local")["tasks"] == 2
+    np.testing.assert_allclose(losses(tmp_path / "slurm"), losses(tmp_path / "local"), rtol=RTOL)
+    assert_same_weights(tmp_path / "local.npz", tmp_path / "slurm.npz")
+    if framework == "tf":
+        records = [json.loads(line) for line in (tmp_path / "slurm" / "quality.jsonl").read_text().splitlines()]
+        assert [r["epoch"] for r in records] == [1, 2]
+    else:  # 2 devices of one process: the same experiment as 2 processes
+        env = _env(os.environ) | {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+        cmd = [sys.executable, "-m", "jax_impl.train", *tiny_argv, *TWO_TASKS, "--workdir", str(tmp_path / "devices")]
+        res = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+        assert res.returncode == 0, res.stderr[-3000:]
+        np.testing.assert_allclose(losses(tmp_path / "devices"), losses(tmp_path / "local"), rtol=RTOL)
+
+
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_four_tasks_and_four_processes_train_one_experiment(slurm, framework, tiny_argv, tmp_path):
+    """``sbatch --wait`` of a 4-task job and ``NPROC=4 single_host.sh`` (4 processes on 2 cores; a
+    2-level net, 2 steps an epoch): both finish, their run.json says how they were launched, their
+    epoch losses agree."""
+    argv = [*tiny_argv[1:], *FOUR_TASKS]
+    job, out = sbatch(slurm, framework, 4, [*argv, "--workdir", str(tmp_path / "slurm")], tmp_path / "job")
+    assert out.count("Time taken for epoch 2 is") == 1, out[-3000:]
+    single_host(framework, 4, [*argv, "--workdir", str(tmp_path / "local")])
+    np.testing.assert_allclose(losses(tmp_path / "local"), losses(tmp_path / "slurm"), rtol=RTOL)
+    host = socket.gethostname().split(".")[0]
+    assert launch(tmp_path / "slurm") == {"scheduler": "slurm", "job_id": job, "tasks": 4, "hosts": [host]}
+    assert launch(tmp_path / "local")["scheduler"] == "none" and launch(tmp_path / "local")["tasks"] == 4

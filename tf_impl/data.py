@@ -74,9 +74,13 @@ class Input:
 
     def epoch(self, epoch: int) -> Iterator:
         """Batches of ``epoch``: plain dicts with one replica, per-replica values with several
-        (replica ``r`` gets shard ``r``'s batch, as in JAX)."""
+        (replica ``r`` gets shard ``r``'s batch, as in JAX). The pipelines start at the first batch, so
+        inside :meth:`shared_data.runtime.run.Run.steps` (a stop signal during their start stops the
+        run at the epoch's first step boundary)."""
         iters = [iter(self.dataset(epoch, r)) for r in self.shards]
-        return distribute.replica_batches(self.strategy, self.shards, iters, self.steps - self.cursor.first_step(epoch))
+        yield from distribute.replica_batches(
+            self.strategy, self.shards, iters, self.steps - self.cursor.first_step(epoch)
+        )
 
 
 def make_input(cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0, first_step: int = 0):
