@@ -41,6 +41,7 @@ from shared_data.core.errors import UserError, run_cli
 from shared_data.core.files import check_not_input
 from shared_data.model import unet_spec
 from shared_data.runtime import sizing
+from shared_data.runtime.run import check_data_files
 
 MODES = ("io", "synthetic", "full")
 FRAMEWORKS = ("jax", "tf", "torch")
@@ -638,6 +639,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if warning:
         stage(f"warning: {warning}")
     check_not_input({"--out": args.out}, cfg.data_inputs(), "records")
+    if {"io", "full"} & set(args.mode):  # before a step compiles: IO and FULL read the training file
+        check_data_files(cfg, ("train",))
     session = Session(args.framework, args.num_devices)
     records = session.run(
         cfg, args.mode, args.warmup, args.steps, args.windows, args.label, args.window_sec, args.min_window_steps

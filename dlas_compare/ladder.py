@@ -80,9 +80,10 @@ from dlas_compare.ladder_runner import read_resume, read_summaries, run_ladder
 from dlas_compare.ladder_schedule import make_schedule, schedule_lines
 from dlas_compare.ladder_table import noise_lines, table
 from shared_data.core import config as config_mod
-from shared_data.core.commands import command_name, make_parser
+from shared_data.core.commands import make_parser
 from shared_data.core.errors import DatasetError, UserError, run_cli
 from shared_data.core.files import check_writable
+from shared_data.runtime.run import generate_command
 
 
 def forwarded_config_args(args: argparse.Namespace) -> list[str]:
@@ -184,11 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_writable(figure, "--figure")
     resume = read_resume(Path(args.resume), cfg) if args.resume else []
     train = cfg.data_file("train")
-    if not train.is_file():
-        raise DatasetError(
-            f"config {cfg.name!r} reads {train}, which does not exist "
-            f"({command_name('shared_data.data.generate')} --out {train} --size 128 --seed 1 --npy)"
-        )
+    if not train.is_file():  # the command makes the .npy twins that the DALI rung reads too
+        command = generate_command(config_mod.replace(cfg, data_loader_config="dali-npy"), "train")
+        raise DatasetError(f"config {cfg.name!r} reads {train}, which does not exist ({command})")
     steps = {}
     with ThreadPoolExecutor(len(args.frameworks)) as pool:  # the probes are processes: all at once
         found_all = list(pool.map(probe, args.frameworks))

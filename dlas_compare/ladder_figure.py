@@ -11,6 +11,7 @@ size.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from dlas_compare.ladder_rungs import RUNGS
@@ -46,10 +47,12 @@ def ladder_axes(summaries: list[dict], rungs: list[tuple[str, str]], title: str,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.patches import Patch
 
     absolute = at_tutorial_size(summaries)
     reference = (TUTORIAL_A100_SC21 if reference is None else reference) if absolute else {}
     frameworks = list(dict.fromkeys(s["framework"] for s in summaries))
+    colours = {fw: COLOURS.get(fw, f"C{3 + j}") for j, fw in enumerate(frameworks)}
     series = len(frameworks) + (1 if reference else 0)
     width = 0.8 / series
     x = np.arange(len(rungs))
@@ -58,7 +61,7 @@ def ladder_axes(summaries: list[dict], rungs: list[tuple[str, str]], title: str,
         rows = {s["ladder_rung"]: s for s in summaries if s["framework"] == fw}
         base = rows.get("baseline", {}).get("full_samples_per_sec")
         scale = 1.0 if absolute else (1.0 / base if base else None)
-        colour = COLOURS.get(fw, f"C{3 + j}")
+        colour = colours[fw]
         heights, lows, highs, xs, hatches = [], [], [], [], []
         for i, (name, _) in enumerate(rungs):
             xi = x[i] - 0.4 + width * (j + 0.5)
@@ -84,10 +87,13 @@ def ladder_axes(summaries: list[dict], rungs: list[tuple[str, str]], title: str,
             bar.set_hatch(hatch)
         for xi, v, lo, hi in zip(xs, heights, lows, highs):  # one whisker per bar
             ax.errorbar(xi, v, yerr=[[lo], [hi]], fmt="none", ecolor="k", capsize=2.5, lw=0.8)
+    # the legend's patches drawn plain: a bar's own patch would carry its hatch when the first rung is unreliable
+    handles = [Patch(facecolor=colours[fw], label=fw) for fw in frameworks]
     if reference:
         ref_x = [x[i] - 0.4 + width * (series - 0.5) for i, (name, _) in enumerate(rungs) if name in reference]
         ref_v = [reference[name] for name, _ in rungs if name in reference]
         ax.bar(ref_x, ref_v, width, color=REFERENCE_COLOUR, hatch="//", edgecolor="0.45", label=TUTORIAL_LABEL)
+        handles.append(Patch(facecolor=REFERENCE_COLOUR, hatch="//", edgecolor="0.45", label=TUTORIAL_LABEL))
         for xi, v in zip(ref_x, ref_v):
             ax.annotate(f"{v:.0f}", (xi, v), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
                         fontsize=6.5, color="0.35")  # fmt: skip
@@ -101,8 +107,13 @@ def ladder_axes(summaries: list[dict], rungs: list[tuple[str, str]], title: str,
     else:
         ax.set_ylabel("FULL / own baseline's (median; whiskers: min-max)")
         ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room for the labels and the legend above the bars
-    ax.legend(fontsize=8, loc="upper left" if absolute else "upper right", ncol=1 if absolute else len(frameworks))
-    ax.set_title(title, fontsize=10)
+    ax.legend(
+        handles=handles,
+        fontsize=8,
+        loc="upper left" if absolute else "upper right",
+        ncol=1 if absolute else len(frameworks),
+    )
+    ax.set_title(textwrap.fill(title, 110), fontsize=10)  # a long title wraps instead of running off the figure
     fig.tight_layout()
     return fig
 

@@ -54,9 +54,9 @@ def run_group(
         print(f"[ladder] {fw} {rungs} in one process: XLA_FLAGS={shlex.quote(flags)} "
               f"{shlex.join(cmd[1:-4])}", flush=True)  # fmt: skip
         t0 = time.perf_counter()
-        records, failure, output = run_process(cmd, out, timeout, env, progress)
+        # the process's stages and progress as they come, not minutes of silence
+        records, failure, output = run_process(cmd, out, timeout, env, echo="[ladder]     ", progress=progress)
         lines = output.splitlines()
-        print("\n".join(f"[ladder]     {line}" for line in lines if line.startswith("[benchmark]")), flush=True)
         if failure:
             print("\n".join([line for line in lines if not line.startswith("[benchmark]")][-15:]), flush=True)
     print(f"[ladder] {fw} {rungs}: {failure or 'ok'} in {time.perf_counter() - t0:.0f} s", flush=True)

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -82,6 +83,20 @@ def assert_one_error_line(res, *texts: str) -> None:
     assert "Traceback" not in res.stderr, res.stderr[-2000:]
     lines = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and all(t in lines[0] for t in texts), res.stderr[-2000:]
+
+
+def process_ended(pid: int, within: float = 5.0) -> bool:
+    """Process ``pid`` has ended within ``within`` seconds (a zombie that no one reaps counts)."""
+    t_end = time.monotonic() + within
+    while time.monotonic() < t_end:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def rel_err(a, b) -> float:

@@ -34,6 +34,21 @@ def test_every_mode_writes_the_schema(tiny_cfg, framework, tmp_path):
     assert "samples/s" in benchmark.table(records)
 
 
+def test_a_missing_training_file_stops_before_the_step_compiles(tmp_path, monkeypatch, capsys):
+    """IO and FULL read the training file: without it the benchmark ends in one line with the command
+    that makes it, before any framework starts; SYNTHETIC needs no file."""
+    from shared_data.core.errors import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(benchmark, "Session", None)  # nothing may be measured
+    argv = ["--framework", "jax", "--config", "cpu_tiny", "--set", "train_path=data/train_96.h5", "--mode", "full"]
+    assert run_cli(benchmark.main, argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: dataset file {tmp_path / 'data/train_96.h5'} not found; make it with: "
+        "python -m shared_data.data.generate --out data/train_96.h5 --size 96 --seed 1"
+    )
+
+
 def test_window_sec_bounds_windows():
     """Blocking calls of 20 ms: with window_sec 0.05 the synced last warm-up call sizes windows at 3
     calls (ceil(0.05 / 0.02+)), far below the 100 steps asked for. Asynchronous calls (returning at

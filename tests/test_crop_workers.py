@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import assert_one_error_line, run_in_process
+from conftest import assert_one_error_line, process_ended, run_in_process
 
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
@@ -220,20 +220,6 @@ def test_closing_a_benchmarks_endless_batches_stops_the_inputs_workers(tiny_cfg,
     assert inp.workers.pids == [] and all(_gone(p) for p in pids)
 
 
-def _ended(pid: int, within: float = 5.0) -> bool:
-    """Process ``pid`` has ended within ``within`` seconds (a zombie that no one reaps counts)."""
-    t_end = time.monotonic() + within
-    while time.monotonic() < t_end:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 _ORPHAN_CHILD = """
 import sys, time
 from shared_data.core import config as config_mod
@@ -265,7 +251,7 @@ def test_a_killed_parent_leaves_no_worker_behind(tiny_cfg):
     finally:
         child.kill()
         child.wait()
-    alive = [p for p in pids if not _ended(p)]
+    alive = [p for p in pids if not process_ended(p)]
     for p in alive:  # not ours to leave running whatever the outcome
         os.kill(p, signal.SIGKILL)
     assert not alive
@@ -326,7 +312,7 @@ def test_dali_parallel_workers_leave_signals_to_the_run_and_end_with_it(tiny_cfg
     finally:
         child.kill()
         child.wait()
-    ended = _ended(int(pid), within=6.0)
+    ended = process_ended(int(pid), within=6.0)
     if not ended:
         os.kill(int(pid), signal.SIGKILL)
     assert ignored == "True" and ended

@@ -1,5 +1,6 @@
 """export: each framework's artefacts load back and predict what the in-memory model predicts; the
-JAX artefact and the SavedModel run in a process that has none of this project's code."""
+JAX artefact and the SavedModel run in a process that has none of this project's code (the ``.keras``
+file too: the README's snippet in tests/test_readme_commands.py)."""
 
 from __future__ import annotations
 
@@ -97,10 +98,13 @@ def test_tf_savedmodel_and_keras_file_load_back(setup):
     x24 = np.random.default_rng(1).standard_normal((2, 24, 24, 24, 4)).astype(np.float32) * 0.1
     np.save(d / "x24.npy", x24)
     want = tf_predict.make_apply(cfg, w)(x24)
-    loaded = keras.models.load_model(out / "unet.keras")  # stock Keras; the layers are registered by tf_impl.model
-    assert {type(layer) for layer in loaded.layers} >= {tf_model.DownConv, tf_model.UpConv}
-    np.testing.assert_array_equal(loaded(x24).numpy(), tf_export.build_exported_model(cfg, w, 24)(x24).numpy())
-    np.testing.assert_allclose(loaded(x24).numpy(), want, atol=1e-5)  # eager vs predict's XLA: round-off
+    loaded = keras.models.load_model(out / "unet.keras")
+    assert {type(layer) for layer in loaded.layers} >= {keras.layers.Conv3D, keras.layers.Conv3DTranspose}
+    assert not [layer for layer in loaded.layers if isinstance(layer, tf_model._Conv)]
+    assert tf_model.params_to_canonical(loaded).keys() == w.keys()
+    for name, array in tf_model.params_to_canonical(loaded).items():
+        np.testing.assert_array_equal(array, w[name])
+    np.testing.assert_allclose(loaded(x24).numpy(), want, atol=1e-5)  # transposed convs vs predict's forms
     res = _run_bare(
         f"""
         import numpy as np, tensorflow as tf
@@ -111,7 +115,7 @@ def test_tf_savedmodel_and_keras_file_load_back(setup):
     )
     assert res.returncode == 0, res.stderr[-3000:]
     np.testing.assert_allclose(np.load(d / "ytf.npy"), want, atol=1e-5)
-    # without --size: one SavedModel for any side that is a multiple of 2**levels
+    # without --size: one SavedModel and one .keras file for any side that is a multiple of 2**levels
     free = d / "tf_free"
     assert tf_export.main([*argv[:4], "--out", str(free)]) == 0
     assert json.loads((free / "export.json").read_text())["input"]["shape"] == [None, None, None, None, 4]
@@ -127,6 +131,8 @@ def test_tf_savedmodel_and_keras_file_load_back(setup):
     assert res.returncode == 0, res.stderr[-3000:]
     np.testing.assert_allclose(np.load(d / "ytf24.npy"), want, atol=1e-5)
     np.testing.assert_allclose(np.load(d / "ytf16.npy"), tf_predict.make_apply(cfg, w)(x), atol=1e-5)
+    free_keras = keras.models.load_model(free / "unet.keras")
+    np.testing.assert_allclose(free_keras(x).numpy(), tf_predict.make_apply(cfg, w)(x), atol=1e-5)
     # a second export replaces the first (atomic folder swap)
     assert tf_export.main(argv) == 0 and (out / "saved_model" / "saved_model.pb").is_file()
     assert not [p for p in out.iterdir() if p.name.startswith(".")]

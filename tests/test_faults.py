@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO_ROOT, assert_one_error_line, run_in_process, run_module
+from conftest import REPO_ROOT, assert_one_error_line, process_ended, run_in_process, run_module
 
 from shared_data.core.errors import UserError
 from shared_data.runtime import lock as run_lock
@@ -92,6 +92,12 @@ def _checkpoint_epochs(folder) -> list[int]:
     return sorted(jax_epochs + [int(p.name[5:-6]) for p in folder.glob("ckpt-*.index")])
 
 
+def _descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (a lowmem loader's forkserver and workers), from /proc."""
+    children = [int(c) for t in os.scandir(f"/proc/{pid}/task") for c in open(f"{t.path}/children").read().split()]
+    return [p for c in children for p in (c, *_descendants(c))]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("framework", "signum", "code"), [("jax", signal.SIGINT, 130), ("tf", signal.SIGTERM, 143)])
 def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny_argv, framework, signum, code):
@@ -99,7 +105,9 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
     and which checkpoint is kept, exit 130; SIGTERM (a job's time limit, ``scancel``) saves at the
     next step boundary with the data cursor and says so, exit 143. No traceback, no C++ abort; the
     lock is released; --resume (or, for the SIGTERM run, a requeued job's SLURM_RESTART_COUNT
-    without --resume) trains epoch 2 again from its start or from the cursor."""
+    without --resume) trains epoch 2 again from its start or from the cursor. The signal goes to every
+    process of the run, as a terminal's Ctrl-C and SLURM's SIGTERM do: the lowmem loader's workers
+    leave it to the trainer and end with it."""
     workdir = tmp_path / "w"
     steps = 300 if framework == "jax" else 150  # epochs of seconds in either framework (TF's steps are slower)
     # one device: XLA:CPU's in-process all-reduce over 2 forced host devices can stall on long runs
@@ -116,14 +124,21 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
         str(workdir),
     ]
     cmd = [sys.executable, "-m", f"{framework}_impl.train", *argv]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, start_new_session=True
+    )
     end = time.monotonic() + 300
     while _checkpoint_epochs(workdir / "checkpoints") != [1] and time.monotonic() < end:
         time.sleep(0.05)
     time.sleep(0.5)  # inside epoch 2: seconds of steps even on a fast CPU
-    proc.send_signal(signum)
+    workers = _descendants(proc.pid)
+    os.killpg(proc.pid, signum)
     _, err = proc.communicate(timeout=120)
+    alive = [p for p in workers if not process_ended(p)]
+    for p in alive:  # not ours to leave running whatever the outcome
+        os.kill(p, signal.SIGKILL)
     assert proc.returncode == code, err[-2000:]
+    assert len(workers) >= 3 and not alive, (workers, alive)  # resource tracker, forkserver, its workers
     assert "Traceback" not in err and "terminate called" not in err, err[-2000:]
     name = signal.Signals(signum).name
     last = err.strip().splitlines()[-1]

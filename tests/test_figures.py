@@ -1,8 +1,9 @@
 """The figures read without squinting, checked through matplotlib's objects: linear throughput axes
 with min-max whiskers and the newest records, a titled loss plot on whole epochs where agreeing curves
-stay visible, a validation figure with a linear P-ratio axis and a panel around 1 (P ratio, r(k), the +-2% band)
+stay visible, a validation figure with a log P-ratio axis and a panel around 1 (P ratio, r(k), the +-2% band)
 whose lines carry the spectra, gaps for empty PDF bins, no machine path
-in its title and tick labels that do not overlap, a ladder whose labels clear its whiskers."""
+in its title and tick labels that do not overlap, a ladder whose labels clear its whiskers and whose
+legend stays plain beside a cross-hatched (unreliable) bar."""
 
 from __future__ import annotations
 
@@ -171,6 +172,36 @@ def test_ladder_labels_clear_the_whiskers(tmp_path, figures):
     assert len(labels) == 8 + 5 and whiskers  # the frameworks' bars and the tutorial's five A100 rungs
     assert not any(overlap(a, b) for a in labels for b in whiskers)
     assert ax.get_yscale() == "linear"
+
+
+def test_ladder_legend_is_plain_when_a_first_rung_is_unreliable(tmp_path, figures):
+    """The unreliable rung's bar is cross-hatched, its framework's legend entry is not (a legend drawn
+    from the bars would copy the first bar's hatch and mark the whole framework)."""
+    summaries = [
+        dict(
+            framework=fw,
+            ladder_step=1,
+            ladder_rung="baseline",
+            status="ran",
+            full_samples_per_sec=v,
+            full_samples_per_sec_min=v,
+            full_samples_per_sec_max=v,
+            speedup_vs_baseline=1.0,
+            verdict="unreliable" if fw == "torch" else "compute-bound",
+            global_batch=64,
+            crop_size=64,
+        )
+        for fw, v in (("jax", 159.0), ("torch", 158.5))
+    ]
+    ladder_figure.write_figure(summaries, tmp_path / "ladder.png", "t")
+    (fig,) = figures
+    (ax,) = fig.axes
+    bars = {c.get_label(): c for c in ax.containers if type(c).__name__ == "BarContainer"}
+    assert [p.get_hatch() for p in bars["torch"]] == ["xx"] and [p.get_hatch() for p in bars["jax"]] == [None]
+    legend = {t.get_text(): h for t, h in zip(ax.get_legend().get_texts(), ax.get_legend().legend_handles)}
+    assert list(legend) == ["jax", "torch", ladder_figure.TUTORIAL_LABEL]
+    assert legend["jax"].get_hatch() is None and legend["torch"].get_hatch() is None
+    assert legend[ladder_figure.TUTORIAL_LABEL].get_hatch() == "//"
 
 
 def full_fft_spectra(a: np.ndarray, b: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -201,7 +201,10 @@ def test_user_errors(tiny_cfg, capsys):
     )
     assert err[1].startswith("error: enable_amp is set by the ladder's rungs")
     assert err[2] == "error: --modes must include full: the ladder's speedups are FULL samples/s"
-    assert err[3].startswith("error: config 'cpu_tiny' reads /nonexistent.h5, which does not exist")
+    assert err[3] == (  # the kit's command, with the twins the DALI rung reads (cpu_tiny: 4 crops of 16 a side)
+        "error: config 'cpu_tiny' reads /nonexistent.h5, which does not exist "
+        "(python -m shared_data.data.generate --out /nonexistent.h5 --size 64 --seed 1 --npy)"
+    )
     assert err[4] == (
         "error: --resume /nonexistent.jsonl: expected a JSON lines file written by the ladder "
         "([Errno 2] No such file or directory: '/nonexistent.jsonl')"
@@ -291,3 +294,26 @@ def test_ci_sized_ladder_of_jax_on_cpu(tiny_cfg, tmp_path, capsys):
     again = tmp_path / "again.png"
     assert ladder.main(["--replot", str(out), "--figure", str(again)]) == 0
     assert again.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_rung_group_echoes_its_process_and_reports_each_rung_as_it_comes(tiny_cfg, monkeypatch, capsys):
+    """run_group hands run_process a line prefix to echo the benchmark's stages live and the caller's
+    ``progress`` callback (called with the records so far), each in its own parameter."""
+    from dlas_compare import ladder_runner
+
+    found = ladder_rungs.Probe("jax", gpus=0, devices=1, device="cpu")
+    steps = ladder_rungs.plan("jax", found, tiny_cfg, cpu_count=2)[:1]
+    seen = {}
+
+    def fake_run_process(cmd, out, timeout, env=None, echo=None, progress=None):
+        seen.update(echo=echo, progress=progress)
+        progress([{"ladder_step": 1, "mode": "io"}])
+        return [{"ladder_step": 1, "mode": "io"}], None, "[benchmark] io done\n"
+
+    monkeypatch.setattr(ladder_runner, "run_process", fake_run_process)
+    got = []
+    records, failure, _ = ladder_runner.run_group(steps, [["io"]], _config_args(tiny_cfg), 60, progress=got.append)
+    assert seen["echo"] == "[ladder]     " and seen["progress"] == got.append
+    assert got == [[{"ladder_step": 1, "mode": "io"}]] and failure is None
+    assert records == [{"ladder_step": 1, "mode": "io"}]
+    assert "<function" not in capsys.readouterr().out

@@ -82,6 +82,11 @@ def test_tasks_per_node_in_slurms_notation(spec, node, tasks):
     assert launch.slurm_tasks_on_node(env) == tasks
 
 
+#: What TF's persistent XLA cache logs as errors on a hit (the AOT line with the feature named).
+CACHE_ENTRY = "Error parsing text-format tensorflow.XlaSerializedCacheEntry: 2:1: Expected identifier, got: 5"
+AOT = "Loading XLA:CPU AOT result. Target machine feature +%s is not  supported on the host machine."
+
+
 @pytest.mark.parametrize(
     "line, level, shown",
     [
@@ -92,11 +97,33 @@ def test_tasks_per_node_in_slurms_notation(spec, node, tasks):
         ("W0000 00:00:1796137816.120445    3126 gpu_device.cc:2] Cannot dlopen some GPU libraries.\n", 2, False),
         ("W0000 00:00:1796137816.120445    3126 gpu_device.cc:2] Cannot dlopen some GPU libraries.\n", 1, True),
         ("E0000 00:00:1796137816.120445    3126 cuda_dnn.cc:8] Unable to register cuDNN factory\n", 2, True),
+        (f"E0000 00:00:1796285138.838106   11132 text_format.cc:378] {CACHE_ENTRY}\n", 1, False),
+        (f"E0000 00:00:1796285138.838106   11132 text_format.cc:378] {CACHE_ENTRY}\n", 0, True),
+        (f"E0000 00:00:1796285138.877718   11132 cpu_aot_loader.cc:220] {AOT % 'prefer-no-gather'}\n", 2, False),
+        (f"E0000 00:00:1796285138.877718   11132 cpu_aot_loader.cc:220] {AOT % 'avx512f'}\n", 2, True),
         ("Traceback (most recent call last):\n", 3, True),
     ],
 )
 def test_native_lines_follow_tf_cpp_min_log_level(line, level, shown):
     assert native_line_shown(line, level) is shown
+
+
+def test_native_lines_filtered_forwards_the_last_words_of_an_abort():
+    """C++ lines written inside ``native_lines_filtered`` pass by the level, the cache's false errors
+    are dropped, and a process that aborts in the block still shows what it wrote before."""
+    code = f"""
+import os
+from shared_data.runtime.logs import native_lines_filtered
+with native_lines_filtered():
+    os.write(2, b"I0000 00:00:1.0 1 port.cc:153] oneDNN custom operations are on\\n")
+    os.write(2, b"E0000 00:00:1.0 1 text_format.cc:378] {CACHE_ENTRY}\\n")
+    os.write(2, b"F0000 00:00:1.0 1 conv.cc:9] Check failed: the last words\\n")
+    os.abort()
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -6  # SIGABRT
+    assert proc.stderr == "F0000 00:00:1.0 1 conv.cc:9] Check failed: the last words\n"
 
 
 def test_jax_explicit_variables_need_all_three(monkeypatch):
@@ -284,24 +311,26 @@ def test_help_lists_the_environment_variables(framework, names):
 def test_a_lone_process_says_whom_it_waits_for_and_names_the_missing_one(framework, tiny_argv, tmp_path):
     """One process of two started: it says whom it waits for, where and until when, and after
     DLAS_START_TIMEOUT seconds ends in one error line naming the missing process (its port is closed);
-    no run folder is left. JAX exits 2; TF's start of collective ops holds the interpreter, so a watchdog
-    process kills it (SIGKILL)."""
+    no run folder is left; exit code 2. (TF's start of collective ops holds the interpreter: a watchdog
+    process ends it.)"""
     ports = [_free_port(), _free_port()]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "OMPI_", "TF_CONFIG"))}
     env.update(DLAS_START_TIMEOUT="3", JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     if framework == "jax":  # process 1 without process 0, the coordinator
         where = f"127.0.0.1:{ports[0]}"
         env.update(JAX_COORDINATOR_ADDRESS=where, JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="1")
-        rank, missing, code = 1, f"process 0 ({where})", 2
+        rank, missing = 1, f"process 0 ({where})"
     else:  # worker 0 without worker 1
         workers = [f"localhost:{p}" for p in ports]
         env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": 0}})
-        where, rank, missing, code = ", ".join(workers), 0, f"process 1 ({workers[1]})", -9
+        where, rank, missing = ", ".join(workers), 0, f"process 1 ({workers[1]})"
     cmd = [sys.executable, "-m", f"{framework}_impl.train", *tiny_argv, "--workdir", str(tmp_path / "run")]
     res = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
-    assert res.returncode == code, res.stderr[-3000:]
+    assert res.returncode == 2, res.stderr[-3000:]
     said = f"process {rank} of 2: waiting for process {1 - rank} at {where} until "
     assert said in res.stdout + res.stderr and "(DLAS_START_TIMEOUT=3 s)" in res.stdout + res.stderr
+    if rank:  # a non-zero rank's line carries its tag
+        assert f"[rank 1] INFO {said}" in res.stdout, res.stdout[-2000:]
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     line = f"error: process {rank} of 2 waited 3 s (DLAS_START_TIMEOUT) at {where}: {missing} is not listening"
     assert errors == [line], res.stderr[-3000:]

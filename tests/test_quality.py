@@ -100,6 +100,24 @@ def test_nan_fails_and_no_bin_below_k_max_is_an_error():
         quality.check(m, quality.Target(0.998, 0.02, 0.5, True))
 
 
+def test_a_constant_prediction_is_named_as_a_collapsed_model():
+    """A constant field has no power (P_pred = 0 in every bin), so r = 0/0 is undefined: the target fails
+    (shortfall inf) and the evaluation's line says the model collapsed; a field with power does not."""
+    rng = np.random.default_rng(0)
+    truth = np.exp(0.3 * rng.standard_normal((16, 16, 16)))
+    edges = validate.k_edges(16, 1.0)
+    collapsed = validate.spectra(truth, {"pred": np.full_like(truth, 2.0)}, 16.0, edges)
+    alive = validate.spectra(truth, {"pred": truth * (1 + 0.01 * rng.standard_normal(truth.shape))}, 16.0, edges)
+    target = quality.Target(0.998, 0.02, 3.0, beat_baseline=False)
+    res = quality.check({"power": {validate.DENSITY: collapsed, validate.TEMPERATURE: alive}}, target)
+    assert res["shortfall"] == np.inf and not res["met"]
+    assert res["channels"][validate.DENSITY]["constant"] and not res["channels"][validate.TEMPERATURE]["constant"]
+    assert np.isnan(res["channels"][validate.DENSITY]["r_worst"])
+    line = quality.summary_line(2, 30.0, res)
+    assert f"the model predicts a constant {validate.DENSITY}: training has collapsed" in line
+    assert validate.TEMPERATURE not in line.split("target not met")[1]
+
+
 def test_config_keys_and_their_checks():
     cfg = config_mod.load_config("short")
     assert (cfg.quality_r_min, cfg.quality_ratio_tol, cfg.quality_k_max) == (0.998, 0.02, 6.3)

@@ -54,11 +54,17 @@ FEW_STEPS = {
 BUDGET_STOP = "stopped at the ladder's time budget"
 #: Commands that cannot run on this machine, each with the line it must end with (exit code 2).
 REFUSES_ON_CPU = {
-    "experiments/ladder_h200/run.sh": "error: .*needs an NVIDIA GPU",
     "scripts/gpu/scaling.sh": "error: .*needs an NVIDIA GPU",
     "scripts/launch/submit_slurm.sh": "error: .*SLURM",
     "--framework torch": "error: .*torch",
 }
+#: Appended to a ``python -c`` snippet: it ran without importing any of the kit's packages (an editable
+#: install of the kit would make them importable from anywhere).
+WITHOUT_THE_KIT = """
+import sys
+kit = {m.split(".")[0] for m in sys.modules} & {"shared_data", "jax_impl", "tf_impl", "dlas_compare"}
+assert not kit, f"the snippet imported the kit's {sorted(kit)}"
+"""
 #: Commands a test cannot repeat, and why.
 NOT_RUN = {"bash scripts/test.sh": "the test suite itself"}
 #: Parts of the commands that install packages (the test runs in the installed kit; tests/test_packaging.py
@@ -105,6 +111,38 @@ def test_readme_commands_are_extracted():
     assert not any("#" in c or "\\" in c for c in COMMANDS)
 
 
+#: The README and the pages under docs/ it links: where links, figures and study names are checked.
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_studies_and_figures_resolve():
+    """Every relative link and image of the README and docs/*.md names a file of the checkout (with
+    ``#anchor``, a heading of that file); every study the README names (`experiments/<name>`) exists;
+    docs/figures/ holds only figures these pages show."""
+    shown = set()
+    for page in PAGES:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, fragment = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            assert file.exists(), f"{page.name}: the link {target} names no file"
+            shown.add(file)
+            if fragment:
+                headings = {anchor(h) for h in re.findall(r"^#+ (.+)$", file.read_text(), re.M)}
+                assert fragment in headings, f"{page.name}: {target}: no such heading in {file.name}"
+    for study in set(re.findall(r"`experiments/([\w.-]+)", README.read_text())):
+        assert (ROOT / "experiments" / study).exists(), f"README.md names experiments/{study}, which does not exist"
+    figures = set((ROOT / "docs/figures").iterdir())
+    assert figures and figures <= shown, f"docs/figures/ holds figures no page shows: {sorted(figures - shown)}"
+
+
 def refusal(command: str) -> str | None:
     return next((line for key, line in REFUSES_ON_CPU.items() if key in command), None)
 
@@ -122,8 +160,8 @@ def test_every_readme_command_is_covered():
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory, data_dir):
     """A scratch folder the commands run in: a tiny copy of the kit's YAML (``tiny.yaml``), a tiny
-    tutorial-format YAML where the README expects the tutorial's file, the 24^3 validation volume
-    at ``data/val_64.h5`` (its tiny twin) and a ``W.npz`` placeholder filled once weights exist."""
+    tutorial-format YAML where the README expects the tutorial's file and the 24^3 validation volume
+    at ``data/val_64.h5`` (its tiny twin)."""
     ws = tmp_path_factory.mktemp("readme")
     (ws / "git_status_before").write_text(git_status())
     (ws / "data").mkdir()
@@ -239,8 +277,6 @@ def test_readme_command(command, workspace, capsys, monkeypatch):
     monkeypatch.chdir(ws)
     if not_run(command):
         pytest.skip(not_run(command))
-    if (ws / "runs/cpu_default/jax/weights.npz").is_file() and not (ws / "W.npz").exists():
-        shutil.copy(ws / "runs/cpu_default/jax/weights.npz", ws / "W.npz")
     words = shlex.split(command)
     env_extra = {}
     while words and re.match(r"[A-Z_][A-Z0-9_]*=", words[0]):  # VAR=value before the command
@@ -255,8 +291,9 @@ def test_readme_command(command, workspace, capsys, monkeypatch):
         assert "Traceback" not in output
         return
     if words[:2] == ["python", "-c"]:  # a snippet that loads an export in plain Python: its own interpreter
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
-        proc = subprocess.run([sys.executable, *words[1:]], cwd=ws, env=env, capture_output=True, text=True)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+        code = words[2] + WITHOUT_THE_KIT
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ws, env=env, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.strip().endswith(", 5)"), proc.stdout  # the output's shape: 5 gas channels last
         return
@@ -296,7 +333,7 @@ def test_readme_command(command, workspace, capsys, monkeypatch):
 
 
 #: What the test itself puts in the scratch folder (not written by a README command).
-SCAFFOLD = ("tiny.yaml", "sc21-dl-tutorial/", "bin/", "out/", "xla_cache/", "W.npz", "data/val_64", "git_status")
+SCAFFOLD = ("tiny.yaml", "sc21-dl-tutorial/", "bin/", "out/", "xla_cache/", "data/val_64", "git_status")
 
 
 @pytest.mark.slow
@@ -305,7 +342,7 @@ def test_readme_outputs_leave_the_checkout_clean(workspace):
     ignored by the checkout's .gitignore, so ``git status`` stays clean."""
     names = (str(p.relative_to(workspace)) + ("/" if p.is_dir() else "") for p in workspace.rglob("*"))
     written = sorted(name for name in names if not name.startswith(SCAFFOLD))
-    assert "ladder.png" in written and "pred.h5" in written and "val_report/" in written
+    assert "results/ladder_cpu.png" in written and "pred.h5" in written and "val_report/" in written
     proc = subprocess.run(
         ["git", "check-ignore", "--no-index", "--stdin", "-v", "-n"],
         input="\n".join(written),

@@ -135,8 +135,12 @@ def _job_gone(job: str, env: dict) -> bool:
     return res.returncode != 0 or not res.stdout.strip()
 
 
-# TF: the two workers under SLURM's SIGTERM end without their step-boundary save (issue 39 stays open)
-@pytest.mark.parametrize("framework", ["jax"])
+def _job_state(job: str, env: dict) -> str:
+    res = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, env=env)
+    return res.stdout.strip()
+
+
+@pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_scontrol_requeue_mid_epoch_resumes_the_same_experiment(slurm, framework, tiny_argv, tmp_path):
     """``scontrol requeue`` of a 2-task job inside its second epoch: SLURM's SIGTERM stops both tasks at
     one step boundary with a mid-epoch checkpoint, the requeued job (SLURM_RESTART_COUNT=1, no --resume)
@@ -163,10 +167,14 @@ def test_scontrol_requeue_mid_epoch_resumes_the_same_experiment(slurm, framework
     time.sleep(1.0)
     requeue = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, env=env)
     assert requeue.returncode == 0, requeue.stderr
-    # a requeued job waits for its begin time (SLURM holds it back a while); let it start at once
-    while subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env).returncode:
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
+    # SLURM holds a requeued job back (begin time = requeue + the credential lifetime, 121 s) once its
+    # tasks have ended (COMPLETING -> PENDING); an earlier begin time set before that is overwritten
+    while _job_state(job, env) != "PENDING":
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    update = ["scontrol", "update", f"JobId={job}", "StartTime=now"]
+    update = subprocess.run(update, capture_output=True, text=True, env=env)
+    assert update.returncode == 0, update.stderr
     while not _job_gone(job, env):
         assert time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(1)

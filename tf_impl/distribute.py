@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
-from shared_data.runtime import launch, xla_flags
+from shared_data.runtime import launch, signals, xla_flags
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,11 @@ def join_workers() -> tf.distribute.MultiWorkerMirroredStrategy:
     with launch.joining(
         process_index(), len(workers), ", ".join(workers), dict(enumerate(workers)), holds_interpreter=True
     ):
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    # the coordination service took SIGTERM from Python (its preemption notifier): SLURM's SIGTERM
+    # is the run's, which stops every worker at one step boundary (shared_data.runtime.signals)
+    signals.reinstall()
+    return strategy
 
 
 def device_kind() -> str:

@@ -9,8 +9,12 @@ Writes, for input float32 (B, s, s, s, N_in) NDHWC with a free batch ``B`` and a
       import tensorflow as tf
       y = tf.saved_model.load("DIR/saved_model").serve(tf.constant(x)).numpy()
 
-* ``DIR/unet.keras``: the Keras model file; ``keras.models.load_model("DIR/unet.keras")`` loads it
-  once :mod:`tf_impl.model` is imported (its layers are registered as serializable there).
+* ``DIR/unet.keras``: the Keras model file, built from Keras' own layers (``Conv3D``,
+  ``Conv3DTranspose``: :func:`tf_impl.model.build_model` with ``stock_layers``), so it loads in Keras 3
+  without this project's code::
+
+      import keras
+      y = keras.saving.load_model("DIR/unet.keras")(x)
 
 Mirrors :mod:`jax_impl.export`; flags, weights and ``DIR/export.json`` are :mod:`shared_data.inference.export`.
 """
@@ -40,23 +44,26 @@ SAVED_MODEL = "saved_model"
 KERAS_FILE = "unet.keras"
 
 
-def build_exported_model(cfg: Config, weights: dict[str, np.ndarray], size: int | None) -> keras.Model:
+def build_exported_model(
+    cfg: Config, weights: dict[str, np.ndarray], size: int | None, stock_layers: bool = False
+) -> keras.Model:
     """``cfg``'s Keras model for inputs of side ``size`` or, for ``None``, any multiple of 2**levels
-    (batch free) holding ``weights``."""
+    (batch free) holding ``weights``; ``stock_layers``: of Keras' own layers alone
+    (:func:`tf_impl.model.build_model`)."""
     if size is None:
-        model = model_mod.build_model(export_mod.any_side_config(cfg), free_side=True)
+        model = model_mod.build_model(export_mod.any_side_config(cfg), free_side=True, stock_layers=stock_layers)
     else:
-        model = model_mod.build_model(config_mod.replace(cfg, crop_size=size))
+        model = model_mod.build_model(config_mod.replace(cfg, crop_size=size), stock_layers=stock_layers)
     return model_mod.params_from_canonical(model, weights)
 
 
 def export(cfg: Config, weights: dict[str, np.ndarray], out: Path, size: int | None) -> list[str]:
-    """Write ``out/saved_model/`` and ``out/unet.keras`` (each atomically); return their names."""
-    model = build_exported_model(cfg, weights, size)
+    """Write ``out/saved_model/`` (the kit's layers, traced into a graph) and ``out/unet.keras``
+    (Keras' own layers), each atomically; return their names."""
     with atomic_dir(out / SAVED_MODEL) as tmp:
-        model.export(str(tmp), format="tf_saved_model", verbose=False)
+        build_exported_model(cfg, weights, size).export(str(tmp), format="tf_saved_model", verbose=False)
     with atomic_path(out / KERAS_FILE, ".keras") as tmp:
-        model.save(tmp)
+        build_exported_model(cfg, weights, size, stock_layers=True).save(tmp)
     return [SAVED_MODEL, KERAS_FILE]
 
 

@@ -314,48 +314,80 @@ class UpConv(_Conv):
     fns = UPCONV
 
 
-def build_model(cfg: Config, batch_size: int | None = None, free_side: bool = False) -> keras.Model:
+def build_model(
+    cfg: Config, batch_size: int | None = None, free_side: bool = False, stock_layers: bool = False
+) -> keras.Model:
     """The U-Net of ``cfg`` as a functional Keras model under ``cfg.precision``'s policy.
 
     Input (B, s, s, s, N_in) float32; output (B, s, s, s, N_out) float32 in (-1, 1); ``s`` is
     ``crop_size``, or with ``free_side`` any multiple of 2**levels given at call time.
+
+    ``stock_layers``: Keras' own ``Conv3D`` (padding ``same``: one voxel per side at stride 2 and an
+    even side) and ``Conv3DTranspose`` (``tf.nn.conv3d_transpose``'s ``SAME``: PyTorch's ``p=1``) in
+    place of :class:`DownConv` and :class:`UpConv`, the skips concatenated: the same function (the
+    ``strided`` and ``transpose`` forms, none of the step levers), and a ``.keras`` file of it loads in
+    any Keras 3 without this kit's code.
     """
     policy = keras.DTypePolicy(POLICIES[cfg.precision])
     s = None if free_side else cfg.crop_size
     inputs = keras.Input((s, s, s, cfg.N_in_channels), batch_size=batch_size, name="inputs")
+    conv = functools.partial(stock_conv if stock_layers else kit_conv, cfg, dtype=policy)
     widths = encoder_widths(cfg)
     x, skips = inputs, []
     for i, w in enumerate(widths):
-        method = conv_method("down", x.shape[1], cfg.downconv, cfg.downconv_strided_below)
-        x = DownConv(w, method, cfg.kernel_regroup, dtype=policy, name=f"down{i + 1}")(x)
+        x = conv("down", w, x, name=f"down{i + 1}")
         x = keras.layers.LeakyReLU(negative_slope=0.01, dtype=policy, name=f"down{i + 1}_act")(x)
         skips.append(x)
     n = len(widths)
     for j, w in enumerate(widths[-2::-1]):
         name = f"up{n - 1 - j}"
-        method = conv_method("up", inputs_of(x)[0].shape[1], cfg.upconv, cfg.upconv_transpose_below)
-        x = UpConv(w, method, cfg.kernel_regroup, conv_pad=cfg.conv_pad, dtype=policy, name=name)(x)
+        x = conv("up", w, x, name=name)
         x = keras.layers.ReLU(dtype=policy, name=f"{name}_act")(x)
         x = [x, skips[n - 2 - j]]
-        if cfg.skip_concat == "concat":
+        if cfg.skip_concat == "concat" or stock_layers:
             x = keras.layers.Concatenate(axis=-1, dtype=policy, name=f"{name}_concat")(x)
-    method = conv_method("up", inputs_of(x)[0].shape[1], cfg.upconv, cfg.upconv_transpose_below)
-    x = UpConv(
-        cfg.N_out_channels, method, cfg.kernel_regroup, cfg.pad_out_channels, cfg.conv_pad, dtype=policy, name="last"
-    )(x)
+    x = conv("up", cfg.N_out_channels, x, name="last", pad_out=cfg.pad_out_channels)
     out = keras.layers.Activation("tanh", dtype="float32", name="tanh")(x)
     return keras.Model(inputs, out, name="unet")
 
 
+def kit_conv(cfg: Config, kind: str, features: int, x, *, pad_out: int = 0, **kwargs):
+    """A :class:`DownConv` or :class:`UpConv` (``kind``) of ``features`` outputs applied to ``x``, in
+    the formulation ``cfg`` chooses for ``x``'s side (:func:`shared_data.model.unet_spec.conv_method`)."""
+    n = inputs_of(x)[0].shape[1]
+    if kind == "down":
+        method = conv_method("down", n, cfg.downconv, cfg.downconv_strided_below)
+        return DownConv(features, method, cfg.kernel_regroup, **kwargs)(x)
+    method = conv_method("up", n, cfg.upconv, cfg.upconv_transpose_below)
+    return UpConv(features, method, cfg.kernel_regroup, pad_out, cfg.conv_pad, **kwargs)(x)
+
+
+def stock_conv(cfg: Config, kind: str, features: int, x, *, pad_out: int = 0, **kwargs):
+    """Keras' ``Conv3D`` (``kind`` ``down``) or ``Conv3DTranspose`` (``up``), kernel 4, stride 2, of
+    ``features`` outputs applied to ``x`` (``cfg`` and ``pad_out``: unused, :func:`kit_conv`'s)."""
+    layer = keras.layers.Conv3D if kind == "down" else keras.layers.Conv3DTranspose
+    return layer(features, KERNEL, strides=2, padding="same", kernel_initializer=KERNEL_INIT, **kwargs)(x)
+
+
+#: The conv layers of a model: the kit's, or Keras' own (``stock_layers``).
+CONV_LAYERS = (_Conv, keras.layers.Conv3D, keras.layers.Conv3DTranspose)
+
+
 def conv_layers(model: keras.Model) -> dict[str, keras.layers.Layer]:
     """The model's conv layers by canonical name (``down1`` ... ``last``)."""
-    return {layer.name: layer for layer in model.layers if isinstance(layer, _Conv)}
+    return {layer.name: layer for layer in model.layers if isinstance(layer, CONV_LAYERS)}
+
+
+def kernel_layout(layer: keras.layers.Layer, kernel):
+    """A canonical (4, 4, 4, C_in, C_out) ``kernel`` in ``layer``'s layout and back: Keras'
+    ``Conv3DTranspose`` holds (4, 4, 4, C_out, C_in) (the swap is its own inverse)."""
+    return np.swapaxes(kernel, 3, 4) if isinstance(layer, keras.layers.Conv3DTranspose) else kernel
 
 
 def params_from_canonical(model: keras.Model, weights: dict[str, np.ndarray]) -> keras.Model:
     """Load canonical arrays (``"down1/kernel"`` ...) into the model's variables; return the model."""
     for name, layer in conv_layers(model).items():
-        layer.kernel.assign(weights[f"{name}/kernel"])
+        layer.kernel.assign(kernel_layout(layer, weights[f"{name}/kernel"]))
         layer.bias.assign(weights[f"{name}/bias"])
     return model
 
@@ -364,6 +396,6 @@ def params_to_canonical(model: keras.Model) -> dict[str, np.ndarray]:
     """The model's variables as canonical float32 arrays."""
     out = {}
     for name, layer in conv_layers(model).items():
-        out[f"{name}/kernel"] = np.asarray(layer.kernel.numpy(), np.float32)
+        out[f"{name}/kernel"] = np.asarray(kernel_layout(layer, layer.kernel.numpy()), np.float32)
         out[f"{name}/bias"] = np.asarray(layer.bias.numpy(), np.float32)
     return out

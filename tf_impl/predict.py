@@ -8,6 +8,7 @@ stitching, the output file and the log lines are :mod:`shared_data.inference.pre
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
 from shared_data.inference import predict as predict_mod
+from shared_data.runtime.logs import native_lines_filtered
 from tf_impl import distribute
 from tf_impl import model as model_mod
 from tf_impl.checkpoints import Checkpoints
@@ -55,11 +57,14 @@ def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply
 
     def apply(x: np.ndarray) -> np.ndarray:
         side = x.shape[1]
-        if side not in forwards:
+        first = side not in forwards
+        if first:
             model = model_mod.build_model(config_mod.replace(cfg, crop_size=side))
             model_mod.params_from_canonical(model, weights)
             forwards[side] = tf.function(lambda v, m=model: m(v, training=False), jit_compile=cfg.enable_jit)
-        return forwards[side](tf.constant(x, tf.float32)).numpy()
+        # the first call compiles: a hit of TF's XLA cache logs false errors
+        with native_lines_filtered() if first else contextlib.nullcontext():
+            return forwards[side](tf.constant(x, tf.float32)).numpy()
 
     return apply
 
@@ -77,14 +82,17 @@ def forward_fn(cfg: Config):
 
         def apply(x: np.ndarray) -> np.ndarray:
             side = x.shape[1]
-            if side not in models:
+            first = side not in models
+            if first:
                 models[side] = model_mod.build_model(config_mod.replace(cfg, crop_size=side))
                 forwards[side] = tf.function(lambda v, m=models[side]: m(v, training=False), jit_compile=cfg.enable_jit)
             if side not in fresh:
                 for dst, src in zip(models[side].trainable_variables, values, strict=True):
                     dst.assign(src)
                 fresh.add(side)
-            return forwards[side](tf.constant(x, tf.float32)).numpy()
+            # the first call compiles: a hit of TF's XLA cache logs false errors
+            with native_lines_filtered() if first else contextlib.nullcontext():
+                return forwards[side](tf.constant(x, tf.float32)).numpy()
 
         return apply
 

@@ -25,17 +25,7 @@ if [[ $CONFIG == short ]]; then
 else
   RECIPE=(--Nsamples 16 --num_epochs 2 --set quality_budget_sec=60)
 fi
-rc=0
-IFS=';' read -ra runs <<< "$LEVERS"
-for lever in "${runs[@]}"; do
-  flags=()
-  name=base
-  if [[ $lever != base ]]; then
-    for kv in $lever; do flags+=(--set "$kv"); done
-    name=$(echo "$lever" | tr ' =' '_-')
-  fi
-  echo "== $name"
-  timeout 120 bash -c "$(declare -f ttq); $(declare -p PY CONFIG TRAIN_CONFIG TRAIN WORK OUT); ttq '$name' jax $(printf '%q ' "${RECIPE[@]}" "${flags[@]}")" || rc=$?
-done
+run_levers jax 120
+rc=$?
 $PY experiments/time_to_quality/table.py "$WORK/records" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
 exit $rc

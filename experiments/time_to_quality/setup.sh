@@ -7,8 +7,9 @@
 #     record, data/train_256_filtered.h5 and data/val_128_filtered.h5), config short_opt (short with
 #     bf16 and the step's fastest forms) with the `device` loader (volumes in GPU memory).
 #   CONFIG=cpu_tiny (or another CPU config): tiny generated volumes under $WORK, for a smoke test.
-# The data hold the linear gas (generate --gas filtered), on which this study's target was chosen; on it
-# the non-ML baseline is the truth itself, so TRAIN switches quality_beat_non_ml off.
+# GAS (default filtered) picks the data's gas: the linear gas (generate --gas filtered), on which this
+# study's target was chosen and on which the non-ML baseline is the truth itself, so TRAIN switches
+# quality_beat_non_ml off; or GAS=nonlinear (the generator's default), with the non-ML baseline scored.
 # FRAMEWORK=tf adds TensorFlow's staged runtime (experiments/tf_on_h200/env.sh's steps).
 : "${OUT:?set OUT to the results folder}"
 CONFIG=${CONFIG:-short}
@@ -19,7 +20,7 @@ mkdir -p "$OUT" "$WORK"
 rm -rf "$WORK/records" "$OUT/runs.tar"
 if [[ $CONFIG == short ]]; then
   export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh (common.sh records its version)
-  GAS=filtered
+  GAS=${GAS:-filtered}
   source scripts/gpu/common.sh
   if [[ ${FRAMEWORK:-jax} == tf ]]; then
     if [[ ! -f /tmp/tf-env.sh ]]; then
@@ -31,14 +32,17 @@ if [[ $CONFIG == short ]]; then
   fi
   TRAIN_CONFIG=short_opt
   TRAIN=(--data_loader_config device --enable_amp --set progress_bar=false
-    --set train_path=data/train_256_filtered.h5 --set val_path=data/val_128_filtered.h5 --set quality_beat_non_ml=false)
+    --set "train_path=data/train_256$DATA_SUFFIX.h5" --set "val_path=data/val_128$DATA_SUFFIX.h5")
 else
   export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
-  $PY -m shared_data.data.generate --out "$WORK/train_32_filtered.h5" --size 32 --seed 1 --chunk 16 --gas filtered --if-missing > /dev/null
-  $PY -m shared_data.data.generate --out "$WORK/val_32_filtered.h5" --size 32 --seed 2 --chunk 16 --gas filtered --if-missing > /dev/null
-  TRAIN=(--set "train_path=$WORK/train_32_filtered.h5" --set "val_path=$WORK/val_32_filtered.h5" --set "xla_cache_dir=$WORK/xla"
-    --set quality_beat_non_ml=false)
+  GAS=${GAS:-filtered}
+  for part in train:1 val:2; do
+    $PY -m shared_data.data.generate --out "$WORK/${part%:*}_32_$GAS.h5" --size 32 --seed "${part#*:}" --chunk 16 \
+      --gas "$GAS" --if-missing > /dev/null
+  done
+  TRAIN=(--set "train_path=$WORK/train_32_$GAS.h5" --set "val_path=$WORK/val_32_$GAS.h5" --set "xla_cache_dir=$WORK/xla")
 fi
+[[ $GAS == filtered ]] && TRAIN+=(--set quality_beat_non_ml=false)
 
 # ttq NAME FRAMEWORK [flags...]: one time-to-quality run in $WORK/NAME; its log, quality.jsonl,
 # metrics.jsonl and run.json are kept in $WORK/records/NAME and appended to $OUT/runs.tar.
@@ -54,4 +58,27 @@ ttq() {
   tar -rf "$OUT/runs.tar" -C "$WORK/records" "$name"
   grep "quality after\|time to quality\|error:" "$rec/train.log" | tail -3
   return "$rc"
+}
+
+# run_levers FRAMEWORK TIMEOUT: one ttq run per ';'-separated entry of $LEVERS (each a space-separated
+# list of KEY=VALUE overrides, "base" for none) with the flags in RECIPE, each killed after TIMEOUT
+# seconds; with CACHE set, that compilation cache is emptied before the first run (before every run
+# with COLD=all). Returns the last failing run's exit status (0 when all ran).
+run_levers() {
+  local framework=$1 limit=$2 rc=0 first=1 lever name kv
+  local -a runs flags
+  IFS=';' read -ra runs <<< "$LEVERS"
+  for lever in "${runs[@]}"; do
+    flags=()
+    name=base
+    if [[ $lever != base ]]; then
+      for kv in $lever; do flags+=(--set "$kv"); done
+      name=$(echo "$lever" | tr ' =' '_-')
+    fi
+    if [[ -n ${CACHE:-} && ( $first == 1 || ${COLD:-} == all ) ]]; then rm -rf "$CACHE" "${JAX_COMPILATION_CACHE_DIR:-/nonexistent}"; fi
+    first=0
+    echo "== $name ($(date -u +%H:%M:%S))"
+    timeout "$limit" bash -c "$(declare -f ttq); $(declare -p PY CONFIG TRAIN_CONFIG TRAIN WORK OUT); ttq '$name' $framework $(printf '%q ' "${RECIPE[@]}" "${flags[@]}")" || rc=$?
+  done
+  return $rc
 }

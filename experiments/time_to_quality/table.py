@@ -45,12 +45,17 @@ def table(found: dict) -> str:
         ttq = info.get("time_to_quality_sec")
         lines.append(
             f"| {name} | {last['epoch']} | {last['time_sec']:.0f} "
-            f"| {rho['r_worst']:.4f} | {rho['ratio_dev_worst']:.4f} "
-            f"| {t['r_worst']:.4f} | {t['ratio_dev_worst']:.4f} | {'-' if base is None else f'{base:+.4f}'} "
+            f"| {_f4(rho['r_worst'])} | {_f4(rho['ratio_dev_worst'])} "
+            f"| {_f4(t['r_worst'])} | {_f4(t['ratio_dev_worst'])} | {'-' if base is None else f'{base:+.4f}'} "
             f"| {_num(last['shortfall'])} | {_num(best['shortfall'])} ({best['time_sec']:.0f}) "
             f"| {'not met' if ttq is None else f'{ttq:.0f}'} |"
         )
     return "\n".join(lines)
+
+
+def _f4(x) -> str:
+    """Four decimals; "nan" for null (the records hold null for a non-finite value)."""
+    return "nan" if x is None else f"{x:.4f}"
 
 
 def _num(x) -> str:

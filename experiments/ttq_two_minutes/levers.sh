@@ -32,21 +32,8 @@ else
   RECIPE=(--Nsamples 16 --num_epochs 2 --set quality_budget_sec=60 --set ema_decay=0.9 --set loss_space=physical
     --set lambda_fourier=1.0)
 fi
-cache=$(python3 -c "import sys; sys.path.insert(0, '.'); from shared_data.core import config as c; print(c.load_config('$TRAIN_CONFIG').xla_cache_dir)" 2>/dev/null || echo .cache/xla)
-rc=0
-first=1
-IFS=';' read -ra runs <<< "$LEVERS"
-for lever in "${runs[@]}"; do
-  flags=()
-  name=base
-  if [[ $lever != base ]]; then
-    for kv in $lever; do flags+=(--set "$kv"); done
-    name=$(echo "$lever" | tr ' =' '_-')
-  fi
-  if [[ $first == 1 || ${COLD:-} == all ]]; then rm -rf "$cache" "${JAX_COMPILATION_CACHE_DIR:-/nonexistent}"; fi
-  first=0
-  echo "== $name ($(date -u +%H:%M:%S))"
-  timeout "$TIMEOUT" bash -c "$(declare -f ttq); $(declare -p PY CONFIG TRAIN_CONFIG TRAIN WORK OUT); ttq '$name' ${FRAMEWORK:-jax} $(printf '%q ' "${RECIPE[@]}" "${flags[@]}")" || rc=$?
-done
+CACHE=$(python3 -c "import sys; sys.path.insert(0, '.'); from shared_data.core import config as c; print(c.load_config('$TRAIN_CONFIG').xla_cache_dir)" 2>/dev/null || echo .cache/xla)
+run_levers "${FRAMEWORK:-jax}" "$TIMEOUT"
+rc=$?
 $PY experiments/time_to_quality/table.py "$WORK/records" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
 exit $rc

@@ -68,9 +68,19 @@ in K, densities in units of the cosmic mean (rho / rho_mean = 1 + delta).
       (:func:`adaptive_jeans_filter`): hot gas is smoother than cold gas, so density, temperature
       and velocity depart from any one filter of the dark matter.
 
+   e. *Patchy He II reionization*: quasars reionize He II at z ~ 3-4 in bubbles tens of comoving Mpc
+      across, and the photo-heating raises T0 inside them by about a factor of two before the rest
+      of the volume follows (McQuinn et al. 2009, ApJ 694, 842; Lai et al. 2006, ApJ 644, 61, on the
+      temperature fluctuations it leaves): the photo-heated phase's T0 varies on large scales
+      independently of the density. Here T_ph carries a factor 10^m(x), m a Gaussian random field of
+      its own seed with power exp(-(k R)^2), R = :data:`HE2_RADIUS_MPC_H`, scaled to a standard
+      deviation of :data:`HE2_DEX` (:func:`reionization_offset`). The heating is late, so it does
+      not enter the Jeans smoothing, which integrates the thermal history (Gnedin & Hui 1998).
+
    The elements' quantities (a-c) are computed on the Lagrangian lattice and carried to the grid by
    the dark matter's own TSC deposit (mass-weighted). At vanishing amplitude lambda -> 0, no element
-   shocks, s^2 -> 0 at second order and k_J(T) -> k_J, so ``nonlinear`` returns ``filtered``.
+   shocks, s^2 -> 0 at second order and k_J(T) -> k_J, so ``nonlinear`` returns ``filtered`` with its
+   temperature times 10^m(x).
 """
 
 from __future__ import annotations
@@ -293,6 +303,10 @@ BOLTZMANN_J_K = 1.380649e-23
 SHEAR_SCATTER_DEX = 0.15
 #: log10(T / T0) of the Jeans filters that :func:`adaptive_jeans_filter` interpolates between.
 FILTER_LOG_T = np.linspace(-1.0, 2.0, 7)
+#: Patchy He II reionization (module docstring, 5e): standard deviation of log10 T0 (dex) and the
+#: Gaussian smoothing radius (Mpc/h) of its field.
+HE2_DEX = 0.3
+HE2_RADIUS_MPC_H = 4.0
 
 
 def symmetric_eigenvalues(t: np.ndarray) -> np.ndarray:
@@ -348,6 +362,17 @@ def shock_temperature(lambda_1: np.ndarray, vel_factor: float, k_star: float) ->
     rest (module docstring, 5b)."""
     u = vel_factor * np.sqrt(np.maximum(np.asarray(lambda_1, np.float64) ** 2 - 1.0, 0.0)) / k_star
     return MU * PROTON_MASS_KG * (1e3 * u) ** 2 / (3 * BOLTZMANN_J_K)
+
+
+def reionization_offset(size: int, box: float, seed: int) -> np.ndarray:
+    """m(x) of the module docstring (5e): the log10 T0 offset (dex) of patchy He II reionization on a
+    ``size``^3 grid over ``box`` Mpc/h, float64 (L, L, L), mean 0 and standard deviation
+    :data:`HE2_DEX`: a Gaussian random field with power exp(-(k R)^2), R = :data:`HE2_RADIUS_MPC_H`,
+    drawn from its own generator (seeds ``(seed, 2)``), so the dark matter of ``seed`` is unchanged."""
+    rng = np.random.default_rng((seed, 2))
+    g = irfft3(gaussian_field_k(size, box, lambda k: np.exp(-((k * HE2_RADIUS_MPC_H) ** 2)), rng), size)
+    g = g - g.mean()
+    return HE2_DEX * g / g.std()
 
 
 def shear_invariant(eigenvalues: np.ndarray) -> np.ndarray:
@@ -502,7 +527,8 @@ def simulate(
     else:
         on_stage("gas: shock heating, two-phase temperature, temperature-dependent Jeans smoothing")
         per_mass = [np.where(filled, c / np.where(filled, mass, 1.0), 0.0) for c in totals[4:]]
-        rho_gas, temperature, v_gas = nonlinear_gas(mass, v_dm, *per_mass, box, k_jeans, t0, gamma)
+        he2 = reionization_offset(size, box, seed)
+        rho_gas, temperature, v_gas = nonlinear_gas(mass, v_dm, *per_mass, he2, box, k_jeans, t0, gamma)
     return Fields(delta_linear, mass, v_dm, rho_gas, temperature, v_gas, k_nl)
 
 
@@ -511,23 +537,26 @@ def nonlinear_gas(
     v_dm: np.ndarray,
     t_shock: np.ndarray,
     log_t_offset: np.ndarray,
+    log_t_reionization: np.ndarray,
     box: float,
     k_jeans: float,
     t0: float,
     gamma: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The ``nonlinear`` gas (module docstring, 5c-d) of the dark matter on the grid: ``rho_dm``
-    (L, L, L, mean density units), ``v_dm`` (3, L, L, L) km/s, and the mass-weighted element values
-    ``t_shock`` (K) and ``log_t_offset`` (dex of the photo-heated phase), as the deposit puts them.
+    """The ``nonlinear`` gas (module docstring, 5c-e) of the dark matter on the grid: ``rho_dm``
+    (L, L, L, mean density units), ``v_dm`` (3, L, L, L) km/s, the mass-weighted element values
+    ``t_shock`` (K) and ``log_t_offset`` (dex of the photo-heated phase), as the deposit puts them,
+    and ``log_t_reionization`` (dex, (L, L, L): :func:`reionization_offset`).
     Returns ``(rho_gas, temperature (K), v_gas (3, L, L, L) km/s)``, float64.
 
     The temperature that sets the smoothing is that of the ``filtered`` gas density with the offset
-    and the shock heat; the smoothed density then gives the photo-heated phase, and the shock heat
-    adds to it where the deposit put it.
+    and the shock heat; the smoothed density then gives the photo-heated phase, raised by the
+    reionization offset, and the shock heat adds to it where the deposit put it.
     """
     rho_filtered = np.maximum(jeans_filter(rho_dm, box, k_jeans), 1e-12)
     first = t0 * rho_filtered ** (gamma - 1) * 10**log_t_offset + t_shock
     smooth = adaptive_jeans_filter([rho_dm, *v_dm], box, k_jeans, np.log10(first / t0))
     rho_gas = np.maximum(smooth[0], 0.0)
-    temperature = t0 * np.maximum(rho_gas, 1e-12) ** (gamma - 1) * 10**log_t_offset + t_shock
+    photo = t0 * np.maximum(rho_gas, 1e-12) ** (gamma - 1) * 10 ** (log_t_offset + log_t_reionization)
+    temperature = photo + t_shock
     return rho_gas, temperature, np.stack(smooth[1:])

@@ -37,7 +37,7 @@ DENSITY_SCALE = 14.0
 RHO_FLOOR = 1e-3
 TEMPERATURE_SCALE = 8.0
 VELOCITY_SCALE = 2000.0  # km/s
-GENERATOR_VERSION = 3  # changes whenever the same arguments give other values (the "generator" attribute)
+GENERATOR_VERSION = 4  # changes whenever the same arguments give other values (the "generator" attribute)
 
 NBODY_CHANNELS = ("dm_density", "dm_vx", "dm_vy", "dm_vz")
 HYDRO_CHANNELS = ("gas_density", "gas_temperature", "gas_vx", "gas_vy", "gas_vz")
@@ -105,9 +105,11 @@ def gas_model(gas: str) -> dict:
         "name": gas,
         "what": "shock heating past shell crossing (Zel'dovich deformation, Rankine-Hugoniot), two-phase "
         "temperature (photo-heated relation with shear scatter + shock heat), Jeans smoothing at "
-        "k_J (T/T0)^(-1/2)",
+        "k_J (T/T0)^(-1/2), patchy He II reionization (a large-scale log10 T0 field)",
         "mu": cosmology.MU,
         "shear_scatter_dex": cosmology.SHEAR_SCATTER_DEX,
+        "he2_dex": cosmology.HE2_DEX,
+        "he2_radius_mpc_h": cosmology.HE2_RADIUS_MPC_H,
         "filter_log10_T_over_T0": cosmology.FILTER_LOG_T.tolist(),
     }
 

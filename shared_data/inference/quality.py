@@ -103,7 +103,8 @@ def check(metrics: dict, target: Target) -> dict:
     Returns ``{"met": bool, "shortfall": float, "channels": {name: {...}}}``, per channel the bins
     tested (``k``, ``r``, ``ratio``, ``r_baseline``, ``r_non_ml`` as lists) and ``r_worst``,
     ``ratio_dev_worst``, ``r_minus_baseline_worst`` (None without a baseline or for density),
-    ``r_minus_non_ml_worst`` (None when not tested) and the channel's shortfall.
+    ``r_minus_non_ml_worst`` (None when not tested), the channel's shortfall and ``constant``: the
+    prediction has no power in any tested bin (a constant field, whose r is undefined: a collapsed model).
     A NaN in a tested bin (an empty or zero spectrum) fails the target (shortfall inf).
 
     Raises:
@@ -149,6 +150,7 @@ def check(metrics: dict, target: Target) -> dict:
             "r_minus_baseline_worst": None if base is None else float(np.min(r - base)),
             "r_minus_non_ml_worst": None if non_ml is None else float(np.min(r - non_ml)),
             "shortfall": shortfall,
+            "constant": "P_pred" in s and bool(np.all(np.asarray(s["P_pred"], np.float64)[sel] == 0.0)),
         }
     return {"met": worst <= 0.0, "shortfall": worst, "channels": out}
 
@@ -180,6 +182,12 @@ def summary_line(epoch: int, seconds: float, result: dict) -> str:
             text += f", r - non-ML r >= {c['r_minus_non_ml_worst']:+.4f}"
         parts.append(text)
     verdict = "target met" if result["met"] else f"target not met (shortfall {result['shortfall']:.3g})"
+    constant = [name for name, c in result["channels"].items() if c.get("constant")]
+    if constant:
+        verdict += (
+            f"; the model predicts a constant {' and '.join(constant)}: training has collapsed "
+            "(a lower start_lr, or loss_space log, may keep it from diverging)"
+        )
     return f"quality after epoch {epoch} ({seconds:.1f} s from the start): " + "; ".join(parts) + f": {verdict}"
 
 

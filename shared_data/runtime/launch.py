@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping
 
 from shared_data.core.errors import UserError
+from shared_data.runtime import logs
 
 log = logging.getLogger("dlas")
 
@@ -223,15 +224,18 @@ def joining(
     """Around the wait of process ``rank`` of ``size`` for the others (``where``: the addresses it
     waits at): log which processes it waits for, where and until when; after ``DLAS_START_TIMEOUT``
     seconds end with one ``error:`` line naming the processes missing (:func:`_missing` probes
-    ``listeners``). A watchdog thread ends the process with exit code 2; where the wait holds the
-    interpreter (``holds_interpreter``: TensorFlow's start of collective ops, which no thread or signal
-    handler interrupts) a watchdog process prints the line and kills it (SIGKILL, exit code 137).
+    ``listeners``), exit code 2. A watchdog thread does it; where the wait holds the interpreter
+    (``holds_interpreter``: TensorFlow's start of collective ops, during which no Python thread or
+    signal handler runs) a watchdog process prints the line and sends SIGINT, whose handler in the C
+    runtime is then :func:`_exit_on_sigint`'s.
     """
     timeout = start_timeout(env)
     others = ", ".join(str(r) for r in range(size) if r != rank)
     until = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
     plural = "es" if size > 2 else ""
-    log.info(
+    if rank != 0:  # the rank is known from here: this line and the rest carry its tag
+        logs.setup_logging(rank)
+    logging.getLogger(logs.RANK_LOGGER).info(
         f"process {rank} of {size}: waiting for process{plural} {others} at {where} until {until} "
         f"({START_TIMEOUT_VARIABLE}={timeout:g} s)"
     )
@@ -240,7 +244,8 @@ def joining(
         code = "import sys; from shared_data.runtime import launch; launch.watch(sys.argv[1], sys.argv[2])"
         watcher = subprocess.Popen([sys.executable, "-c", code, str(os.getpid()), args], stdin=subprocess.DEVNULL)
         try:
-            yield timeout
+            with _exit_on_sigint():
+                yield timeout
         finally:
             watcher.kill()
             watcher.wait()
@@ -259,6 +264,23 @@ def joining(
         done.set()
 
 
+@contextlib.contextmanager
+def _exit_on_sigint():
+    """Inside the block SIGINT ends the process at once with exit code 2, even while a C call holds the
+    interpreter: the C handler of SIGINT is libc's ``_exit``, which the kernel calls with the signal's
+    number, and SIGINT's is 2. (A Ctrl-C there ends it the same way.) The previous C handler (Python's)
+    returns after the block."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype, libc.signal.argtypes = ctypes.c_void_p, [ctypes.c_int, ctypes.c_void_p]
+    previous = libc.signal(signal.SIGINT, ctypes.cast(libc._exit, ctypes.c_void_p))
+    try:
+        yield
+    finally:
+        libc.signal(signal.SIGINT, previous)
+
+
 def timeout_message(args: str) -> str:
     """The time-out line of :func:`joining` (its arguments as JSON)."""
     rank, size, where, listeners, timeout = json.loads(args)
@@ -268,8 +290,10 @@ def timeout_message(args: str) -> str:
 
 def watch(parent: str, args: str) -> None:
     """The watchdog process of :func:`joining`: at the time-out, if process ``parent`` still waits (it
-    kills this one once joined), print the time-out line and kill it."""
+    kills this one once joined), print the time-out line and end it with exit code 2 (SIGINT, whose C
+    handler there is ``_exit``). A Ctrl-C of the terminal is the parent's, not this process's."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     time.sleep(json.loads(args)[-1])
     if os.getppid() == int(parent):
         print(f"error: {timeout_message(args)}", file=sys.stderr, flush=True)
-        os.kill(int(parent), signal.SIGKILL)
+        os.kill(int(parent), signal.SIGINT)

@@ -13,15 +13,17 @@ rank. The epoch lines are the tutorial's, followed by the share of the epoch the
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import re
+import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import BinaryIO
 
 from shared_data.core import loader_kinds
 
@@ -60,38 +62,84 @@ _NATIVE_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:")
 _ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 
 
+#: Error lines TensorFlow prints on every hit of its persistent XLA cache, where nothing is wrong: it
+#: parses the binary cache entry as a text proto first, and XLA:CPU compares its own tuning flags
+#: (``+prefer-no-scatter``, ``+prefer-no-gather``) with the host's instruction-set features. A feature
+#: the host really lacks (a cache from another machine) is still shown.
+_CACHE_HIT_LINE = re.compile(
+    r"Error parsing text-format tensorflow\.XlaSerializedCacheEntry"
+    r"|Target machine feature \+prefer-[\w-]+ is not\s+supported on the host machine"
+)
+
+
 def native_line_shown(line: str, min_level: int) -> bool:
     """Whether a stderr ``line`` passes ``TF_CPP_MIN_LOG_LEVEL=min_level`` (0 all, 1 no INFO, 2 no
-    WARNING, 3 no ERROR): C++ lines below the level and absl's pre-initialisation notice (from 1) are
-    dropped; every other line is kept."""
+    WARNING, 3 no ERROR): C++ lines below the level, and from 1 absl's pre-initialisation notice and
+    the persistent XLA cache's false errors (:data:`_CACHE_HIT_LINE`), are dropped; every other line is
+    kept."""
     m = _NATIVE_LINE.match(line)
     if m:
-        return "IWEF".index(m[1]) >= min_level
+        return "IWEF".index(m[1]) >= min_level and not (min_level >= 1 and _CACHE_HIT_LINE.search(line))
     return not (min_level >= 1 and line.startswith(_ABSL_NOTICE))
 
 
-def quiet_import(module: str) -> ModuleType:
-    """Import ``module`` with the process's stderr (file descriptor 2) filtered by
-    :func:`native_line_shown` at ``TF_CPP_MIN_LOG_LEVEL``: absl and oneDNN print their start-up lines
-    from C++ before TensorFlow reads that variable."""
+def filter_native_lines(source: BinaryIO, sink: BinaryIO, min_level: int) -> None:
+    """Copy the lines of ``source`` that :func:`native_line_shown` keeps at ``min_level`` to ``sink``,
+    each as it arrives, until ``source`` ends."""
+    for raw in source:
+        if native_line_shown(raw.decode(errors="replace"), min_level):
+            sink.write(raw)
+            sink.flush()
+
+
+@contextlib.contextmanager
+def native_lines_filtered() -> Iterator[None]:
+    """The process's stderr (file descriptor 2, where C++ code writes past Python's logging) filtered
+    by :func:`native_line_shown` at ``TF_CPP_MIN_LOG_LEVEL`` while the block runs (nothing is filtered
+    at level 0). The filter is a child process reading a pipe: it forwards every line as it comes and
+    drains the pipe even when this process dies in the block (a C++ abort's last words stay visible)."""
     level = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") or "0")
-    if level < 1 or module in sys.modules:
-        return importlib.import_module(module)
+    if level < 1:
+        yield
+        return
+    package_root = str(Path(__file__).resolve().parents[2])
+    code = (
+        f"import sys; sys.path.insert(0, {package_root!r}); from shared_data.runtime.logs import filter_native_lines; "
+        f"filter_native_lines(sys.stdin.buffer, sys.stdout.buffer, {level})"
+    )
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
-        try:
-            return importlib.import_module(module)
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            caught.seek(0)
-            for line in caught.read().decode(errors="replace").splitlines(keepends=True):
-                if native_line_shown(line, level):
-                    sys.stderr.write(line)
-            sys.stderr.flush()
+    try:
+        # its own process group: Ctrl-C or scancel to the trainer's group is the trainer's to report; the
+        # filter ends when the pipe closes (this process's end, a kill -9 included)
+        child = subprocess.Popen(
+            [sys.executable, "-S", "-c", code], stdin=subprocess.PIPE, stdout=saved, process_group=0
+        )
+    except OSError:  # no process to filter with: the lines pass unfiltered
+        child = None
+    if child is None:
+        os.close(saved)
+        yield
+        return
+    os.dup2(child.stdin.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        child.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a process started in the block holds the
+            child.wait(timeout=10)  # pipe: the filter ends with it
+
+
+def quiet_import(module: str) -> ModuleType:
+    """Import ``module`` with :func:`native_lines_filtered`: absl and oneDNN print their start-up lines
+    from C++ before TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL``."""
+    if module in sys.modules:
+        return importlib.import_module(module)
+    with native_lines_filtered():
+        return importlib.import_module(module)
 
 
 def _handlers(kind: str) -> list[logging.Handler]:

@@ -94,8 +94,9 @@ def generate_command(cfg: Config, split: str) -> str:
     return f"{generate} --out {out} --size {max(side, cfg.crop_size)} --seed {1 if split == 'train' else 2}{npy}{point}"
 
 
-def check_data_files(cfg: Config) -> None:
-    """Check that the data files of ``cfg`` exist, before the run folder is made.
+def check_data_files(cfg: Config, splits: tuple[str, ...] = ("train", "val")) -> None:
+    """Check that the data files of ``cfg``'s ``splits`` exist, before the run folder is made (or a
+    benchmark compiles its step).
 
     Raises:
         DatasetError: a split's HDF5 file is missing; the message gives the command that makes it
@@ -103,7 +104,7 @@ def check_data_files(cfg: Config) -> None:
     """
     if not loader_kinds.loader_kind(cfg).uses_files:
         return
-    missing = [split for split in ("train", "val") if not cfg.data_file(split).exists()]
+    missing = [split for split in splits if not cfg.data_file(split).exists()]
     if missing:
         files = " and ".join(str(cfg.data_file(split)) for split in missing)
         commands = "; ".join(generate_command(cfg, split) for split in missing)
@@ -962,6 +963,9 @@ def requeue_job(env=None) -> bool:
     except (OSError, subprocess.TimeoutExpired) as err:
         log.warning("scontrol requeue %s failed (%s): not requeued", job, err)
         return False
+    if done.returncode and "pending execution" in done.stderr:  # requeued already (scontrol requeue from outside)
+        log.info("SLURM job %s is requeued already: it resumes from this step", job)
+        return True
     if done.returncode:
         log.warning("scontrol requeue %s failed: %s", job, (done.stderr or done.stdout).strip()[:200])
         return False

@@ -154,6 +154,21 @@ def reclaim() -> None:
     raise_pending()
 
 
+def reinstall() -> None:
+    """Install the Python handlers of :data:`SIGNALS` again in the C runtime, where a library replaced
+    them there behind Python's back (``signal.getsignal`` still names Python's). TensorFlow's
+    coordination service does so for SIGTERM when ``MultiWorkerMirroredStrategy`` starts (a
+    preemption notifier that only records the signal): without this, SLURM's SIGTERM never reaches
+    the run and the steps go on until SIGKILL. Outside the main thread nothing changes."""
+    try:
+        for s in SIGNALS:
+            handler = signal.getsignal(s)
+            if handler is not None:  # None: a handler set outside Python, which Python cannot set again
+                signal.signal(s, handler)
+    except ValueError:  # not the main thread
+        pass
+
+
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """A signal that arrives inside the block is raised when the block ends (after its work is done)."""

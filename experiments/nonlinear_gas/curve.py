@@ -1,0 +1,133 @@
+"""The time-to-quality curve on the nonlinear gas: what the model reaches after given minutes, beside
+both baselines.
+
+    python experiments/nonlinear_gas/curve.py RECORDS --val data/val_128.h5 [--marks 1,2,5,10]
+
+RECORDS holds one folder per run with its ``quality.jsonl`` (the trainer's evaluations of the whole
+validation volume, :mod:`shared_data.inference.quality`). For each run and each mark (minutes from the
+trainer's start) the last evaluation finished by then gives, for gas density and temperature, the worst
+r(k) and the worst |P_pred/P_true - 1| over the k bins the target tests (k <= ``quality_k_max``, at least
+one mode); a mark past the run's end stays empty, and a last row "end" gives the run's last evaluation.
+The two baselines do not depend on the model: they are scored here on ``--val`` the way validate scores
+them (:func:`shared_data.inference.validate.compute_metrics` with the truth as the prediction): the
+dark matter as gas, and the non-ML baseline (Jeans-filtered dark matter with the mean
+temperature-density relation). Prints a markdown table; ``--json`` also writes it as records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from shared_data.inference import validate
+
+CHANNELS = {validate.DENSITY: "rho", validate.TEMPERATURE: "T"}
+
+
+def worst(k, n, r, ratio, k_max: float) -> tuple[float, float]:
+    """(min r, max |ratio - 1|) over the bins with centre k <= k_max and at least one mode."""
+    k, n = np.asarray(k, np.float64), np.asarray(n)
+    sel = (k <= k_max) & (n > 0)
+    return float(np.min(np.asarray(r, np.float64)[sel])), float(np.max(np.abs(np.asarray(ratio, np.float64)[sel] - 1)))
+
+
+def baselines(val: Path, k_max: float) -> dict[str, dict[str, tuple[float, float]]]:
+    """Baseline tag -> channel -> (worst r, worst |P ratio - 1|) on the volume ``val``."""
+    truth, attrs = validate.read_volume(val, "Hydro")
+    nbody, _ = validate.read_volume(val, "Nbody")
+    units = validate.units_from_files({val: attrs}, truth.shape[1], {}, flags_given=False)
+    metrics = validate.compute_metrics(truth, truth, nbody, units)
+    out = {}
+    for tag in ("baseline", "non_ml"):
+        out[tag] = {}
+        for name in CHANNELS:
+            s = metrics["power"][name]
+            if f"r_{tag}" in s:
+                out[tag][name] = worst(s["k"], s["n_modes"], s[f"r_{tag}"], s[f"ratio_{tag}"], k_max)
+    return out
+
+
+def at_marks(curve: list[dict], marks: list[float]) -> list[tuple[str, dict | None]]:
+    """(mark, evaluation) for each mark in minutes: the last evaluation with ``time_sec`` <= the mark, None
+    where none is or the run ended before the mark; then ("end", the run's last evaluation)."""
+    end = curve[-1]["time_sec"]
+    out = [
+        (f"{m:g}", None if 60 * m > end else next((e for e in reversed(curve) if e["time_sec"] <= 60 * m), None))
+        for m in marks
+    ]
+    return out + [("end", curve[-1])]
+
+
+def model_worst(evaluation: dict, name: str) -> tuple[float, float]:
+    """(worst r, worst |P ratio - 1|) of one evaluation's channel ``name``; NaN where the record holds
+    null (a non-finite value: a constant prediction has no defined r)."""
+    c = evaluation["channels"][name]
+    return tuple(math.nan if c[q] is None else float(c[q]) for q in ("r_worst", "ratio_dev_worst"))
+
+
+def table(records: Path, val: Path, marks: list[float], k_max: float) -> tuple[str, list[dict]]:
+    base = baselines(val, k_max)
+    head = "| run | minutes | epoch | time s | " + " | ".join(f"{s} r | {s} abs(P-1)" for s in CHANNELS.values()) + " |"
+    lines = [head, "|" + "---|" * (4 + 2 * len(CHANNELS))]
+    rows = []
+
+    def cells(values: dict) -> str:
+        return " | ".join(f"{values[n][0]:.4f} | {values[n][1]:.4f}" if n in values else "- | -" for n in CHANNELS)
+
+    for path in sorted(records.glob("*/quality.jsonl")):
+        curve = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for mark, e in at_marks(curve, marks):
+            if e is None:
+                lines.append(f"| {path.parent.name} | {mark} | - | - | " + cells({}) + " |")
+                continue
+            values = {n: model_worst(e, n) for n in CHANNELS}
+            rows.append(
+                {
+                    "run": path.parent.name,
+                    "minutes": mark,
+                    "epoch": e["epoch"],
+                    "time_sec": e["time_sec"],
+                    **{f"{CHANNELS[n]}_{q}": v for n in values for q, v in zip(("r", "ratio_dev"), values[n])},
+                }
+            )
+            lines.append(f"| {path.parent.name} | {mark} | {e['epoch']} | {e['time_sec']:.0f} | {cells(values)} |")
+    for tag, label in (("baseline", "dark matter as gas"), ("non_ml", "non-ML baseline")):
+        lines.append(f"| {label} | - | - | - | {cells(base[tag])} |")
+        rows.append(
+            {
+                "run": label,
+                **{f"{CHANNELS[n]}_{q}": v for n in base[tag] for q, v in zip(("r", "ratio_dev"), base[tag][n])},
+            }
+        )
+    return "\n".join(lines), rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("records", type=Path, help="folder of run folders, each with quality.jsonl")
+    parser.add_argument("--val", type=Path, required=True, help="the validation volume the runs were scored on")
+    parser.add_argument("--marks", default="1,2,5,10", help="minutes from the trainer's start (comma-separated)")
+    parser.add_argument("--k_max", type=float, default=6.3, help="the last k bin centre tested, h/Mpc")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON lines here")
+    args = parser.parse_args(argv)
+    try:
+        marks = [float(m) for m in args.marks.split(",")]
+    except ValueError:
+        parser.error(f"--marks {args.marks!r}: expected comma-separated minutes, e.g. 1,2,5,10")
+    if not list(args.records.glob("*/quality.jsonl")):
+        print(f"error: {args.records}: no */quality.jsonl", file=sys.stderr)
+        return 2
+    text, rows = table(args.records, args.val, marks, args.k_max)
+    print(text)
+    if args.json:
+        args.json.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
