@@ -6,6 +6,7 @@ and :meth:`Checkpoints.restore`; the trainer calls :meth:`Checkpoints.save` afte
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -33,6 +34,9 @@ class Checkpoints:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only, read_only=read_only
         )
+        self._quiet, self._failed = _OrbaxWriteFailures(), False
+        for name in _OrbaxWriteFailures.LOGGERS:
+            logging.getLogger(name).addFilter(self._quiet)
         self.manager = ocp.CheckpointManager(
             directory.absolute(), item_handlers=ocp.StandardCheckpointHandler(), options=options
         )
@@ -46,6 +50,10 @@ class Checkpoints:
         except Exception as err:  # a save that failed (a full disk) is reported already
             if write_failure(err) is None:
                 raise
+        finally:
+            if not self._failed:  # after a failed save, asyncio reports orbax's unread futures until they are freed
+                for name in _OrbaxWriteFailures.LOGGERS:
+                    logging.getLogger(name).removeFilter(self._quiet)
 
     def __enter__(self) -> Checkpoints:
         return self
@@ -69,6 +77,7 @@ class Checkpoints:
             reason = write_failure(err)
             if reason is None:
                 raise
+            self._failed = True
             raise run_mod.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
         if distribute.is_main_process():
             checksums.record(self.directory, epoch, self._files(epoch), self.epochs())
@@ -120,6 +129,23 @@ class Checkpoints:
         except Exception as err:  # orbax raises many kinds for damaged files
             where = f"checkpoint {self.directory}/{epoch}"
             raise UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite") from None
+
+
+class _OrbaxWriteFailures(logging.Filter):
+    """Drops orbax's own reports of a write that failed (a full disk, a read-only or vanished folder:
+    :func:`shared_data.core.files.write_failure`), each with a traceback, from every background thread
+    of a save, and asyncio's "Future exception was never retrieved" for the writes orbax left unread:
+    :meth:`Checkpoints.save` reports the failure in one line
+    (:func:`shared_data.runtime.run.checkpoint_write_error`). Other records pass."""
+
+    #: orbax logs through absl's logger; its event loops' unread failures through asyncio's.
+    LOGGERS = ("absl", "asyncio")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "asyncio" and "orbax" not in Path(record.pathname).parts:
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        return write_failure(exc if exc is not None else RuntimeError(record.getMessage())) is None
 
 
 def _quiet_closed_loop(previous):

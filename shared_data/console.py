@@ -8,7 +8,7 @@ import importlib
 from collections.abc import Callable
 
 from shared_data.core.commands import COMMANDS, PARSERS, check_arguments
-from shared_data.core.errors import MissingDependencyError, run_cli
+from shared_data.core.errors import MissingDependencyError, UserError, out_of_memory, run_cli
 from shared_data.runtime.signals import guard_command
 
 
@@ -22,6 +22,8 @@ def load_main(name: str) -> Callable:
     try:
         return importlib.import_module(module).main
     except ImportError as err:
+        if out_of_memory(err):  # a framework whose libraries cannot be mapped under ulimit -v
+            raise UserError(out_of_memory(err)) from None
         missing = err.name or needs or "a dependency"
         hint = (
             f"pip install 'dlas-cosmo[{extra}]'"

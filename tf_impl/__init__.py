@@ -7,7 +7,7 @@ C++ lines TensorFlow prints while it loads (:func:`shared_data.runtime.logs.quie
 import os
 
 from shared_data.core.commands import answer_before_import, command_module
-from shared_data.core.errors import require_package
+from shared_data.core.errors import import_framework, require_package
 from shared_data.runtime.logs import quiet_import
 from shared_data.runtime.signals import guard_command
 from shared_data.runtime.xla_flags import apply_default_xla_flags
@@ -18,4 +18,4 @@ apply_default_xla_flags()
 answer_before_import(__name__)  # --help and bad input answered before the framework loads
 require_package("tensorflow", "tf", "tf_impl")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-quiet_import("tensorflow")
+import_framework("tensorflow", quiet_import)  # a framework that cannot load (ulimit -v) is one line

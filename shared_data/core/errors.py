@@ -9,6 +9,7 @@ traceback; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import re
+import resource  # imported at start: under a tight ulimit -v its library may not load later
 import sys
 from collections.abc import Callable, Sequence
 
@@ -94,6 +95,75 @@ def name_too_long(err: OSError) -> str | None:
     return f"{path[:60]}...{path[-20:]} ({len(path)} characters): a name longer than the file system allows ({limits})"
 
 
+def address_space_limit() -> int | None:
+    """The soft ``RLIMIT_AS`` of this process (``ulimit -v``) in bytes, or None when there is none."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _kit_frame(err: BaseException) -> str:
+    """`` at <file>:<line> (<function>)``: the innermost frame of ``err``'s traceback in the kit's own
+    code, where a failed allocation was asked for; empty when none is."""
+    from pathlib import Path
+
+    root, where = Path(__file__).resolve().parents[2], ""
+    tb = err.__traceback__
+    while tb is not None:
+        path = Path(tb.tb_frame.f_code.co_filename)
+        if path.is_relative_to(root) and ".venv" not in path.parts:
+            where = f" at {path.relative_to(root)}:{tb.tb_lineno} ({tb.tb_frame.f_code.co_name})"
+        tb = tb.tb_next
+    return where
+
+
+def out_of_memory(err: BaseException, where: str | None = None) -> str | None:
+    """The one line for memory that could not be allocated, naming what and where: a ``MemoryError``
+    (NumPy's text names the array), a thread that could not start (its stack and malloc arena are
+    address space too), an ``ENOMEM`` from the system (``mmap`` of shared memory), a library that
+    could not be mapped at import; with the process's ``ulimit -v`` where one is set. ``where``
+    (default: the kit's frame that asked, :func:`_kit_frame`) follows what. None for other errors."""
+    import errno
+
+    text = str(err)
+    if isinstance(err, MemoryError):
+        what = text or "an allocation failed (MemoryError)"
+    elif isinstance(err, RuntimeError) and text.startswith("can't start new thread"):
+        what = "a thread could not start (no memory for its stack)"
+    elif isinstance(err, OSError) and err.errno == errno.ENOMEM:
+        what = f"{err.strerror}{f' ({err.filename})' if err.filename else ''}"
+    elif isinstance(err, ImportError) and "failed to map segment from shared object" in text:
+        library = text.split(":")[0].strip()
+        what = f"{library} could not be loaded (failed to map segment from shared object)"
+    else:
+        return None
+    if where is None:
+        where = "" if isinstance(err, ImportError) else _kit_frame(err)  # the library names what could not be mapped
+    limit = address_space_limit()
+    if limit is None:
+        return f"out of memory: {what}{where}; the host has no more to give"
+    return f"out of memory: {what}{where}; this process may map {limit / 2**20:.0f} MiB (ulimit -v)"
+
+
+def import_framework(module: str, importer: Callable[[str], object] | None = None):
+    """Import the framework ``module`` (with ``importer``, default ``importlib.import_module``) and
+    return it. A framework that cannot load for want of memory (``ulimit -v``: its libraries cannot
+    be mapped, or its Python objects allocated) is :func:`out_of_memory`'s one line: under ``python
+    -m package.command`` printed with exit code 2, as :func:`require_package` does, else raised as a
+    :class:`UserError`."""
+    import importlib
+
+    try:
+        return (importer or importlib.import_module)(module)
+    except (ImportError, MemoryError) as err:
+        message = out_of_memory(err, f" while {module} imports")
+        if message is None:
+            raise
+        if sys.argv[:1] == ["-m"]:
+            print(f"error: {message}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise UserError(message) from None
+
+
 #: Files that a native library (HDF5) holds open after a failed write (:mod:`shared_data.core.files`
 #: adds them); while it is not empty, :func:`run_cli` ends the process with ``os._exit`` after flushing
 #: its output.
@@ -115,8 +185,8 @@ def _exit_if_native_files_are_stuck(code: int) -> None:
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:
-    """Run ``main(argv)``; print a :class:`UserError` (also one wrapped by TF or DALI) as
-    ``error: <message>`` on stderr and return 2.
+    """Run ``main(argv)``; print a :class:`UserError` (also one wrapped by TF or DALI) or memory that
+    could not be allocated (:func:`out_of_memory`) as ``error: <message>`` on stderr and return 2.
 
     Returns ``main``'s return value (``None`` counts as 0). ``KeyboardInterrupt`` prints its message
     (or ``interrupted``) and returns its ``exit_code`` (130 unless it carries another); a
@@ -134,13 +204,13 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as err:
-        message = user_error_in(err) or name_too_long(err)
+        message = user_error_in(err) or name_too_long(err) or out_of_memory(err)
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)
         return 2
     except Exception as err:
-        message = user_error_in(err)
+        message = user_error_in(err) or out_of_memory(err)
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)

@@ -18,6 +18,7 @@ errors with a rank tag. The command line of both trainers is :mod:`shared_data.r
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ from shared_data.core import config as config_mod
 from shared_data.core import loader_kinds
 from shared_data.core.commands import command_name
 from shared_data.core.config import Config, batch_sizes, config_dict
-from shared_data.core.errors import DatasetError, UserError
+from shared_data.core.errors import DatasetError, UserError, address_space_limit, out_of_memory
 from shared_data.core.files import check_writable, write_atomic, writing
 from shared_data.model import schedule, unet_spec
 from shared_data.runtime import launch, signals
@@ -195,6 +196,62 @@ def check_host_memory(cfg: Config, needed: int) -> None:
         )
 
 
+#: Address space a checkpoint save takes besides two copies of the train state: the threads orbax,
+#: TensorStore and TensorFlow start for it (their stacks count under ``ulimit -v``; TensorStore's pool
+#: grows with the cores: :data:`SAVE_RESERVE_PER_CORE`) and their buffers, with the malloc arenas
+#: capped (:func:`cap_malloc_arenas`); about twice what a first save of ``cpu_tiny`` took on 2 cores.
+SAVE_RESERVE_BYTES = 256 * 2**20
+SAVE_RESERVE_PER_CORE = 16 * 2**20
+#: glibc's ``mallopt`` parameter of the number of malloc arenas (``M_ARENA_MAX`` in ``malloc.h``).
+M_ARENA_MAX = -8
+_arenas: dict = {"capped": False}
+
+
+def cap_malloc_arenas() -> None:
+    """Under a ``ulimit -v``, cap glibc's malloc arenas at 2 (``mallopt(M_ARENA_MAX)``, what the
+    variable ``MALLOC_ARENA_MAX`` sets at start): every thread that allocates would otherwise reserve
+    an arena of 64 MiB of address space, unused but counted against the limit, and a first orbax save
+    starts enough threads to exhaust it so. Logged once; nothing where glibc is not the C library."""
+    if _arenas["capped"] or address_space_limit() is None:
+        return
+    import ctypes
+
+    try:
+        done = ctypes.CDLL(None).mallopt(M_ARENA_MAX, 2) == 1
+    except (OSError, AttributeError):
+        done = False
+    _arenas["capped"] = True
+    if done:
+        log.info("ulimit -v: glibc malloc arenas capped at 2 (M_ARENA_MAX), so threads reserve no address space unused")
+
+
+def address_space_left() -> int | None:
+    """Bytes this process may still map under its ``ulimit -v`` (``RLIMIT_AS`` minus ``VmSize`` of
+    ``/proc/self/status``); None without a limit or where the size cannot be read."""
+    limit = address_space_limit()
+    if limit is None:
+        return None
+    try:
+        status = Path("/proc/self/status").read_text().splitlines()
+        size = int(next(line for line in status if line.startswith("VmSize:")).split()[1]) * 1024
+    except MemoryError:  # not even the few bytes of the file
+        return 0
+    except OSError as err:
+        return 0 if err.errno == errno.ENOMEM else None
+    except (StopIteration, ValueError, IndexError):
+        return None
+    return limit - size
+
+
+def save_memory_needed(cfg: Config) -> int:
+    """Address space a checkpoint save of ``cfg``'s train state needs at the least: two copies of the
+    float32 parameters, Adam's two moments and the weight average (``ema_decay``), and
+    :data:`SAVE_RESERVE_BYTES` plus :data:`SAVE_RESERVE_PER_CORE` per core."""
+    copies = 3 + (1 if cfg.ema_decay else 0)
+    reserve = SAVE_RESERVE_BYTES + SAVE_RESERVE_PER_CORE * (os.cpu_count() or 1)
+    return reserve + 2 * 4 * copies * unet_spec.num_params(cfg)
+
+
 def _bytes(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
@@ -239,6 +296,7 @@ class Run:
         self.main = process_index == 0
         self.resume_requested, self.overwrite = resume, overwrite
         check_data_files(cfg)  # a missing file stops the run before its folder exists
+        cap_malloc_arenas()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._lock = run_lock.acquire(self.workdir) if self.main else None  # before anything is written
         try:
@@ -582,7 +640,8 @@ class Run:
         signum = signals.stop_requested() or signals.signal.SIGUSR1
         global_step = epoch * self.steps_per_epoch + step
         with signals.deferred():
-            save(global_step)
+            with self.save_memory(f"the state at epoch {epoch + 1}, step {step + 1}"):
+                save(global_step)
             if self.main:
                 cursor = dict(
                     epoch=epoch,
@@ -602,13 +661,46 @@ class Run:
 
     @contextlib.contextmanager
     def saving(self, epoch: int):
-        """Around the checkpoint save of ``epoch``: a SIGTERM or Ctrl-C waits until it is written, then stops."""
-        with signals.deferred():
+        """Around the checkpoint save of ``epoch``: a SIGTERM or Ctrl-C waits until it is written, then
+        stops; memory that is short for it is one line (:meth:`save_memory`)."""
+        with signals.deferred(), self.save_memory(f"the checkpoint of epoch {epoch}"):
             yield
             self._saved, self._running = epoch, None
             if self.main and self.mid_epoch_dir.exists():  # an epoch checkpoint supersedes a mid-epoch one
                 shutil.rmtree(self.mid_epoch_dir, ignore_errors=True)
         signals.raise_pending()
+
+    @contextlib.contextmanager
+    def save_memory(self, what: str):
+        """Around the save of ``what`` (a checkpoint): refuse it before it starts where the process's
+        ``ulimit -v`` leaves less address space than it needs (:func:`save_memory_needed`; orbax's
+        threads would hang or TensorFlow abort), and turn memory that runs out inside it
+        (:func:`shared_data.core.errors.out_of_memory`) into one line with the checkpoint kept.
+
+        Raises:
+            UserError: what could not be allocated, the limit, and the checkpoint kept.
+        """
+        kept = self._kept()
+        cap_malloc_arenas()  # a limit set while the run went on (prlimit) counts from this save on
+        left, need = address_space_left(), save_memory_needed(self.cfg)
+        if left is not None and left < need:
+            raise UserError(
+                f"cannot save {what}: it needs about {_bytes(need)} more memory and this process may map "
+                f"{_bytes(max(left, 0))} more (ulimit -v {_bytes(address_space_limit())}); {kept}"
+            )
+        try:
+            yield
+        except Exception as err:
+            message = out_of_memory(err)
+            if message is None:
+                raise
+            raise UserError(f"cannot save {what}, {message}; {kept}") from None
+
+    def _kept(self) -> str:
+        """Which checkpoint ``--resume`` continues from, for the line of a failed save or write."""
+        if self._saved:
+            return f"the checkpoint of epoch {self._saved} is kept and --resume continues from it"
+        return "no epoch is checkpointed, so the run starts again from scratch"
 
     @contextlib.contextmanager
     def writing(self, path: Path):
@@ -623,12 +715,7 @@ class Run:
         written: the file, the reason, the epoch not checkpointed and the checkpoint kept."""
         reason = err.strerror or " ".join(str(err).split())[:200]
         lost = f": epoch {self._running + 1} is not checkpointed" if self._running is not None else ""
-        kept = (
-            f"the checkpoint of epoch {self._saved} is kept and --resume continues from it"
-            if self._saved
-            else "no epoch is checkpointed, so the run starts again from scratch"
-        )
-        return UserError(f"cannot write {path} ({reason}){lost}; {kept}")
+        return UserError(f"cannot write {path} ({reason}){lost}; {self._kept()}")
 
     def where(self) -> str:
         """Where a stopped run stands, for the line of a signal (:mod:`shared_data.runtime.signals`):

@@ -1,0 +1,189 @@
+"""A checkpoint save under pressure: a real full file system (a small tmpfs) and a real memory limit
+(``RLIMIT_AS``, what ``ulimit -v`` sets) each end in the run's one line, with the last checkpoint
+kept: no traceback of orbax's background threads, no "can't start new thread", no hang, no native
+abort. Memory that runs out elsewhere is one line too (:func:`shared_data.core.errors.out_of_memory`)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gc
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import assert_one_error_line
+
+from shared_data.core import errors
+from shared_data.core.config import REPO_ROOT
+from shared_data.core.errors import UserError, run_cli
+from shared_data.runtime import run
+
+
+@contextlib.contextmanager
+def small_filesystem(folder, size: str):
+    """A tmpfs of ``size`` mounted on ``folder`` (root only); skips the test with the reason elsewhere."""
+    folder.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(logging.Formatter().format(record))
+
+
+@pytest.mark.parametrize("leave_kib", [16, 100])
+def test_orbax_reports_of_a_full_disk_stay_behind_the_runs_line(tmp_path, leave_kib):
+    """The checkpoint of epoch 2 on a file system with ``leave_kib`` KiB free: the save ends in the run's
+    one line and orbax's own reports (an ERROR record with a traceback from each of its threads,
+    asyncio's "Future exception was never retrieved") reach no log handler."""
+    import jax.numpy as jnp
+
+    from jax_impl.checkpoints import Checkpoints
+
+    noise = np.random.default_rng(0).standard_normal((4, 256, 256), np.float32)  # 1 MiB that does not compress
+    state = {f"w{i}": jnp.asarray(noise[i]) for i in range(4)}
+    records = _Records()
+    logging.getLogger().addHandler(records)
+    try:
+        with small_filesystem(tmp_path / "small", "4m") as small, Checkpoints(small / "ckpt", 2, state) as ckpt:
+            ckpt.save(1, state)
+            st = os.statvfs(small)
+            (small / "fill").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - (leave_kib << 10)))
+            with pytest.raises(UserError) as failed:
+                ckpt.save(2, state)
+            assert ckpt.epochs() == [1]
+            gc.collect()  # orbax's unread futures are reported when they are freed
+    finally:
+        logging.getLogger().removeHandler(records)
+    assert str(failed.value) == (
+        f"cannot write the checkpoint of epoch 2 in {small / 'ckpt'} (No space left on device); "
+        "the checkpoint of epoch 1 is kept and --resume continues from it"
+    )
+    assert not [line for line in records.lines if "Traceback" in line or "RESOURCE_EXHAUSTED" in line], records.lines
+
+
+#: Saves the checkpoint of epoch 1 of ``cpu_tiny`` through the trainers' ``Run.saving`` after lowering
+#: this process's RLIMIT_AS to its size plus ``margin`` MiB (argv: framework, run folder, margin, data).
+SAVE_UNDER_A_LIMIT = """
+import resource, sys
+from pathlib import Path
+from shared_data.core import config as config_mod
+from shared_data.core.errors import run_cli
+from shared_data.runtime import run as run_mod
+
+framework, work, margin, data = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+cfg = config_mod.load_config(
+    "cpu_tiny", overrides=dict(train_path=str(data / "train_32.h5"), val_path=str(data / "val_24.h5"))
+)
+
+def main(_):
+    r = run_mod.Run(cfg, work, framework, "test", {}, 1)
+    if framework == "jax":
+        from jax_impl import model
+        from jax_impl.checkpoints import Checkpoints
+
+        state = model.init_params(cfg, 0)
+        ckpt, save = Checkpoints(work / "checkpoints", 2, state), lambda: ckpt.save(1, state)
+    else:
+        from tf_impl import model
+        from tf_impl.checkpoints import Checkpoints
+
+        ckpt = Checkpoints(work / "checkpoints", 2, model.build_model(cfg))
+        save = lambda: ckpt.save(1)
+    size = next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]
+    resource.setrlimit(resource.RLIMIT_AS, (int(size) * 1024 + margin * 2**20, resource.RLIM_INFINITY))
+    with ckpt, r.saving(1):
+        save()
+    print("saved", ckpt.epochs())
+
+raise SystemExit(run_cli(main))
+"""
+
+
+@pytest.mark.parametrize(
+    "framework, headroom",
+    [("jax", "short"), ("jax", "enough"), ("tf", "short"), pytest.param("tf", "enough", marks=pytest.mark.slow)],
+)
+def test_a_checkpoint_save_under_a_memory_limit(framework, headroom, tmp_path, data_dir):
+    """``ulimit -v`` leaving 64 MiB for the save: refused before orbax or TensorFlow start it, in one
+    line naming the memory needed and the limit (the save hung in orbax's thread start, printed "can't
+    start new thread", or TensorFlow aborted natively); leaving what the check asks for (plus 16 MiB),
+    the save is written."""
+    from shared_data.core import config as config_mod
+
+    need = run.save_memory_needed(config_mod.load_config("cpu_tiny")) >> 20 if headroom == "enough" else 0
+    margin = 64 if headroom == "short" else need + 16
+    args = [framework, str(tmp_path / "w"), str(margin), str(data_dir)]
+    res = subprocess.run(
+        [sys.executable, "-c", SAVE_UNDER_A_LIMIT, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    if headroom == "enough":
+        assert res.returncode == 0 and "saved [1]" in res.stdout, res.stderr[-3000:]
+        return
+    assert_one_error_line(
+        res,
+        "cannot save the checkpoint of epoch 1: it needs about ",
+        "more memory and this process may map 64.0 MiB more (ulimit -v ",
+        "no epoch is checkpointed, so the run starts again from scratch",
+    )
+    assert "Traceback" not in res.stdout
+
+
+def _raises(err):
+    def main(_):
+        raise err
+
+    return main
+
+
+@pytest.mark.parametrize(
+    "err, what",
+    [
+        (
+            MemoryError("Unable to allocate 1.00 GiB for an array with shape (268435456,) and data type float32"),
+            "Unable",
+        ),
+        (RuntimeError("can't start new thread"), "a thread could not start (no memory for its stack)"),
+        (OSError(errno.ENOMEM, os.strerror(errno.ENOMEM)), "Cannot allocate memory"),
+        (ImportError("libjax_common.so: failed to map segment from shared object"), "libjax_common.so could not be"),
+    ],
+)
+def test_memory_that_runs_out_anywhere_is_one_line(err, what, capsys):
+    """Out of memory outside a save (an array, a loader's shared memory, a thread, a library at
+    import): one line naming what could not be allocated and the process's limit."""
+    import resource
+
+    assert run_cli(_raises(err), []) == 2
+    line = capsys.readouterr().err
+    assert line.startswith(f"error: out of memory: {what}") and line.count("\n") == 1, line
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    assert line.endswith("the host has no more to give\n" if soft == resource.RLIM_INFINITY else "(ulimit -v)\n")
+    assert errors.out_of_memory(ValueError("other")) is None
+
+
+def test_memory_that_runs_out_names_the_kits_frame_that_asked():
+    try:
+        raise MemoryError("Unable to allocate 8.00 EiB")
+    except MemoryError as err:
+        assert errors.out_of_memory(err).startswith(
+            "out of memory: Unable to allocate 8.00 EiB at tests/test_checkpoint_pressure.py:"
+        )
