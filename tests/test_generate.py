@@ -211,8 +211,15 @@ def test_uniform_gas_under_patchy_reionization_follows_the_offset():
     size = 8
     m = cosmology.reionization_offset(size, 16.0, 3)
     rho, temp, v = cosmology.nonlinear_gas(
-        np.ones((size,) * 3), np.zeros((3, size, size, size)), np.zeros((size,) * 3), np.zeros((size,) * 3), m,
-        16.0, 6.0, 1e4, 1.6,
+        np.ones((size,) * 3),
+        np.zeros((3, size, size, size)),
+        np.zeros((size,) * 3),
+        np.zeros((size,) * 3),
+        m,
+        16.0,
+        6.0,
+        1e4,
+        1.6,
     )
     np.testing.assert_allclose(rho, 1.0, atol=1e-12)
     np.testing.assert_allclose(v, 0.0, atol=1e-12)
