@@ -101,23 +101,15 @@ def test_tf_savedmodel_and_keras_file_load_back(setup):
     assert {type(layer) for layer in loaded.layers} >= {tf_model.DownConv, tf_model.UpConv}
     np.testing.assert_array_equal(loaded(x24).numpy(), tf_export.build_exported_model(cfg, w, 24)(x24).numpy())
     np.testing.assert_allclose(loaded(x24).numpy(), want, atol=1e-5)  # eager vs predict's XLA: round-off
-    res = _run_bare(
-        f"""
-        import numpy as np, tensorflow as tf
-        model = tf.saved_model.load({str(out / "saved_model")!r})
-        np.save("ytf.npy", model.serve(tf.constant(np.load({str(d / "x24.npy")!r}))).numpy())
-        """,
-        d,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    np.testing.assert_allclose(np.load(d / "ytf.npy"), want, atol=1e-5)
     # without --size: one SavedModel for any side that is a multiple of 2**levels
     free = d / "tf_free"
     assert tf_export.main([*argv[:4], "--out", str(free)]) == 0
     assert json.loads((free / "export.json").read_text())["input"]["shape"] == [None, None, None, None, 4]
-    res = _run_bare(
+    res = _run_bare(  # both SavedModels in one bare interpreter
         f"""
         import numpy as np, tensorflow as tf
+        model = tf.saved_model.load({str(out / "saved_model")!r})
+        np.save("ytf.npy", model.serve(tf.constant(np.load({str(d / "x24.npy")!r}))).numpy())
         model = tf.saved_model.load({str(free / "saved_model")!r})
         np.save("ytf16.npy", model.serve(tf.constant(np.load({str(d / "x.npy")!r}))).numpy())
         np.save("ytf24.npy", model.serve(tf.constant(np.load({str(d / "x24.npy")!r}))).numpy())
@@ -125,6 +117,7 @@ def test_tf_savedmodel_and_keras_file_load_back(setup):
         d,
     )
     assert res.returncode == 0, res.stderr[-3000:]
+    np.testing.assert_allclose(np.load(d / "ytf.npy"), want, atol=1e-5)
     np.testing.assert_allclose(np.load(d / "ytf24.npy"), want, atol=1e-5)
     np.testing.assert_allclose(np.load(d / "ytf16.npy"), tf_predict.make_apply(cfg, w)(x), atol=1e-5)
     # a second export replaces the first (atomic folder swap)
