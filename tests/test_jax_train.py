@@ -40,38 +40,45 @@ def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
     assert_tensorboard_record(tmp_path / "run" / "tb", "jax", cfg, hist)
 
 
-@pytest.mark.slow
-def test_resume_is_exact(tiny_cfg, tmp_path):
+@pytest.fixture(scope="module")
+def straight(tiny_cfg, tmp_path_factory):
+    """The uninterrupted run the resume tests compare with (2 epochs of 3 steps): its config, final
+    parameters (canonical names) and run folder."""
     cfg = config_mod.replace(tiny_cfg, Nsamples=12, num_epochs=2)
-    straight = _params(train_mod.train_and_evaluate(cfg, tmp_path / "straight")[0])
+    folder = tmp_path_factory.mktemp("straight")
+    return cfg, _params(train_mod.train_and_evaluate(cfg, folder)[0]), folder
+
+
+@pytest.mark.slow
+def test_resume_is_exact(straight, tmp_path):
+    cfg, straight_params, straight_folder = straight
     train_mod.train_and_evaluate(cfg, tmp_path / "split", stop_after_epoch=1)
     with pytest.raises(Exception, match="already holds checkpoints"):
         train_mod.train_and_evaluate(cfg, tmp_path / "split")
     resumed, _ = train_mod.train_and_evaluate(cfg, tmp_path / "split", resume=True)
     assert int(resumed.step) == 6
-    for k, v in straight.items():
+    for k, v in straight_params.items():
         np.testing.assert_array_equal(_params(resumed)[k], v, err_msg=k)
     hist = read_metrics(tmp_path / "split")
     assert [h["epoch"] for h in hist] == [1, 2]
-    assert hist[1]["lr"] == read_metrics(tmp_path / "straight")[1]["lr"]
+    assert hist[1]["lr"] == read_metrics(straight_folder)[1]["lr"]
 
 
 @pytest.mark.slow
-def test_a_stop_signal_saves_mid_epoch_and_the_resumed_run_is_exact(tiny_cfg, tmp_path, monkeypatch):
+def test_a_stop_signal_saves_mid_epoch_and_the_resumed_run_is_exact(straight, tmp_path, monkeypatch):
     """SIGUSR1 while step 1 of epoch 2 runs (3 steps an epoch): the run saves after that step with
     the data cursor (epoch 2, step 3) and exits 138; the resumed run ends with the weights and
     the per-epoch losses of the uninterrupted run, bit for bit."""
-    cfg = config_mod.replace(tiny_cfg, Nsamples=12, num_epochs=2)
-    straight = _params(train_mod.train_and_evaluate(cfg, tmp_path / "straight")[0])
+    cfg, straight_params, straight_folder = straight
     stopped = train_with_signal_at(train_mod, monkeypatch, 4, signal.SIGUSR1, cfg, tmp_path / "split")
     assert stopped.exit_code == 128 + signal.SIGUSR1 and "epoch 2, step 3 of 3" in str(stopped), stopped
     cursor = json.loads((tmp_path / "split" / "mid_epoch" / "cursor.json").read_text())
     assert (cursor["epoch"], cursor["step"], cursor["global_step"], len(cursor["losses"])) == (1, 2, 5, 2)
     resumed, _ = train_mod.train_and_evaluate(cfg, tmp_path / "split", resume=True)
     assert int(resumed.step) == 6 and not (tmp_path / "split" / "mid_epoch").exists()
-    for k, v in straight.items():
+    for k, v in straight_params.items():
         np.testing.assert_array_equal(_params(resumed)[k], v, err_msg=k)
-    split, want = read_metrics(tmp_path / "split"), read_metrics(tmp_path / "straight")
+    split, want = read_metrics(tmp_path / "split"), read_metrics(straight_folder)
     assert [(h["epoch"], h["train_loss"], h["val_loss"]) for h in split] == [
         (h["epoch"], h["train_loss"], h["val_loss"]) for h in want
     ]
