@@ -85,7 +85,7 @@ def test_bad_data_fails_before_overwrite_deletes_checkpoints(fw, tiny_cfg, tmp_p
     assert (ckpt / "epoch_1").read_text() == "work to keep"
 
 
-def test_tool_inputs_are_checked(tmp_path):
+def test_tool_inputs_are_checked(tmp_path, tiny_cfg):
     layer_bench = _main("dlas_compare.layer_bench")
     assert_one_error_line(
         run_in_process(layer_bench, ["--config", "cpu_tiny", "--layers", "nope", "--no-torch"]),
@@ -104,6 +104,7 @@ def test_tool_inputs_are_checked(tmp_path):
     ):
         assert_one_error_line(run_in_process(_main("dlas_compare.plots"), [*plots, run]), text)
     torch_dali = ["--framework", "torch", "--mode", "io", "--config", "cpu_tiny", "--data_loader_config", "dali-device"]
+    torch_dali += ["--set", f"train_path={tiny_cfg.train_path}"]  # the data exist: the input is what is refused
     assert_one_error_line(run_in_process(_main("dlas_compare.benchmark"), torch_dali), "no dali-device input")
 
 
