@@ -257,16 +257,24 @@ def test_a_killed_parent_leaves_no_worker_behind(tiny_cfg):
     assert not alive
 
 
+def _parent_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
 def test_sigterm_to_the_process_group_is_left_to_the_parent(tiny_cfg, tmp_path):
-    """``scancel`` (another process) signals every process of the job: the workers leave SIGTERM
-    (like SIGINT) to the parent, which stops them when it stops, so a batch under way still
-    completes; the parent's own SIGTERM (its close) ends them."""
+    """``scancel`` (another process) signals every process of the job: the workers and the fork
+    server that forked them (whose end would end them) leave SIGTERM (like SIGINT) to the parent,
+    which stops them when it stops, so a batch under way still completes; the parent's own SIGTERM
+    (its close) ends them."""
     cfg, reader, workers = _setup(tiny_cfg, tmp_path, 2)
     plan = host_batches.make_plan(cfg, TRAIN, 0, [0], 1, reader.size)
     loader = iter(host_batches.NumpyLoader(reader, plan, cfg, workers=workers))
     next(loader)
     pids = workers.pids
-    subprocess.run(["kill", "-TERM", *map(str, pids)], check=True)  # sent by another process
+    server = _parent_pid(pids[0])
+    assert server != os.getpid() and _parent_pid(pids[1]) == server
+    subprocess.run(["kill", "-TERM", str(server), *map(str, pids)], check=True)  # sent by another process
     time.sleep(0.2)
     batch = next(loader)
     assert np.isfinite(batch["inputs"]).all() and workers.pids == pids

@@ -15,7 +15,8 @@ with its own handle (the tutorial's PyTorch ``DataLoader`` workers), read in par
 * End: :meth:`CropWorkers.close`, the object's collection, or the interpreter's exit stop the workers
   (a worker still running after :data:`JOIN_S` is killed) and unlink every slot.
 * Signals: SIGINT and SIGTERM to the process group (Ctrl-C, ``scancel``) are the parent's to
-  handle; the workers ignore them and end when the parent closes them. A parent that dies without
+  handle; the workers and their fork server (:mod:`shared_data.data.fork_server`) ignore them and end
+  when the parent closes them. A parent that dies without
   closing them (kill -9, the OOM killer) takes them along: the kernel's parent-death signal
   (``prctl(PR_SET_PDEATHSIG)``, Linux) kills a worker when the fork server that forked it ends,
   which it does when the parent ends, and a thread in each worker that watches the parent's
@@ -224,7 +225,7 @@ class CropWorkers:
                 raise RuntimeError(f"the lowmem workers reading {self.reader.path} are closed")
             if pool.executor is None:
                 ctx = mp.get_context("forkserver")
-                ctx.set_forkserver_preload([__name__])
+                ctx.set_forkserver_preload(["shared_data.data.fork_server"])  # this module, SIGTERM ignored
                 pool.executor = cf.ProcessPoolExecutor(
                     self.num_workers,
                     mp_context=ctx,

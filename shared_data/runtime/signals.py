@@ -211,7 +211,12 @@ def signal_first() -> Iterator[None]:
 
 @contextlib.contextmanager
 def stoppable() -> Iterator[None]:
-    """Around training steps: SIGTERM asks for a stop at the next step boundary instead of raising."""
+    """Around training steps: SIGTERM asks for a stop at the next step boundary instead of raising.
+    A SIGTERM held by :func:`deferred` since before the block (it arrived between epochs, after the
+    checkpoint's write: the time-to-quality evaluation, the next epoch's start) asks the same, so it
+    too ends in a step-boundary save and the job's requeue."""
+    if _state["pending"] in STOP_SIGNALS:
+        _state["stop"], _state["pending"] = _state["stop"] or _state["pending"], None
     _state["stoppable"] += 1
     try:
         yield
