@@ -24,8 +24,7 @@ if [[ $CONFIG == short ]]; then
   RECIPE=(--num_epochs "${NUM_EPOCHS:-22}" --set "quality_budget_sec=$BUDGET")
   VAL=data/val_128.h5
 else
-  RECIPE=(--Nsamples 16 --num_epochs "${NUM_EPOCHS:-3}" --set quality_budget_sec=60 --set ema_decay=0.9
-    --set loss_space=physical --set lambda_fourier=1.0)
+  RECIPE=("${TINY_QUALITY[@]}" --num_epochs "${NUM_EPOCHS:-3}")
   VAL=$WORK/val_32_nonlinear.h5
 fi
 RECIPE+=(--set quality_r_min=0.99999)

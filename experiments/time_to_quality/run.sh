@@ -19,8 +19,7 @@ if [[ $CONFIG == short ]]; then
   TRAIN_CONFIG=quality  # the recipe above as a named config (configs/UNet.yaml)
   RECIPE=(--set quality_budget_sec=450)
 else
-  RECIPE=(--Nsamples 16 --num_epochs 2 --set quality_budget_sec=60 --set ema_decay=0.9 --set loss_space=physical
-    --set lambda_fourier=1.0)
+  RECIPE=("${TINY_QUALITY[@]}" --num_epochs 2)
 fi
 # shellcheck disable=SC2086
 ttq jax_ttq jax "${RECIPE[@]}" ${EXTRA:-}

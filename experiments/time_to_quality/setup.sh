@@ -42,6 +42,9 @@ else
   done
   TRAIN=(--set "train_path=$WORK/train_32_$GAS.h5" --set "val_path=$WORK/val_32_$GAS.h5" --set "xla_cache_dir=$WORK/xla")
 fi
+# The recipes' CPU smoke test: config quality's levers on a few crops an epoch (each script adds --num_epochs).
+TINY_QUALITY=(--Nsamples 16 --set quality_budget_sec=60 --set ema_decay=0.9 --set loss_space=physical
+  --set lambda_fourier=1.0)
 [[ $GAS == filtered ]] && TRAIN+=(--set quality_beat_non_ml=false)
 
 # ttq NAME FRAMEWORK [flags...]: one time-to-quality run in $WORK/NAME; its log, quality.jsonl,

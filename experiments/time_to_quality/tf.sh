@@ -16,8 +16,7 @@ if [[ $CONFIG == short ]]; then
   TRAIN_CONFIG=quality  # run.sh's recipe as a named config (configs/UNet.yaml), 13 epochs here
   RECIPE=(--num_epochs 13 --set quality_budget_sec=390)
 else
-  RECIPE=(--Nsamples 16 --num_epochs 2 --set quality_budget_sec=60 --set ema_decay=0.9 --set loss_space=physical
-    --set lambda_fourier=1.0)
+  RECIPE=("${TINY_QUALITY[@]}" --num_epochs 2)
 fi
 # shellcheck disable=SC2086
 ttq tf_ttq tf "${RECIPE[@]}" ${EXTRA:-}

@@ -29,8 +29,7 @@ if [[ $CONFIG == short ]]; then
   TRAIN_CONFIG=quality
   RECIPE=(--set "quality_budget_sec=$BUDGET")
 else
-  RECIPE=(--Nsamples 16 --num_epochs 2 --set quality_budget_sec=60 --set ema_decay=0.9 --set loss_space=physical
-    --set lambda_fourier=1.0)
+  RECIPE=("${TINY_QUALITY[@]}" --num_epochs 2)
 fi
 CACHE=$(python3 -c "import sys; sys.path.insert(0, '.'); from shared_data.core import config as c; print(c.load_config('$TRAIN_CONFIG').xla_cache_dir)" 2>/dev/null || echo .cache/xla)
 run_levers "${FRAMEWORK:-jax}" "$TIMEOUT"
