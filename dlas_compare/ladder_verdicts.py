@@ -142,12 +142,14 @@ def lesson_line(summary: dict, step: Step, prev: dict | None) -> str:
 
 
 def replica_line(check: dict) -> str:
-    """The data-parallel rung's loss check (:func:`dlas_compare.benchmark.replica_check`) in words."""
-    head = f"{check['replicas']} replicas, global batch {check['global_batch']}: the losses of {check['steps']} steps"
-    if check["equal"]:
-        return f"{head} equal one device's (within {check['rtol']:g} relative)"
-    pairs = ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(check["losses_one_device"], check["losses_replicas"]))
+    """The data-parallel rung's loss check (:func:`dlas_compare.benchmark.replica_check`) in words:
+    the replicas, the global batch, each step's loss on one device and on the replicas, and their
+    largest relative difference against the tolerance (float32 sums in another order)."""
+    pairs = ", ".join(f"{a:.7g}/{b:.7g}" for a, b in zip(check["losses_one_device"], check["losses_replicas"]))
+    verdict = "equal" if check["equal"] else "NOT equal to"
+    within = "within" if check["equal"] else "over"
     return (
-        f"{head} NOT equal to one device's (up to {check['max_rel_diff']:.1e} relative, over {check['rtol']:g}; "
-        f"1 device/replicas: {pairs})"
+        f"{check['replicas']} replicas, global batch {check['global_batch']}: the losses of {check['steps']} steps "
+        f"{verdict} one device's (1 device/replicas: {pairs}; max relative difference {check['max_rel_diff']:.1e}, "
+        f"{within} {check['rtol']:g})"
     )

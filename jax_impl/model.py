@@ -5,7 +5,12 @@ optax and orbax, and keeps ``train_step`` a pure function of ``(state, batch)`` 
 ImageNet example.
 
 Precision: parameters are float32; ``dtype`` (float32 / bfloat16 / float16) is the compute type,
-to which inputs and kernels are cast; the last layer's output is cast to float32 before tanh.
+to which inputs and kernels are cast; the last layer's output is cast to float32 before tanh. A bias
+is broadcast in float32 and then cast, which gives the same forward values and makes its gradient (the
+sum of the output's cotangent over batch and voxels) a float32 sum: a reduction in the half type
+accumulates in the half type on XLA:CPU, where a bfloat16 sum stalls once the running total's spacing
+exceeds the terms (a bias gradient far from its value, and another one for each split of the batch
+across replicas). TensorFlow's XLA bridge sums half types in float32 (``XlaHelpers::SumAccumulationType``).
 
 Down-convolution (``downconv``):
 
@@ -258,14 +263,15 @@ class _Conv(nn.Module):
         c_in = sum(xi.shape[-1] for xi in xs)
         w = self.param("kernel", KERNEL_INIT, (KERNEL, KERNEL, KERNEL, c_in, self.features), jnp.float32)
         b = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
-        w, b = w.astype(self.dtype), b.astype(self.dtype)
+        w = w.astype(self.dtype)
         extra = -self.features % self.pad_out if self.pad_out > 1 else 0
         if extra:
             w, b = jnp.pad(w, ((0, 0),) * 4 + ((0, extra),)), jnp.pad(b, (0, extra))
         y = self.FNS[self.method](
             xs if len(xs) > 1 else xs[0], w, fold_pad=self.conv_pad == "folded", regroup=self.kernel_regroup
         )
-        return (y + b)[..., : self.features] if extra else y + b
+        y = y + jnp.broadcast_to(b.astype(jnp.float32), y.shape).astype(self.dtype)  # a float32 bias gradient
+        return y[..., : self.features] if extra else y
 
 
 class DownConv(_Conv):

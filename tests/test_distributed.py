@@ -33,12 +33,12 @@ RTOL, ATOL = 1e-4, 1e-6  # fp32, different reduction orders; updates are ~lr = 1
 # losses of the same global batches on 1 and 2 replicas (float32 sums in another order; on CPU the
 # per-epoch losses agree to a few 1e-7 relative)
 LOSS_RTOL = 1e-5
-# bfloat16 compute, 1 vs 2 devices: batch-split bf16 reductions round differently and Adam turns a
-# changed near-zero gradient into a step of up to ~lr, so elements differ by up to 7e-4. Compared
-# instead: |update_2 - update_1| / |update_1| over all parameters (L2). On CPU with the generated
-# 32^3 volume this is 0.17 (bf16 against fp32 compute on one device: 0.08); a replica that missed
-# the gradient sum (training on its half batch alone) gives 0.52. The bound sits between the two.
-BF16_REL_UPDATE = 0.3
+# bfloat16 compute, 1 vs 2 devices with the gradients summed in bfloat16: each replica's gradient is
+# rounded to bfloat16 before the sum, one device's after it, and Adam turns a changed near-zero
+# gradient into a step of up to ~lr. Compared: |update_2 - update_1| / |update_1| over all parameters
+# (L2). On CPU with the generated 32^3 volume this is 6e-4 (JAX) and 2e-3 (TF); a replica that missed
+# the gradient sum (training on its half batch alone) gives 0.56. The bound sits between the two.
+BF16_REL_UPDATE = 0.05
 
 
 def _losses(workdir):

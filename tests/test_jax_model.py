@@ -174,6 +174,28 @@ def test_full_size_net_shapes_dtypes_and_parameter_count():
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(half))
 
 
+@pytest.mark.parametrize("param_dtype, pad_out", [(jnp.float32, 0), (jnp.float32, 8), (jnp.bfloat16, 0)])
+def test_bf16_bias_gradient_is_a_float32_sum(param_dtype, pad_out):
+    """Under bfloat16 compute the bias gradient, a sum over batch and voxels of the output's
+    cotangent, accumulates in float32: 2 x 16^3 terms of ~1e-3 against the float64 sum of the same
+    bfloat16 cotangents (a bfloat16 running sum stalls once its spacing exceeds the terms, far below
+    the total). The forward equals conv + bias rounded to bfloat16 first. Float32 parameters (the
+    default) and bfloat16 ones (``grad_allreduce_dtype: bfloat16``, whose gradient is then rounded
+    to bfloat16 once)."""
+    c_in, c_out = 3, 5
+    x = jnp.asarray(RNG.standard_normal((2, 32, 32, 32, c_in)), jnp.bfloat16)
+    w = jnp.asarray(0.02 * RNG.standard_normal((4, 4, 4, c_in, c_out)), param_dtype)
+    b = jnp.asarray(RNG.standard_normal(c_out), param_dtype)
+    g = jnp.asarray(RNG.uniform(0.5, 1.5, (2, 16, 16, 16, c_out)) * 1e-3, jnp.bfloat16)
+    layer = model_mod.DownConv(c_out, dtype=jnp.bfloat16, pad_out=pad_out)
+    out, vjp = jax.vjp(lambda b: layer.apply({"params": {"kernel": w, "bias": b}}, x), b)
+    (db,) = vjp(g)
+    ref = np.asarray(g, np.float64).sum(axis=(0, 1, 2, 3))
+    assert db.dtype == param_dtype and rel_err(db, ref) < (1e-5 if param_dtype == jnp.float32 else 4e-3)
+    no_bias = layer.apply({"params": {"kernel": w, "bias": jnp.zeros_like(b)}}, x)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(no_bias + b.astype(jnp.bfloat16)))
+
+
 @pytest.mark.slow
 def test_tiny_net_runs_and_modes_agree(tiny_cfg):
     params = model_mod.init_params(tiny_cfg, seed=3)

@@ -211,6 +211,20 @@ def test_user_errors(tiny_cfg, capsys):
     )
 
 
+def test_the_data_parallel_rung_reports_replicas_batch_losses_and_their_difference():
+    check = dict(replicas=2, global_batch=8, steps=2, losses_one_device=[0.03708900, 0.03305335], rtol=1e-5)
+    equal = dict(check, losses_replicas=[0.03708900, 0.03305337], max_rel_diff=6.1e-7, equal=True)
+    assert ladder_verdicts.replica_line(equal) == (
+        "2 replicas, global batch 8: the losses of 2 steps equal one device's (1 device/replicas: "
+        "0.037089/0.037089, 0.03305335/0.03305337; max relative difference 6.1e-07, within 1e-05)"
+    )
+    differ = dict(check, losses_replicas=[0.03708900, 0.03308612], max_rel_diff=9.9e-4, equal=False)
+    assert ladder_verdicts.replica_line(differ) == (
+        "2 replicas, global batch 8: the losses of 2 steps NOT equal to one device's (1 device/replicas: "
+        "0.037089/0.037089, 0.03305335/0.03308612; max relative difference 9.9e-04, over 1e-05)"
+    )
+
+
 @pytest.mark.slow  # seconds of real waiting: the fast tier stays under a minute
 def test_spent_budget_skips_the_rungs(tiny_cfg, tmp_path):
     out = tmp_path / "ladder.jsonl"
@@ -228,7 +242,9 @@ def test_ci_sized_ladder_of_jax_on_cpu(tiny_cfg, tmp_path, capsys):
     """The real command, JAX only, 1 + 2 x 2 steps per mode: every rung that can run here writes the
     records of the modes its change moves in the benchmark schema with its cumulative settings, every
     rung a summary whose speedups are the records' FULL ratios, and the figure; the data-parallel
-    rung on 2 CPU devices at twice the batch, with its loss check against one device."""
+    rung on 2 CPU devices at twice the batch, with its loss check against one device: the rung
+    inherits bfloat16 compute from the AMP rung, and its losses still equal one device's within
+    1e-5 (the same crops; float32 gradient sums in another order)."""
     out, fig = tmp_path / "ladder.jsonl", tmp_path / "ladder.png"
     args = ["--frameworks", "jax", *_config_args(tiny_cfg), "--warmup", "1", "--steps", "2", "--windows", "2"]
     assert ladder.main(args + ["--window_sec", "60", "--out", str(out), "--figure", str(fig)]) == 0
@@ -269,7 +285,13 @@ def test_ci_sized_ladder_of_jax_on_cpu(tiny_cfg, tmp_path, capsys):
     check = full[7]["replica_check"]
     assert (check["replicas"], check["global_batch"], check["steps"]) == (2, 2 * tiny_cfg.global_batch_size, 2)
     assert summaries[6]["replicas"] == 2 and summaries[6]["replica_check"] == check
-    assert f"2 replicas, global batch {check['global_batch']}: the losses of 2 steps" in summaries[6]["line"]
+    assert full[7]["precision"] == "bfloat16" and full[7]["global_batch"] == check["global_batch"]
+    pairs = list(zip(check["losses_one_device"], check["losses_replicas"]))
+    assert len(pairs) == 2 and all(0 < a < 1 for a, _ in pairs)  # L1 of tanh outputs
+    assert check["max_rel_diff"] == max(abs(a - b) / a for a, b in pairs)
+    assert check["equal"] and check["max_rel_diff"] < 1e-5, check
+    assert ladder_verdicts.replica_line(check) in summaries[6]["line"]
+    assert f"2 replicas, global batch {check['global_batch']}: the losses of 2 steps equal" in summaries[6]["line"]
     rate = lambda i: full[i]["samples_per_sec"]
     for s in summaries[:5] + summaries[6:]:
         i = s["ladder_step"]

@@ -277,6 +277,18 @@ def test_a_requeued_slurm_job_resumes_without_the_flag():
     assert cli.resume_requested(True, False, {}) == (True, False)
 
 
+def test_each_process_stop_line_says_what_resumes_it():
+    """After a step-boundary save: process 0 says whether it requeued the job; another process of a
+    SLURM job cannot know and says who decides; outside SLURM every process says --resume."""
+    slurm = {"SLURM_JOB_ID": "7"}
+    assert run.what_resumes(True, True, slurm) == "the job is requeued and resumes there"
+    assert run.what_resumes(True, False, slurm) == "--resume continues from there"
+    assert run.what_resumes(False, False, slurm) == (
+        "process 0 requeues the job where SLURM allows it (sbatch --requeue), else --resume continues from there"
+    )
+    assert run.what_resumes(False, False, {}) == run.what_resumes(True, False, {}) == "--resume continues from there"
+
+
 def test_requeue_outside_slurm_or_without_a_controller_is_refused_with_a_line(caplog, tmp_path, monkeypatch):
     """No SLURM_JOB_ID: nothing is asked. A job id that no reachable controller knows (scontrol
     missing, or no slurmctld): a warning, no exception, since the checkpoint is already written."""

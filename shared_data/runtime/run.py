@@ -652,8 +652,7 @@ class Run:
                 )
                 with self.writing(self.mid_epoch_dir / "cursor.json"):
                     write_atomic(self.mid_epoch_dir / "cursor.json", json.dumps(cursor) + "\n")
-        requeued = requeue_job() if self.main else False
-        then = "the job is requeued and resumes there" if requeued else "--resume continues from there"
+        then = what_resumes(self.main, requeue_job() if self.main else False)
         raise signals.Interrupted(
             signum,
             f"at epoch {epoch + 1}, step {step + 1} of {self.steps_per_epoch}: saved in {self.mid_epoch_dir}; {then}",
@@ -938,6 +937,17 @@ def save_final_weights(path: str | None, weights: Callable[[], dict], main_proce
         with writing(path):
             unet_spec.save_weights(path, weights())
         log.info("wrote %s", path)
+
+
+def what_resumes(main: bool, requeued: bool, env=None) -> str:
+    """The end of a process's stop line after a step-boundary save: what continues the run. Process 0
+    knows whether it requeued the SLURM job (``requeued``, :func:`requeue_job`); another process of a
+    SLURM job (``SLURM_JOB_ID`` in ``env``, default ``os.environ``) does not, and says who decides."""
+    if requeued:
+        return "the job is requeued and resumes there"
+    if not main and (os.environ if env is None else env).get("SLURM_JOB_ID"):
+        return "process 0 requeues the job where SLURM allows it (sbatch --requeue), else --resume continues from there"
+    return "--resume continues from there"
 
 
 def requeue_job(env=None) -> bool:
