@@ -6,6 +6,7 @@ says what ``--overwrite`` deleted."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -47,6 +48,33 @@ def jax_train(argv):
     from jax_impl import train
 
     return run_in_process(train.main, argv)
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-unset} $*" >> "$(dirname "$0")/calls"
+"""
+
+
+def test_the_set_up_says_how_long_its_stages_take_and_keeps_tensorflows_start_up_lines_out(tmp_path):
+    """``scripts/setup.sh`` on a fresh checkout (its ``.venv`` a stand-in that records each call):
+    each install stage says up front how long it takes, and every call, the DALI TF plugin's build
+    (which imports TensorFlow) included, runs with ``TF_CPP_MIN_LOG_LEVEL=2``."""
+    for part in ("scripts/setup.sh", "requirements/constraints-cpu.txt", "pyproject.toml"):
+        (tmp_path / part).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / part, tmp_path / part)
+    python = tmp_path / ".venv/bin/python"
+    python.parent.mkdir(parents=True)
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(python)}
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    proc = subprocess.run(["bash", "scripts/setup.sh"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    stages = [line for line in proc.stdout.splitlines() if line.startswith("setup: stage")]
+    assert len(stages) == 2 and "~1 minute from pip's cache" in stages[0] and "seconds" in stages[1], stages
+    calls = (python.parent / "calls").read_text().splitlines()
+    assert any("nvidia-dali-tf-plugin" in call for call in calls) and len(calls) == 4, calls
+    assert all(call.startswith("TF_CPP_MIN_LOG_LEVEL=2 ") for call in calls), calls
 
 
 def test_missing_data_gives_the_command_that_makes_it_and_no_run_folder(tmp_path, monkeypatch):
