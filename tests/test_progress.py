@@ -15,23 +15,32 @@ from shared_data.inference import predict
 
 
 def test_generate_says_each_stage(tmp_path, capsys):
+    """One line per stage, the particle deposit (the longest) after each quarter of its 8 sub-lattices;
+    a file that exists is said to be generated again before the work starts."""
     assert generate.main(["--out", str(tmp_path / "v.h5"), "--size", "16", "--box", "4"]) == 0
-    err = capsys.readouterr().err.splitlines()
-    assert err == [
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
         "[generate] v.h5, 16^3: Gaussian random field",
         "[generate] v.h5, 16^3: Zel'dovich displacements",
         "[generate] v.h5, 16^3: deformation tensor: shell crossing, shock temperature, shear",
         "[generate] v.h5, 16^3: dark matter on the grid (2^3 particles per cell, TSC)",
+        "[generate] v.h5, 16^3: dark matter on the grid: 2 of 8 sub-lattices deposited",
+        "[generate] v.h5, 16^3: dark matter on the grid: 4 of 8 sub-lattices deposited",
+        "[generate] v.h5, 16^3: dark matter on the grid: 6 of 8 sub-lattices deposited",
         "[generate] v.h5, 16^3: gas: shock heating, two-phase temperature, temperature-dependent Jeans smoothing",
         "[generate] v.h5, 16^3: writing",
     ]
+    assert "exists" not in out
+    again = ["--out", str(tmp_path / "v.h5"), "--size", "16", "--box", "4", "--workers", "2"]
+    assert generate.main(again) == 0  # the pool's results are reported as they are summed
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == f"{tmp_path / 'v.h5'} exists: generating it again (--if-missing keeps an existing file)"
+    assert "[generate] v.h5, 16^3: dark matter on the grid: 6 of 8 sub-lattices deposited" in err.splitlines()
     # the linear gas of generator v2 has no deformation-tensor stage
     assert generate.main(["--out", str(tmp_path / "f.h5"), "--size", "16", "--box", "4", "--gas", "filtered"]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert err[2:4] == [
-        "[generate] f.h5, 16^3: dark matter on the grid (2^3 particles per cell, TSC)",
-        "[generate] f.h5, 16^3: gas: Jeans smoothing, temperature-density relation",
-    ]
+    assert err[2] == "[generate] f.h5, 16^3: dark matter on the grid (2^3 particles per cell, TSC)"
+    assert err[6] == "[generate] f.h5, 16^3: gas: Jeans smoothing, temperature-density relation"
 
 
 @pytest.mark.slow

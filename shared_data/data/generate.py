@@ -263,6 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.if_missing and out.exists():
         print(f"{out} exists; not regenerated{stale_note(out, args.gas)}")
     else:
+        if out.exists():
+            print(f"{out} exists: generating it again (--if-missing keeps an existing file)", flush=True)
         generate(args)
     if args.npy:
         from shared_data.data.convert import convert_to_npy
