@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,21 @@ def test_the_h200_ladder_without_out_says_how_to_call_it():
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: run.sh: set OUT to the results folder, e.g. OUT=results/ladder_h200 bash")
+
+
+def test_the_style_check_reads_every_package_and_skips_what_the_readme_puts_in_the_checkout(tmp_path):
+    """``ruff check .`` (``scripts/test.sh``) reads every Python file of the packages, ``shared_data/data``
+    included, and none of the data folder, the run folders or the tutorial the README clones beside
+    them (its own style is not the kit's)."""
+    ruff = Path(sys.executable).parent / "ruff"
+    if not ruff.exists():
+        pytest.skip("ruff is not installed (the test extra)")
+    for folder in ("data", "runs", "sc21-dl-tutorial/utils"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "x.py").write_text("import os\n")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    shutil.copytree(ROOT / "shared_data", tmp_path / "shared_data", ignore=shutil.ignore_patterns("__pycache__"))
+    listed = subprocess.run([str(ruff), "check", "--show-files", "."], cwd=tmp_path, capture_output=True, text=True)
+    files = {str(Path(line).relative_to(tmp_path)) for line in listed.stdout.split() if line.endswith(".py")}
+    packaged = {str(p.relative_to(tmp_path)) for p in (tmp_path / "shared_data").rglob("*.py")}
+    assert "shared_data/data/generate.py" in packaged and files == packaged

@@ -34,7 +34,9 @@ def test_generate_says_each_stage(tmp_path, capsys):
     again = ["--out", str(tmp_path / "v.h5"), "--size", "16", "--box", "4", "--workers", "2"]
     assert generate.main(again) == 0  # the pool's results are reported as they are summed
     out, err = capsys.readouterr()
-    assert out.splitlines()[0] == f"{tmp_path / 'v.h5'} exists: generating it again (--if-missing keeps an existing file)"
+    assert (
+        out.splitlines()[0] == f"{tmp_path / 'v.h5'} exists: generating it again (--if-missing keeps an existing file)"
+    )
     assert "[generate] v.h5, 16^3: dark matter on the grid: 6 of 8 sub-lattices deposited" in err.splitlines()
     # the linear gas of generator v2 has no deformation-tensor stage
     assert generate.main(["--out", str(tmp_path / "f.h5"), "--size", "16", "--box", "4", "--gas", "filtered"]) == 0

@@ -332,6 +332,15 @@ def test_readme_command(command, workspace, capsys, monkeypatch):
             assert (ws / path).exists(), f"{shlex.join(step)} did not write {path}"
 
 
+def test_the_tutorial_clone_the_readme_asks_for_stays_out_of_git_status():
+    """The README clones the tutorial inside the checkout (``sc21-dl-tutorial/``): git ignores it."""
+    assert "git clone` it inside this checkout" in README.read_text()
+    proc = subprocess.run(
+        ["git", "check-ignore", "--no-index", "sc21-dl-tutorial/config/UNet.yaml"], cwd=ROOT, capture_output=True
+    )
+    assert proc.returncode == 0
+
+
 #: What the test itself puts in the scratch folder (not written by a README command).
 SCAFFOLD = ("tiny.yaml", "sc21-dl-tutorial/", "bin/", "out/", "xla_cache/", "data/val_64", "git_status")
 
