@@ -52,6 +52,11 @@ def make_bench(framework: str, cfg: Config, mode: str, num_devices: int | None =
     ``step_from``: a bench of the same framework whose train step and state it takes over (a config
     that differs only in the input, :data:`INPUT_KEYS`), ``input_from``: one whose input pipeline it
     takes over (the same config)."""
+    return bench_class(framework)(cfg, mode, num_devices, step_from=step_from, input_from=input_from)
+
+
+def bench_class(framework: str):
+    """The ``Bench`` class of ``framework``; its first call imports the framework (seconds)."""
     if framework == "jax":
         from jax_impl.bench import Bench
     elif framework == "tf":
@@ -60,7 +65,7 @@ def make_bench(framework: str, cfg: Config, mode: str, num_devices: int | None =
         from dlas_compare.torch_ref import Bench
     else:
         raise UserError(f"--framework {framework!r}: expected one of {', '.join(FRAMEWORKS)}")
-    return Bench(cfg, mode, num_devices, step_from=step_from, input_from=input_from)
+    return Bench
 
 
 #: Seconds between two progress lines of :func:`timed_windows`.
@@ -279,6 +284,11 @@ class Session:
             source = "one cached batch" if mode == "synthetic" else f"{cfg.data_loader_config} loader"
             stage(f"{what}: setting up ({source}, batch {cfg.global_batch_size}{', reusing the ' if reused else ''}"
                   f"{' and the '.join(reused)})")  # fmt: skip
+            if mode != "io" and "train step" not in reused:  # the framework's import, then a compilation
+                t0 = time.perf_counter()
+                bench_class(self.framework)
+                imported = f"{self.framework} imported in {time.perf_counter() - t0:.1f} s"
+                stage(f"{what}: {imported}; building the model and compiling its train step")
             bench = make_bench(
                 self.framework,
                 cfg,
