@@ -21,14 +21,16 @@ line, as JSON (``--out``) and a table printed last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
 import platform
 import shlex
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +72,31 @@ def bench_class(framework: str):
 
 #: Seconds between two progress lines of :func:`timed_windows`.
 REPORT_SEC = 10.0
+#: Seconds between two lines while :func:`timed_windows` waits for queued steps (:func:`waiting`).
+WAIT_REPORT_SEC = 30.0
+
+
+@contextlib.contextmanager
+def waiting(report, text: str) -> Iterator[None]:
+    """While the block runs (a sync that waits for the steps dispatched before it: minutes where a step
+    of a GPU-sized config runs on a CPU), ``report(f"{text}, N s so far")`` every :data:`WAIT_REPORT_SEC`
+    seconds from another thread; nothing without ``report``."""
+    if report is None:
+        yield
+        return
+    done, t0 = threading.Event(), time.perf_counter()
+
+    def beat() -> None:
+        while not done.wait(WAIT_REPORT_SEC):
+            report(f"{text}, {time.perf_counter() - t0:.0f} s so far")
+
+    beats = threading.Thread(target=beat, daemon=True)
+    beats.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beats.join()
 
 
 def timed_windows(
@@ -113,12 +140,14 @@ def timed_windows(
     for i in range(n_warm):
         out = call()
         tick(f"warm-up step {i + 1}/{n_warm}")
-    sync(out)
+    with waiting(report, f"warm-up: waiting for its {n_warm} step(s)"):
+        sync(out)
     if before_timing is not None:
         before_timing()
     if timed:
         t1 = time.perf_counter()
-        sync(call())
+        with waiting(report, "timing one step to size the windows"):
+            sync(call())
         steps = min(steps, max(min_steps, math.ceil(window_sec / max(time.perf_counter() - t1, 1e-9))))
     min_steps = min(min_steps, steps)
     warm_sec = time.perf_counter() - t0
@@ -132,7 +161,8 @@ def timed_windows(
             tick(f"window {w + 1}/{windows}, step {n}/{steps}")
             if timed and n >= min_steps and time.perf_counter() - t0 >= window_sec:
                 break
-        sync(out)
+        with waiting(report, f"window {w + 1}/{windows}: waiting for its {n} step(s)"):
+            sync(out)
         per_call.append((time.perf_counter() - t0) / n)
         counts.append(n)
     return warm_sec, per_call, counts

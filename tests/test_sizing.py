@@ -51,6 +51,24 @@ def test_the_timed_windows_report_where_they_are(monkeypatch):
     ]
 
 
+def test_the_timed_windows_say_they_wait_for_a_slow_step(monkeypatch):
+    """A sync that waits for dispatched steps (a GPU-sized step on a CPU: minutes) is reported every
+    WAIT_REPORT_SEC seconds while it waits, in the warm-up and in each window."""
+    import time
+
+    from dlas_compare import benchmark
+
+    monkeypatch.setattr(benchmark, "WAIT_REPORT_SEC", 0.1)
+    said = []
+    benchmark.timed_windows(lambda: None, lambda _: time.sleep(0.35), 2, 3, 1, report=said.append)
+    waits = [line.split(",")[0] for line in said if "waiting" in line]
+    warm, window = "warm-up: waiting for its 2 step(s)", "window 1/1: waiting for its 3 step(s)"
+    n = waits.count(warm)  # about 3 of each; fewer where a busy machine delays the reporting thread
+    assert 0 < n < len(waits) and waits == [warm] * n + [window] * (len(waits) - n), said
+    assert said[0].endswith(", 0 s so far")
+    assert benchmark.timed_windows(lambda: None, lambda _: time.sleep(0.25), 0, 1, 1)[2] == [1]  # no report: silent
+
+
 def test_the_trainer_warns_before_it_starts(tmp_path, monkeypatch, caplog):
     from conftest import assert_one_error_line, run_in_process
 
