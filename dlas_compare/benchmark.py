@@ -675,6 +675,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table(run_rungs(argv, args.rungs, args.out)))
         return 0
     cfg = config_mod.config_from_args(args)
+    if args.framework == "torch":  # the reference's missing torch before the minutes a GPU config would take
+        from dlas_compare.torch_ref import require_torch
+
+        require_torch()
     warning = sizing.oversized_warning(cfg, len(args.mode) * (args.warmup + args.windows * args.steps), "the benchmark")
     if warning:
         stage(f"warning: {warning}")

@@ -69,6 +69,24 @@ def test_the_timed_windows_say_they_wait_for_a_slow_step(monkeypatch):
     assert benchmark.timed_windows(lambda: None, lambda _: time.sleep(0.25), 0, 1, 1)[2] == [1]  # no report: silent
 
 
+def test_the_pytorch_reference_without_torch_is_one_line_and_no_size_warning(monkeypatch):
+    """``--framework torch`` where torch is not installed: its one error line, not first the warning
+    that the GPU config would take hours here."""
+    import importlib.util
+
+    from conftest import assert_one_error_line, run_in_process
+
+    from dlas_compare import benchmark
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed")
+    monkeypatch.setattr(sizing, "gpu_visible", lambda: False)
+    monkeypatch.setattr(sizing, "host_gflops", lambda: 100.0)
+    res = run_in_process(benchmark.main, ["--framework", "torch", "--mode", "synthetic", "--config", "short_opt"])
+    assert_one_error_line(res, "the PyTorch reference needs torch")
+    assert "sized for a GPU" not in res.stderr
+
+
 def test_the_trainer_warns_before_it_starts(tmp_path, monkeypatch, caplog):
     from conftest import assert_one_error_line, run_in_process
 
