@@ -675,10 +675,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table(run_rungs(argv, args.rungs, args.out)))
         return 0
     cfg = config_mod.config_from_args(args)
-    if args.framework == "torch":  # the reference's missing torch before the minutes a GPU config would take
-        from dlas_compare.torch_ref import require_torch
+    if args.framework == "torch":  # what the reference cannot run, before the hours a GPU config takes here
+        from dlas_compare import torch_ref
 
-        require_torch()
+        for mode in args.mode:
+            torch_ref.check_input(cfg, mode)
+        torch_ref.require_torch()
     warning = sizing.oversized_warning(cfg, len(args.mode) * (args.warmup + args.windows * args.steps), "the benchmark")
     if warning:
         stage(f"warning: {warning}")
