@@ -21,14 +21,16 @@ line, as JSON (``--out``) and a table printed last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
 import platform
 import shlex
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +54,11 @@ def make_bench(framework: str, cfg: Config, mode: str, num_devices: int | None =
     ``step_from``: a bench of the same framework whose train step and state it takes over (a config
     that differs only in the input, :data:`INPUT_KEYS`), ``input_from``: one whose input pipeline it
     takes over (the same config)."""
+    return bench_class(framework)(cfg, mode, num_devices, step_from=step_from, input_from=input_from)
+
+
+def bench_class(framework: str):
+    """The ``Bench`` class of ``framework``; its first call imports the framework (seconds)."""
     if framework == "jax":
         from jax_impl.bench import Bench
     elif framework == "tf":
@@ -60,11 +67,36 @@ def make_bench(framework: str, cfg: Config, mode: str, num_devices: int | None =
         from dlas_compare.torch_ref import Bench
     else:
         raise UserError(f"--framework {framework!r}: expected one of {', '.join(FRAMEWORKS)}")
-    return Bench(cfg, mode, num_devices, step_from=step_from, input_from=input_from)
+    return Bench
 
 
 #: Seconds between two progress lines of :func:`timed_windows`.
 REPORT_SEC = 10.0
+#: Seconds between two lines while :func:`timed_windows` waits for queued steps (:func:`waiting`).
+WAIT_REPORT_SEC = 30.0
+
+
+@contextlib.contextmanager
+def waiting(report, text: str) -> Iterator[None]:
+    """While the block runs (a sync that waits for the steps dispatched before it: minutes where a step
+    of a GPU-sized config runs on a CPU), ``report(f"{text}, N s so far")`` every :data:`WAIT_REPORT_SEC`
+    seconds from another thread; nothing without ``report``."""
+    if report is None:
+        yield
+        return
+    done, t0 = threading.Event(), time.perf_counter()
+
+    def beat() -> None:
+        while not done.wait(WAIT_REPORT_SEC):
+            report(f"{text}, {time.perf_counter() - t0:.0f} s so far")
+
+    beats = threading.Thread(target=beat, daemon=True)
+    beats.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beats.join()
 
 
 def timed_windows(
@@ -108,12 +140,14 @@ def timed_windows(
     for i in range(n_warm):
         out = call()
         tick(f"warm-up step {i + 1}/{n_warm}")
-    sync(out)
+    with waiting(report, f"warm-up: waiting for its {n_warm} step(s)"):
+        sync(out)
     if before_timing is not None:
         before_timing()
     if timed:
         t1 = time.perf_counter()
-        sync(call())
+        with waiting(report, "timing one step to size the windows"):
+            sync(call())
         steps = min(steps, max(min_steps, math.ceil(window_sec / max(time.perf_counter() - t1, 1e-9))))
     min_steps = min(min_steps, steps)
     warm_sec = time.perf_counter() - t0
@@ -127,7 +161,8 @@ def timed_windows(
             tick(f"window {w + 1}/{windows}, step {n}/{steps}")
             if timed and n >= min_steps and time.perf_counter() - t0 >= window_sec:
                 break
-        sync(out)
+        with waiting(report, f"window {w + 1}/{windows}: waiting for its {n} step(s)"):
+            sync(out)
         per_call.append((time.perf_counter() - t0) / n)
         counts.append(n)
     return warm_sec, per_call, counts
@@ -279,6 +314,11 @@ class Session:
             source = "one cached batch" if mode == "synthetic" else f"{cfg.data_loader_config} loader"
             stage(f"{what}: setting up ({source}, batch {cfg.global_batch_size}{', reusing the ' if reused else ''}"
                   f"{' and the '.join(reused)})")  # fmt: skip
+            if mode != "io" and "train step" not in reused:  # the framework's import, then a compilation
+                t0 = time.perf_counter()
+                bench_class(self.framework)
+                imported = f"{self.framework} imported in {time.perf_counter() - t0:.1f} s"
+                stage(f"{what}: {imported}; building the model and compiling its train step")
             bench = make_bench(
                 self.framework,
                 cfg,
@@ -635,6 +675,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table(run_rungs(argv, args.rungs, args.out)))
         return 0
     cfg = config_mod.config_from_args(args)
+    if args.framework == "torch":  # what the reference cannot run, before the hours a GPU config takes here
+        from dlas_compare import torch_ref
+
+        for mode in args.mode:
+            torch_ref.check_input(cfg, mode)
+        torch_ref.require_torch()
     warning = sizing.oversized_warning(cfg, len(args.mode) * (args.warmup + args.windows * args.steps), "the benchmark")
     if warning:
         stage(f"warning: {warning}")

@@ -5,7 +5,9 @@
 
 Each framework runs in its own process (``dlas_compare.benchmark``) over IO, SYNTHETIC and FULL. A
 framework that is not installed (TF on the GPU machine) or cannot run here (the PyTorch reference
-needs a GPU) gets a note instead of a row.
+needs a GPU) gets a note instead of a row; one that fails gets a note and makes the exit code 1. An
+unknown option or a missing training file (IO and FULL read it) is one ``error:`` line before any
+process starts.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from shared_data.core.commands import make_parser
 from shared_data.core.errors import run_cli
 from shared_data.runtime import sizing
 from shared_data.runtime.cli import benchmark_command
+from shared_data.runtime.run import check_data_files
 
 MODULES = {"jax": "jax", "tf": "tensorflow", "torch": "torch"}
 
@@ -44,15 +47,19 @@ def availability(framework: str) -> str | None:
     return None
 
 
-def warn_if_oversized(args, extra: Sequence[str]) -> None:
-    """Say before the first benchmark process starts when the config is sized for a GPU that this
-    host lacks (:func:`shared_data.runtime.sizing.oversized_warning`): each process's own warning
-    reaches the user only when it ends."""
-    bench_args = benchmark.build_parser().parse_args(
-        ["--framework", "jax", "--mode", *args.modes, "--config", args.config, *extra]
-    )
-    steps = len(args.frameworks) * len(args.modes) * (bench_args.warmup + bench_args.windows * bench_args.steps)
-    warning = sizing.oversized_warning(config_mod.config_from_args(bench_args), steps, "the comparison")
+def benchmark_args(prog: str, modes: Sequence[str], config: str, extra: Sequence[str]):
+    """The arguments each benchmark process gets (``extra``: the options compare does not take), parsed
+    here first so that a typo is one line under compare's own name (``prog``) before anything starts."""
+    parser = benchmark.build_parser()
+    parser.prog = prog
+    return parser.parse_args(["--framework", "jax", "--mode", *modes, "--config", config, *extra])
+
+
+def warn_if_oversized(cfg, steps: int) -> None:
+    """Say before the first benchmark process starts when ``cfg`` is sized for a GPU that this host
+    lacks (:func:`shared_data.runtime.sizing.oversized_warning`, ``steps`` in all): each process's own
+    warning reaches the user only when it ends."""
+    warning = sizing.oversized_warning(cfg, steps, "the comparison")
     if warning:
         print(f"[compare] warning: {warning}", file=sys.stderr, flush=True)
 
@@ -73,10 +80,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=int, default=900, help="seconds per framework")
     p.epilog = "Other options (--data_loader_config, --set KEY=VALUE, ...) go to each benchmark process."
     args, extra = p.parse_known_args(argv)
+    bench_args = benchmark_args(p.prog, args.modes, args.config, extra)
+    cfg = config_mod.config_from_args(bench_args)
+    steps = bench_args.warmup + bench_args.windows * bench_args.steps
+    warn_if_oversized(cfg, len(args.frameworks) * len(args.modes) * steps)
+    if {"io", "full"} & set(args.modes):  # each process would stop on it: one line before any starts
+        check_data_files(cfg, ("train",))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    warn_if_oversized(args, extra)
-    records, notes = [], []
+    records, notes, failed = [], [], False
     for fw in args.frameworks:
         why = availability(fw)
         if why:
@@ -89,11 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         new, failure, _ = run_process(cmd, out, args.timeout, echo=f"[compare {fw}] ")
         if failure:
             notes.append(f"{fw}: failed ({failure})")
+            failed = True
         records += new
     print(table(records))
     for note in notes:
         print(note)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

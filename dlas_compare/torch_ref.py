@@ -146,6 +146,20 @@ def step_kernels(torch, train_step, batch, top: int = 12) -> dict:
     return {"kernels": kernels, "conv_library": conv_library([name for name, _ in rows])}
 
 
+def check_input(cfg: Config, mode: str) -> None:
+    """Refuse an input the reference cannot read in benchmark ``mode``.
+
+    Raises:
+        UserError: ``dali-device`` outside SYNTHETIC (its crop callback is JAX's and TF's).
+    """
+    kind = loader_kinds.loader_kind(cfg)
+    if kind.dali and kind.device_volumes and mode != "synthetic":
+        raise UserError(
+            "the PyTorch reference has no dali-device input (its crop callback is JAX's and "
+            "TF's); use dali-npy, dali-h5 or a native loader"
+        )
+
+
 class Bench:
     """The PyTorch reference in the benchmark modes (see :mod:`dlas_compare.benchmark`). FULL and IO read
     through the same shared DALI pipelines (``nvidia.dali.plugin.pytorch``) or the NumPy loader.
@@ -167,12 +181,7 @@ class Bench:
     ):
         import time
 
-        kind = loader_kinds.loader_kind(cfg)
-        if kind.dali and kind.device_volumes and mode != "synthetic":
-            raise UserError(
-                "the PyTorch reference has no dali-device input (its crop callback is JAX's and "
-                "TF's); use dali-npy, dali-h5 or a native loader"
-            )
+        check_input(cfg, mode)
         torch = require_torch()
         from shared_data.model.unet_spec import init_weights
 

@@ -26,14 +26,15 @@ fi
 PY=$(find_python)
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+export TF_CPP_MIN_LOG_LEVEL=2  # stage 2 imports TensorFlow: no C++ start-up lines
 # pip, minus this image's warnings about absent local indexes; pip's own exit status is kept.
 pip_install() { .venv/bin/python -m pip install -q "$@" 2>&1 | { grep -v "is ignored" || true; }; return "${PIPESTATUS[0]}"; }
 pip_install --upgrade pip
-echo "setup: stage 1/2: TensorFlow, JAX, DALI and the rest (pinned)"
+echo "setup: stage 1/2: TensorFlow, JAX, DALI and the rest (pinned; ~1 minute from pip's cache, a few on a first download of ~1 GB)"
 pip_install -c requirements/constraints-cpu.txt -e ".[tf,jax,dali,nvtx,test]"
-echo "setup: stage 2/2: DALI TF plugin (built against the installed TensorFlow)"
+echo "setup: stage 2/2: DALI TF plugin (built against the installed TensorFlow; seconds)"
 pip_install --no-build-isolation -c requirements/constraints-cpu.txt nvidia-dali-tf-plugin-cuda130
-TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python - <<'PY'
+.venv/bin/python - <<'PY'
 import importlib
 for mod in ("tensorflow", "jax", "flax", "optax", "orbax.checkpoint", "nvidia.dali", "nvidia.dali.plugin.tf", "nvidia.dali.plugin.jax", "h5py"):
     importlib.import_module(mod)

@@ -3,7 +3,7 @@
 usage="usage: bash scripts/test.sh [--fast] [PYTEST ARGUMENTS]
 Set up .venv (scripts/setup.sh), check the style (ruff check, ruff format --check) and run the test
 suite on CPU (tests marked gpu skip themselves without a GPU).
-  --fast        the unit tier only: not slow, not gpu, not study (about a minute)
+  --fast        the unit tier only: not slow, not gpu, not study (3-4 minutes on 2 cores)
   -h, --help    this message
 Other arguments go to pytest, e.g. bash scripts/test.sh -k resume; bash scripts/test.sh tests/test_config.py"
 tier=()

@@ -182,3 +182,31 @@ def test_a_trainer_error_is_one_line_on_stderr_and_kept_in_out_log(tmp_path, dat
     assert "error:" not in res.stdout, res.stdout[-2000:]
     logged = [line for line in (work / "out.log").read_text().splitlines() if "error:" in line]
     assert len(logged) == 1 and "val.h5" in logged[0]
+
+
+def test_compare_checks_its_options_and_data_before_any_process_and_fails_when_a_framework_does(
+    tmp_path, tiny_cfg, monkeypatch
+):
+    """``dlas_compare.compare``: a mistyped option is one line under compare's own name, a missing
+    training file one ``error:`` line with the command that makes it, both before a benchmark process
+    starts; a framework whose process fails makes the exit code 1 (its note says why)."""
+    from dlas_compare import compare
+
+    started = []
+    monkeypatch.setattr(compare, "run_process", lambda cmd, *a, **k: started.append(cmd) or ([], "exit 1: boom", ""))
+    monkeypatch.setattr(compare, "availability", lambda fw: None if fw == "jax" else "not here")
+    typo = run_in_process(compare.main, ["--confg", "cpu_tiny"])
+    assert typo.returncode == 2 and typo.stderr.strip() == (
+        "python -m dlas_compare.compare: error: unrecognized arguments: --confg cpu_tiny (did you mean '--config'?)"
+    )
+    missing = ["--config", "cpu_tiny", "--set", f"train_path={tmp_path / 'none.h5'}"]
+    assert_one_error_line(
+        run_in_process(compare.main, missing),
+        f"{tmp_path / 'none.h5'} not found",
+        "python -m shared_data.data.generate --out",
+    )
+    assert started == []
+    tiny = ["--config", "cpu_tiny", "--set", f"train_path={tiny_cfg.train_path}", "--out", str(tmp_path / "c.jsonl")]
+    failed = run_in_process(compare.main, tiny)
+    assert failed.returncode == 1 and len(started) == 1
+    assert "jax: failed (exit 1: boom)" in failed.stdout and "tf: skipped (not here)" in failed.stdout

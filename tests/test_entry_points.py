@@ -6,7 +6,9 @@ says what ``--overwrite`` deleted."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,33 @@ def jax_train(argv):
     from jax_impl import train
 
     return run_in_process(train.main, argv)
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-unset} $*" >> "$(dirname "$0")/calls"
+"""
+
+
+def test_the_set_up_says_how_long_its_stages_take_and_keeps_tensorflows_start_up_lines_out(tmp_path):
+    """``scripts/setup.sh`` on a fresh checkout (its ``.venv`` a stand-in that records each call):
+    each install stage says up front how long it takes, and every call, the DALI TF plugin's build
+    (which imports TensorFlow) included, runs with ``TF_CPP_MIN_LOG_LEVEL=2``."""
+    for part in ("scripts/setup.sh", "requirements/constraints-cpu.txt", "pyproject.toml"):
+        (tmp_path / part).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / part, tmp_path / part)
+    python = tmp_path / ".venv/bin/python"
+    python.parent.mkdir(parents=True)
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(python)}
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    proc = subprocess.run(["bash", "scripts/setup.sh"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    stages = [line for line in proc.stdout.splitlines() if line.startswith("setup: stage")]
+    assert len(stages) == 2 and "~1 minute from pip's cache" in stages[0] and "seconds" in stages[1], stages
+    calls = (python.parent / "calls").read_text().splitlines()
+    assert any("nvidia-dali-tf-plugin" in call for call in calls) and len(calls) == 4, calls
+    assert all(call.startswith("TF_CPP_MIN_LOG_LEVEL=2 ") for call in calls), calls
 
 
 def test_missing_data_gives_the_command_that_makes_it_and_no_run_folder(tmp_path, monkeypatch):
@@ -136,3 +165,21 @@ def test_the_h200_ladder_without_out_says_how_to_call_it():
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: run.sh: set OUT to the results folder, e.g. OUT=results/ladder_h200 bash")
+
+
+def test_the_style_check_reads_every_package_and_skips_what_the_readme_puts_in_the_checkout(tmp_path):
+    """``ruff check .`` (``scripts/test.sh``) reads every Python file of the packages, ``shared_data/data``
+    included, and none of the data folder, the run folders or the tutorial the README clones beside
+    them (its own style is not the kit's)."""
+    ruff = Path(sys.executable).parent / "ruff"
+    if not ruff.exists():
+        pytest.skip("ruff is not installed (the test extra)")
+    for folder in ("data", "runs", "sc21-dl-tutorial/utils"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "x.py").write_text("import os\n")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    shutil.copytree(ROOT / "shared_data", tmp_path / "shared_data", ignore=shutil.ignore_patterns("__pycache__"))
+    listed = subprocess.run([str(ruff), "check", "--show-files", "."], cwd=tmp_path, capture_output=True, text=True)
+    files = {str(Path(line).relative_to(tmp_path)) for line in listed.stdout.split() if line.endswith(".py")}
+    packaged = {str(p.relative_to(tmp_path)) for p in (tmp_path / "shared_data").rglob("*.py")}
+    assert "shared_data/data/generate.py" in packaged and files == packaged

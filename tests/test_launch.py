@@ -85,6 +85,11 @@ def test_tasks_per_node_in_slurms_notation(spec, node, tasks):
 #: What TF's persistent XLA cache logs as errors on a hit (the AOT line with the feature named).
 CACHE_ENTRY = "Error parsing text-format tensorflow.XlaSerializedCacheEntry: 2:1: Expected identifier, got: 5"
 AOT = "Loading XLA:CPU AOT result. Target machine feature +%s is not  supported on the host machine."
+#: What grappler logs when its remapper pass cannot fuse in TF's step without XLA (the pass is skipped).
+REMAPPER = (
+    "remapper failed: INVALID_ARGUMENT: Mutation::Apply error: fanout 'StatefulPartitionedCall/gradient_tape/"
+    "unet_1/last_1/ShapeN' exist for missing node 'StatefulPartitionedCall/unet_1/last_1/Pad'."
+)
 
 
 @pytest.mark.parametrize(
@@ -101,6 +106,9 @@ AOT = "Loading XLA:CPU AOT result. Target machine feature +%s is not  supported 
         (f"E0000 00:00:1796285138.838106   11132 text_format.cc:378] {CACHE_ENTRY}\n", 0, True),
         (f"E0000 00:00:1796285138.877718   11132 cpu_aot_loader.cc:220] {AOT % 'prefer-no-gather'}\n", 2, False),
         (f"E0000 00:00:1796285138.877718   11132 cpu_aot_loader.cc:220] {AOT % 'avx512f'}\n", 2, True),
+        (f"E0000 00:00:1796295879.608620   10070 meta_optimizer.cc:967] {REMAPPER}\n", 2, False),
+        (f"E0000 00:00:1796295879.608620   10070 meta_optimizer.cc:967] {REMAPPER}\n", 0, True),
+        ("E0000 00:00:1796295879.608620   10070 meta_optimizer.cc:967] layout failed: INVALID_ARGUMENT: x\n", 2, True),
         ("Traceback (most recent call last):\n", 3, True),
     ],
 )

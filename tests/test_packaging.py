@@ -92,7 +92,7 @@ def test_wheel_installs_and_trains_from_another_folder(tmp_path):
 
     rows = {r["check"]: r for r in json.loads((tmp_path / "d.json").read_text())}
     pins = target / "shared_data" / "pins" / "constraints-cpu.txt"
-    differ = compare_pins(pins)  # this process runs in the same environment as the installed wheel
+    differ = [d for d in compare_pins(pins) if d[2] != "not installed"]  # this process's environment is the wheel's
     assert rows["pinned versions"]["verdict"] == ("WARN" if differ else "OK")
     assert str(pins) in rows["pinned versions"]["detail"]
     assert rows["python"]["verdict"] == "OK" and rows["jax"]["verdict"] == "OK"
@@ -162,6 +162,33 @@ def test_doctor_compares_installed_versions_with_the_pins(tmp_path):
         ("h5py", "0.0.1", metadata.version("h5py")),
         ("no-such-package", "1.0", "not installed"),
     ]
+
+
+def test_the_doctor_warns_of_versions_that_differ_not_of_extras_left_out(monkeypatch, capsys):
+    """The doctor says what it does before its seconds of probes. A pinned package that is not
+    installed (pytest, ruff, hypothesis without the ``test`` extra) is listed, not warned of; an
+    installed version that differs from its pin is."""
+    from pathlib import Path
+
+    from dlas_compare import doctor
+    from dlas_compare.doctor import pins_verdict
+
+    monkeypatch.setattr(doctor, "checks", lambda: print("probed", file=sys.stderr) or [("python", "OK", "3.12")])
+    assert doctor.main([]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("[doctor] checking: ") and err[1] == "probed"
+
+    pins = Path("c.txt")
+    absent = [("ruff", "0.17.6", "not installed"), ("pytest", "9.2.0", "not installed")]
+    assert pins_verdict([], pins) == ("OK", "installed versions match c.txt")
+    assert pins_verdict(absent, pins) == (
+        "OK",
+        "installed versions match c.txt; not installed (extras left out): pytest, ruff",
+    )
+    assert pins_verdict([("jax", "0.11.2", "0.12.0.1"), *absent], pins) == (
+        "WARN",
+        "jax 0.12.0.1 (pinned 0.11.2) (c.txt); not installed (extras left out): pytest, ruff",
+    )
 
 
 def test_every_console_script_names_a_command_with_a_main():

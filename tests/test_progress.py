@@ -4,6 +4,7 @@ that appears on a terminal and stays out of logs."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -15,23 +16,34 @@ from shared_data.inference import predict
 
 
 def test_generate_says_each_stage(tmp_path, capsys):
+    """One line per stage, the particle deposit (the longest) after each quarter of its 8 sub-lattices;
+    a file that exists is said to be generated again before the work starts."""
     assert generate.main(["--out", str(tmp_path / "v.h5"), "--size", "16", "--box", "4"]) == 0
-    err = capsys.readouterr().err.splitlines()
-    assert err == [
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
         "[generate] v.h5, 16^3: Gaussian random field",
         "[generate] v.h5, 16^3: Zel'dovich displacements",
         "[generate] v.h5, 16^3: deformation tensor: shell crossing, shock temperature, shear",
         "[generate] v.h5, 16^3: dark matter on the grid (2^3 particles per cell, TSC)",
+        "[generate] v.h5, 16^3: dark matter on the grid: 2 of 8 sub-lattices deposited",
+        "[generate] v.h5, 16^3: dark matter on the grid: 4 of 8 sub-lattices deposited",
+        "[generate] v.h5, 16^3: dark matter on the grid: 6 of 8 sub-lattices deposited",
         "[generate] v.h5, 16^3: gas: shock heating, two-phase temperature, temperature-dependent Jeans smoothing",
         "[generate] v.h5, 16^3: writing",
     ]
+    assert "exists" not in out
+    again = ["--out", str(tmp_path / "v.h5"), "--size", "16", "--box", "4", "--workers", "2"]
+    assert generate.main(again) == 0  # the pool's results are reported as they are summed
+    out, err = capsys.readouterr()
+    assert (
+        out.splitlines()[0] == f"{tmp_path / 'v.h5'} exists: generating it again (--if-missing keeps an existing file)"
+    )
+    assert "[generate] v.h5, 16^3: dark matter on the grid: 6 of 8 sub-lattices deposited" in err.splitlines()
     # the linear gas of generator v2 has no deformation-tensor stage
     assert generate.main(["--out", str(tmp_path / "f.h5"), "--size", "16", "--box", "4", "--gas", "filtered"]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert err[2:4] == [
-        "[generate] f.h5, 16^3: dark matter on the grid (2^3 particles per cell, TSC)",
-        "[generate] f.h5, 16^3: gas: Jeans smoothing, temperature-density relation",
-    ]
+    assert err[2] == "[generate] f.h5, 16^3: dark matter on the grid (2^3 particles per cell, TSC)"
+    assert err[6] == "[generate] f.h5, 16^3: gas: Jeans smoothing, temperature-density relation"
 
 
 @pytest.mark.slow
@@ -42,10 +54,12 @@ def test_benchmark_says_each_stage(tiny_argv, capsys):
     lines = [line.split(";")[0] for line in said]
     # SYNTHETIC first (its step is what FULL reuses), then IO on its own pipeline
     assert lines[0] == "[benchmark] jax synthetic: setting up (one cached batch, batch 4)"
-    assert lines[1].startswith("[benchmark] jax synthetic: step ready in ")
-    assert lines[3] == "[benchmark] jax io: setting up (lowmem loader, batch 4)"
-    assert lines[4] == "[benchmark] jax io: input pipeline ready"
-    assert lines[2].endswith(" samples/s") and lines[5].endswith(" samples/s") and len(lines) == 6
+    assert re.fullmatch(r"\[benchmark\] jax synthetic: jax imported in \d+\.\d s", lines[1]), lines[1]
+    assert said[1].endswith("; building the model and compiling its train step")
+    assert lines[2].startswith("[benchmark] jax synthetic: step ready in ")
+    assert lines[4] == "[benchmark] jax io: setting up (lowmem loader, batch 4)"
+    assert lines[5] == "[benchmark] jax io: input pipeline ready"
+    assert lines[3].endswith(" samples/s") and lines[6].endswith(" samples/s") and len(lines) == 7
 
 
 def test_windowed_prediction_shows_progress_on_a_terminal_only(capsys, monkeypatch):

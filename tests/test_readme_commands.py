@@ -332,6 +332,62 @@ def test_readme_command(command, workspace, capsys, monkeypatch):
             assert (ws / path).exists(), f"{shlex.join(step)} did not write {path}"
 
 
+#: The commands whose CPU counterpart :func:`test_a_cpu_counterpart_keeps_the_lesson` checks, with the
+#: parser each one's config comes from.
+PARSERS = {
+    "jax_impl.train": lambda: importlib.import_module("shared_data.runtime.cli").build_parser("jax"),
+    "tf_impl.train": lambda: importlib.import_module("shared_data.runtime.cli").build_parser("tf"),
+    "dlas_compare.benchmark": lambda: importlib.import_module("dlas_compare.benchmark").build_parser(),
+}
+
+
+def cpu_counterparts(text: str) -> list[tuple[list[str], list[str], str]]:
+    """``(command words, counterpart flags, comment)`` of each ```bash line whose comment gives a CPU
+    counterpart as flags (``# GPU, bf16; CPU: --config cpu_default --enable_amp``)."""
+    pairs = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            command, _, comment = line.partition("#")
+            counterpart = re.search(r"CPU: (--[^;]*)", comment)
+            if counterpart:
+                pairs.append((shlex.split(command), shlex.split(counterpart[1]), comment))
+    return pairs
+
+
+def test_a_cpu_counterpart_keeps_the_lesson():
+    """A GPU command's CPU counterpart (its flags after the command's) runs a CPU config with the
+    same loader and, where the comment names the precision, the same precision: the bf16 lesson's
+    counterpart computes in bf16, not in cpu_default's float32."""
+    checked = 0
+    for words, flags, comment in cpu_counterparts(README.read_text()):
+        module, args = python_module(words) or (None, [])
+        if module not in PARSERS:
+            continue
+        at = args.index("--config")
+        kept = args[:at] + args[at + 2 :]  # the counterpart's --config, and its other flags after the command's
+        parsed = PARSERS[module]().parse_args(args)
+        gpu, cpu = (
+            config_mod.config_from_args(parsed),
+            config_mod.config_from_args(PARSERS[module]().parse_args(kept + flags)),
+        )
+        assert cpu.name in ("cpu_default", "cpu_tiny") and gpu.name not in ("cpu_default", "cpu_tiny"), words
+        if getattr(parsed, "mode", None) != ["synthetic"]:  # SYNTHETIC reads no input
+            assert cpu.data_loader_config == gpu.data_loader_config, words
+        if "bf16" in comment or "fp32" in comment:
+            assert cpu.enable_amp == gpu.enable_amp == ("bf16" in comment), words
+        checked += 1
+    assert checked >= 5
+
+
+def test_the_tutorial_clone_the_readme_asks_for_stays_out_of_git_status():
+    """The README clones the tutorial inside the checkout (``sc21-dl-tutorial/``): git ignores it."""
+    assert "git clone` it inside this checkout" in README.read_text()
+    proc = subprocess.run(
+        ["git", "check-ignore", "--no-index", "sc21-dl-tutorial/config/UNet.yaml"], cwd=ROOT, capture_output=True
+    )
+    assert proc.returncode == 0
+
+
 #: What the test itself puts in the scratch folder (not written by a README command).
 SCAFFOLD = ("tiny.yaml", "sc21-dl-tutorial/", "bin/", "out/", "xla_cache/", "data/val_64", "git_status")
 

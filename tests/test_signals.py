@@ -1,12 +1,16 @@
 """The trainers' signal handling (:mod:`shared_data.runtime.signals`) with real signals sent to this
-process: a C handler that replaced Python's is replaced back, and a SIGTERM held between epochs is a
-stop request once the steps begin."""
+process: a C handler that replaced Python's is replaced back, a SIGTERM held between epochs is a
+stop request once the steps begin, and Ctrl-C ends a command at once while a compiled step runs."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +50,43 @@ def test_a_sigterm_held_before_the_steps_asks_for_a_stop():
             except signals.Interrupted as err:  # a KeyboardInterrupt: it would end the test session
                 pytest.fail(f"raised {err}")
             assert signals.stop_requested() == signal.SIGTERM
+
+
+#: A command (through ``run_cli``) that dispatches a JAX computation of minutes, says so and waits for it.
+LONG_STEP = """
+import sys
+import jax, jax.numpy as jnp
+from shared_data.core.errors import run_cli
+
+def main(argv):
+    x = jnp.ones((256, 256)) / 256
+    step = jax.jit(lambda x, n: jax.lax.fori_loop(0, n, lambda i, y: jnp.tanh(y @ x), x))
+    step(x, 1).block_until_ready()
+    y = step(x, 10**9)
+    print("dispatched", flush=True)
+    y.block_until_ready()
+
+raise SystemExit(run_cli(main))
+"""
+
+
+def test_ctrl_c_ends_a_command_while_its_step_still_runs():
+    """Ctrl-C while a compiled step runs (a step of a GPU-sized config on a CPU takes minutes) prints
+    ``interrupted`` and ends the process at once with exit code 130, instead of the interpreter's exit
+    waiting for the dispatched work to finish."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LONG_STEP], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline() == "dispatched\n", proc.stderr.read()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        code = proc.wait(timeout=30)
+        seconds = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert code == 130 and proc.stderr.read().strip().splitlines()[-1] == "interrupted"
+    assert seconds < 10

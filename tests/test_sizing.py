@@ -51,6 +51,42 @@ def test_the_timed_windows_report_where_they_are(monkeypatch):
     ]
 
 
+def test_the_timed_windows_say_they_wait_for_a_slow_step(monkeypatch):
+    """A sync that waits for dispatched steps (a GPU-sized step on a CPU: minutes) is reported every
+    WAIT_REPORT_SEC seconds while it waits, in the warm-up and in each window."""
+    import time
+
+    from dlas_compare import benchmark
+
+    monkeypatch.setattr(benchmark, "WAIT_REPORT_SEC", 0.1)
+    said = []
+    benchmark.timed_windows(lambda: None, lambda _: time.sleep(0.35), 2, 3, 1, report=said.append)
+    waits = [line.split(",")[0] for line in said if "waiting" in line]
+    warm, window = "warm-up: waiting for its 2 step(s)", "window 1/1: waiting for its 3 step(s)"
+    n = waits.count(warm)  # about 3 of each; fewer where a busy machine delays the reporting thread
+    assert 0 < n < len(waits) and waits == [warm] * n + [window] * (len(waits) - n), said
+    assert said[0].endswith(", 0 s so far")
+    assert benchmark.timed_windows(lambda: None, lambda _: time.sleep(0.25), 0, 1, 1)[2] == [1]  # no report: silent
+
+
+def test_the_pytorch_reference_without_torch_is_one_line_and_no_size_warning(monkeypatch):
+    """``--framework torch`` where torch is not installed: its one error line, not first the warning
+    that the GPU config would take hours here."""
+    import importlib.util
+
+    from conftest import assert_one_error_line, run_in_process
+
+    from dlas_compare import benchmark
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed")
+    monkeypatch.setattr(sizing, "gpu_visible", lambda: False)
+    monkeypatch.setattr(sizing, "host_gflops", lambda: 100.0)
+    res = run_in_process(benchmark.main, ["--framework", "torch", "--mode", "synthetic", "--config", "short_opt"])
+    assert_one_error_line(res, "the PyTorch reference needs torch")
+    assert "sized for a GPU" not in res.stderr
+
+
 def test_the_trainer_warns_before_it_starts(tmp_path, monkeypatch, caplog):
     from conftest import assert_one_error_line, run_in_process
 

@@ -175,13 +175,31 @@ def _exit_if_native_files_are_stuck(code: int) -> None:
     (:data:`EXIT_WITHOUT_FINALISERS`): its finalisers would retry the write at exit and crash after
     the error line. Output and log files are flushed first."""
     if EXIT_WITHOUT_FINALISERS and "pytest" not in sys.modules:  # a test's process goes on
-        import logging
-        import os
+        _exit_now(code)
 
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+
+def _exit_before_device_work_ends(code: int) -> None:
+    """End the process now with ``code`` when a framework is loaded: the command's own ``finally``
+    blocks have run, and the interpreter's finalisation would wait for the device work already
+    dispatched (a step of a GPU-sized config on a CPU: minutes after the ``interrupted`` line). The
+    ``atexit`` functions run first (multiprocessing ends the loader's workers there, logging flushes
+    its files); a test's process goes on."""
+    if {"jax", "tensorflow"} & sys.modules.keys() and "pytest" not in sys.modules:
+        import atexit
+
+        atexit._run_exitfuncs()
+        _exit_now(code)
+
+
+def _exit_now(code: int) -> None:
+    """Flush the log files, stdout and stderr, then end the process with ``code`` without finalisers."""
+    import logging
+    import os
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:
@@ -189,7 +207,8 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     could not be allocated (:func:`out_of_memory`) as ``error: <message>`` on stderr and return 2.
 
     Returns ``main``'s return value (``None`` counts as 0). ``KeyboardInterrupt`` prints its message
-    (or ``interrupted``) and returns its ``exit_code`` (130 unless it carries another); a
+    (or ``interrupted``) and returns its ``exit_code`` (130 unless it carries another), or, with JAX or
+    TensorFlow loaded, ends the process with it at once (:func:`_exit_before_device_work_ends`); a
     closed stdout (``... | head``) returns 0 with the rest of the output discarded.
     """
     try:
@@ -217,5 +236,7 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         return 2
     except KeyboardInterrupt as err:  # Ctrl-C, or a signal turned into one (shared_data.runtime.signals)
         print(str(err) or "interrupted", file=sys.stderr)
-        return getattr(err, "exit_code", 130)
+        code = getattr(err, "exit_code", 130)
+        _exit_before_device_work_ends(code)
+        return code
     return 0 if code is None else int(code)

@@ -89,7 +89,7 @@ import concurrent.futures
 import dataclasses
 import itertools
 import multiprocessing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -380,9 +380,7 @@ def shear_invariant(eigenvalues: np.ndarray) -> np.ndarray:
     return ((eigenvalues - eigenvalues.mean(0)) ** 2).sum(0)
 
 
-def adaptive_jeans_filter(
-    fields: list[np.ndarray], box: float, k_jeans: float, log_t: np.ndarray
-) -> list[np.ndarray]:
+def adaptive_jeans_filter(fields: list[np.ndarray], box: float, k_jeans: float, log_t: np.ndarray) -> list[np.ndarray]:
     """Smooth each real periodic field (L, L, L) by 1 / (1 + k^2 / k_J(T)^2) with the local
     k_J(T) = ``k_jeans`` 10^(-log_t / 2), ``log_t`` = log10(T / T0) per voxel (module docstring, 5d):
     the fields filtered at the wavenumbers of :data:`FILTER_LOG_T`, mixed per voxel with weights
@@ -432,6 +430,15 @@ def _deposit_sublattice(o: tuple[float, float, float]) -> list[np.ndarray]:
     psi = np.stack([irfft3(p * shift, size) for p in psi_k]).reshape(3, -1)
     pos = (grid + np.array(o)[:, None] + psi / cell) % size
     return tsc_deposit(pos, size, [mass_each, *(mass_each * psi * vel_factor), *(mass_each * c for c in carried)])
+
+
+def _reported(parts, n: int, on_stage) -> Iterator:
+    """``parts`` (``n`` sub-lattices' grids) as they come; after each quarter of them ``on_stage`` hears
+    how many are deposited, so the longest stage of a large volume shows progress."""
+    for k, part in enumerate(parts, 1):
+        yield part
+        if k < n and k % max(n // 4, 1) == 0:
+            on_stage(f"dark matter on the grid: {k} of {n} sub-lattices deposited")
 
 
 def _sum_in_order(parts, totals: tuple) -> None:
@@ -510,9 +517,9 @@ def simulate(
             ctx = multiprocessing.get_context("fork")
             with concurrent.futures.ProcessPoolExecutor(min(workers, len(subs)), mp_context=ctx) as pool:
                 results = pool.map(_deposit_sublattice, subs)
-                _sum_in_order(results, totals)
+                _sum_in_order(_reported(results, len(subs), on_stage), totals)
         else:
-            _sum_in_order(map(_deposit_sublattice, subs), totals)
+            _sum_in_order(_reported(map(_deposit_sublattice, subs), len(subs), on_stage), totals)
     finally:
         _SUBLATTICE = None
     filled = mass > 1e-6

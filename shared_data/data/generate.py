@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core.commands import make_parser
-from shared_data.data import cosmology
 from shared_data.core.errors import DatasetError, UserError, run_cli
 from shared_data.core.files import check_writable, writing
+from shared_data.data import cosmology
 from shared_data.data.dataset import npy_paths
 
 DENSITY_SCALE = 14.0
@@ -263,6 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.if_missing and out.exists():
         print(f"{out} exists; not regenerated{stale_note(out, args.gas)}")
     else:
+        if out.exists():
+            print(f"{out} exists: generating it again (--if-missing keeps an existing file)", flush=True)
         generate(args)
     if args.npy:
         from shared_data.data.convert import convert_to_npy

@@ -62,24 +62,27 @@ _NATIVE_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:")
 _ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 
 
-#: Error lines TensorFlow prints on every hit of its persistent XLA cache, where nothing is wrong: it
+#: Error lines TensorFlow prints where nothing is wrong. On every hit of its persistent XLA cache: it
 #: parses the binary cache entry as a text proto first, and XLA:CPU compares its own tuning flags
-#: (``+prefer-no-scatter``, ``+prefer-no-gather``) with the host's instruction-set features. A feature
-#: the host really lacks (a cache from another machine) is still shown.
-_CACHE_HIT_LINE = re.compile(
+#: (``+prefer-no-scatter``, ``+prefer-no-gather``) with the host's instruction-set features (a feature
+#: the host really lacks, a cache from another machine, is still shown). When a step compiles without
+#: XLA: grappler's remapper cannot fuse the pad of the last up-convolution with its gradient's shape
+#: node, and grappler keeps the graph as it was before that pass (the step runs unfused there).
+_FALSE_ERROR_LINE = re.compile(
     r"Error parsing text-format tensorflow\.XlaSerializedCacheEntry"
     r"|Target machine feature \+prefer-[\w-]+ is not\s+supported on the host machine"
+    r"|meta_optimizer\.cc:\d+\] remapper failed: INVALID_ARGUMENT: Mutation::Apply error"
 )
 
 
 def native_line_shown(line: str, min_level: int) -> bool:
     """Whether a stderr ``line`` passes ``TF_CPP_MIN_LOG_LEVEL=min_level`` (0 all, 1 no INFO, 2 no
     WARNING, 3 no ERROR): C++ lines below the level, and from 1 absl's pre-initialisation notice and
-    the persistent XLA cache's false errors (:data:`_CACHE_HIT_LINE`), are dropped; every other line is
+    TensorFlow's false errors (:data:`_FALSE_ERROR_LINE`), are dropped; every other line is
     kept."""
     m = _NATIVE_LINE.match(line)
     if m:
-        return "IWEF".index(m[1]) >= min_level and not (min_level >= 1 and _CACHE_HIT_LINE.search(line))
+        return "IWEF".index(m[1]) >= min_level and not (min_level >= 1 and _FALSE_ERROR_LINE.search(line))
     return not (min_level >= 1 and line.startswith(_ABSL_NOTICE))
 
 
