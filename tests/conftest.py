@@ -14,7 +14,15 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")  # 2 CPU devices for JAX sharding tests
+# 2 CPU devices for JAX sharding tests. Without a GPU, XLA's LLVM at -O0 because the suite compiles
+# hundreds of tiny steps and runs few steps of each: -O0 takes about 40% off a tiny step's compile, and
+# its steps take about twice as long (the fused elementwise kernels; convolutions run in the same
+# library kernels). On a GPU machine the flag would slow the GPU kernels that the gpu tests time.
+os.environ.setdefault(
+    "XLA_FLAGS",
+    "--xla_force_host_platform_device_count=2"
+    + ("" if shutil.which("nvidia-smi") else " --xla_backend_optimization_level=0"),
+)
 
 import numpy as np
 import pytest

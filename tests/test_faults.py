@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,6 +91,31 @@ def _descendants(pid: int) -> list[int]:
     """The processes ``pid`` started, and theirs (a lowmem loader's forkserver and workers), from /proc."""
     children = [int(c) for t in os.scandir(f"/proc/{pid}/task") for c in open(f"{t.path}/children").read().split()]
     return [p for c in children for p in (c, *_descendants(c))]
+
+
+@pytest.fixture(scope="module")
+def epoch_1_of_3(tmp_path_factory, tiny_argv):
+    """``epoch_1_of_3(framework, dest)``: ``dest`` becomes a copy of the run folder that ``tiny_argv``
+    with ``--num_epochs 3 --stop_after_epoch 1`` leaves, trained once per framework in this module."""
+    trained = {}
+
+    def copy(framework, dest):
+        if framework not in trained:
+            folder = tmp_path_factory.mktemp(f"{framework}_epoch_1_of_3") / "w"
+            train = __import__(f"{framework}_impl.train", fromlist=["train"])
+            argv = [*tiny_argv, "--num_epochs", "3", "--stop_after_epoch", "1", "--workdir", str(folder)]
+            assert run_in_process(train.main, argv).returncode == 0
+            trained[framework] = folder
+        shutil.copytree(trained[framework], dest)
+        return dest
+
+    return copy
+
+
+def _checkpoint_epochs(folder) -> list[int]:
+    """The epochs with a finished checkpoint in ``folder``: orbax's ``N`` folders, TF's ``ckpt-N.index``."""
+    jax_epochs = [int(p.name) for p in folder.glob("*") if p.name.isdigit()]
+    return sorted(jax_epochs + [int(p.name[5:-6]) for p in folder.glob("ckpt-*.index")])
 
 
 @pytest.mark.slow
@@ -319,15 +345,16 @@ def test_predict_out_under_a_file_is_one_line(tmp_path, tiny_argv):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
-def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(framework, tmp_path, tiny_argv, monkeypatch):
+def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(
+    framework, tmp_path, tiny_argv, monkeypatch, epoch_1_of_3
+):
     """Class 5: ENOSPC injected into the checkpoint save of epoch 2 (after part of it is written): one
     line naming the folder, the reason and the checkpoint kept; --resume then finishes the run."""
     import errno
 
     train = __import__(f"{framework}_impl.train", fromlist=["train"])
-    work = tmp_path / "w"
+    work = epoch_1_of_3(framework, tmp_path / "w")
     argv = [*tiny_argv, "--num_epochs", "3", "--workdir", str(work)]
-    assert run_in_process(train.main, [*argv, "--stop_after_epoch", "1"]).returncode == 0
     if framework == "jax":
         import orbax.checkpoint as ocp
 
@@ -581,7 +608,7 @@ def test_an_early_error_closes_orbaxs_checkpoint_manager(tmp_path, tiny_argv, mo
     ],
 )
 def test_a_full_disk_during_a_log_write_keeps_the_last_checkpoint(
-    framework, record, lost, tmp_path, tiny_argv, monkeypatch
+    framework, record, lost, tmp_path, tiny_argv, monkeypatch, epoch_1_of_3
 ):
     """Class 5: ENOSPC injected into the write of metrics.jsonl (after a torn part of the line) or of
     out.log (every write of the resumed run): one line naming the file, the reason and the checkpoint
@@ -593,9 +620,8 @@ def test_a_full_disk_during_a_log_write_keeps_the_last_checkpoint(
     from shared_data.runtime import records
 
     train = __import__(f"{framework}_impl.train", fromlist=["train"])
-    work = tmp_path / "w"
+    work = epoch_1_of_3(framework, tmp_path / "w")
     argv = [*tiny_argv, "--num_epochs", "3", "--workdir", str(work)]
-    assert run_in_process(train.main, [*argv, "--stop_after_epoch", "1"]).returncode == 0
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     if record == "metrics.jsonl":
 
