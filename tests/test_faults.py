@@ -112,12 +112,6 @@ def epoch_1_of_3(tmp_path_factory, tiny_argv):
     return copy
 
 
-def _checkpoint_epochs(folder) -> list[int]:
-    """The epochs with a finished checkpoint in ``folder``: orbax's ``N`` folders, TF's ``ckpt-N.index``."""
-    jax_epochs = [int(p.name) for p in folder.glob("*") if p.name.isdigit()]
-    return sorted(jax_epochs + [int(p.name[5:-6]) for p in folder.glob("ckpt-*.index")])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("framework", "signum", "code"), [("jax", signal.SIGINT, 130), ("tf", signal.SIGTERM, 143)])
 def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny_argv, framework, signum, code):
