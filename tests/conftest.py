@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from processes import cpu_xla_flags, signalling_input
+from processes import at_batch, cpu_xla_flags, send
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("XLA_FLAGS", cpu_xla_flags(2))  # 2 CPU devices for JAX sharding tests
@@ -272,7 +272,7 @@ def train_with_signal_at(train_mod, monkeypatch, batch: int, signum: int, cfg, w
     from shared_data.runtime import signals
 
     make_input = train_mod.data_mod.make_input
-    monkeypatch.setattr(train_mod.data_mod, "make_input", signalling_input(make_input, batch, signum))
+    monkeypatch.setattr(train_mod.data_mod, "make_input", at_batch(make_input, batch, send(signum)))
     with signals.handled(), pytest.raises(signals.Interrupted) as stopped:
         train_mod.train_and_evaluate(cfg, workdir, **kwargs)
     monkeypatch.setattr(train_mod.data_mod, "make_input", make_input)

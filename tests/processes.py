@@ -1,19 +1,27 @@
 """What tests of trainer processes share, importing neither framework: the XLA flags of a test's JAX
-process (:func:`cpu_xla_flags`), and a real signal at a chosen training batch, so that a stop lands at
-a known step whatever the machine's load: :func:`signalling_input` wraps a trainer's ``make_input``
-in this process; :data:`SIGNAL_AT` runs a trainer as a process with it
-(``SIGNAL_AT + [FRAMEWORK, BATCH, SIGNUM, *trainer_argv]``, from the checkout's root)."""
+process (:func:`cpu_xla_flags`), and a real signal at a chosen training batch, so that a stop lands
+at a known step whatever the machine's load. :func:`at_batch` wraps a trainer's ``make_input`` in
+this process; :data:`SIGNAL_AT` runs a trainer as a process with it:
+``SIGNAL_AT + [FRAMEWORK, BATCH, ACTION, *trainer_argv]`` from the checkout's root, where ACTION is
+a signal's name (``SIGUSR1``: the process sends it to itself) or ``wait:PATH`` (the process creates
+the file PATH and waits for a signal from outside, for a test that sends one to a process group)."""
 
 from __future__ import annotations
 
 import importlib
 import os
 import shutil
+import signal
 import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 #: ``python -c`` that runs ``FRAMEWORK_impl.train.main(trainer_argv)`` as its console script does,
-#: sending itself ``SIGNUM`` while its training input hands out batch ``BATCH``.
+#: with ACTION while its training input hands out batch ``BATCH``.
 SIGNAL_AT = [sys.executable, "-c", "import sys; sys.path.insert(0, 'tests'); import processes; processes.main()"]
+#: How long ``wait:PATH`` waits for the signal before the run goes on without it.
+WAIT_SEC = 120
 
 
 def cpu_xla_flags(devices: int) -> str:
@@ -26,12 +34,13 @@ def cpu_xla_flags(devices: int) -> str:
     return f"--xla_force_host_platform_device_count={devices}{optimization}"
 
 
-def signalling_input(make_input, batch: int, signum: int):
-    """``make_input`` whose training input sends this process ``signum`` while it hands out its batch
-    number ``batch`` (0-based, counted over the epochs of this process); validation input unchanged."""
+def at_batch(make_input, batch: int, action: Callable[[], None]):
+    """``make_input`` whose training input calls ``action()`` while it hands out its batch number
+    ``batch`` (0-based, counted over the epochs of this process), inside the trainer's wait for that
+    batch; validation input unchanged."""
     handed = [0]
 
-    def signalling(cfg, split, *args):
+    def with_action(cfg, split, *args):
         inp = make_input(cfg, split, *args)
         if split != "train":
             return inp
@@ -40,21 +49,52 @@ def signalling_input(make_input, batch: int, signum: int):
         def epoch(e):
             for b in read(e):
                 if handed[0] == batch:
-                    os.kill(os.getpid(), signum)
+                    action()
                 handed[0] += 1
                 yield b
 
         inp.epoch = epoch
         return inp
 
-    return signalling
+    return with_action
+
+
+def send(signum: int) -> Callable[[], None]:
+    """The action that sends this process ``signum``."""
+    return lambda: os.kill(os.getpid(), signum)
+
+
+def wait_for_signal(marker: Path) -> Callable[[], None]:
+    """The action that creates ``marker`` and waits (up to :data:`WAIT_SEC`) until SIGINT, SIGTERM or
+    SIGUSR1 arrives; the trainer's handler of it then runs as it would have."""
+
+    def wait() -> None:
+        arrived = []
+
+        def note(signum, frame):
+            arrived.append(signum)
+            if callable(previous[signum]):
+                previous[signum](signum, frame)
+
+        previous = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+        try:
+            marker.touch()
+            end = time.monotonic() + WAIT_SEC
+            while not arrived and time.monotonic() < end:
+                time.sleep(0.01)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    return wait
 
 
 def main() -> None:
-    """:data:`SIGNAL_AT`'s command line: ``FRAMEWORK BATCH SIGNUM *trainer_argv``."""
+    """:data:`SIGNAL_AT`'s command line: ``FRAMEWORK BATCH ACTION *trainer_argv``."""
     from shared_data.core.errors import run_cli
 
-    framework, batch, signum, *argv = sys.argv[1:]
+    framework, batch, action, *argv = sys.argv[1:]
     train = importlib.import_module(f"{framework}_impl.train")
-    train.data_mod.make_input = signalling_input(train.data_mod.make_input, int(batch), int(signum))
+    act = wait_for_signal(Path(action[5:])) if action.startswith("wait:") else send(signal.Signals[action])
+    train.data_mod.make_input = at_batch(train.data_mod.make_input, int(batch), act)
     raise SystemExit(run_cli(train.main, argv))
