@@ -1,15 +1,18 @@
 """What tests of trainer processes share, importing neither framework: the XLA flags of a test's JAX
 process (:func:`cpu_xla_flags`), and a real signal at a chosen training batch, so that a stop lands
 at a known step whatever the machine's load. :func:`at_batch` wraps a trainer's ``make_input`` in
-this process; :data:`SIGNAL_AT` runs a trainer as a process with it:
-``SIGNAL_AT + [FRAMEWORK, BATCH, ACTION, *trainer_argv]`` from the checkout's root, where ACTION is
-a signal's name (``SIGUSR1``: the process sends it to itself) or ``wait:PATH`` (the process creates
-the file PATH and waits for a signal from outside, for a test that sends one to a process group)."""
+this process; :data:`SIGNAL_AT` runs a trainer as a process with it,
+``SIGNAL_AT + [BATCH, ACTION, "-m", "FRAMEWORK_impl.train", *trainer_argv]`` (the kit sees the
+command ``python -m FRAMEWORK_impl.train``), where ACTION is a signal's name (``SIGUSR1``: the
+process sends it to itself) or ``wait:PATH`` (the process creates the file PATH and waits for a
+signal from outside: a test that signals a process group, a SLURM requeue); :func:`interpreter` is
+the same as an interpreter for a launch script's ``PY``."""
 
 from __future__ import annotations
 
 import importlib
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -17,9 +20,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-#: ``python -c`` that runs ``FRAMEWORK_impl.train.main(trainer_argv)`` as its console script does,
-#: with ACTION while its training input hands out batch ``BATCH``.
-SIGNAL_AT = [sys.executable, "-c", "import sys; sys.path.insert(0, 'tests'); import processes; processes.main()"]
+#: ``python -c`` that runs ``-m MODULE``'s ``main(trainer_argv)`` as its console script does, with
+#: ACTION while its training input hands out batch BATCH (the module docstring).
+SIGNAL_AT = [
+    sys.executable,
+    "-c",
+    f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import processes; processes.main()",
+]
 #: How long ``wait:PATH`` waits for the signal before the run goes on without it.
 WAIT_SEC = 120
 
@@ -89,12 +96,22 @@ def wait_for_signal(marker: Path) -> Callable[[], None]:
     return wait
 
 
+def interpreter(folder: Path, batch: int, action: str) -> Path:
+    """An executable ``folder/python`` that runs ``python -m MODULE ARGS`` as :data:`SIGNAL_AT` does,
+    with ``action`` at training batch ``batch``: the ``PY`` of a launch script."""
+    path = folder / "python"
+    path.write_text(f'#!/bin/sh\nexec {shlex.join([*SIGNAL_AT, str(batch), action])} "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
 def main() -> None:
-    """:data:`SIGNAL_AT`'s command line: ``FRAMEWORK BATCH ACTION *trainer_argv``."""
+    """:data:`SIGNAL_AT`'s command line: ``BATCH ACTION -m MODULE *trainer_argv``."""
     from shared_data.core.errors import run_cli
 
-    framework, batch, action, *argv = sys.argv[1:]
-    train = importlib.import_module(f"{framework}_impl.train")
+    batch, action, dash_m, module, *argv = sys.argv[1:]
+    assert dash_m == "-m", sys.argv
+    train = importlib.import_module(module)
     act = wait_for_signal(Path(action[5:])) if action.startswith("wait:") else send(signal.Signals[action])
     train.data_mod.make_input = at_batch(train.data_mod.make_input, int(batch), act)
     raise SystemExit(run_cli(train.main, argv))

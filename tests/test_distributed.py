@@ -225,7 +225,7 @@ def _jax_processes(argv, port, signal_rank_1_at=None, **env):
     ``signal_rank_1_at``, process 1 alone sends itself SIGUSR1 at that training batch (processes.SIGNAL_AT)."""
     commands = [[sys.executable, "-m", "jax_impl.train"]] * 2
     if signal_rank_1_at is not None:
-        commands[1] = [*SIGNAL_AT, "jax", str(signal_rank_1_at), "SIGUSR1"]
+        commands[1] = [*SIGNAL_AT, str(signal_rank_1_at), "SIGUSR1", "-m", "jax_impl.train"]
     return [
         subprocess.Popen(
             [*command, *argv],

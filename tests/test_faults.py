@@ -141,7 +141,7 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(
         str(workdir),
     ]
     waiting = tmp_path / "waiting"  # the trainer waits for the signal in step 2 of epoch 2 and stops before step 3
-    cmd = [*SIGNAL_AT, framework, str(steps + 1), f"wait:{waiting}", *argv]
+    cmd = [*SIGNAL_AT, str(steps + 1), f"wait:{waiting}", "-m", f"{framework}_impl.train", *argv]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, start_new_session=True
     )
