@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 from conftest import run_in_process
-from processes import interpreter
+from processes import cpu_xla_flags, interpreter
 
 from shared_data.core.config import REPO_ROOT
 from shared_data.runtime.records import read_metrics
@@ -47,7 +47,7 @@ def _env(base: dict) -> dict:
         PY=sys.executable,
         PYTHONPATH=str(REPO_ROOT),
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        XLA_FLAGS=cpu_xla_flags(1),
         TF_CPP_MIN_LOG_LEVEL="2",
     )
     return env
