@@ -13,8 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+from processes import at_batch, cpu_xla_flags, send
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")  # 2 CPU devices for JAX sharding tests
+os.environ.setdefault("XLA_FLAGS", cpu_xla_flags(2))  # 2 CPU devices for JAX sharding tests
 
 import numpy as np
 import pytest
@@ -269,25 +271,8 @@ def train_with_signal_at(train_mod, monkeypatch, batch: int, signum: int, cfg, w
     :class:`shared_data.runtime.signals.Interrupted` it ends with."""
     from shared_data.runtime import signals
 
-    make_input, handed = train_mod.data_mod.make_input, [0]
-
-    def signalling(cfg, split, *args):
-        inp = make_input(cfg, split, *args)
-        if split != "train":
-            return inp
-        read = inp.epoch
-
-        def epoch(e):
-            for b in read(e):
-                if handed[0] == batch:
-                    os.kill(os.getpid(), signum)
-                handed[0] += 1
-                yield b
-
-        inp.epoch = epoch
-        return inp
-
-    monkeypatch.setattr(train_mod.data_mod, "make_input", signalling)
+    make_input = train_mod.data_mod.make_input
+    monkeypatch.setattr(train_mod.data_mod, "make_input", at_batch(make_input, batch, send(signum)))
     with signals.handled(), pytest.raises(signals.Interrupted) as stopped:
         train_mod.train_and_evaluate(cfg, workdir, **kwargs)
     monkeypatch.setattr(train_mod.data_mod, "make_input", make_input)

@@ -11,12 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 import pytest
-from conftest import run_module, train_with_signal_at
+from conftest import run_in_process, train_with_signal_at
+from processes import SIGNAL_AT, cpu_xla_flags
 
 from jax_impl import distribute as jax_distribute
 from jax_impl import model as jax_model
@@ -220,74 +220,15 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_jax_processes_match_one_process(tmp_path, tiny_argv):
-    common = [
-        "-m",
-        "jax_impl.train",
-        *tiny_argv,
-        "--set",
-        f"xla_cache_dir={tmp_path / 'cache'}",
-    ]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    single = subprocess.run(
-        [
-            sys.executable,
-            *common,
-            "--workdir",
-            str(tmp_path / "single"),
-            "--save_weights",
-            str(tmp_path / "single.npz"),
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
-    )
-    assert single.returncode == 0, single.stderr[-3000:]
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                *common,
-                "--workdir",
-                str(tmp_path / "multi"),
-                "--save_weights",
-                str(tmp_path / "multi.npz"),
-            ],
-            cwd=REPO_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={
-                **env,
-                "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-                "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
-                "JAX_NUM_PROCESSES": "2",
-                "JAX_PROCESS_ID": str(i),
-            },
-        )
-        for i in range(2)
-    ]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
-    assert "data parallel: 2 replicas, global batch 4, local batch 2" in outs[0]
-    # logs for batch jobs: the epoch lines once, from process 0; process 1 prints no INFO line
-    assert outs[0].count("Time taken for epoch 1 is") == 1 and "Avg val loss=" in outs[0]
-    assert "Time taken for epoch" not in outs[1] and "data parallel:" not in outs[1]
-    out_log = (tmp_path / "multi" / "out.log").read_text()
-    assert out_log.count("Time taken for epoch 1 is") == 1
-    a, b = np.load(tmp_path / "single.npz"), np.load(tmp_path / "multi.npz")
-    for k in a.files:
-        np.testing.assert_allclose(b[k], a[k], rtol=RTOL, atol=ATOL, err_msg=k)
-
-
-def _jax_processes(argv, port, **env):
-    """Two JAX trainer processes on localhost (one CPU device each), started together."""
+def _jax_processes(argv, port, signal_rank_1_at=None, **env):
+    """Two JAX trainer processes on localhost (one CPU device each), started together; with
+    ``signal_rank_1_at``, process 1 alone sends itself SIGUSR1 at that training batch (processes.SIGNAL_AT)."""
+    commands = [[sys.executable, "-m", "jax_impl.train"]] * 2
+    if signal_rank_1_at is not None:
+        commands[1] = [*SIGNAL_AT, str(signal_rank_1_at), "SIGUSR1", "-m", "jax_impl.train"]
     return [
         subprocess.Popen(
-            [sys.executable, "-m", "jax_impl.train", *argv],
+            [*command, *argv],
             cwd=REPO_ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -295,53 +236,50 @@ def _jax_processes(argv, port, **env):
             env={
                 **os.environ,
                 "JAX_PLATFORMS": "cpu",
-                "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+                "XLA_FLAGS": cpu_xla_flags(1),
                 "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
                 "JAX_NUM_PROCESSES": "2",
                 "JAX_PROCESS_ID": str(i),
                 **env,
             },
         )
-        for i in range(2)
+        for i, command in enumerate(commands)
     ]
 
 
-def test_two_jax_processes_stop_together_on_one_ranks_signal_and_resume_exactly(tmp_path, tiny_argv):
-    """SIGUSR1 to process 1 alone, inside epoch 2 of a 2-process run: both processes stop at the same
-    step boundary (exit 138, the same step in their last line), the checkpoint and data cursor are
-    written, and the requeued job (SLURM_RESTART_COUNT=1, no --resume) ends with the losses and
-    weights of an uninterrupted one-process run on 2 devices."""
-    steps = 100  # epoch 2 lasts seconds: the signal lands inside it
+def test_two_jax_processes_are_one_process_and_stop_together_on_one_ranks_signal_and_resume_exactly(
+    tmp_path, tiny_argv
+):
+    """Two processes on localhost (one CPU device each) train the experiment of one process on 2
+    devices. Process 1 alone gets SIGUSR1 (a real signal, sent at its training batch 5: in step 2 of
+    epoch 2's 4): both processes stop at the same step boundary (exit 138, step 3 in their last
+    line), the checkpoint and data cursor are written, and the requeued job (SLURM_RESTART_COUNT=1,
+    no --resume) ends with the losses and weights of an uninterrupted one-process run on 2 devices.
+    The log of a batch job has the epoch lines once, from process 0; process 1 prints no INFO line."""
+    steps = 4
     argv = [*tiny_argv, "--set", f"xla_cache_dir={tmp_path / 'cache'}", "--set", f"Nsamples={4 * steps}"]
     argv += ["--set", "num_epochs=2"]
-    single = run_module(
-        "jax_impl.train",
-        *argv,
-        "--workdir",
-        str(tmp_path / "single"),
-        "--save_weights",
-        str(tmp_path / "single.npz"),
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+    single = run_in_process(
+        jax_train.main, [*argv, "--workdir", str(tmp_path / "single"), "--save_weights", str(tmp_path / "single.npz")]
     )
     assert single.returncode == 0, single.stderr[-3000:]
     multi = [*argv, "--workdir", str(tmp_path / "multi"), "--save_weights", str(tmp_path / "multi.npz")]
-    procs = _jax_processes(multi, _free_port())
-    end = time.monotonic() + 300
-    while not (tmp_path / "multi" / "checkpoints" / "1").is_dir() and time.monotonic() < end:
-        time.sleep(0.05)
-    time.sleep(0.3)
-    procs[1].send_signal(signal.SIGUSR1)
+    procs = _jax_processes(multi, _free_port(), signal_rank_1_at=steps + 1)
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [138, 138], outs[0][1][-2000:] + outs[1][1][-2000:]
-    lasts = [err.strip().splitlines()[-1] for _, err in outs]
     cursor = json.loads((tmp_path / "multi" / "mid_epoch" / "cursor.json").read_text())
-    assert cursor["epoch"] == 1 and 0 < cursor["step"] < steps, cursor
-    for last in lasts:
-        assert f"stopped by SIGUSR1 at epoch 2, step {cursor['step'] + 1} of {steps}: saved in" in last, lasts
+    assert (cursor["epoch"], cursor["step"]) == (1, 2), cursor
+    for _, err in outs:
+        assert f"stopped by SIGUSR1 at epoch 2, step 3 of {steps}: saved in" in err.strip().splitlines()[-1], err
+    rank_0, rank_1 = (out + err for out, err in outs)
+    assert "data parallel: 2 replicas, global batch 4, local batch 2" in rank_0
+    assert rank_0.count("Time taken for epoch 1 is") == 1 and "Avg val loss=" in rank_0
+    assert "Time taken for epoch" not in rank_1 and "data parallel:" not in rank_1
     procs = _jax_processes(multi, _free_port(), SLURM_RESTART_COUNT="1")
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
-    assert f"at epoch 2, step {cursor['step'] + 1} of {steps}" in outs[0][0]
+    assert f"at epoch 2, step 3 of {steps}" in outs[0][0]
+    assert (tmp_path / "multi" / "out.log").read_text().count("Time taken for epoch 1 is") == 1
     np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single"), rtol=LOSS_RTOL)
     a, b = np.load(tmp_path / "single.npz"), np.load(tmp_path / "multi.npz")
     for k in a.files:

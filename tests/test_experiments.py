@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from processes import cpu_xla_flags
 
 from shared_data.core.config import REPO_ROOT
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.study
 
 
 def _run(script, tiny_argv, *args):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "XLA_FLAGS": cpu_xla_flags(2), "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.run(
         [
             sys.executable,

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import time
 
 import pytest
 from conftest import REPO_ROOT, assert_one_error_line, checkpoint_epochs, process_ended, run_in_process, run_module
+from processes import SIGNAL_AT
 
 from shared_data.core.errors import UserError
 from shared_data.runtime import lock as run_lock
@@ -92,9 +94,30 @@ def _descendants(pid: int) -> list[int]:
     return [p for c in children for p in (c, *_descendants(c))]
 
 
+@pytest.fixture(scope="module")
+def epoch_1_of_3(tmp_path_factory, tiny_argv):
+    """``epoch_1_of_3(framework, dest)``: ``dest`` becomes a copy of the run folder that ``tiny_argv``
+    with ``--num_epochs 3 --stop_after_epoch 1`` leaves, trained once per framework in this module."""
+    trained = {}
+
+    def copy(framework, dest):
+        if framework not in trained:
+            folder = tmp_path_factory.mktemp(f"{framework}_epoch_1_of_3") / "w"
+            train = __import__(f"{framework}_impl.train", fromlist=["train"])
+            argv = [*tiny_argv, "--num_epochs", "3", "--stop_after_epoch", "1", "--workdir", str(folder)]
+            assert run_in_process(train.main, argv).returncode == 0
+            trained[framework] = folder
+        shutil.copytree(trained[framework], dest)
+        return dest
+
+    return copy
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("framework", "signum", "code"), [("jax", signal.SIGINT, 130), ("tf", signal.SIGTERM, 143)])
-def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny_argv, framework, signum, code):
+def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(
+    tmp_path, tiny_argv, monkeypatch, framework, signum, code
+):
     """Class 7: Ctrl-C in the middle of epoch 2 ends with one line that says the epoch is abandoned
     and which checkpoint is kept, exit 130; SIGTERM (a job's time limit, ``scancel``) saves at the
     next step boundary with the data cursor and says so, exit 143. No traceback, no C++ abort; the
@@ -103,7 +126,7 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
     process of the run, as a terminal's Ctrl-C and SLURM's SIGTERM do: the lowmem loader's workers
     leave it to the trainer and end with it."""
     workdir = tmp_path / "w"
-    steps = 300 if framework == "jax" else 150  # epochs of seconds in either framework (TF's steps are slower)
+    steps = 4
     # one device: XLA:CPU's in-process all-reduce over 2 forced host devices can stall on long runs
     # on 2 shared cores, signal or not
     argv = [
@@ -117,14 +140,14 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
         "--workdir",
         str(workdir),
     ]
-    cmd = [sys.executable, "-m", f"{framework}_impl.train", *argv]
+    waiting = tmp_path / "waiting"  # the trainer waits for the signal in step 2 of epoch 2 and stops before step 3
+    cmd = [*SIGNAL_AT, str(steps + 1), f"wait:{waiting}", "-m", f"{framework}_impl.train", *argv]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, start_new_session=True
     )
     end = time.monotonic() + 300
-    while checkpoint_epochs(workdir / "checkpoints") != [1] and time.monotonic() < end:
+    while not waiting.exists() and proc.poll() is None and time.monotonic() < end:
         time.sleep(0.05)
-    time.sleep(0.5)  # inside epoch 2: seconds of steps even on a fast CPU
     workers = _descendants(proc.pid)
     os.killpg(proc.pid, signum)
     _, err = proc.communicate(timeout=120)
@@ -138,20 +161,19 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(tmp_path, tiny
     last = err.strip().splitlines()[-1]
     assert checkpoint_epochs(workdir / "checkpoints") == [1]
     assert (workdir / run_lock.LOCK_NAME).read_text() == ""
-    env = dict(os.environ)
     if signum == signal.SIGINT:
-        assert last.startswith(f"stopped by {name} during epoch 2 (step "), last
-        assert last.endswith(
-            f" of {steps}): that epoch is abandoned; the checkpoint of epoch 1 is kept and --resume continues from it"
-        )
+        assert last == (
+            f"stopped by {name} during epoch 2 (step 3 of {steps}): that epoch is abandoned; the checkpoint of "
+            "epoch 1 is kept and --resume continues from it"
+        ), last
         argv.append("--resume")
     else:
-        assert last.startswith(f"stopped by {name} at epoch 2, step "), last
-        assert last.endswith(f" of {steps}: saved in {workdir / 'mid_epoch'}; --resume continues from there"), last
+        where = f"at epoch 2, step 3 of {steps}: saved in {workdir / 'mid_epoch'}"
+        assert last == f"stopped by {name} {where}; --resume continues from there", last
         cursor = json.loads((workdir / "mid_epoch" / "cursor.json").read_text())
-        assert cursor["epoch"] == 1 and 0 < cursor["step"] < steps and len(cursor["losses"]) == cursor["step"]
-        env["SLURM_RESTART_COUNT"] = "1"
-    res = run_module(f"{framework}_impl.train", *argv, env=env)
+        assert cursor["epoch"] == 1 and cursor["step"] == 2 and len(cursor["losses"]) == cursor["step"]
+        monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    res = run_in_process(__import__(f"{framework}_impl.train", fromlist=["train"]).main, argv)
     assert res.returncode == 0 and "taking over" not in res.stderr, res.stderr[-2000:]
     epochs = [json.loads(line)["epoch"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2]
@@ -319,15 +341,16 @@ def test_predict_out_under_a_file_is_one_line(tmp_path, tiny_argv):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
-def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(framework, tmp_path, tiny_argv, monkeypatch):
+def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(
+    framework, tmp_path, tiny_argv, monkeypatch, epoch_1_of_3
+):
     """Class 5: ENOSPC injected into the checkpoint save of epoch 2 (after part of it is written): one
     line naming the folder, the reason and the checkpoint kept; --resume then finishes the run."""
     import errno
 
     train = __import__(f"{framework}_impl.train", fromlist=["train"])
-    work = tmp_path / "w"
+    work = epoch_1_of_3(framework, tmp_path / "w")
     argv = [*tiny_argv, "--num_epochs", "3", "--workdir", str(work)]
-    assert run_in_process(train.main, [*argv, "--stop_after_epoch", "1"]).returncode == 0
     if framework == "jax":
         import orbax.checkpoint as ocp
 
@@ -581,7 +604,7 @@ def test_an_early_error_closes_orbaxs_checkpoint_manager(tmp_path, tiny_argv, mo
     ],
 )
 def test_a_full_disk_during_a_log_write_keeps_the_last_checkpoint(
-    framework, record, lost, tmp_path, tiny_argv, monkeypatch
+    framework, record, lost, tmp_path, tiny_argv, monkeypatch, epoch_1_of_3
 ):
     """Class 5: ENOSPC injected into the write of metrics.jsonl (after a torn part of the line) or of
     out.log (every write of the resumed run): one line naming the file, the reason and the checkpoint
@@ -593,9 +616,8 @@ def test_a_full_disk_during_a_log_write_keeps_the_last_checkpoint(
     from shared_data.runtime import records
 
     train = __import__(f"{framework}_impl.train", fromlist=["train"])
-    work = tmp_path / "w"
+    work = epoch_1_of_3(framework, tmp_path / "w")
     argv = [*tiny_argv, "--num_epochs", "3", "--workdir", str(work)]
-    assert run_in_process(train.main, [*argv, "--stop_after_epoch", "1"]).returncode == 0
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     if record == "metrics.jsonl":
 

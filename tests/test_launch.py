@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from processes import cpu_xla_flags
 
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import UserError
@@ -218,7 +219,7 @@ def test_n_processes_on_one_host_tag_their_lines(tmp_path, tiny_argv):
     scratch = tmp_path / "scratch" / "jax-cache"  # where a centre points the cache
     env.update(NPROC="2", PORT=str(_free_port()), PY=sys.executable, JAX_PLATFORMS="cpu")
     env["JAX_COMPILATION_CACHE_DIR"] = str(scratch)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    env["XLA_FLAGS"] = cpu_xla_flags(1)
     res = subprocess.run(
         ["bash", "scripts/launch/single_host.sh", "jax", *tiny_argv[1:], "--workdir", str(workdir)],
         cwd=REPO_ROOT,

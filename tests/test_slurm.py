@@ -21,14 +21,15 @@ import time
 
 import numpy as np
 import pytest
-from conftest import checkpoint_epochs
+from conftest import run_in_process
+from processes import cpu_xla_flags, interpreter
 
 from shared_data.core.config import REPO_ROOT
 from shared_data.runtime.records import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 RTOL = 1e-5
-STEPS = 25  # an epoch of the 2-task runs: a second or more, so a requeue sent as epoch 2 starts lands in it
+STEPS = 4  # an epoch of the 2-task runs; the requeued job's tasks wait for SLURM's SIGTERM in step 2 of epoch 2
 TWO_TASKS = ["--set", "num_epochs=2", "--set", f"Nsamples={4 * STEPS}"]  # cpu_tiny: global batch 4
 FOUR_TASKS = ["--set", "num_epochs=2", "--set", "Nsamples=8", "--set", "unet_widths=[4, 8]"]  # 2 steps an epoch
 
@@ -46,7 +47,7 @@ def _env(base: dict) -> dict:
         PY=sys.executable,
         PYTHONPATH=str(REPO_ROOT),
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        XLA_FLAGS=cpu_xla_flags(1),
         TF_CPP_MIN_LOG_LEVEL="2",
     )
     return env
@@ -103,12 +104,13 @@ def _job_state(job: str, env: dict) -> str:
     return res.stdout.strip()
 
 
-def sbatch_requeued_mid_epoch(slurm_env: dict, framework: str, argv: list[str], log, epoch_1_done) -> str:
-    """``sbatch --requeue`` of the submit script with 2 tasks, ``scontrol requeue`` of the job as soon
-    as ``epoch_1_done()`` (what the run does between epochs 1 and 2 is done; a SIGTERM that comes
-    before epoch 2's first step stops the run there), and the wait until the requeued job has ended;
-    returns the job id. The job's output, both runs of it, is in ``log``."""
-    env = _env(slurm_env)
+def sbatch_requeued_mid_epoch(slurm_env: dict, framework: str, argv: list[str], log, folder) -> str:
+    """``sbatch --requeue`` of the submit script with 2 tasks whose trainers wait for a signal in step
+    2 of epoch 2 (``PY`` is :func:`processes.interpreter`, its file in ``folder``), ``scontrol
+    requeue`` of the job once they wait, and the wait until the requeued job has ended; returns the
+    job id. The job's output, both runs of it, is in ``log``."""
+    waiting = folder / "waiting"
+    env = _env(slurm_env) | {"PY": str(interpreter(folder, STEPS + 1, f"wait:{waiting}"))}
     submit = ["sbatch", "--parsable", "-N", "1", "--ntasks-per-node=2", "--cpus-per-task=1", "--requeue"]
     submit += ["--open-mode=append", f"--output={log}", "scripts/launch/submit_slurm.sh", framework, *argv]
     res = subprocess.run(submit, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env=env)
@@ -116,10 +118,9 @@ def sbatch_requeued_mid_epoch(slurm_env: dict, framework: str, argv: list[str], 
     job = res.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 600
     output = lambda: log.read_text()[-3000:] if log.exists() else ""
-    while not epoch_1_done():
+    while not waiting.exists():
         assert time.monotonic() < deadline and not _job_gone(job, env), output()
         time.sleep(0.1)
-    time.sleep(0.3)
     requeue = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, env=env)
     assert requeue.returncode == 0, requeue.stderr
     # SLURM holds a requeued job back (begin time = now + its credential lifetime, 121 s) once its
@@ -145,13 +146,12 @@ def assert_same_weights(path_a, path_b, rtol: float = RTOL, atol: float = 1e-7) 
 
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_two_tasks_requeued_mid_epoch_train_the_experiment_of_two_processes(slurm, framework, tiny_argv, tmp_path):
-    """A 2-task job of ``submit_slurm.sh`` requeued inside its second epoch (``scontrol requeue``):
-    SLURM's SIGTERM stops both tasks at one step boundary with a mid-epoch checkpoint, rank 0 sees the
-    job requeued already, the requeued job (SLURM_RESTART_COUNT=1, no --resume) continues from that
-    step (a SIGTERM that comes before epoch 2's first step stops the run there, and the job resumes
-    from epoch 1's checkpoint, the same state), and the run ends with the epoch losses and the
-    --save_weights of 2 processes of ``single_host.sh`` run without interruption; run.json records
-    both runs of the job and the launch.
+    """A 2-task job of ``submit_slurm.sh`` requeued inside its second epoch (``scontrol requeue``
+    while its tasks wait in step 2): SLURM's SIGTERM stops both tasks at one step boundary with a
+    mid-epoch checkpoint, rank 0 sees the job requeued already, the requeued job
+    (SLURM_RESTART_COUNT=1, no --resume) continues from that step, and the run ends with the epoch
+    losses and the --save_weights of 2 processes of ``single_host.sh`` run without interruption;
+    run.json records both runs of the job and the launch.
     The loader is ``lowmem``: its worker processes outlive SLURM's SIGTERM to every process of the step.
     TF: the job also evaluates time to quality every epoch, across the requeue. JAX: 2 devices of one
     process give the same run."""
@@ -162,20 +162,14 @@ def test_two_tasks_requeued_mid_epoch_train_the_experiment_of_two_processes(slur
 
     quality = ["--set", "quality_every_epochs=1"] if framework == "tf" else []  # the multi-worker path it was fixed for
     records = tmp_path / "slurm" / "quality.jsonl"
-    epoch_1_done = lambda: (
-        checkpoint_epochs(tmp_path / "slurm" / "checkpoints") == [1]
-        and (not quality or (records.exists() and records.read_text().strip() != ""))
-    )
     log = tmp_path / "job.out"
-    job = sbatch_requeued_mid_epoch(slurm, framework, [*run("slurm"), *quality], log, epoch_1_done)
+    job = sbatch_requeued_mid_epoch(slurm, framework, [*run("slurm"), *quality], log, tmp_path)
     single_host(framework, 2, run("local"))
 
     text = log.read_text()
-    stop = re.search(rf"stopped by SIGTERM at epoch 2, step (\d+) of {STEPS}: saved in .*; the job is requeued", text)
+    stop = re.search(rf"stopped by SIGTERM at epoch 2, step 3 of {STEPS}: saved in .*; the job is requeued", text)
     assert stop and "is requeued already" in text, text[-4000:]
-    # the resume: from the data cursor, or from epoch 1's checkpoint for a stop before epoch 2's first step
-    resumed = "checkpoints at epoch 1\n" if stop[1] == "1" else f"at epoch 2, step {stop[1]} of {STEPS} (a stop"
-    assert resumed in text[stop.end() :], text[-4000:]
+    assert f"at epoch 2, step 3 of {STEPS} (a stop" in text[stop.end() :], text[-4000:]
     assert text.count("Time taken for epoch 2 is") == 1, text[-4000:]
     info = json.loads((tmp_path / "slurm" / "run.json").read_text())
     assert [i["launch"]["job_id"] for i in info["invocations"]] == [job, job]
@@ -186,10 +180,10 @@ def test_two_tasks_requeued_mid_epoch_train_the_experiment_of_two_processes(slur
     assert_same_weights(tmp_path / "local.npz", tmp_path / "slurm.npz")
     if framework == "tf":
         assert [json.loads(line)["epoch"] for line in records.read_text().splitlines()] == [1, 2]
-    else:  # 2 devices of one process: the same experiment as 2 processes
-        env = _env(os.environ) | {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-        cmd = [sys.executable, "-m", "jax_impl.train", *tiny_argv, *TWO_TASKS, "--workdir", str(tmp_path / "devices")]
-        res = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+    else:  # 2 devices of one process (conftest's XLA_FLAGS): the same experiment as 2 processes
+        from jax_impl import train as jax_train
+
+        res = run_in_process(jax_train.main, [*tiny_argv, *TWO_TASKS, "--workdir", str(tmp_path / "devices")])
         assert res.returncode == 0, res.stderr[-3000:]
         np.testing.assert_allclose(losses(tmp_path / "devices"), losses(tmp_path / "local"), rtol=RTOL)
 
