@@ -37,6 +37,7 @@ import types
 import weakref
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
@@ -111,6 +112,29 @@ def serve_parent(parent: int) -> None:
             time.sleep(PARENT_WATCH_S)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+@contextlib.contextmanager
+def workers_started() -> Iterator[None]:
+    """Around the start of worker processes that run a fresh interpreter (DALI's ``spawn`` workers):
+    SIGTERM and SIGINT are blocked in the starting thread, so each started process begins with them
+    blocked in every thread it will have (a signal mask survives fork and exec), and
+    :func:`serve_parent` then ignores SIGINT and takes SIGTERM in its one waiting thread. Blocked
+    only from :func:`serve_parent` on, they stay open in the threads that the worker's imports start
+    before it (numpy's BLAS pool): a SIGTERM to the process group lands there, its default action
+    ends the worker, and DALI's next task for that worker waits forever on its queue. In this
+    process a signal that arrives meanwhile goes to another thread or waits the few milliseconds of
+    the start. :mod:`multiprocessing`'s resource tracker is started first: its start unblocks SIGINT
+    and SIGTERM in the calling thread. Does nothing where the system has no ``pthread_sigmask``."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _sigterm_from(parent: int) -> None:
