@@ -258,6 +258,13 @@ def test_a_killed_parent_leaves_no_worker_behind(tiny_cfg):
     assert not alive
 
 
+def _blocked(pid: int) -> set[signal.Signals]:
+    """The signals process ``pid``'s main thread blocks (``SigBlk`` of /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as fh:
+        mask = int(next(line for line in fh if line.startswith("SigBlk:")).split()[1], 16)
+    return {s for s in signal.Signals if mask >> (s - 1) & 1}
+
+
 def _parent_pid(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as fh:
         return int(fh.read().rsplit(")", 1)[1].split()[1])
@@ -267,7 +274,8 @@ def test_sigterm_to_the_process_group_is_left_to_the_parent(tiny_cfg, tmp_path):
     """``scancel`` (another process) signals every process of the job: the workers and the fork
     server that forked them (whose end would end them) leave SIGTERM (like SIGINT) to the parent,
     which stops them when it stops, so a batch under way still completes; the parent's own SIGTERM
-    (its close) ends them."""
+    (its close) ends them. The fork server starts with both signals blocked, so a Ctrl-C while it
+    imports (before its own SIGINT handling) is no traceback in the run's console."""
     cfg, reader, workers = _setup(tiny_cfg, tmp_path, 2)
     plan = host_batches.make_plan(cfg, TRAIN, 0, [0], 1, reader.size)
     loader = iter(host_batches.NumpyLoader(reader, plan, cfg, workers=workers))
@@ -275,6 +283,8 @@ def test_sigterm_to_the_process_group_is_left_to_the_parent(tiny_cfg, tmp_path):
     pids = workers.pids
     server = _parent_pid(pids[0])
     assert server != os.getpid() and _parent_pid(pids[1]) == server
+    assert {signal.SIGINT, signal.SIGTERM} <= _blocked(server)
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # blocked only while it started
     subprocess.run(["kill", "-TERM", str(server), *map(str, pids)], check=True)  # sent by another process
     time.sleep(0.2)
     batch = next(loader)
