@@ -71,6 +71,24 @@ def test_trainer_refuses_save_weights_onto_its_training_volume(tiny_argv, tiny_c
     assert data.read_bytes() == before and not (tmp_path / "run" / "run.json").exists()
 
 
+@pytest.mark.parametrize("name", ["run.json", "metrics.jsonl", "checkpoints/w.npz", "link.npz"])
+def test_trainer_refuses_save_weights_onto_its_own_run_files(tiny_argv, tmp_path, name):
+    """``--save_weights RUN/run.json`` trained and then replaced the run's record with the weights
+    (rc 0): the run's own files are refused by path before the run writes them, and through a link
+    once they exist."""
+    run = tmp_path / "run"
+    if name.startswith("checkpoints"):
+        (run / "checkpoints").mkdir(parents=True)
+    if name == "link.npz":
+        run.mkdir()
+        (run / "out.log").write_text("an earlier invocation's log\n")
+        os.symlink(run / "out.log", tmp_path / name)
+    out = tmp_path / name if name == "link.npz" else run / name
+    res = run_in_process(jax_train.main, [*tiny_argv, "--workdir", str(run), "--save_weights", str(out)])
+    assert_one_error_line(res, f"--save_weights {out}", "the run folder's")
+    assert not (run / "run.json").exists() and not (run / "checkpoints" / "w.npz").exists()
+
+
 def test_predict_and_export_refuse_outputs_that_are_their_weights(cfg, data_dir, tmp_path):
     """``predict --weights w.npz --out w.npz`` replaced the weights with the prediction."""
     weights = tmp_path / "w.npz"
