@@ -336,11 +336,12 @@ def test_export_size_has_one_limit_in_both_frameworks(tmp_path):
 # --- a full disk ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", ["generate", "convert", "predict", "validate"])
+@pytest.mark.parametrize("command", ["generate", "convert", "predict", "validate", "export"])
 def test_a_full_disk_ends_in_one_line_and_leaves_no_file(command, data_dir, tmp_path):
     """A write that fails (here: past the file-size limit) ends in one ``error:`` line with exit code
     2: no traceback, no native crash after the message (HDF5 crashed at exit, rc 139; the
-    converter's memory map died of SIGBUS), and no partial or hidden file left."""
+    converter's memory map died of SIGBUS), and no partial or hidden file left (export left the
+    folder it made)."""
     import sys
 
     out = tmp_path / "out"
@@ -356,12 +357,14 @@ def test_a_full_disk_ends_in_one_line_and_leaves_no_file(command, data_dir, tmp_
         + ["--out", str(out / "p.h5")],
         "validate": ["shared_data.inference.validate", "--pred", str(vol), "--truth", str(vol)]
         + ["--out", str(out / "report")],
+        "export": ["jax_impl.export", "--config", "cpu_tiny", "--weights", str(weights), "--out", str(out / "exp")],
     }[command]
     if command == "convert":
         os.symlink(vol, out / "v.h5")
-    # files may grow to 128 KiB (``ulimit -f``, KiB in bash): a longer write fails with EFBIG as a
-    # full disk's fails with ENOSPC (Python ignores SIGXFSZ), without a disk to fill
-    limited = ["bash", "-c", 'ulimit -f 128 && exec "$@"', "bash", sys.executable, "-m", *args]
+    # files may grow to 64 KiB (``ulimit -f``, KiB in bash; a cpu_tiny export is 97 KiB): a longer
+    # write fails with EFBIG as a full disk's fails with ENOSPC (Python ignores SIGXFSZ), without a
+    # disk to fill
+    limited = ["bash", "-c", 'ulimit -f 64 && exec "$@"', "bash", sys.executable, "-m", *args]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     res = subprocess.run(limited, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, env=env)
     assert_one_error_line(res, "cannot write", "(File too large)")

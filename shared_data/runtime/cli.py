@@ -18,7 +18,7 @@ from pathlib import Path
 from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError
-from shared_data.core.files import check_not_input, check_writable
+from shared_data.core.files import check_not_input, check_writable, first_missing_folder
 from shared_data.runtime import signals, sizing
 from shared_data.runtime.logs import RANK_LOGGER, close_log_file, log_to_file_only, setup_logging
 from shared_data.runtime.records import run_info_and_problem
@@ -101,16 +101,6 @@ def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> N
             raise UserError(f"--save_weights {args.save_weights}: folder {folder} does not exist")
         else:
             check_writable(args.save_weights, "--save_weights")
-
-
-def first_missing_folder(path: Path) -> Path | None:
-    """The outermost folder of ``path`` (itself or a parent) that does not exist yet, or None."""
-    missing, path = None, path.absolute()
-    for folder in [path, *path.parents]:
-        if folder.exists():
-            return missing
-        missing = folder
-    return missing
 
 
 def remove_failed_start(created: Path | None) -> None:
