@@ -10,7 +10,6 @@ at a time, so volumes larger than memory convert; each ``.npy`` is written atomi
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core.commands import make_parser
-from shared_data.data import dataset
 from shared_data.core.errors import run_cli
 from shared_data.core.files import atomic_path, check_not_input, check_writable, one_set_or_none, writing
+from shared_data.data import dataset
 
 SLAB = 16
 

@@ -380,9 +380,7 @@ def shear_invariant(eigenvalues: np.ndarray) -> np.ndarray:
     return ((eigenvalues - eigenvalues.mean(0)) ** 2).sum(0)
 
 
-def adaptive_jeans_filter(
-    fields: list[np.ndarray], box: float, k_jeans: float, log_t: np.ndarray
-) -> list[np.ndarray]:
+def adaptive_jeans_filter(fields: list[np.ndarray], box: float, k_jeans: float, log_t: np.ndarray) -> list[np.ndarray]:
     """Smooth each real periodic field (L, L, L) by 1 / (1 + k^2 / k_J(T)^2) with the local
     k_J(T) = ``k_jeans`` 10^(-log_t / 2), ``log_t`` = log10(T / T0) per voxel (module docstring, 5d):
     the fields filtered at the wavenumbers of :data:`FILTER_LOG_T`, mixed per voxel with weights

@@ -23,11 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from shared_data.data import dataset
 from shared_data.core import loader_kinds
-from shared_data.data import symmetry
 from shared_data.core.config import Config
 from shared_data.core.errors import ConfigError
+from shared_data.data import dataset, symmetry
 from shared_data.data.sampler import Draws
 
 
@@ -175,7 +174,10 @@ def make_batch(
     a shared-memory slot of :mod:`shared_data.data.crop_workers`) where given, else new arrays."""
     s, n = cfg.crop_size, len(draws)
     if out is None:
-        out = np.empty((n, s, s, s, cfg.N_in_channels), np.float32), np.empty((n, s, s, s, cfg.N_out_channels), np.float32)
+        out = (
+            np.empty((n, s, s, s, cfg.N_in_channels), np.float32),
+            np.empty((n, s, s, s, cfg.N_out_channels), np.float32),
+        )
     xs, ys = out
     buf_in = np.empty((cfg.N_in_channels, s, s, s), np.float32)
     buf_tar = np.empty((cfg.N_out_channels, s, s, s), np.float32)

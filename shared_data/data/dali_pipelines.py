@@ -54,12 +54,10 @@ from pathlib import Path
 
 import numpy as np
 
-from shared_data.data import dataset
-from shared_data.data import host_batches
 from shared_data.core import loader_kinds
-from shared_data.data import symmetry
 from shared_data.core.config import CHOICES, Config
 from shared_data.core.errors import MissingDependencyError
+from shared_data.data import dataset, host_batches, symmetry
 from shared_data.data.crop_readers import H5LowMemReader
 
 log = logging.getLogger(__name__)
@@ -157,7 +155,9 @@ class EpochPlans:
     def __call__(self, epoch_idx: int) -> host_batches.EpochPlan:
         epoch = 0 if self.split == host_batches.VAL else self.epoch_offset + epoch_idx
         if epoch not in self._cache:
-            self._cache = {epoch: host_batches.make_plan(self.cfg, self.split, epoch, self.shards, self.replicas, self.size)}
+            self._cache = {
+                epoch: host_batches.make_plan(self.cfg, self.split, epoch, self.shards, self.replicas, self.size)
+            }
         return self._cache[epoch]
 
 

@@ -173,7 +173,9 @@ def _plain(value):
 #: transforms keep values of order 1 (targets inside tanh's (-1, 1)); a value beyond this turns into
 #: inf in float16 compute and, near float32's limit (3.4e38), in the float32 network or loss too.
 MAX_ABS_VALUE = 65504.0
-EXPECTED_VALUES = f"expected finite floats within +-{MAX_ABS_VALUE:g} (the dataset contract's transforms keep values of order 1)"
+EXPECTED_VALUES = (
+    f"expected finite floats within +-{MAX_ABS_VALUE:g} (the dataset contract's transforms keep values of order 1)"
+)
 
 
 def value_problem(value: float, limit: float = MAX_ABS_VALUE) -> str:

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core.commands import make_parser
-from shared_data.data import cosmology
 from shared_data.core.errors import DatasetError, UserError, run_cli
 from shared_data.core.files import check_writable, writing
+from shared_data.data import cosmology
 from shared_data.data.dataset import npy_paths
 
 DENSITY_SCALE = 14.0

@@ -25,11 +25,11 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from shared_data.core import config as config_mod
-from shared_data.data import symmetry
 from shared_data.core.config import Config
+from shared_data.data import symmetry
 from shared_data.data.crop_readers import H5LowMemReader, make_batch
 from shared_data.data.crop_workers import CropWorkers
-from shared_data.data.sampler import TRAIN, VAL, Draws, epoch_draws  # noqa: F401 (TRAIN/VAL re-exported)
+from shared_data.data.sampler import TRAIN, VAL, Draws, epoch_draws
 
 
 @dataclasses.dataclass(frozen=True)

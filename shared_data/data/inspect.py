@@ -7,15 +7,14 @@ and targets (``Hydro``) strictly inside tanh's (-1, 1). Exit code 0 if the file 
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from shared_data.core.commands import make_parser
-from shared_data.data import dataset
 from shared_data.core.errors import DatasetError, run_cli
+from shared_data.data import dataset
 
 SLAB = 16
 
