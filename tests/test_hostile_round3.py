@@ -243,6 +243,19 @@ def test_slurm_job_ids_and_ports_are_checked():
         slurm_port_base({"SLURM_JOB_ID": "x1"})
 
 
+def test_an_incomplete_slurm_step_is_one_error_line_in_tf(monkeypatch):
+    """TensorFlow's SLURM resolver raised a RuntimeError traceback where a SLURM step variable was
+    missing (a process that says it is a task of a 2-task step, not started by srun)."""
+    from tf_impl.distribute import slurm_resolver
+
+    step = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "node01", "SLURM_JOB_ID": "5"}
+    for name, value in step.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_STEP_TASKS_PER_NODE", raising=False)
+    with pytest.raises(UserError, match=r"^tf.distribute \(SLURM\): SLURM_STEP_TASKS_PER_NODE not found"):
+        slurm_resolver()
+
+
 def test_slurm_local_id_is_checked_against_the_tasks_on_the_node():
     env = {
         "SLURM_STEP_NUM_TASKS": "2",
