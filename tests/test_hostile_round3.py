@@ -386,6 +386,63 @@ def test_a_full_disk_ends_in_one_line_and_leaves_no_file(command, data_dir, tmp_
     assert sorted(p.name for p in out.iterdir()) == (["v.h5"] if command == "convert" else [])
 
 
+_FIGURE_CHILD = """
+import sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from dlas_compare.ladder_figure import save
+from shared_data.core.errors import run_cli
+
+def main(argv):
+    fig, ax = plt.subplots(figsize=(8, 6))
+    ax.imshow([[i * j for i in range(300)] for j in range(300)])
+    save(fig, sys.argv[1])
+
+raise SystemExit(run_cli(main))
+"""
+
+
+def test_a_failed_write_that_no_command_reports_is_one_error_line(tmp_path):
+    """The ladder's figure on a full disk (matplotlib's write, all measurements taken) ended in an
+    ENOSPC traceback: a write error that reaches the command's end unreported is one line, naming
+    the kit's code that wrote, and the figure's temporary file is gone."""
+    import sys
+
+    script = ["bash", "-c", 'ulimit -f 8 && exec "$@"', "bash", sys.executable, "-c", _FIGURE_CHILD]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    res = subprocess.run([*script, str(tmp_path / "f.png")], capture_output=True, text=True, env=env, timeout=120)
+    assert_one_error_line(res, "a write failed (File too large) at dlas_compare/ladder_figure.py:", "(save)")
+    assert list(tmp_path.iterdir()) == []
+
+
+_APPEND_CHILD = """
+import resource, sys
+from dlas_compare.benchmark import append_records
+
+path = sys.argv[1]
+append_records(path, [{"rung": 1}])
+resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))  # a full disk's ENOSPC, as EFBIG
+for target in (path, path + ".new"):
+    try:
+        append_records(target, [{"rung": 2, "pad": "x" * 6000}, {"rung": 3, "pad": "y" * 6000}])
+    except OSError as err:
+        print(err.strerror)
+"""
+
+
+def test_a_records_append_that_fails_leaves_the_file_as_it_was(tmp_path):
+    """The ladder's --out on a full disk kept half a record as its last line (and --resume then
+    refused the file): an append is all or none, and a file it made is removed."""
+    import sys
+
+    path = tmp_path / "ladder.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    res = subprocess.run([sys.executable, "-c", _APPEND_CHILD, str(path)], capture_output=True, text=True, env=env)
+    assert res.stdout.split("\n")[:2] == ["File too large"] * 2, res.stderr[-2000:]
+    assert path.read_text() == '{"rung": 1}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["ladder.jsonl"]
+
+
 def test_a_name_over_the_systems_limit_is_one_error_line(data_dir, tmp_path):
     """A 300-character file name (over NAME_MAX, 255 on Linux) ended in an ENAMETOOLONG traceback."""
     from shared_data.data import generate
