@@ -25,6 +25,7 @@ import contextlib
 import datetime
 import json
 import math
+import os
 import platform
 import shlex
 import sys
@@ -447,10 +448,25 @@ def table(records: list[dict]) -> str:
 
 
 def append_records(path: str | Path, records: list[dict]) -> None:
-    """Append ``records`` to the JSON-lines file ``path`` (one record per line; folders made)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in records)
+    """Append ``records`` to the JSON-lines file ``path`` (one record per line; folders made), all or
+    none: an append that fails (a full disk) cuts the file back to its earlier end, or removes it
+    where this call made it, so no partial line is left for a reader or a ``--resume``.
+
+    Raises:
+        OSError: the append failed (the file is as before).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    size = path.stat().st_size if path.exists() else None
+    try:
+        with open(path, "a") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in records)
+    except OSError:
+        if size is None:
+            path.unlink(missing_ok=True)
+        else:
+            os.truncate(path, size)
+        raise
 
 
 def run_process(

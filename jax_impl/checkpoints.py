@@ -67,7 +67,8 @@ class Checkpoints:
 
     def save(self, epoch: int, state) -> None:
         """Write ``state`` as the checkpoint of ``epoch``, wait until it is on disk and record its
-        checksums (:mod:`shared_data.runtime.checksums`)."""
+        checksums (:mod:`shared_data.runtime.checksums`); a save that fails (a full disk) leaves no
+        partial folder."""
         if not getattr(sys.unraisablehook, "quiet_closed_loop", False):
             sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
         try:
@@ -78,6 +79,7 @@ class Checkpoints:
             if reason is None:
                 raise
             self._failed = True
+            run_mod.remove_partial_saves(self.directory, (f"{epoch}.orbax-checkpoint-tmp*",), say=False)
             raise run_mod.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
         if distribute.is_main_process():
             checksums.record(self.directory, epoch, self._files(epoch), self.epochs())

@@ -4,6 +4,7 @@ and a worker's failure ends the iteration with one error naming the file, withou
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import shutil
@@ -257,6 +258,13 @@ def test_a_killed_parent_leaves_no_worker_behind(tiny_cfg):
     assert not alive
 
 
+def _blocked(pid: int) -> set[signal.Signals]:
+    """The signals process ``pid``'s main thread blocks (``SigBlk`` of /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as fh:
+        mask = int(next(line for line in fh if line.startswith("SigBlk:")).split()[1], 16)
+    return {s for s in signal.Signals if mask >> (s - 1) & 1}
+
+
 def _parent_pid(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as fh:
         return int(fh.read().rsplit(")", 1)[1].split()[1])
@@ -266,7 +274,8 @@ def test_sigterm_to_the_process_group_is_left_to_the_parent(tiny_cfg, tmp_path):
     """``scancel`` (another process) signals every process of the job: the workers and the fork
     server that forked them (whose end would end them) leave SIGTERM (like SIGINT) to the parent,
     which stops them when it stops, so a batch under way still completes; the parent's own SIGTERM
-    (its close) ends them."""
+    (its close) ends them. The fork server starts with both signals blocked, so a Ctrl-C while it
+    imports (before its own SIGINT handling) is no traceback in the run's console."""
     cfg, reader, workers = _setup(tiny_cfg, tmp_path, 2)
     plan = host_batches.make_plan(cfg, TRAIN, 0, [0], 1, reader.size)
     loader = iter(host_batches.NumpyLoader(reader, plan, cfg, workers=workers))
@@ -274,6 +283,8 @@ def test_sigterm_to_the_process_group_is_left_to_the_parent(tiny_cfg, tmp_path):
     pids = workers.pids
     server = _parent_pid(pids[0])
     assert server != os.getpid() and _parent_pid(pids[1]) == server
+    assert {signal.SIGINT, signal.SIGTERM} <= _blocked(server)
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # blocked only while it started
     subprocess.run(["kill", "-TERM", str(server), *map(str, pids)], check=True)  # sent by another process
     time.sleep(0.2)
     batch = next(loader)
@@ -283,44 +294,71 @@ def test_sigterm_to_the_process_group_is_left_to_the_parent(tiny_cfg, tmp_path):
 
 
 _DALI_CHILD = """
-import multiprocessing as mp, signal, sys, time
+import sys
 from shared_data.core import config as config_mod
 from shared_data.data import dali_pipelines as dp
 from shared_data.data.sampler import TRAIN
 
-def worker(source, queue):  # what DALI's spawned worker does with the source: unpickle it, call it
-    queue.put((mp.current_process().pid, signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
-    time.sleep(120)
-
-if __name__ == "__main__":
-    cfg = config_mod.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1]))
-    source = dp.H5CropSource(dp.EpochPlans(cfg, TRAIN, [0], 1, 32), sys.argv[1], "Nbody", 4, "parallel", 2)
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    ctx.Process(target=worker, args=(source, queue)).start()
-    print(*queue.get(timeout=60), flush=True)
-    time.sleep(120)
+cfg = config_mod.load_config(
+    "cpu_tiny", overrides=dict(train_path=sys.argv[1], data_loader_config="dali-h5", num_data_workers=2)
+)
+plans = dp.EpochPlans(cfg, TRAIN, [0], 1, 32)
+pipe = dp.build_pipeline(cfg, "train", 4, None, plans, dp.crop_sources(plans, sys.argv[1], cfg))
+pipe.build()
+for line in sys.stdin:  # one batch per line read, its mask's sum printed
+    print(int(sum(pipe.run()[2].as_array())), flush=True)
 """
 
 
-def test_dali_parallel_workers_leave_signals_to_the_run_and_end_with_it(tiny_cfg, tmp_path):
-    """DALI's ``parallel`` external source runs the crop source in spawned worker processes: there
-    the unpickled source leaves SIGTERM to the run and ends the worker when the run is killed."""
-    script = tmp_path / "run.py"  # a file: spawned processes import the worker function from it
-    script.write_text(_DALI_CHILD)
+def _children(pid: int) -> list[int]:
+    return [int(p.name) for p in os.scandir("/proc") if p.name.isdigit() and _ppid_or_none(int(p.name)) == pid]
+
+
+def _ppid_or_none(pid: int) -> int | None:
+    try:
+        return _parent_pid(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def test_dali_parallel_workers_leave_signals_to_the_run_and_end_with_it(tiny_cfg):
+    """DALI's ``parallel`` external source runs the crop source in spawned worker processes, whose
+    imports start threads before the source is unpickled there: a SIGTERM or Ctrl-C to the process
+    group (sent here to the workers by another process, as ``scancel`` does) leaves them running,
+    so the run's next batch comes (a worker killed by it left DALI's next batch waiting forever),
+    and a kill -9 of the run ends them."""
+    pytest.importorskip("nvidia.dali")
     child = subprocess.Popen(
-        [sys.executable, str(script), str(tiny_cfg.train_path)],
+        [sys.executable, "-c", _DALI_CHILD, str(tiny_cfg.train_path)],
         cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
+    workers = []
     try:
-        pid, ignored = child.stdout.readline().split()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "4"
+        workers = [p for p in _children(child.pid) if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+        assert len(workers) == 2
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):
+            for p in workers:
+                with contextlib.suppress(ProcessLookupError):  # the worker it killed before
+                    os.kill(p, signum)
+            time.sleep(0.1)
+        assert not [p for p in workers if process_ended(p, within=0.3)], "a worker died of the signal"
+        ready = threading.Timer(60, child.kill)
+        ready.start()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "4"
+        ready.cancel()
     finally:
         child.kill()
         child.wait()
-    ended = process_ended(int(pid), within=6.0)
-    if not ended:
-        os.kill(int(pid), signal.SIGKILL)
-    assert ignored == "True" and ended
+    alive = [p for p in workers if not process_ended(p, within=6.0)]
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    assert not alive

@@ -786,6 +786,8 @@ def test_a_real_full_disk_loses_nothing(framework, tmp_path, tiny_argv):
             "the checkpoint of epoch 1 is kept and --resume continues from it",
         )
         assert checkpoint_epochs(work / "checkpoints") == [1]
+        partial = [p.name for p in (work / "checkpoints").iterdir() if "tmp" in p.name or "temp" in p.name]
+        assert not partial  # the failed save's own files (orbax's N.orbax-checkpoint-tmp, TF's ckpt-N_temp)
         (small / "fill").unlink()
         res = run_in_process(train.main, [*argv, "--resume"])
         assert res.returncode == 0, res.stderr[-2000:]

@@ -71,6 +71,24 @@ def test_trainer_refuses_save_weights_onto_its_training_volume(tiny_argv, tiny_c
     assert data.read_bytes() == before and not (tmp_path / "run" / "run.json").exists()
 
 
+@pytest.mark.parametrize("name", ["run.json", "metrics.jsonl", "checkpoints/w.npz", "link.npz"])
+def test_trainer_refuses_save_weights_onto_its_own_run_files(tiny_argv, tmp_path, name):
+    """``--save_weights RUN/run.json`` trained and then replaced the run's record with the weights
+    (rc 0): the run's own files are refused by path before the run writes them, and through a link
+    once they exist."""
+    run = tmp_path / "run"
+    if name.startswith("checkpoints"):
+        (run / "checkpoints").mkdir(parents=True)
+    if name == "link.npz":
+        run.mkdir()
+        (run / "out.log").write_text("an earlier invocation's log\n")
+        os.symlink(run / "out.log", tmp_path / name)
+    out = tmp_path / name if name == "link.npz" else run / name
+    res = run_in_process(jax_train.main, [*tiny_argv, "--workdir", str(run), "--save_weights", str(out)])
+    assert_one_error_line(res, f"--save_weights {out}", "the run folder's")
+    assert not (run / "run.json").exists() and not (run / "checkpoints" / "w.npz").exists()
+
+
 def test_predict_and_export_refuse_outputs_that_are_their_weights(cfg, data_dir, tmp_path):
     """``predict --weights w.npz --out w.npz`` replaced the weights with the prediction."""
     weights = tmp_path / "w.npz"
@@ -225,6 +243,19 @@ def test_slurm_job_ids_and_ports_are_checked():
         slurm_port_base({"SLURM_JOB_ID": "x1"})
 
 
+def test_an_incomplete_slurm_step_is_one_error_line_in_tf(monkeypatch):
+    """TensorFlow's SLURM resolver raised a RuntimeError traceback where a SLURM step variable was
+    missing (a process that says it is a task of a 2-task step, not started by srun)."""
+    from tf_impl.distribute import slurm_resolver
+
+    step = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "node01", "SLURM_JOB_ID": "5"}
+    for name, value in step.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_STEP_TASKS_PER_NODE", raising=False)
+    with pytest.raises(UserError, match=r"^tf.distribute \(SLURM\): SLURM_STEP_TASKS_PER_NODE not found"):
+        slurm_resolver()
+
+
 def test_slurm_local_id_is_checked_against_the_tasks_on_the_node():
     env = {
         "SLURM_STEP_NUM_TASKS": "2",
@@ -318,11 +349,12 @@ def test_export_size_has_one_limit_in_both_frameworks(tmp_path):
 # --- a full disk ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", ["generate", "convert", "predict", "validate"])
+@pytest.mark.parametrize("command", ["generate", "convert", "predict", "validate", "export"])
 def test_a_full_disk_ends_in_one_line_and_leaves_no_file(command, data_dir, tmp_path):
     """A write that fails (here: past the file-size limit) ends in one ``error:`` line with exit code
     2: no traceback, no native crash after the message (HDF5 crashed at exit, rc 139; the
-    converter's memory map died of SIGBUS), and no partial or hidden file left."""
+    converter's memory map died of SIGBUS), and no partial or hidden file left (export left the
+    folder it made)."""
     import sys
 
     out = tmp_path / "out"
@@ -338,16 +370,77 @@ def test_a_full_disk_ends_in_one_line_and_leaves_no_file(command, data_dir, tmp_
         + ["--out", str(out / "p.h5")],
         "validate": ["shared_data.inference.validate", "--pred", str(vol), "--truth", str(vol)]
         + ["--out", str(out / "report")],
+        "export": ["jax_impl.export", "--config", "cpu_tiny", "--weights", str(weights), "--out", str(out / "exp")],
     }[command]
     if command == "convert":
         os.symlink(vol, out / "v.h5")
-    # files may grow to 128 KiB (``ulimit -f``, KiB in bash): a longer write fails with EFBIG as a
-    # full disk's fails with ENOSPC (Python ignores SIGXFSZ), without a disk to fill
-    limited = ["bash", "-c", 'ulimit -f 128 && exec "$@"', "bash", sys.executable, "-m", *args]
+    # files may grow to 64 KiB (``ulimit -f``, KiB in bash; a cpu_tiny export is 97 KiB): a longer
+    # write fails with EFBIG as a full disk's fails with ENOSPC (Python ignores SIGXFSZ), without a
+    # disk to fill; the converter's Nbody twin (512 KiB) fits under 600 KiB and its Hydro twin (640
+    # KiB) does not: the pair goes, not only the second
+    limit = "600" if command == "convert" else "64"
+    limited = ["bash", "-c", f'ulimit -f {limit} && exec "$@"', "bash", sys.executable, "-m", *args]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     res = subprocess.run(limited, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, env=env)
     assert_one_error_line(res, "cannot write", "(File too large)")
     assert sorted(p.name for p in out.iterdir()) == (["v.h5"] if command == "convert" else [])
+
+
+_FIGURE_CHILD = """
+import sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from dlas_compare.ladder_figure import save
+from shared_data.core.errors import run_cli
+
+def main(argv):
+    fig, ax = plt.subplots(figsize=(8, 6))
+    ax.imshow([[i * j for i in range(300)] for j in range(300)])
+    save(fig, sys.argv[1])
+
+raise SystemExit(run_cli(main))
+"""
+
+
+def test_a_failed_write_that_no_command_reports_is_one_error_line(tmp_path):
+    """The ladder's figure on a full disk (matplotlib's write, all measurements taken) ended in an
+    ENOSPC traceback: a write error that reaches the command's end unreported is one line, naming
+    the kit's code that wrote, and the figure's temporary file is gone."""
+    import sys
+
+    script = ["bash", "-c", 'ulimit -f 8 && exec "$@"', "bash", sys.executable, "-c", _FIGURE_CHILD]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    res = subprocess.run([*script, str(tmp_path / "f.png")], capture_output=True, text=True, env=env, timeout=120)
+    assert_one_error_line(res, "a write failed (File too large) at dlas_compare/ladder_figure.py:", "(save)")
+    assert list(tmp_path.iterdir()) == []
+
+
+_APPEND_CHILD = """
+import resource, sys
+from dlas_compare.benchmark import append_records
+
+path = sys.argv[1]
+append_records(path, [{"rung": 1}])
+resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))  # a full disk's ENOSPC, as EFBIG
+for target in (path, path + ".new"):
+    try:
+        append_records(target, [{"rung": 2, "pad": "x" * 6000}, {"rung": 3, "pad": "y" * 6000}])
+    except OSError as err:
+        print(err.strerror)
+"""
+
+
+def test_a_records_append_that_fails_leaves_the_file_as_it_was(tmp_path):
+    """The ladder's --out on a full disk kept half a record as its last line (and --resume then
+    refused the file): an append is all or none, and a file it made is removed."""
+    import sys
+
+    path = tmp_path / "ladder.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    res = subprocess.run([sys.executable, "-c", _APPEND_CHILD, str(path)], capture_output=True, text=True, env=env)
+    assert res.stdout.split("\n")[:2] == ["File too large"] * 2, res.stderr[-2000:]
+    assert path.read_text() == '{"rung": 1}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["ladder.jsonl"]
 
 
 def test_a_name_over_the_systems_limit_is_one_error_line(data_dir, tmp_path):

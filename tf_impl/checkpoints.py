@@ -69,12 +69,14 @@ class Checkpoints:
         return sorted(int(p.name[5:-6]) for p in self.directory.glob("ckpt-*.index") if p.name[5:-6].isdigit())
 
     def save(self, epoch: int) -> None:
-        """Write the checkpoint of ``epoch`` and record its checksums (:mod:`shared_data.runtime.checksums`)."""
+        """Write the checkpoint of ``epoch`` and record its checksums (:mod:`shared_data.runtime.checksums`);
+        a save that fails (a full disk) leaves no partial file."""
         self.epoch.assign(epoch)
         try:
             self.manager.save(checkpoint_number=epoch)
         except (OSError, tf.errors.OpError) as err:  # TF reports a full disk as an OpError
             reason = write_failure(err) or str(err).splitlines()[0][:200]
+            run_mod.remove_partial_saves(self.write_dir, (f"ckpt-{epoch}_temp*", "checkpoint.tmp*"), say=False)
             raise run_mod.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
         if self.write_dir != self.directory:
             shutil.rmtree(self.write_dir, ignore_errors=True)

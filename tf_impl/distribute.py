@@ -57,16 +57,24 @@ def initialize() -> str | None:
 def slurm_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
     """The cluster of this SLURM step (TensorFlow's SLURM resolver) with this task's GPUs as
     :func:`initialize` left them visible: the resolver's own GPU choice assumes every task sees every
-    GPU of the node, needs nvidia-smi, and cannot say zero GPUs (a CPU node)."""
+    GPU of the node, needs nvidia-smi, and cannot say zero GPUs (a CPU node).
+
+    Raises:
+        UserError: the resolver cannot read the step from the environment (a ``SLURM_STEP_*``
+            variable missing or malformed: a process not started by ``srun``).
+    """
     gpus = len(tf.config.get_visible_devices("GPU"))
     per_task = max(gpus, 1)  # the resolver divides by it; the accelerator count below is the real one
-    slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
-        gpus_per_node=per_task * launch.slurm_tasks_on_node(os.environ),
-        gpus_per_task=per_task,
-        port_base=slurm_port_base(os.environ),
-        auto_set_gpu=False,
-    )
-    spec = slurm.cluster_spec()
+    try:
+        slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
+            gpus_per_node=per_task * launch.slurm_tasks_on_node(os.environ),
+            gpus_per_task=per_task,
+            port_base=slurm_port_base(os.environ),
+            auto_set_gpu=False,
+        )
+        spec = slurm.cluster_spec()
+    except (KeyError, RuntimeError, ValueError) as err:  # the resolver reads SLURM_STEP_* itself
+        raise UserError(f"tf.distribute (SLURM): {err}") from None
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         spec, task_type=slurm.task_type, task_id=slurm.task_id, num_accelerators={"GPU": gpus}, rpc_layer="grpc"
     )

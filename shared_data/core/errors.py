@@ -95,6 +95,22 @@ def name_too_long(err: OSError) -> str | None:
     return f"{path[:60]}...{path[-20:]} ({len(path)} characters): a name longer than the file system allows ({limits})"
 
 
+def write_error_line(err: OSError) -> str | None:
+    """The one line for a write that failed where no command turned it into its own line (a full
+    disk, a quota, a read-only file system, a file-size limit, an I/O error inside a library's
+    writer): the file where the error names it, else the kit's frame that wrote (:func:`_kit_frame`).
+    None for other errors."""
+    import errno
+    import os
+
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO):
+        return None
+    reason = os.strerror(err.errno)
+    if err.filename is not None:
+        return f"cannot write {err.filename} ({reason})"
+    return f"a write failed ({reason}){_kit_frame(err)}; what the command reported before stands"
+
+
 def address_space_limit() -> int | None:
     """The soft ``RLIMIT_AS`` of this process (``ulimit -v``) in bytes, or None when there is none."""
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
@@ -203,8 +219,9 @@ def _exit_now(code: int) -> None:
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:
-    """Run ``main(argv)``; print a :class:`UserError` (also one wrapped by TF or DALI) or memory that
-    could not be allocated (:func:`out_of_memory`) as ``error: <message>`` on stderr and return 2.
+    """Run ``main(argv)``; print a :class:`UserError` (also one wrapped by TF or DALI), memory that
+    could not be allocated (:func:`out_of_memory`) or a write that failed where the command did not
+    say so itself (:func:`write_error_line`) as ``error: <message>`` on stderr and return 2.
 
     Returns ``main``'s return value (``None`` counts as 0). ``KeyboardInterrupt`` prints its message
     (or ``interrupted``) and returns its ``exit_code`` (130 unless it carries another), or, with JAX or
@@ -223,7 +240,7 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as err:
-        message = user_error_in(err) or name_too_long(err) or out_of_memory(err)
+        message = user_error_in(err) or name_too_long(err) or out_of_memory(err) or write_error_line(err)
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)

@@ -71,6 +71,50 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def first_missing_folder(path: str | Path) -> Path | None:
+    """The outermost folder of ``path`` (itself or a parent) that does not exist yet, or None."""
+    missing, path = None, Path(path).absolute()
+    for folder in [path, *path.parents]:
+        if folder.exists():
+            return missing
+        missing = folder
+    return missing
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+@contextlib.contextmanager
+def one_set_or_none(folder: str | Path, paths: list[Path]) -> Iterator[None]:
+    """Around a command that writes the set of files (or folders) ``paths`` into ``folder`` (made
+    where missing): if the body fails (a full disk), what it wrote is removed again, so no part of
+    a new set stays: each of ``paths`` it created or replaced (its inode or modification time
+    changed), the rest of ``paths`` too where it replaced an earlier file (the earlier set is broken
+    and its record would describe files that are gone), and the folders it made."""
+    import shutil
+
+    made = first_missing_folder(folder)
+    before = {p: _stamp(p) for p in paths}
+    try:
+        yield
+    except BaseException:
+        changed = [p for p in paths if _stamp(p) != before[p]]
+        replaced = any(before[p] is not None for p in changed)
+        for p in paths if replaced else changed:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.exists() or p.is_symlink():
+                p.unlink(missing_ok=True)
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+
+
 def check_writable(path: str | Path, flag: str, folder: bool = False) -> None:
     """Check, before any work, that ``path`` can be written: a file (or with ``folder``, a folder made
     where missing) whose nearest existing ancestor is a folder where a file can be created. The

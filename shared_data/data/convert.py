@@ -18,14 +18,15 @@ import numpy as np
 
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import run_cli
-from shared_data.core.files import atomic_path, check_not_input, check_writable, writing
+from shared_data.core.files import atomic_path, check_not_input, check_writable, one_set_or_none, writing
 from shared_data.data import dataset
 
 SLAB = 16
 
 
 def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existing: bool = False) -> tuple[Path, Path]:
-    """Write the DHWC ``.npy`` twins of HDF5 file ``path`` (atomically); return their paths.
+    """Write the DHWC ``.npy`` twins of HDF5 file ``path`` (atomically; a failure leaves neither new
+    twin nor its record); return their paths.
 
     ``skip_existing`` keeps twins that already match ``path`` (:func:`shared_data.data.dataset.check_npy_twins`).
 
@@ -47,7 +48,9 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
     check_not_input(twin_files([path]), {"input": path}, ".npy twins")
     for out in outs:
         check_writable(out, "output")
-    with dataset.open_h5(path) as f:
+    written = []
+    # the twins and their records are one set: a failure (a full disk) leaves the pair or none of it
+    with one_set_or_none(path.parent, list(twin_files([path]).values())), dataset.open_h5(path) as f:
         for key, out in zip(dataset.KEYS, outs):
             ds = f[key]
             c, size = ds.shape[0], ds.shape[1]
@@ -64,8 +67,10 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
                 mm.flush()
                 del mm
                 checksum.verify()  # before the .npy replaces anything
-            dataset.write_source_record(out, path)
-            print(f"wrote {out}: shape {(*ds.shape[1:], c)} float32 (DHWC)")
+            with writing(dataset.source_record(out)):
+                dataset.write_source_record(out, path)
+            written.append(f"wrote {out}: shape {(*ds.shape[1:], c)} float32 (DHWC)")
+    print("\n".join(written))
     return outs
 
 

@@ -15,8 +15,8 @@ with its own handle (the tutorial's PyTorch ``DataLoader`` workers), read in par
 * End: :meth:`CropWorkers.close`, the object's collection, or the interpreter's exit stop the workers
   (a worker still running after :data:`JOIN_S` is killed) and unlink every slot.
 * Signals: SIGINT and SIGTERM to the process group (Ctrl-C, ``scancel``) are the parent's to
-  handle; the workers and their fork server (:mod:`shared_data.data.fork_server`) ignore them and end
-  when the parent closes them. A parent that dies without
+  handle; the workers and their fork server (:mod:`shared_data.data.fork_server`) start with both
+  blocked (:func:`workers_started`), ignore them, and end when the parent closes them. A parent that dies without
   closing them (kill -9, the OOM killer) takes them along: the kernel's parent-death signal
   (``prctl(PR_SET_PDEATHSIG)``, Linux) kills a worker when the fork server that forked it ends,
   which it does when the parent ends, and a thread in each worker that watches the parent's
@@ -37,6 +37,7 @@ import types
 import weakref
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
@@ -113,6 +114,30 @@ def serve_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+@contextlib.contextmanager
+def workers_started() -> Iterator[None]:
+    """Around the start of worker processes (this module's fork server and its workers, DALI's
+    ``spawn`` workers): SIGTERM and SIGINT are blocked in the starting thread, so each started
+    process begins with them blocked in every thread it will have (a signal mask survives fork and
+    exec) until it ignores them or takes them in one waiting thread (:func:`serve_parent`). Blocked
+    only from :func:`serve_parent` on, they stay open while the process imports and in the threads
+    that its imports start (numpy's BLAS pool): a SIGTERM to the process group lands there, its
+    default action ends the worker, and DALI's next task for that worker waits forever on its
+    queue; a Ctrl-C there is a traceback in the run's console. In this
+    process a signal that arrives meanwhile goes to another thread or waits the few milliseconds of
+    the start. :mod:`multiprocessing`'s resource tracker is started first: its start unblocks SIGINT
+    and SIGTERM in the calling thread. Does nothing where the system has no ``pthread_sigmask``."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _sigterm_from(parent: int) -> None:
     """Wait for SIGTERM (blocked in every thread); end the process when ``parent`` sent it."""
     while True:
@@ -137,15 +162,12 @@ def _fill(slot: str, draws: Draws) -> None:
 
 
 @contextlib.contextmanager
-def _main_hidden(hide: bool = True) -> Iterator[None]:
+def _main_hidden() -> Iterator[None]:
     """While a worker starts, show :mod:`multiprocessing` an empty ``__main__``: a started process
     otherwise imports the parent's main module (``python -m jax_impl.train`` would import JAX or
     TensorFlow into every worker, seconds each), and a script without an ``if __name__ ==
     "__main__"`` guard would run again there. The workers need only this module. The swap lasts the
     few milliseconds of a start, at the first batches of a :class:`CropWorkers`."""
-    if not hide:
-        yield
-        return
     main = sys.modules.get("__main__")
     sys.modules["__main__"] = types.ModuleType("__main__")
     try:
@@ -252,6 +274,15 @@ class CropWorkers:
             pool.slots.append(shm)
             return shm
 
+    @contextlib.contextmanager
+    def _starting(self) -> Iterator[None]:
+        """Around a submit that may start a worker (and, the first time, the fork server): one start at
+        a time, ``__main__`` hidden, and the run's signals blocked (:func:`workers_started`): the fork
+        server ignores SIGINT only once its imports are done, and a Ctrl-C while numpy imports there
+        printed its traceback into the run's console."""
+        with self._pool.lock, _main_hidden(), workers_started():
+            yield
+
     def batch(self, draws: Draws) -> tuple[np.ndarray, np.ndarray]:
         """The batch of ``draws``, read by a worker: ``(inputs, targets)`` float32 (n, s, s, s, N_in)
         and (n, s, s, s, N_out), new arrays owned by the caller, equal bit for bit to
@@ -270,7 +301,7 @@ class CropWorkers:
         reusable, future = False, None
         try:
             try:
-                with self._pool.lock if start else contextlib.nullcontext(), _main_hidden(start):
+                with self._starting() if start else contextlib.nullcontext():
                     future = executor.submit(_fill, slot.name, draws)
                 future.result(timeout=BATCH_TIMEOUT_S)
             except cf.TimeoutError:

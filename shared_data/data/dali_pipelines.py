@@ -381,7 +381,13 @@ def build_pipeline(
         layout = "DHWC" if npy else "CDHW mapped" if loader_kinds.loader_kind(kind).device_volumes else "CDHW"
         return _augment(fn, nb, params, "Nbody", layout), _augment(fn, hy, params, "Hydro", layout), mask
 
-    return pipeline()
+    pipe = pipeline()
+    if parallel:  # the workers start here, with the run's signals blocked (crop_workers.workers_started)
+        from shared_data.data.crop_workers import workers_started
+
+        with workers_started():
+            pipe.start_py_workers()
+    return pipe
 
 
 def load_volumes(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:

@@ -23,7 +23,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
-from shared_data.core.files import check_not_input, check_writable, write_atomic, writing
+from shared_data.core.files import check_not_input, check_writable, one_set_or_none, write_atomic, writing
 from shared_data.inference import predict as predict_mod
 from shared_data.runtime.logs import setup_logging
 from shared_data.runtime.records import code_version
@@ -93,7 +93,8 @@ def main(
 ) -> int:
     """The ``export`` command of both frameworks: parse, load the weights, ``export(cfg, weights,
     out_dir, size) -> [file names written in out_dir]`` (``files``: the names it writes, each refused
-    as an input before any work), write ``export.json``."""
+    as an input before any work), write ``export.json``. A failed write (a full disk) leaves no part
+    of the new export in ``--out`` and no folder it made (:func:`one_set_or_none`)."""
     args = build_parser(framework).parse_args(argv)
     setup_logging()
     cfg = predict_mod.prediction_config(predict_mod.config_from_args(args), args.precision)
@@ -104,22 +105,23 @@ def main(
     check_not_input(outputs, predict_mod.weights_inputs(args), "export")
     weights, source = load_weights(cfg, args.weights, args.workdir)
     log.info("%s; config %r, %s, %s compute", banner, cfg.name, source, args.precision)
-    with writing(out):
-        out.mkdir(parents=True, exist_ok=True)
-        files = export(cfg, weights, out, size)
-    record = {
-        "framework": framework,
-        "files": files,
-        "config": cfg.name,
-        "config_values": config_mod.config_dict(cfg),
-        "weights": source,
-        "precision": args.precision,
-        **signature(cfg, size),
-        "code": code_version(),
-        "versions": versions(),
-    }
-    with writing(out / RECORD):
-        write_atomic(out / RECORD, json.dumps(record, indent=1))
+    with one_set_or_none(out, [out / name for name in [*files, RECORD]]):
+        with writing(out):
+            out.mkdir(parents=True, exist_ok=True)
+            files = export(cfg, weights, out, size)
+        record = {
+            "framework": framework,
+            "files": files,
+            "config": cfg.name,
+            "config_values": config_mod.config_dict(cfg),
+            "weights": source,
+            "precision": args.precision,
+            **signature(cfg, size),
+            "code": code_version(),
+            "versions": versions(),
+        }
+        with writing(out / RECORD):
+            write_atomic(out / RECORD, json.dumps(record, indent=1))
     for name in [*files, RECORD]:
         log.info("wrote %s", out / name)
     return 0

@@ -53,7 +53,6 @@ import json
 import logging
 import math
 import re
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,7 +60,7 @@ import numpy as np
 
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import DatasetError, UserError, run_cli
-from shared_data.core.files import atomic_path, check_not_input, write_atomic, writing
+from shared_data.core.files import atomic_path, check_not_input, one_set_or_none, write_atomic, writing
 from shared_data.data import cosmology, dataset
 
 log = logging.getLogger("dlas.validate")
@@ -695,29 +694,18 @@ def validate_files(
 def write_report(out_dir: Path, stem: str, record: dict, draw) -> None:
     """Write ``<stem>.png`` (``draw(path)``; a ``draw`` that writes nothing: no figure) and then
     ``<stem>.json`` into ``out_dir`` (made if missing), each atomically. A failed write (a full disk)
-    leaves no new file of the two, and no folder that this call made.
+    leaves no part of a new report and no folder that this call made (:func:`one_set_or_none`).
 
     Raises:
         UserError: ``cannot write <file> (<reason>)``.
     """
-    made = not out_dir.exists()
-    written: list[Path] = []
-    try:
+    png, report = out_dir / f"{stem}.png", out_dir / f"{stem}.json"
+    with one_set_or_none(out_dir, [png, report]):
         with writing(out_dir):
             out_dir.mkdir(parents=True, exist_ok=True)
-        for path, write in (
-            (out_dir / f"{stem}.png", draw),
-            (out_dir / f"{stem}.json", lambda p: write_atomic(p, json.dumps(record, indent=1))),
-        ):
+        for path, write in ((png, draw), (report, lambda p: write_atomic(p, json.dumps(record, indent=1)))):
             with writing(path):
                 write(path)
-            written.append(path)
-    except BaseException:
-        for path in written:
-            path.unlink(missing_ok=True)
-        if made:
-            shutil.rmtree(out_dir, ignore_errors=True)
-        raise
 
 
 def log_summary(record: dict) -> None:

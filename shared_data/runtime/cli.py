@@ -18,7 +18,7 @@ from pathlib import Path
 from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError
-from shared_data.core.files import check_not_input, check_writable
+from shared_data.core.files import check_not_input, check_writable, first_missing_folder
 from shared_data.runtime import signals, sizing
 from shared_data.runtime.logs import RANK_LOGGER, close_log_file, log_to_file_only, setup_logging
 from shared_data.runtime.records import run_info_and_problem
@@ -103,16 +103,6 @@ def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> N
             check_writable(args.save_weights, "--save_weights")
 
 
-def first_missing_folder(path: Path) -> Path | None:
-    """The outermost folder of ``path`` (itself or a parent) that does not exist yet, or None."""
-    missing, path = None, path.absolute()
-    for folder in [path, *path.parents]:
-        if folder.exists():
-            return missing
-        missing = folder
-    return missing
-
-
 def remove_failed_start(created: Path | None) -> None:
     """Remove the folders a run made (``created``, from :func:`first_missing_folder`) when it stopped
     on a user error before its first checkpoint: a failed start leaves no run folder behind."""
@@ -133,21 +123,43 @@ preemption (SLURM; shared_data/runtime/signals.py):
 
 
 #: What a run writes in its folder (besides ``--save_weights``), each refused as an input.
-RUN_FOLDER_OUTPUTS = ("run.json", "out.log", "metrics.jsonl", "checkpoints", "mid_epoch", "tb", "profile")
+RUN_FOLDER_OUTPUTS = (
+    "run.json",
+    "out.log",
+    "metrics.jsonl",
+    "checkpoints",
+    "checksums",
+    "mid_epoch",
+    "tb",
+    "profile",
+    "run.lock",
+)
 
 
 def check_outputs_are_not_inputs(cfg, workdir: Path, save_weights: str | None, init_weights: str | None) -> None:
     """Refuse, before any work, a ``--save_weights`` file or a run-folder file (:data:`RUN_FOLDER_OUTPUTS`)
     that is one of the run's inputs: the training and validation volumes, their ``.npy`` twins, the
-    ``--init_weights`` file (by path, symbolic link or hard link: :func:`check_not_input`).
+    ``--init_weights`` file (by path, symbolic link or hard link: :func:`check_not_input`); and a
+    ``--save_weights`` file that is one of the run folder's own files or lies in one of its folders
+    (by path also before the run writes them: the weights would replace the run's record).
 
     Raises:
-        UserError: one line naming the output and the input it would replace.
+        UserError: one line naming the output and the input or run file it would replace.
     """
     inputs = {"--init_weights": init_weights, **cfg.data_inputs()}
-    outputs = {"--save_weights": save_weights}
-    outputs.update({f"the run folder's {name}": workdir / name for name in RUN_FOLDER_OUTPUTS})
-    check_not_input(outputs, inputs, "run's files")
+    own = {f"the run folder's {name}": workdir / name for name in RUN_FOLDER_OUTPUTS}
+    check_not_input({"--save_weights": save_weights, **own}, inputs, "run's files")
+    if save_weights is None:
+        return
+    check_not_input({"--save_weights": save_weights}, own, "weights")  # links to files that exist
+    weights = Path(save_weights).resolve()
+    for key, path in own.items():
+        if weights == path.resolve() or path.resolve() in weights.parents:
+            where = "is" if weights == path.resolve() else "lies inside"
+            raise UserError(
+                f"--save_weights {save_weights} {where} {key} {path}, which the run writes: write the weights to "
+                f"another path (e.g. {workdir / 'weights.npz'})"
+            )
 
 
 #: The environment variables each trainer reads, shown by ``--help``.

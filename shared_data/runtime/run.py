@@ -911,13 +911,15 @@ def log_setup(cfg: Config, settings: dict, replicas: int) -> tuple[int, int]:
     return global_bs, local_bs
 
 
-def remove_partial_saves(directory: Path, patterns: Sequence[str]) -> None:
-    """Delete what a killed checkpoint save left in ``directory`` (files or folders matching ``patterns``)."""
+def remove_partial_saves(directory: Path, patterns: Sequence[str], say: bool = True) -> None:
+    """Delete what a killed or failed checkpoint save left in ``directory`` (files or folders matching
+    ``patterns``), each said in a line unless ``say`` is False (the save's own error says it)."""
     if not directory.is_dir():
         return
     for pattern in patterns:
         for path in directory.glob(pattern):
-            log.info("removing %s, left by an unfinished checkpoint save", path)
+            if say:
+                log.info("removing %s, left by an unfinished checkpoint save", path)
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
