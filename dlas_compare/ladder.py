@@ -67,6 +67,7 @@ reading a ladder's file back), :mod:`dlas_compare.ladder_verdicts` (bottleneck, 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -83,6 +84,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import DatasetError, UserError, run_cli
 from shared_data.core.files import check_writable
+from shared_data.runtime import sizing
 from shared_data.runtime.run import generate_command
 
 
@@ -184,6 +186,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_writable(out, "--out")  # before anything is measured: a ladder takes minutes
     check_writable(figure, "--figure")
     resume = read_resume(Path(args.resume), cfg) if args.resume else []
+    # before the data check: a newcomer learns the config is GPU-sized before generating its volume
+    first_rungs = len(args.frameworks) * (args.warmup + args.windows * args.steps)
+    warning = sizing.oversized_warning(cfg, first_rungs, "the first rung of each framework")
+    if warning:
+        print(f"[ladder] warning: {warning}", file=sys.stderr, flush=True)
     train = cfg.data_file("train")
     if not train.is_file():  # the command makes the .npy twins that the DALI rung reads too
         command = generate_command(config_mod.replace(cfg, data_loader_config="dali-npy"), "train")

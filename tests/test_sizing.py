@@ -101,6 +101,22 @@ def test_the_trainer_warns_before_it_starts(tmp_path, monkeypatch, caplog):
     assert "training (32 steps) at least 28 min" in caplog.text  # 512 crops / 64 x 4 epochs, 52.2 s each
 
 
+def test_the_ladder_warns_before_it_asks_for_data(tmp_path, monkeypatch):
+    from conftest import assert_one_error_line, run_in_process
+
+    from dlas_compare import ladder
+
+    monkeypatch.setattr(sizing, "gpu_visible", lambda: False)
+    monkeypatch.setattr(sizing, "host_gflops", lambda: 100.0)
+    monkeypatch.chdir(tmp_path)
+    res = run_in_process(ladder.main, ["--config", "short_opt", "--frameworks", "jax"])
+    assert_one_error_line(res, "data/train_256.h5")  # no data here: the warning came first
+    warning = [line for line in res.stderr.splitlines() if line.startswith("[ladder] warning:")]
+    assert len(warning) == 1 and "config 'short_opt' is sized for a GPU" in warning[0]
+    # 2 warm-up + 3 windows x 10 steps = 32 steps of 5.22 TFLOP at 100 GFLOP/s: 52.2 s each, 28 min in all
+    assert "the first rung of each framework (32 steps) at least 28 min" in warning[0]
+
+
 def test_the_table_says_which_steps_were_compiled_elsewhere():
     from dlas_compare import benchmark
 
