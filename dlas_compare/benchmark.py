@@ -462,10 +462,11 @@ def append_records(path: str | Path, records: list[dict]) -> None:
         with open(path, "a") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in records)
     except OSError:
-        if size is None:
-            path.unlink(missing_ok=True)
-        else:
-            os.truncate(path, size)
+        if path.is_file():  # a device such as /dev/full has no end to cut back to
+            try:
+                path.unlink() if size is None else os.truncate(path, size)
+            except OSError:
+                pass  # the append's own error (say, no space left) is the one to report
         raise
 
 

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dlas_compare import peaks
+from dlas_compare.benchmark import waiting
 from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError, run_cli
@@ -443,15 +444,17 @@ def trace_bench(bench, steps: int, warmup: int, out: Path) -> tuple[str, list, s
     import jax
 
     say(f"step compiled; {warmup} warm-up steps")
-    for _ in range(warmup):
-        bench.step()
-    bench.sync()
+    with waiting(say, f"warm-up: waiting for its {warmup} step(s)"):  # minutes a step on a CPU
+        for _ in range(warmup):
+            bench.step()
+        bench.sync()
     say(f"{steps} timed steps")
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        bench.step()
-    bench.sync()
-    step_s = (time.perf_counter() - t0) / steps
+    with waiting(say, f"timed steps: waiting for its {steps} step(s)"):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            bench.step()
+        bench.sync()
+        step_s = (time.perf_counter() - t0) / steps
     say(f"{step_s:.3g} s per step; {steps} traced steps")
     with tempfile.TemporaryDirectory() as tmp:
         with jax.profiler.trace(tmp, create_perfetto_trace=True):

@@ -4,6 +4,8 @@ where they are while a slow step runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from shared_data.core import config as config_mod
@@ -67,6 +69,37 @@ def test_the_timed_windows_say_they_wait_for_a_slow_step(monkeypatch):
     assert 0 < n < len(waits) and waits == [warm] * n + [window] * (len(waits) - n), said
     assert said[0].endswith(", 0 s so far")
     assert benchmark.timed_windows(lambda: None, lambda _: time.sleep(0.25), 0, 1, 1)[2] == [1]  # no report: silent
+
+
+def test_the_breakdown_says_it_waits_for_a_slow_step(monkeypatch, capsys):
+    """step_breakdown's warm-up and timed steps are reported every WAIT_REPORT_SEC seconds while
+    their sync waits (a GPU-sized step on a CPU: minutes of silence otherwise)."""
+    import time
+
+    from dlas_compare import benchmark, step_breakdown
+
+    class Stop(Exception):
+        pass
+
+    class SlowBench:
+        syncs = 0
+
+        def step(self):
+            pass
+
+        def sync(self):
+            time.sleep(0.35)
+            self.syncs += 1
+            if self.syncs == 2:  # after the timed steps: the trace is not this test's
+                raise Stop
+
+    monkeypatch.setattr(benchmark, "WAIT_REPORT_SEC", 0.1)
+    with pytest.raises(Stop):
+        step_breakdown.trace_bench(SlowBench(), 4, 2, Path("unused"))
+    said = [line.split(",")[0] for line in capsys.readouterr().err.splitlines() if "so far" in line]
+    warm, timed = "[breakdown] warm-up: waiting for its 2 step(s)", "[breakdown] timed steps: waiting for its 4 step(s)"
+    n = said.count(warm)  # about 3 of each; fewer where a busy machine delays the reporting thread
+    assert 0 < n < len(said) and said == [warm] * n + [timed] * (len(said) - n), said
 
 
 def test_the_pytorch_reference_without_torch_is_one_line_and_no_size_warning(monkeypatch):
