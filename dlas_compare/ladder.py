@@ -208,7 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     summaries = run_ladder(schedule, common, out, args.timeout, cfg.name, start)
     print(table(summaries))
     print("\n".join([s["line"] for s in summaries if s["status"] == "ran"] + noise_lines(summaries)))
-    write_figure(summaries, figure, cfg.name)
+    try:
+        write_figure(summaries, figure, cfg.name)
+    except OSError as err:
+        raise UserError(
+            f"--figure {figure}: cannot write the ladder's figure ({err.strerror or err}); the measurements "
+            f"are in {out}: --replot {out} --figure PATH draws it"
+        ) from None
     print(f"wrote {out} and {figure}")
     return 1 if any(s["status"] == "failed" for s in summaries) else 0
 
