@@ -71,6 +71,8 @@ class Checkpoints:
         partial folder."""
         if not getattr(sys.unraisablehook, "quiet_closed_loop", False):
             sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+        if not getattr(sys.excepthook, "quiet_closed_loop", False):
+            sys.excepthook = _quiet_closed_loop_excepthook(sys.excepthook)
         try:
             self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
             self.manager.wait_until_finished()
@@ -157,8 +159,25 @@ def _quiet_closed_loop(previous):
     Installed before the first save, as the first of them can come before orbax raises."""
 
     def hook(unraisable) -> None:
-        if not (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"):
+        if not _closed_loop(unraisable.exc_value):
             previous(unraisable)
+
+    hook.quiet_closed_loop = True
+    return hook
+
+
+def _closed_loop(exc: BaseException | None) -> bool:
+    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+
+
+def _quiet_closed_loop_excepthook(previous):
+    """``sys.excepthook`` that drops "Event loop is closed" and passes every other exception on: the
+    same late callbacks as :func:`_quiet_closed_loop`'s, where a native thread reports them with
+    ``PyErr_Print`` (which calls ``sys.excepthook``) instead of as unraisable."""
+
+    def hook(exc_type, exc, tb) -> None:
+        if not _closed_loop(exc):
+            previous(exc_type, exc, tb)
 
     hook.quiet_closed_loop = True
     return hook

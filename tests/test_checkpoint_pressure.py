@@ -187,3 +187,19 @@ def test_memory_that_runs_out_names_the_kits_frame_that_asked():
         assert errors.out_of_memory(err).startswith(
             "out of memory: Unable to allocate 8.00 EiB at tests/test_checkpoint_pressure.py:"
         )
+
+
+def test_a_closed_event_loop_reported_by_a_native_thread_is_dropped(capsys):
+    """tensorstore's late write callbacks into orbax's closed event loop reach ``sys.excepthook``
+    through ``PyErr_Print`` (a native thread): the save's hook drops "Event loop is closed" there, and
+    every other exception is still printed."""
+    from jax_impl import checkpoints
+
+    printed = []
+    hook = checkpoints._quiet_closed_loop_excepthook(lambda t, e, tb: printed.append(e))
+    hook(RuntimeError, RuntimeError("Event loop is closed"), None)
+    other = RuntimeError("Event loop is closing")
+    hook(RuntimeError, other, None)
+    hook(ValueError, ValueError("Event loop is closed"), None)
+    assert [str(e) for e in printed] == ["Event loop is closing", "Event loop is closed"]
+    assert printed[0] is other and isinstance(printed[1], ValueError)
