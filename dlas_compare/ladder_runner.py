@@ -167,9 +167,10 @@ def write_records(path: Path, records: list[dict]) -> None:
     try:
         append_records(path, records)
     except OSError as err:
-        held = Path(path).is_file() and Path(path).stat().st_size > 0
-        kept = "the rungs written before this one are in it, --resume it to run the rest"
-        kept = kept if held else "no rung is in it"
+        if path.is_file() and path.stat().st_size > 0:
+            kept = "the rungs written before this one are in it, --resume it to run the rest"
+        else:
+            kept = "no rung is in it"
         raise UserError(f"--out {path}: cannot write the ladder's records ({err.strerror or err}); {kept}") from None
 
 

@@ -69,10 +69,7 @@ class Checkpoints:
         """Write ``state`` as the checkpoint of ``epoch``, wait until it is on disk and record its
         checksums (:mod:`shared_data.runtime.checksums`); a save that fails (a full disk) leaves no
         partial folder."""
-        if not getattr(sys.unraisablehook, "quiet_closed_loop", False):
-            sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
-        if not getattr(sys.excepthook, "quiet_closed_loop", False):
-            sys.excepthook = _quiet_closed_loop_excepthook(sys.excepthook)
+        _quiet_closed_loop()
         try:
             self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
             self.manager.wait_until_finished()
@@ -152,35 +149,31 @@ class _OrbaxWriteFailures(logging.Filter):
         return write_failure(exc if exc is not None else RuntimeError(record.getMessage())) is None
 
 
-def _quiet_closed_loop(previous):
-    """``sys.unraisablehook`` that drops "Event loop is closed": when a save fails (a full disk)
-    tensorstore's remaining writes fail one by one and call back into orbax's event loop, which
-    closed with the first failure; each would print a traceback around the run's one error line.
+def _quiet_closed_loop() -> None:
+    """Install (once) a ``sys.unraisablehook`` and a ``sys.excepthook`` that drop "Event loop is
+    closed" and pass every other report on: when a save fails (a full disk) tensorstore's remaining
+    writes fail one by one and call back into orbax's event loop, which closed with the first
+    failure; each would print a traceback around the run's one error line, as an unraisable
+    exception or, from a native thread, through ``PyErr_Print`` (which calls ``sys.excepthook``).
     Installed before the first save, as the first of them can come before orbax raises."""
+    if getattr(sys.unraisablehook, "quiet_closed_loop", False):
+        return
+    unraisable_hook, excepthook = sys.unraisablehook, sys.excepthook
 
-    def hook(unraisable) -> None:
+    def on_unraisable(unraisable) -> None:
         if not _closed_loop(unraisable.exc_value):
-            previous(unraisable)
+            unraisable_hook(unraisable)
 
-    hook.quiet_closed_loop = True
-    return hook
+    def on_exception(exc_type, exc, tb) -> None:
+        if not _closed_loop(exc):
+            excepthook(exc_type, exc, tb)
+
+    on_unraisable.quiet_closed_loop = True
+    sys.unraisablehook, sys.excepthook = on_unraisable, on_exception
 
 
 def _closed_loop(exc: BaseException | None) -> bool:
     return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
-
-
-def _quiet_closed_loop_excepthook(previous):
-    """``sys.excepthook`` that drops "Event loop is closed" and passes every other exception on: the
-    same late callbacks as :func:`_quiet_closed_loop`'s, where a native thread reports them with
-    ``PyErr_Print`` (which calls ``sys.excepthook``) instead of as unraisable."""
-
-    def hook(exc_type, exc, tb) -> None:
-        if not _closed_loop(exc):
-            previous(exc_type, exc, tb)
-
-    hook.quiet_closed_loop = True
-    return hook
 
 
 def _first_line(err: BaseException) -> str:

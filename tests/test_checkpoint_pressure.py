@@ -189,17 +189,29 @@ def test_memory_that_runs_out_names_the_kits_frame_that_asked():
         )
 
 
-def test_a_closed_event_loop_reported_by_a_native_thread_is_dropped(capsys):
+def test_a_closed_event_loop_reported_by_a_native_thread_is_dropped(monkeypatch):
     """tensorstore's late write callbacks into orbax's closed event loop reach ``sys.excepthook``
-    through ``PyErr_Print`` (a native thread): the save's hook drops "Event loop is closed" there, and
-    every other exception is still printed."""
+    through ``PyErr_Print`` (a native thread) or ``sys.unraisablehook``: the save's hooks drop "Event
+    loop is closed" in both, and every other exception is still printed."""
     from jax_impl import checkpoints
 
-    printed = []
-    hook = checkpoints._quiet_closed_loop_excepthook(lambda t, e, tb: printed.append(e))
+    printed, unraisable = [], []
+    monkeypatch.setattr(sys, "excepthook", lambda t, e, tb: printed.append(e))
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(u.exc_value))
+    checkpoints._quiet_closed_loop()
+    checkpoints._quiet_closed_loop()  # once: a second call wraps nothing again
+    hook = sys.excepthook
     hook(RuntimeError, RuntimeError("Event loop is closed"), None)
     other = RuntimeError("Event loop is closing")
     hook(RuntimeError, other, None)
     hook(ValueError, ValueError("Event loop is closed"), None)
     assert [str(e) for e in printed] == ["Event loop is closing", "Event loop is closed"]
     assert printed[0] is other and isinstance(printed[1], ValueError)
+
+    class Report:
+        def __init__(self, exc):
+            self.exc_value = exc
+
+    sys.unraisablehook(Report(RuntimeError("Event loop is closed")))
+    sys.unraisablehook(Report(other))
+    assert unraisable == [other]

@@ -154,8 +154,9 @@ def check_outputs_are_not_inputs(cfg, workdir: Path, save_weights: str | None, i
     check_not_input({"--save_weights": save_weights}, own, "weights")  # links to files that exist
     weights = Path(save_weights).resolve()
     for key, path in own.items():
-        if weights == path.resolve() or path.resolve() in weights.parents:
-            where = "is" if weights == path.resolve() else "lies inside"
+        target = path.resolve()
+        if weights == target or target in weights.parents:
+            where = "is" if weights == target else "lies inside"
             raise UserError(
                 f"--save_weights {save_weights} {where} {key} {path}, which the run writes: write the weights to "
                 f"another path (e.g. {workdir / 'weights.npz'})"
