@@ -47,7 +47,7 @@ TINY = dict(
 FEW_STEPS = {
     "dlas_compare.benchmark": ["--warmup", "0", "--steps", "1", "--windows", "1"],
     "dlas_compare.compare": ["--warmup", "0", "--steps", "1", "--windows", "1"],
-    "dlas_compare.ladder": ["--warmup", "0", "--steps", "1", "--windows", "1", "--budget_sec", "20"],
+    "dlas_compare.ladder": ["--warmup", "0", "--steps", "1", "--windows", "1", "--budget_sec", "8"],
     "dlas_compare.step_breakdown": ["--warmup", "1", "--steps", "1"],
 }
 #: How the ladder reports a rung stopped at its time budget.
