@@ -153,6 +153,48 @@ def test_a_checkpoint_save_under_a_memory_limit(framework, headroom, tmp_path, d
     assert "Traceback" not in res.stdout, res.stdout[-3000:]
 
 
+@pytest.mark.parametrize("framework, limit_mib", [("jax", 800), ("tf", 1600)])
+def test_a_trainer_under_a_tight_ulimit_refuses_before_compiling(framework, limit_mib, tmp_path, data_dir):
+    """``ulimit -v`` from the start, above what the framework's import maps but short of what compiling
+    and the first save take (TensorFlow aborted natively there: ``std::bad_alloc`` or LLVM's "Unable
+    to allocate section memory"): one line naming the limit, what is left and what is needed, exit
+    code 2, no run folder."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (limit_mib << 20, resource.RLIM_INFINITY))
+
+    work = tmp_path / "w"
+    data = [f"--set=train_path={data_dir / 'train_32.h5'}", f"--set=val_path={data_dir / 'val_24.h5'}"]
+    res = subprocess.run(
+        [sys.executable, "-m", f"{framework}_impl.train", "--config", "cpu_tiny", "--workdir", str(work), *data],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limit,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    name = {"jax": "JAX", "tf": "TensorFlow"}[framework]
+    assert_one_error_line(
+        res,
+        f"cannot train under ulimit -v {run._bytes(limit_mib << 20)}: after {name} loaded this process may map ",
+        "and compiling, training and the first checkpoint save take about ",
+        "or more (nothing is trained)",
+    )
+    numbers = r"may map ([0-9.]+) MiB more, .* take about ([0-9.]+) MiB; raise the limit by ([0-9.]+) MiB"
+    left, need, short = (float(x) for x in re.search(numbers, res.stderr).groups())
+    assert need == pytest.approx((run.START_RESERVE_BYTES + run.save_memory_needed(_tiny())) / 2**20, abs=0.05)
+    assert 0 < left < need and short == pytest.approx(need - left, abs=0.15)
+    assert not work.exists()
+
+
+def _tiny():
+    from shared_data.core import config as config_mod
+
+    return config_mod.load_config("cpu_tiny")
+
+
 def _raises(err):
     def main(_):
         raise err

@@ -117,6 +117,29 @@ def address_space_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
+#: glibc's ``mallopt`` parameter of the number of malloc arenas (``M_ARENA_MAX`` in ``malloc.h``).
+M_ARENA_MAX = -8
+_arenas: dict = {"tried": False, "capped": False}
+
+
+def cap_malloc_arenas() -> bool:
+    """Under a ``ulimit -v``, cap glibc's malloc arenas at 2 (``mallopt(M_ARENA_MAX)``, what the
+    variable ``MALLOC_ARENA_MAX`` sets at start): every thread that allocates would otherwise reserve
+    an arena of 64 MiB of address space, unused but counted against the limit; a framework's thread
+    pools and compiler, and a first orbax save, start enough threads to exhaust it so. Tried once
+    (where a limit is set); returns whether the arenas are capped (False where glibc is not the C
+    library or no limit is set)."""
+    if not _arenas["tried"] and address_space_limit() is not None:
+        _arenas["tried"] = True
+        import ctypes
+
+        try:
+            _arenas["capped"] = ctypes.CDLL(None).mallopt(M_ARENA_MAX, 2) == 1
+        except (OSError, AttributeError):
+            pass
+    return _arenas["capped"]
+
+
 def _kit_frame(err: BaseException) -> str:
     """`` at <file>:<line> (<function>)``: the innermost frame of ``err``'s traceback in the kit's own
     code, where a failed allocation was asked for; empty when none is."""
@@ -165,9 +188,11 @@ def import_framework(module: str, importer: Callable[[str], object] | None = Non
     return it. A framework that cannot load for want of memory (``ulimit -v``: its libraries cannot
     be mapped, or its Python objects allocated) is :func:`out_of_memory`'s one line: under ``python
     -m package.command`` printed with exit code 2, as :func:`require_package` does, else raised as a
-    :class:`UserError`."""
+    :class:`UserError`. Under a ``ulimit -v`` the malloc arenas are capped first
+    (:func:`cap_malloc_arenas`)."""
     import importlib
 
+    cap_malloc_arenas()  # before the framework's thread pools start
     try:
         return (importer or importlib.import_module)(module)
     except (ImportError, MemoryError) as err:

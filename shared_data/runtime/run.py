@@ -37,7 +37,7 @@ from shared_data.core import config as config_mod
 from shared_data.core import loader_kinds
 from shared_data.core.commands import command_name
 from shared_data.core.config import Config, batch_sizes, config_dict
-from shared_data.core.errors import DatasetError, UserError, address_space_limit, out_of_memory
+from shared_data.core.errors import DatasetError, UserError, address_space_limit, cap_malloc_arenas, out_of_memory
 from shared_data.core.files import check_writable, write_atomic, writing
 from shared_data.model import schedule, unet_spec
 from shared_data.runtime import launch, signals
@@ -202,27 +202,33 @@ def check_host_memory(cfg: Config, needed: int) -> None:
 #: capped (:func:`cap_malloc_arenas`); about twice what a first save of ``cpu_tiny`` took on 2 cores.
 SAVE_RESERVE_BYTES = 256 * 2**20
 SAVE_RESERVE_PER_CORE = 16 * 2**20
-#: glibc's ``mallopt`` parameter of the number of malloc arenas (``M_ARENA_MAX`` in ``malloc.h``).
-M_ARENA_MAX = -8
-_arenas: dict = {"capped": False}
+#: Address space a trainer takes between its framework's import and the start of its first checkpoint
+#: save, besides the save's own need (:func:`save_memory_needed`): the compiler's threads and JIT
+#: memory, the train state, the loader's buffers. With the malloc arenas capped, ``cpu_tiny`` on 2
+#: cores grew by about 280 MiB (TensorFlow) and 215 MiB (JAX) from this check to its first save.
+START_RESERVE_BYTES = 256 * 2**20
+_ARENAS_CAPPED = "ulimit -v: glibc malloc arenas capped at 2 (M_ARENA_MAX)"
 
 
-def cap_malloc_arenas() -> None:
-    """Under a ``ulimit -v``, cap glibc's malloc arenas at 2 (``mallopt(M_ARENA_MAX)``, what the
-    variable ``MALLOC_ARENA_MAX`` sets at start): every thread that allocates would otherwise reserve
-    an arena of 64 MiB of address space, unused but counted against the limit, and a first orbax save
-    starts enough threads to exhaust it so. Logged once; nothing where glibc is not the C library."""
-    if _arenas["capped"] or address_space_limit() is None:
+def check_address_space(cfg: Config, framework: str) -> None:
+    """Refuse to start a run whose ``ulimit -v`` leaves less address space, after its framework has
+    loaded, than compiling, training and its first checkpoint save take (:data:`START_RESERVE_BYTES`
+    plus :func:`save_memory_needed`): TensorFlow's runtime aborts natively when it runs out while it
+    starts its thread pools or compiles (``std::bad_alloc``, LLVM's "Unable to allocate section
+    memory"), where no error can be caught. Nothing is checked without a limit.
+
+    Raises:
+        UserError: the limit, the address space left and needed, and by how much to raise the limit.
+    """
+    left, need = address_space_left(), START_RESERVE_BYTES + save_memory_needed(cfg)
+    if left is None or left >= need:
         return
-    import ctypes
-
-    try:
-        done = ctypes.CDLL(None).mallopt(M_ARENA_MAX, 2) == 1
-    except (OSError, AttributeError):
-        done = False
-    _arenas["capped"] = True
-    if done:
-        log.info("ulimit -v: glibc malloc arenas capped at 2 (M_ARENA_MAX), so threads reserve no address space unused")
+    name = {"tf": "TensorFlow", "jax": "JAX"}.get(framework, framework)
+    raise UserError(
+        f"cannot train under ulimit -v {_bytes(address_space_limit())}: after {name} loaded this process may "
+        f"map {_bytes(max(left, 0))} more, and compiling, training and the first checkpoint save take about "
+        f"{_bytes(need)}; raise the limit by {_bytes(need - max(left, 0))} or more (nothing is trained)"
+    )
 
 
 def address_space_left() -> int | None:
@@ -296,7 +302,7 @@ class Run:
         self.main = process_index == 0
         self.resume_requested, self.overwrite = resume, overwrite
         check_data_files(cfg)  # a missing file stops the run before its folder exists
-        cap_malloc_arenas()
+        check_address_space(cfg, framework)  # before compiling: a framework may abort natively there
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._lock = run_lock.acquire(self.workdir) if self.main else None  # before anything is written
         try:
@@ -307,6 +313,9 @@ class Run:
             check_tensorboard_folder(self.workdir / "tb")
         log.info("%s; config %r from %s", banner, cfg.name, cfg.source)
         log.info("run folder: %s", self.workdir.absolute())
+        self._arenas_capped = cap_malloc_arenas()  # by the framework's import, under a ulimit -v
+        if self._arenas_capped:
+            log.info("%s, so threads reserve no address space unused", _ARENAS_CAPPED)
         self.global_batch, self.local_batch = log_setup(cfg, settings, replicas)
         self.steps_per_epoch = config_mod.steps_per_epoch(cfg, replicas)
         self.lr_table = schedule.lr_table(cfg, self.global_batch, self.steps_per_epoch * cfg.num_epochs)
@@ -680,7 +689,9 @@ class Run:
             UserError: what could not be allocated, the limit, and the checkpoint kept.
         """
         kept = self._kept()
-        cap_malloc_arenas()  # a limit set while the run went on (prlimit) counts from this save on
+        if not self._arenas_capped and cap_malloc_arenas():  # a limit set while the run went on (prlimit)
+            self._arenas_capped = True
+            log.info("%s from this save on", _ARENAS_CAPPED)
         left, need = address_space_left(), save_memory_needed(self.cfg)
         if left is not None and left < need:
             raise UserError(
