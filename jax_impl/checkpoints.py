@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 
 from jax_impl import distribute
-from shared_data.core.errors import UserError
+from shared_data.core.errors import EXIT_AFTER_ATEXIT, UserError, out_of_memory_in
 from shared_data.core.files import write_failure
 from shared_data.runtime import checksums
 from shared_data.runtime import run as run_mod
@@ -78,6 +78,7 @@ class Checkpoints:
             if reason is None:
                 raise
             self._failed = True
+            EXIT_AFTER_ATEXIT.append(str(self.directory))  # TensorStore's late callbacks: see there
             run_mod.remove_partial_saves(self.directory, (f"{epoch}.orbax-checkpoint-tmp*",), say=False)
             raise run_mod.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
         if distribute.is_main_process():
@@ -115,7 +116,7 @@ class Checkpoints:
             stored = part(self.manager.item_metadata(epoch))
             have = sorted((tuple(m.shape), str(m.dtype)) for m in jax.tree.leaves(stored) if hasattr(m, "shape"))
         except Exception as err:  # orbax raises many kinds for damaged files
-            raise UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite") from None
+            raise _restore_error(where, err) from None
         want = sorted((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(like))
         if have != want:
             diff = next(((w, h) for w, h in zip(want, have) if w != h), (len(want), len(have)))
@@ -128,8 +129,7 @@ class Checkpoints:
         try:
             return self.manager.restore(epoch, args=args)
         except Exception as err:  # orbax raises many kinds for damaged files
-            where = f"checkpoint {self.directory}/{epoch}"
-            raise UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite") from None
+            raise _restore_error(f"checkpoint {self.directory}/{epoch}", err) from None
 
 
 class _OrbaxWriteFailures(logging.Filter):
@@ -174,6 +174,16 @@ def _quiet_closed_loop() -> None:
 
 def _closed_loop(exc: BaseException | None) -> bool:
     return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+
+
+def _restore_error(where: str, err: BaseException) -> UserError:
+    """The line for a checkpoint that did not restore: memory that ran out while orbax read it (its
+    checksums matched, so it is not damaged: :func:`shared_data.core.errors.out_of_memory_in`), else
+    the checkpoint named as damaged."""
+    message = out_of_memory_in(err)
+    if message is not None:
+        return UserError(f"cannot restore {where} (its files match their checksums), {message}")
+    return UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite")
 
 
 def _first_line(err: BaseException) -> str:

@@ -21,7 +21,7 @@ from conftest import assert_one_error_line
 from shared_data.core import errors
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import UserError, run_cli
-from shared_data.runtime import run
+from shared_data.runtime import memory, run
 
 
 @contextlib.contextmanager
@@ -179,15 +179,108 @@ def test_a_trainer_under_a_tight_ulimit_refuses_before_compiling(framework, limi
     name = {"jax": "JAX", "tf": "TensorFlow"}[framework]
     assert_one_error_line(
         res,
-        f"cannot train under ulimit -v {run._bytes(limit_mib << 20)}: after {name} loaded this process may map ",
+        f"cannot train under ulimit -v {memory.format_bytes(limit_mib << 20)}: after {name} loaded this process ",
+        " may map ",
         "and compiling, training and the first checkpoint save take about ",
         "or more (nothing is trained)",
     )
     numbers = r"may map ([0-9.]+) MiB more, .* take about ([0-9.]+) MiB; raise the limit by ([0-9.]+) MiB"
     left, need, short = (float(x) for x in re.search(numbers, res.stderr).groups())
-    assert need == pytest.approx((run.START_RESERVE_BYTES + run.save_memory_needed(_tiny())) / 2**20, abs=0.05)
+    assert need == pytest.approx((memory.TRAIN_RESERVE_BYTES + run.save_memory_needed(_tiny())) / 2**20, abs=0.05)
     assert 0 < left < need and short == pytest.approx(need - left, abs=0.15)
     assert not work.exists()
+
+
+@pytest.mark.parametrize(
+    "framework, command, limit_mib",
+    [("jax", "predict", 700), ("tf", "predict", 1450), ("jax", "export", 650), ("tf", "export", 1400)],
+)
+def test_predict_and_export_under_a_tight_ulimit_refuse_before_restoring(
+    framework, command, limit_mib, tmp_path, data_dir
+):
+    """``ulimit -v`` from the start, above the framework's import but short of what restoring, compiling
+    and predicting (or tracing) take: TensorFlow crashed natively there (rc 134 or 139) and JAX's
+    restore failed as a "damaged" checkpoint; now one line with the limit and the need, nothing
+    written."""
+    import resource
+
+    from shared_data.model import unet_spec
+
+    weights = tmp_path / "w.npz"
+    unet_spec.save_weights(weights, unet_spec.init_weights(_tiny(), 0))
+    out = tmp_path / ("pred.h5" if command == "predict" else "export")
+    args = ["--input", str(data_dir / "val_24.h5")] if command == "predict" else []
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (limit_mib << 20, resource.RLIM_INFINITY))
+
+    res = subprocess.run(
+        [sys.executable, "-m", f"{framework}_impl.{command}", "--config", "cpu_tiny", "--weights", str(weights),
+         *args, "--out", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, preexec_fn=limit,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )  # fmt: skip
+    reserve = memory.PREDICT_RESERVE_BYTES if command == "predict" else memory.EXPORT_RESERVE_BYTES
+    need = reserve + (4 * 5 * 24**3 if command == "predict" else 0)  # the float32 prediction: 5 channels, 24^3
+    assert_one_error_line(
+        res,
+        f"cannot {command} under ulimit -v {memory.format_bytes(limit_mib << 20)}: after ",
+        f" take about {memory.format_bytes(need)}; raise the limit by ",
+        "or more (nothing is written)",
+    )
+    assert not out.exists()
+
+
+def test_a_restore_that_runs_out_of_memory_is_not_called_damaged(tmp_path):
+    """A checkpoint whose files match their checksums but whose restore fails because a thread could not
+    start (TensorStore wraps it in an error of its own) is reported as memory, not as a damaged
+    checkpoint; another error still names the checkpoint as damaged."""
+    import jax.numpy as jnp
+
+    from jax_impl.checkpoints import Checkpoints
+
+    state = {"w": jnp.ones((4, 4))}
+    with Checkpoints(tmp_path / "ckpt", 2, state) as ckpt:
+        ckpt.save(1, state)
+
+        def fails(cause):
+            def restore(*_, **__):
+                try:
+                    raise cause
+                except Exception as inner:
+                    raise Exception("Encountered error while reading array index: (slice(0, 4, 1),)") from inner
+
+            return restore
+
+        ckpt.manager.restore = fails(RuntimeError("can't start new thread"))
+        with pytest.raises(UserError) as memory_err:
+            ckpt.restore(1)
+        ckpt.manager.restore = fails(ValueError("bad chunk"))
+        with pytest.raises(UserError) as damaged:
+            ckpt.restore(1)
+    assert str(memory_err.value).startswith(
+        f"cannot restore checkpoint {tmp_path / 'ckpt'}/1 (its files match their checksums), out of memory: "
+        "a thread could not start (no memory for its stack)"
+    )
+    assert str(damaged.value) == (
+        f"checkpoint {tmp_path / 'ckpt'}/1 is damaged (Encountered error while reading array index: "
+        "(slice(0, 4, 1),)); use another --workdir or --overwrite"
+    )
+
+
+def test_out_of_memory_in_walks_the_chain():
+    """The first memory error in ``__cause__`` / ``__context__`` is found; a chain without one is None."""
+    try:
+        try:
+            raise MemoryError("Unable to allocate 8.00 GiB for an array with shape (1024, 1024, 1024)")
+        except MemoryError as inner:
+            raise RuntimeError("reading failed") from inner
+    except RuntimeError as err:
+        chained = err
+    assert errors.out_of_memory_in(chained).startswith(
+        "out of memory: Unable to allocate 8.00 GiB for an array with shape (1024, 1024, 1024)"
+    )
+    assert errors.out_of_memory_in(ValueError("x")) is None
 
 
 def _tiny():

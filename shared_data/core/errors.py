@@ -183,6 +183,21 @@ def out_of_memory(err: BaseException, where: str | None = None) -> str | None:
     return f"out of memory: {what}{where}; this process may map {limit / 2**20:.0f} MiB (ulimit -v)"
 
 
+def out_of_memory_in(err: BaseException) -> str | None:
+    """:func:`out_of_memory`'s line for ``err`` or the first exception in its chain (``__cause__``,
+    ``__context__``) that is memory: a library that wraps a thread that could not start or a
+    ``MemoryError`` in an error of its own (TensorStore's "error while reading array"). None when no
+    exception in the chain is."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        message = out_of_memory(err)
+        if message is not None:
+            return message
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def import_framework(module: str, importer: Callable[[str], object] | None = None):
     """Import the framework ``module`` (with ``importer``, default ``importlib.import_module``) and
     return it. A framework that cannot load for want of memory (``ulimit -v``: its libraries cannot
@@ -209,6 +224,12 @@ def import_framework(module: str, importer: Callable[[str], object] | None = Non
 #: adds them); while it is not empty, :func:`run_cli` ends the process with ``os._exit`` after flushing
 #: its output.
 EXIT_WITHOUT_FINALISERS: list[str] = []
+#: Checkpoint folders whose failed save left TensorStore's writes calling back into orbax's closed event
+#: loop (:mod:`jax_impl.checkpoints` adds them): once the interpreter finalises, its hooks that drop
+#: those reports are gone and each prints a traceback after the run's line, so while it is not empty
+#: :func:`run_cli` ends the process after the ``atexit`` functions (the loader's workers end there),
+#: without the interpreter's finalisation.
+EXIT_AFTER_ATEXIT: list[str] = []
 
 
 def _exit_if_native_files_are_stuck(code: int) -> None:
@@ -225,7 +246,14 @@ def _exit_before_device_work_ends(code: int) -> None:
     dispatched (a step of a GPU-sized config on a CPU: minutes after the ``interrupted`` line). The
     ``atexit`` functions run first (multiprocessing ends the loader's workers there, logging flushes
     its files); a test's process goes on."""
-    if {"jax", "tensorflow"} & sys.modules.keys() and "pytest" not in sys.modules:
+    if {"jax", "tensorflow"} & sys.modules.keys():
+        _exit_after_atexit(code)
+
+
+def _exit_after_atexit(code: int) -> None:
+    """End the process with ``code`` after the ``atexit`` functions, without the interpreter's
+    finalisation; a test's process goes on."""
+    if "pytest" not in sys.modules:
         import atexit
 
         atexit._run_exitfuncs()
@@ -258,6 +286,8 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         _exit_if_native_files_are_stuck(2)
+        if EXIT_AFTER_ATEXIT:
+            _exit_after_atexit(2)
         return 2
     except BrokenPipeError:  # the reader of stdout went away (``... | head``): stop quietly
         import os

@@ -25,6 +25,7 @@ from shared_data.core.config import Config
 from shared_data.core.errors import UserError
 from shared_data.core.files import check_not_input, check_writable, one_set_or_none, write_atomic, writing
 from shared_data.inference import predict as predict_mod
+from shared_data.runtime import memory
 from shared_data.runtime.logs import setup_logging
 from shared_data.runtime.records import code_version
 
@@ -103,6 +104,10 @@ def main(
     check_writable(out, "--out", folder=True)
     outputs = {f"--out's {name}": out / name for name in [*files, RECORD]}
     check_not_input(outputs, predict_mod.weights_inputs(args), "export")
+    memory.check_address_space(
+        framework, "export", "restoring the weights and tracing the model", memory.EXPORT_RESERVE_BYTES,
+        "nothing is written",
+    )  # fmt: skip
     weights, source = load_weights(cfg, args.weights, args.workdir)
     log.info("%s; config %r, %s, %s compute", banner, cfg.name, source, args.precision)
     with one_set_or_none(out, [out / name for name in [*files, RECORD]]):

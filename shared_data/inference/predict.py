@@ -55,6 +55,7 @@ from shared_data.core.errors import ConfigError, DatasetError, UserError
 from shared_data.core.files import check_not_input, check_writable, write_atomic, writing
 from shared_data.data import dataset
 from shared_data.model import unet_spec
+from shared_data.runtime import memory
 from shared_data.runtime.logs import progress as progress_bar
 from shared_data.runtime.logs import setup_logging
 from shared_data.runtime.records import code_version
@@ -497,6 +498,13 @@ def main(
     side = x.shape[0]
     size = padded_side(side, align)
     window = choose_window(cfg, size, args.tile, overlap, args.precision, args.memory_gb)
+    memory.check_address_space(
+        framework,
+        "predict",
+        "restoring the weights, compiling and predicting",
+        memory.PREDICT_RESERVE_BYTES + 4 * cfg.N_out_channels * size**3,  # + the float32 prediction
+        "nothing is written",
+    )
     weights, source = load_weights(cfg, args.weights, args.workdir)
 
     log.info("%s; config %r, %s, %s compute", banner, cfg.name, source, args.precision)

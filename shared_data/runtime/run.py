@@ -18,7 +18,6 @@ errors with a rank tag. The command line of both trainers is :mod:`shared_data.r
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -40,7 +39,7 @@ from shared_data.core.config import Config, batch_sizes, config_dict
 from shared_data.core.errors import DatasetError, UserError, address_space_limit, cap_malloc_arenas, out_of_memory
 from shared_data.core.files import check_writable, write_atomic, writing
 from shared_data.model import schedule, unet_spec
-from shared_data.runtime import launch, signals
+from shared_data.runtime import launch, memory, signals
 from shared_data.runtime import lock as run_lock
 from shared_data.runtime.logs import (
     INPUT_BOUND_SHARE,
@@ -52,6 +51,7 @@ from shared_data.runtime.logs import (
     progress,
     share_line,
 )
+from shared_data.runtime.memory import format_bytes
 from shared_data.runtime.nvtx import CaptureWindow, mirrored_in, nvtx_range
 from shared_data.runtime.records import TENSORBOARD_TAGS, MetricsLog, ScalarWriter, code_version, run_info_and_problem
 
@@ -191,7 +191,7 @@ def check_host_memory(cfg: Config, needed: int) -> None:
     if available is not None and needed > available:
         raise UserError(
             f"data_loader_config {cfg.data_loader_config!r} holds both volumes in host memory: "
-            f"{_bytes(needed)} needed, {_bytes(available)} available to this process; "
+            f"{format_bytes(needed)} needed, {format_bytes(available)} available to this process; "
             f"use --data_loader_config lowmem (each crop read from the file) or dali-npy"
         )
 
@@ -202,51 +202,25 @@ def check_host_memory(cfg: Config, needed: int) -> None:
 #: capped (:func:`cap_malloc_arenas`); about twice what a first save of ``cpu_tiny`` took on 2 cores.
 SAVE_RESERVE_BYTES = 256 * 2**20
 SAVE_RESERVE_PER_CORE = 16 * 2**20
-#: Address space a trainer takes between its framework's import and the start of its first checkpoint
-#: save, besides the save's own need (:func:`save_memory_needed`): the compiler's threads and JIT
-#: memory, the train state, the loader's buffers. With the malloc arenas capped, ``cpu_tiny`` on 2
-#: cores grew by about 280 MiB (TensorFlow) and 215 MiB (JAX) from this check to its first save.
-START_RESERVE_BYTES = 256 * 2**20
 _ARENAS_CAPPED = "ulimit -v: glibc malloc arenas capped at 2 (M_ARENA_MAX)"
 
 
-def check_address_space(cfg: Config, framework: str) -> None:
+def check_train_memory(cfg: Config, framework: str) -> None:
     """Refuse to start a run whose ``ulimit -v`` leaves less address space, after its framework has
-    loaded, than compiling, training and its first checkpoint save take (:data:`START_RESERVE_BYTES`
-    plus :func:`save_memory_needed`): TensorFlow's runtime aborts natively when it runs out while it
-    starts its thread pools or compiles (``std::bad_alloc``, LLVM's "Unable to allocate section
-    memory"), where no error can be caught. Nothing is checked without a limit.
+    loaded, than compiling, training and its first checkpoint save take
+    (:data:`~shared_data.runtime.memory.TRAIN_RESERVE_BYTES` plus :func:`save_memory_needed`):
+    TensorFlow aborts natively when it runs out there (:mod:`shared_data.runtime.memory`).
 
     Raises:
         UserError: the limit, the address space left and needed, and by how much to raise the limit.
     """
-    left, need = address_space_left(), START_RESERVE_BYTES + save_memory_needed(cfg)
-    if left is None or left >= need:
-        return
-    name = {"tf": "TensorFlow", "jax": "JAX"}.get(framework, framework)
-    raise UserError(
-        f"cannot train under ulimit -v {_bytes(address_space_limit())}: after {name} loaded this process may "
-        f"map {_bytes(max(left, 0))} more, and compiling, training and the first checkpoint save take about "
-        f"{_bytes(need)}; raise the limit by {_bytes(need - max(left, 0))} or more (nothing is trained)"
+    memory.check_address_space(
+        framework,
+        "train",
+        "compiling, training and the first checkpoint save",
+        memory.TRAIN_RESERVE_BYTES + save_memory_needed(cfg),
+        "nothing is trained",
     )
-
-
-def address_space_left() -> int | None:
-    """Bytes this process may still map under its ``ulimit -v`` (``RLIMIT_AS`` minus ``VmSize`` of
-    ``/proc/self/status``); None without a limit or where the size cannot be read."""
-    limit = address_space_limit()
-    if limit is None:
-        return None
-    try:
-        status = Path("/proc/self/status").read_text().splitlines()
-        size = int(next(line for line in status if line.startswith("VmSize:")).split()[1]) * 1024
-    except MemoryError:  # not even the few bytes of the file
-        return 0
-    except OSError as err:
-        return 0 if err.errno == errno.ENOMEM else None
-    except (StopIteration, ValueError, IndexError):
-        return None
-    return limit - size
 
 
 def save_memory_needed(cfg: Config) -> int:
@@ -256,10 +230,6 @@ def save_memory_needed(cfg: Config) -> int:
     copies = 3 + (1 if cfg.ema_decay else 0)
     reserve = SAVE_RESERVE_BYTES + SAVE_RESERVE_PER_CORE * (os.cpu_count() or 1)
     return reserve + 2 * 4 * copies * unet_spec.num_params(cfg)
-
-
-def _bytes(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 class Run:
@@ -302,7 +272,7 @@ class Run:
         self.main = process_index == 0
         self.resume_requested, self.overwrite = resume, overwrite
         check_data_files(cfg)  # a missing file stops the run before its folder exists
-        check_address_space(cfg, framework)  # before compiling: a framework may abort natively there
+        check_train_memory(cfg, framework)  # before compiling: a framework may abort natively there
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._lock = run_lock.acquire(self.workdir) if self.main else None  # before anything is written
         try:
@@ -329,7 +299,7 @@ class Run:
                     "--overwrite: deleted %s (%d files, %s); metrics.jsonl restarts from epoch 0",
                     self.workdir / "checkpoints",
                     len(sizes),
-                    _bytes(sum(sizes)),
+                    format_bytes(sum(sizes)),
                 )
         if overwrite and self.mid_epoch_dir.exists():
             shutil.rmtree(self.mid_epoch_dir, ignore_errors=not self.main)
@@ -692,11 +662,11 @@ class Run:
         if not self._arenas_capped and cap_malloc_arenas():  # a limit set while the run went on (prlimit)
             self._arenas_capped = True
             log.info("%s from this save on", _ARENAS_CAPPED)
-        left, need = address_space_left(), save_memory_needed(self.cfg)
+        left, need = memory.address_space_left(), save_memory_needed(self.cfg)
         if left is not None and left < need:
             raise UserError(
-                f"cannot save {what}: it needs about {_bytes(need)} more memory and this process may map "
-                f"{_bytes(max(left, 0))} more (ulimit -v {_bytes(address_space_limit())}); {kept}"
+                f"cannot save {what}: it needs about {format_bytes(need)} more memory and this process may map "
+                f"{format_bytes(max(left, 0))} more (ulimit -v {format_bytes(address_space_limit())}); {kept}"
             )
         try:
             yield
