@@ -22,7 +22,7 @@ from shared_data.core.files import check_not_input, check_writable, first_missin
 from shared_data.runtime import signals, sizing
 from shared_data.runtime.logs import RANK_LOGGER, close_log_file, log_to_file_only, setup_logging
 from shared_data.runtime.records import run_info_and_problem
-from shared_data.runtime.run import workdir_for
+from shared_data.runtime.run import check_train_memory, workdir_for
 
 log = logging.getLogger("dlas")
 
@@ -301,6 +301,7 @@ def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> 
         log.warning(warning)
     created = first_missing_folder(workdir)  # what a failed start removes again
     check_outputs_are_not_inputs(cfg, workdir, save_weights, args.init_weights)
+    check_train_memory(cfg, framework)  # before TensorFlow's runtime starts its thread pools (it aborts there)
     joined = initialize()
     signals.reclaim()  # the distributed runtime has started: our handlers, and a signal that came meanwhile
     setup_logging(process_index())
