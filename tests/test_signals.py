@@ -90,3 +90,29 @@ def test_ctrl_c_ends_a_command_while_its_step_still_runs():
         proc.kill()
     assert code == 130 and proc.stderr.read().strip().splitlines()[-1] == "interrupted"
     assert seconds < 10
+
+
+def test_the_unraisable_hook_of_the_block_is_undone_unless_another_was_installed_over_it():
+    """:func:`signals.handled` puts back the unraisable hook it found; one installed inside the block
+    (the JAX checkpoint's, whose failed save's callbacks still come after the command returns) stays,
+    with the block's own dropping :class:`signals.Interrupted` still in its chain."""
+    before = sys.unraisablehook
+    seen = []
+
+    def installed_inside(unraisable):
+        seen.append(unraisable.exc_value)
+        inner(unraisable)
+
+    try:
+        with signals.handled():
+            inner = sys.unraisablehook
+        assert sys.unraisablehook is before
+        with signals.handled():
+            inner = sys.unraisablehook
+            sys.unraisablehook = installed_inside
+        assert sys.unraisablehook is installed_inside
+        interrupted = signals.Interrupted(signal.SIGTERM, "test")
+        sys.unraisablehook(type("U", (), {"exc_value": interrupted})())  # dropped by the block's hook
+        assert seen == [interrupted]
+    finally:
+        sys.unraisablehook = before

@@ -95,8 +95,12 @@ def launch(workdir) -> dict:
 
 
 def _job_gone(job: str, env: dict) -> bool:
+    """The job has left the queue: squeue lists it no more, or no longer knows its id. Another failure
+    of squeue (a controller too busy to answer) is no answer, so the job is not taken as gone."""
     res = subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True, env=env)
-    return res.returncode != 0 or not res.stdout.strip()
+    if res.returncode != 0:
+        return "Invalid job id" in res.stderr
+    return not res.stdout.strip()
 
 
 def _job_state(job: str, env: dict) -> str:

@@ -124,7 +124,8 @@ def _drop_lost_interrupts(previous: Callable) -> Callable:
 @contextlib.contextmanager
 def handled() -> Iterator[None]:
     """SIGTERM, SIGINT and SIGUSR1 are handled as the module says inside the block (the previous
-    handlers return after it); a SIGUSR1 that came while the command started (:func:`guard_command`)
+    handlers return after it, and the previous unraisable hook unless another was installed over
+    this block's inside it); a SIGUSR1 that came while the command started (:func:`guard_command`)
     stops the run at the first step boundary. Outside the main thread, where Python cannot set
     handlers, the block runs unchanged."""
     _state.update(_FRESH, ended=False)
@@ -134,11 +135,13 @@ def handled() -> Iterator[None]:
         previous = {}
     _state["installed"] = bool(previous)
     hook, sys.unraisablehook = sys.unraisablehook, _drop_lost_interrupts(sys.unraisablehook)
+    ours = sys.unraisablehook
     _state["stop"], _state["held"] = _state["held"], None
     try:
         yield
     finally:
-        sys.unraisablehook = hook
+        if sys.unraisablehook is ours:  # a hook installed inside the block (over ours) stays: it may
+            sys.unraisablehook = hook  # still have reports to take (a failed checkpoint save's callbacks)
         _state.update(_FRESH, installed=False, ended=True)
         for s, handler in previous.items():
             signal.signal(s, handler)
