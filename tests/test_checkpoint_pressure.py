@@ -154,26 +154,26 @@ def test_a_checkpoint_save_under_a_memory_limit(framework, headroom, tmp_path, d
     assert "Traceback" not in res.stdout, res.stdout[-3000:]
 
 
+def under_ulimit(limit_mib: int) -> list[str]:
+    """This interpreter started by a shell under ``ulimit -v`` of ``limit_mib`` MiB, as a user sets it
+    (arguments follow); no ``preexec_fn``, which forks this multithreaded process."""
+    return ["bash", "-c", f'ulimit -v {limit_mib << 10} && exec "$0" "$@"', sys.executable]
+
+
 @pytest.mark.parametrize("framework, limit_mib", [("jax", 800), ("tf", 1600)])
 def test_a_trainer_under_a_tight_ulimit_refuses_before_compiling(framework, limit_mib, tmp_path, data_dir):
     """``ulimit -v`` from the start, above what the framework's import maps but short of what compiling
     and the first save take (TensorFlow aborted natively there: ``std::bad_alloc`` or LLVM's "Unable
     to allocate section memory"): one line naming the limit, what is left and what is needed, exit
     code 2, no run folder."""
-    import resource
-
-    def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (limit_mib << 20, resource.RLIM_INFINITY))
-
     work = tmp_path / "w"
     data = [f"--set=train_path={data_dir / 'train_32.h5'}", f"--set=val_path={data_dir / 'val_24.h5'}"]
     res = subprocess.run(
-        [sys.executable, "-m", f"{framework}_impl.train", "--config", "cpu_tiny", "--workdir", str(work), *data],
+        [*under_ulimit(limit_mib), "-m", f"{framework}_impl.train", "--config=cpu_tiny", f"--workdir={work}", *data],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=120,
-        preexec_fn=limit,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
     name = {"jax": "JAX", "tf": "TensorFlow"}[framework]
@@ -202,8 +202,6 @@ def test_predict_and_export_under_a_tight_ulimit_refuse_before_restoring(
     and predicting (or tracing) take: TensorFlow crashed natively there (rc 134 or 139) and JAX's
     restore failed as a "damaged" checkpoint; now one line with the limit and the need, nothing
     written."""
-    import resource
-
     from shared_data.model import unet_spec
 
     weights = tmp_path / "w.npz"
@@ -211,13 +209,10 @@ def test_predict_and_export_under_a_tight_ulimit_refuse_before_restoring(
     out = tmp_path / ("pred.h5" if command == "predict" else "export")
     args = ["--input", str(data_dir / "val_24.h5")] if command == "predict" else []
 
-    def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (limit_mib << 20, resource.RLIM_INFINITY))
-
     res = subprocess.run(
-        [sys.executable, "-m", f"{framework}_impl.{command}", "--config", "cpu_tiny", "--weights", str(weights),
-         *args, "--out", str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, preexec_fn=limit,
+        [*under_ulimit(limit_mib), "-m", f"{framework}_impl.{command}", "--config=cpu_tiny", f"--weights={weights}",
+         *args, f"--out={out}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"},
     )  # fmt: skip
     reserve = memory.PREDICT_RESERVE_BYTES if command == "predict" else memory.EXPORT_RESERVE_BYTES
