@@ -44,14 +44,17 @@ class Checkpoints:
     def close(self) -> None:
         """Wait for orbax's background work and stop its threads: a run that ends early (an error, a
         signal) must do this before the interpreter shuts down, or orbax's thread prints "cannot
-        schedule new futures after interpreter shutdown"."""
+        schedule new futures after interpreter shutdown". After a failed save, what its writes left
+        is removed once they have stopped."""
         try:
             self.manager.close()
         except Exception as err:  # a save that failed (a full disk) is reported already
             if write_failure(err) is None:
                 raise
         finally:
-            if not self._failed:  # after a failed save, asyncio reports orbax's unread futures until they are freed
+            if self._failed:  # TensorStore's writes still under way at the save's removal may have left a folder
+                run_mod.remove_partial_saves(self.directory, ("*.orbax-checkpoint-tmp*",), say=False)
+            else:  # after a failed save, asyncio reports orbax's unread futures until they are freed
                 for name in _OrbaxWriteFailures.LOGGERS:
                     logging.getLogger(name).removeFilter(self._quiet)
 
