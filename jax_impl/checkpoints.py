@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 
 from jax_impl import distribute
-from shared_data.core.errors import EXIT_AFTER_ATEXIT, UserError, out_of_memory_in
+from shared_data.core.errors import EXIT_AFTER_ATEXIT, UserError
 from shared_data.core.files import write_failure
 from shared_data.runtime import checksums
 from shared_data.runtime import run as run_mod
@@ -180,13 +180,12 @@ def _closed_loop(exc: BaseException | None) -> bool:
 
 
 def _restore_error(where: str, err: BaseException) -> UserError:
-    """The line for a checkpoint that did not restore: memory that ran out while orbax read it (its
-    checksums matched, so it is not damaged: :func:`shared_data.core.errors.out_of_memory_in`), else
-    the checkpoint named as damaged."""
-    message = out_of_memory_in(err)
-    if message is not None:
-        return UserError(f"cannot restore {where} (its files match their checksums), {message}")
-    return UserError(f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite")
+    """The line for a checkpoint that did not restore: memory that ran out while orbax read it
+    (:func:`shared_data.runtime.run.checkpoint_restore_memory_error`), else the checkpoint named as
+    damaged."""
+    return run_mod.checkpoint_restore_memory_error(where, err) or UserError(
+        f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite"
+    )
 
 
 def _first_line(err: BaseException) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from shared_data.core.errors import UserError, out_of_memory_in
+from shared_data.core.errors import UserError
 from shared_data.core.files import write_failure
 from shared_data.runtime import checksums
 from shared_data.runtime import run as run_mod
@@ -93,17 +93,14 @@ class Checkpoints:
             UserError: the checkpoint's files differ from the checksums recorded at its save, or it
                 holds another config's variables.
         """
-        checksums.verify(self.directory, epoch, self._files(epoch), f"checkpoint {self.directory}/ckpt-{epoch}")
+        where = f"checkpoint {self.directory}/ckpt-{epoch}"
+        checksums.verify(self.directory, epoch, self._files(epoch), where)
         try:
             status = self.ckpt.restore(str(self.directory / f"ckpt-{epoch}")).assert_existing_objects_matched()
             if self._partial:
                 status.expect_partial()  # the optimizer's slots stay in the file
         except Exception as err:  # TF raises many kinds for damaged or foreign files
-            message = out_of_memory_in(err)
-            if message is not None:  # its files match their checksums: not damaged
-                where = f"checkpoint {self.directory}/ckpt-{epoch}"
-                raise UserError(f"cannot restore {where} (its files match their checksums), {message}") from None
-            raise UserError(
-                f"checkpoint {self.directory}/ckpt-{epoch} does not match this config or is damaged "
+            raise run_mod.checkpoint_restore_memory_error(where, err) or UserError(
+                f"{where} does not match this config or is damaged "
                 f"({str(err).splitlines()[0][:200]}); use another --workdir or --overwrite"
             ) from None

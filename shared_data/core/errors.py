@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import resource  # imported at start: under a tight ulimit -v its library may not load later
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 
 class UserError(Exception):
@@ -42,18 +42,25 @@ def did_you_mean(word: str, candidates) -> str:
 _WRAPPED = re.compile(r"(?:UserError|ConfigError|DatasetError|MissingDependencyError): (.+)")
 
 
-def user_error_in(err: BaseException) -> str | None:
-    """The message of a :class:`UserError` that ``err`` is or wraps: raised inside a DALI callback
-    (the chain's ``__cause__``) or a ``tf.data`` Python function (only its text survives)."""
+def _chain(err: BaseException | None) -> Iterator[BaseException]:
+    """``err``, then the exception it was raised from or during (``__cause__``, else ``__context__``),
+    and so on, each once."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, UserError):
-            return str(err)
-        match = _WRAPPED.search(str(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def user_error_in(err: BaseException) -> str | None:
+    """The message of a :class:`UserError` that ``err`` is or wraps: raised inside a DALI callback
+    (the chain's ``__cause__``) or a ``tf.data`` Python function (only its text survives)."""
+    for exc in _chain(err):
+        if isinstance(exc, UserError):
+            return str(exc)
+        match = _WRAPPED.search(str(exc))
         if match:
             return match.group(1).strip()
-        err = err.__cause__ or err.__context__
     return None
 
 
@@ -188,14 +195,7 @@ def out_of_memory_in(err: BaseException) -> str | None:
     ``__context__``) that is memory: a library that wraps a thread that could not start or a
     ``MemoryError`` in an error of its own (TensorStore's "error while reading array"). None when no
     exception in the chain is."""
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        message = out_of_memory(err)
-        if message is not None:
-            return message
-        err = err.__cause__ or err.__context__
-    return None
+    return next((message for exc in _chain(err) if (message := out_of_memory(exc)) is not None), None)
 
 
 def import_framework(module: str, importer: Callable[[str], object] | None = None):

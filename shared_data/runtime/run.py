@@ -36,7 +36,14 @@ from shared_data.core import config as config_mod
 from shared_data.core import loader_kinds
 from shared_data.core.commands import command_name
 from shared_data.core.config import Config, batch_sizes, config_dict
-from shared_data.core.errors import DatasetError, UserError, address_space_limit, cap_malloc_arenas, out_of_memory
+from shared_data.core.errors import (
+    DatasetError,
+    UserError,
+    address_space_limit,
+    cap_malloc_arenas,
+    out_of_memory,
+    out_of_memory_in,
+)
 from shared_data.core.files import check_writable, write_atomic, writing
 from shared_data.model import schedule, unet_spec
 from shared_data.runtime import launch, memory, signals
@@ -905,6 +912,16 @@ def remove_partial_saves(directory: Path, patterns: Sequence[str], say: bool = T
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
+
+
+def checkpoint_restore_memory_error(where: str, err: BaseException) -> UserError | None:
+    """The one-line error for a restore of the checkpoint ``where`` that ran out of memory (``err`` or
+    an exception in its chain: :func:`shared_data.core.errors.out_of_memory_in`): its files matched
+    their checksums, so it is not called damaged. None for other errors."""
+    message = out_of_memory_in(err)
+    if message is None:
+        return None
+    return UserError(f"cannot restore {where} (its files match their checksums), {message}")
 
 
 def checkpoint_write_error(directory: Path, epoch: int, reason: str, kept: Sequence[int]) -> UserError:
