@@ -6,6 +6,8 @@ device batch. FULL: train steps on the real input pipeline.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 
 from jax_impl import data as data_mod
@@ -35,25 +37,37 @@ class Bench:
         self.compile_sec = 0.0
         self._out = None
         if mode in ("io", "full"):
-            self.batches = (
-                input_from.batches if input_from else host_batches.forever(data_mod.make_input(cfg, "train", self.mesh))
-            )
-        spec = data_mod.batch_spec(cfg, self.mesh)
+            self.input = input_from.input if input_from else data_mod.make_input(cfg, "train", self.mesh)
+            self.batches = input_from.batches if input_from else host_batches.forever(self.input)
+            self.crops = jax.jit(functools.partial(data_mod.crops, cfg=cfg))  # IO: a device loader's cut
+        spec = (
+            data_mod.input_spec(self.input, cfg, self.mesh) if mode == "full" else data_mod.batch_spec(cfg, self.mesh)
+        )
         if mode in ("synthetic", "full") and step_from is not None:
-            self.train_fn, self.state = step_from.train_fn, step_from.state
+            self.train_fn, self.state, self.model, self.tx = (
+                step_from.train_fn,
+                step_from.state,
+                step_from.model,
+                step_from.tx,
+            )
+            if "draws" in spec:  # the same step on a device loader's crop plans: compiled for that batch
+                self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, self.model, self.tx, self.state, spec)
         elif mode in ("synthetic", "full"):
-            tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6), cfg.adam_update)
+            self.tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6), cfg.adam_update)
             params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))
-            self.state = jax.device_put(train_mod.create_train_state(cfg, params, tx), distribute.replicated(self.mesh))
-            model = model_mod.build_model(cfg)
-            self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, model, tx, self.state, spec)
+            self.state = jax.device_put(
+                train_mod.create_train_state(cfg, params, self.tx), distribute.replicated(self.mesh)
+            )
+            self.model = model_mod.build_model(cfg)
+            self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, self.model, self.tx, self.state, spec)
         if mode == "synthetic":
             host = host_batches.synthetic_batch(cfg, self.global_batch)
             self.batch = {k: jax.device_put(v, spec[k].sharding) for k, v in host.items()}
 
     def step(self) -> None:
         if self.mode == "io":
-            self._out = next(self.batches)
+            batch = next(self.batches)
+            self._out = self.crops(batch) if "draws" in batch else batch
             return
         batch = self.batch if self.mode == "synthetic" else next(self.batches)
         self.state, self._out = self.train_fn(self.state, batch)

@@ -8,7 +8,6 @@ the devices ahead of the step that consumes it.
 from __future__ import annotations
 
 import collections
-import functools
 from collections.abc import Iterator
 
 import jax
@@ -134,28 +133,52 @@ def gather_batch(
 
 
 class DeviceInput(Input):
-    """The ``device`` loader: both volumes in device memory (replicated), each batch cropped and
-    transformed there by :func:`gather_batch` from the shared plan's draws, so the host only sends
-    crop starts and symmetry indices (a few hundred bytes per step)."""
+    """The ``device`` loader: both volumes in device memory (replicated), each batch a crop plan that
+    the step cuts from the volume (:func:`crops`, inside the jitted step, where XLA fuses the gather
+    with what reads the crops), so the host only sends crop starts and symmetry indices (a few
+    hundred bytes per step)."""
 
     def __init__(self, cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0, first_step: int = 0):
         super().__init__(cfg, split, mesh, first_epoch, first_step)
-        host, static = host_batches.device_gather_setup(self.reader, cfg)
+        host, _ = host_batches.device_gather_setup(self.reader, cfg)
         self.volume = distribute.put_replicated(host, mesh)
-        sharding = distribute.batch_sharding(mesh)
-        self.gather = jax.jit(
-            functools.partial(gather_batch, **static),
-            out_shardings={"inputs": sharding, "targets": sharding, "mask": sharding},
-        )
+
+    def spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+        """Shapes, dtypes and shardings of a global batch: ``volume`` (L^3, C) float32 replicated,
+        ``draws`` (B, 4) int32 and ``mask`` (B,) float32 split on the batch axis."""
+        global_bs, _ = batch_sizes(self.cfg, distribute.num_replicas(self.mesh))
+        sharding = distribute.batch_sharding(self.mesh)
+        return {
+            "volume": jax.ShapeDtypeStruct(self.volume.shape, jnp.float32, sharding=self.volume.sharding),
+            "draws": jax.ShapeDtypeStruct((global_bs, 4), jnp.int32, sharding=sharding),
+            "mask": jax.ShapeDtypeStruct((global_bs,), jnp.float32, sharding=sharding),
+        }
 
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
+        """Batches of ``epoch``: ``{"volume", "draws", "mask"}``, the draws (crop start, symmetry
+        index) and mask split on the batch axis."""
         plan = self.plan(epoch, self.cursor.first_step(epoch))
         for draws, mask in zip(plan.draws, plan.masks):
-            with nvtx_range("gather batch", "green"):
+            with nvtx_range("draws to device", "green"):
                 host = {
-                    "starts": draws.starts.astype(np.int32),
-                    "syms": draws.symmetries.astype(np.int32),
+                    "draws": np.concatenate([draws.starts, draws.symmetries[:, None]], 1).astype(np.int32),
                     "mask": mask,
                 }
-                dev = distribute.put_batch(host, self.mesh)
-                yield self.gather(self.volume, dev["starts"], dev["syms"], dev["mask"])
+                yield {"volume": self.volume, **distribute.put_batch(host, self.mesh)}
+
+
+def crops(batch: dict, cfg: Config) -> dict:
+    """The batch a step trains on: a ``device`` loader's batch (``volume`` (L^3, C), ``draws`` (B, 4):
+    crop starts and symmetry index, ``mask`` (B,)) cut by :func:`gather_batch` into ``inputs`` (B, s,
+    s, s, N_in), ``targets`` (B, s, s, s, N_out) and ``mask``; any other batch as it is. Called
+    inside the jitted steps, so the gather compiles into the step with what reads the crops."""
+    if "draws" not in batch:
+        return batch
+    volume, draws = batch["volume"], batch["draws"]
+    static = host_batches.gather_statics(cfg, host_batches.volume_side(volume.shape[0]))
+    return gather_batch(volume, draws[:, :3], draws[:, 3], batch["mask"], **static)
+
+
+def input_spec(inp, cfg: Config, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes, dtypes and shardings of a global batch of the input ``inp`` (what its steps compile for)."""
+    return inp.spec() if isinstance(inp, DeviceInput) else batch_spec(cfg, mesh)

@@ -88,6 +88,8 @@ def train_step(state: TrainState, batch: dict, *, model, tx, cfg: Config) -> tup
     the key makes it explicit and independent of XLA's choice (XLA:CPU widens bf16 all-reduces).
     """
 
+    batch = data_mod.crops(batch, cfg)  # a device loader's crops, cut inside this step
+
     def compute_loss(params):
         return loss_fn(model.apply({"params": params}, batch["inputs"]), batch, cfg)
 
@@ -117,15 +119,17 @@ def train_step(state: TrainState, batch: dict, *, model, tx, cfg: Config) -> tup
 
 def eval_step(params: dict, batch: dict, *, model, cfg: Config) -> dict:
     """Masked loss sum and sample count of one validation batch (summed on the host over batches)."""
+    batch = data_mod.crops(batch, cfg)
     pred = model.apply({"params": params}, batch["inputs"])
     n = jnp.sum(batch["mask"])
     return {"loss_sum": loss_fn(pred, batch, cfg) * n, "count": n}
 
 
-def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict):
+def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict, eval_batch: dict | None = None):
     """Jit ``train_step`` (state donated) and ``eval_step`` and compile both ahead of time for the
-    abstract ``batch`` (``data.batch_spec``); return ``(train_fn, eval_fn, seconds)``, seconds being
-    the train step's compile time (logged with the eval step's)."""
+    abstract ``batch`` and ``eval_batch`` (default ``batch``) (``data.input_spec``); return
+    ``(train_fn, eval_fn, seconds)``, seconds being the train step's compile time (logged with the
+    eval step's)."""
     t0 = time.perf_counter()
     train_fn = jax.jit(functools.partial(train_step, model=model, tx=tx, cfg=cfg), donate_argnums=0)
     eval_fn = jax.jit(functools.partial(eval_step, model=model, cfg=cfg))
@@ -133,7 +137,7 @@ def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict):
     t_trace = time.perf_counter() - t0
     train_c = lowered.compile()
     t_train = time.perf_counter() - t0
-    eval_c = eval_fn.lower(distribute.abstract(ema.weights(state)), batch).compile()
+    eval_c = eval_fn.lower(distribute.abstract(ema.weights(state)), eval_batch or batch).compile()
     log.info(logs.compile_line(t_train, t_trace, time.perf_counter() - t0 - t_train))
     return train_c, eval_c, t_train
 
@@ -185,8 +189,8 @@ def train_and_evaluate(
         train_in = data_mod.make_input(cfg, "train", mesh, start, run.first_step)
         val_in = data_mod.make_input(cfg, "val", mesh)
         compiled = run.trains(start, stop_after_epoch)  # a finished run resumed compiles nothing
-        spec = data_mod.batch_spec(cfg, mesh)
-        train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, spec) if compiled else (None, None, 0.0)
+        specs = [data_mod.input_spec(inp, cfg, mesh) for inp in (train_in, val_in)]
+        train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, *specs) if compiled else (None, None, 0.0)
         run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, ema.weights(state), val_in))
         monitor = quality.Monitor(run, distribute.device_kind(), start, distribute.main_process_flag)
         forward = predict.forward_fn(monitor.predict_cfg)  # compiled at the first evaluation

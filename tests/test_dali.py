@@ -320,14 +320,16 @@ def test_device_crop_source_cuts_several_steps_per_call(tiny_cfg):
         source(info)
 
 
-def _resumed_input_is_the_rest_of_the_run(make_input, cfg, context, to_numpy, steps_of=None, resume=None):
+def _resumed_input_is_the_rest_of_the_run(make_input, cfg, context, to_numpy, steps_of=None, resume=None, crops=None):
     """An input made at the data cursor (epoch 1, step 2 of 3; by ``resume`` where given) yields
-    step 2 of epoch 1, then all of epoch 2: the lowmem loader's batches of a fresh input, bit for bit."""
+    step 2 of epoch 1, then all of epoch 2: the lowmem loader's batches of a fresh input, bit for bit
+    (a ``device`` loader's batches as its steps cut them, by ``crops``)."""
     resumed = (resume or make_input)(cfg, "train", context, 1, 2)
     native = make_input(config_mod.replace(cfg, data_loader_config="lowmem"), "train", context)
     for epoch, first in ((1, 2), (2, 0)):
         it = resumed.epoch(epoch)
         got = list(itertools.islice(it, steps_of(resumed, first)) if steps_of else it)
+        got = [crops(b, cfg) for b in got] if crops else got
         want = list(native.epoch(epoch))[first:]
         assert len(got) == len(want) == 3 - first
         for g, w in zip(got, want):
@@ -342,7 +344,8 @@ def test_jax_inputs_resume_at_a_data_cursor(tiny_cfg, kind):
     from jax_impl import distribute
 
     cfg = _cfg(tiny_cfg, kind)
-    _resumed_input_is_the_rest_of_the_run(data_mod.make_input, cfg, distribute.make_mesh(1), np.asarray)
+    mesh = distribute.make_mesh(1)
+    _resumed_input_is_the_rest_of_the_run(data_mod.make_input, cfg, mesh, np.asarray, crops=data_mod.crops)
 
 
 @pytest.mark.slow
@@ -356,4 +359,7 @@ def test_tf_inputs_resume_at_a_data_cursor(tiny_cfg, kind):
     if kind.endswith("Python"):  # what runs on GPUs; the trainer takes steps - first_step batches
         resume, steps_of = dali.DaliDeviceInput, lambda inp, first: inp.steps - first
     strategy = distribute.make_strategy()
-    _resumed_input_is_the_rest_of_the_run(data_mod.make_input, cfg, strategy, lambda t: t.numpy(), steps_of, resume)
+    to_numpy = lambda t: t.numpy()
+    _resumed_input_is_the_rest_of_the_run(
+        data_mod.make_input, cfg, strategy, to_numpy, steps_of, resume, data_mod.crops
+    )

@@ -139,14 +139,19 @@ two = run(mirrored, base)
 for k in one:
     np.testing.assert_allclose(two[k], one[k], rtol=%g, atol=%g, err_msg=k)
 print("MirroredStrategy over 2 CPUs == 1 device")
-# the device loader on 2 replicas: each replica's batch is made on its device and equals the NumPy loader's
-dev = data_mod.make_input(config_mod.replace(base, data_loader_config="device"), "train", mirrored)
+# the device loader on 2 replicas: each replica's crop plan (volume, draws, mask) is on its device, and
+# the crops its step cuts from it equal the NumPy loader's
+dev_cfg = config_mod.replace(base, data_loader_config="device")
+dev = data_mod.make_input(dev_cfg, "train", mirrored)
 nat = data_mod.make_input(config_mod.replace(base, data_loader_config="lowmem"), "train", mirrored)
-for g, w in zip(dev.epoch(0), nat.epoch(0)):
+cut = tf.function(lambda b: mirrored.run(lambda r: data_mod.crops(r, dev_cfg), args=(b,)))
+for plan, w in zip(dev.epoch(0), nat.epoch(0)):
+    for k in ("volume", "draws", "mask"):
+        parts = mirrored.experimental_local_results(plan[k])
+        assert [p.device for p in parts] == list(mirrored.extended.worker_devices), (k, parts)
+    g = cut(plan)
     for k in ("inputs", "targets", "mask"):
-        parts = mirrored.experimental_local_results(g[k])
-        assert [p.device for p in parts] == list(mirrored.extended.worker_devices)
-        for a, b in zip(parts, mirrored.experimental_local_results(w[k])):
+        for a, b in zip(mirrored.experimental_local_results(g[k]), mirrored.experimental_local_results(w[k])):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
 print("device loader on 2 replicas == NumPy loader")
 # bfloat16 compute; 2 replicas sum their gradients in bfloat16 (see BF16_REL_UPDATE)

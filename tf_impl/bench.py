@@ -40,11 +40,10 @@ class Bench:
         self.compile_sec = 0.0
         self._out = None
         if mode in ("io", "full"):
-            self.batches = (
-                input_from.batches
-                if input_from
-                else host_batches.forever(data_mod.make_input(cfg, "train", self.strategy))
-            )
+            self.input = input_from.input if input_from else data_mod.make_input(cfg, "train", self.strategy)
+            self.batches = input_from.batches if input_from else host_batches.forever(self.input)
+            crop = tf.function(lambda b: data_mod.crops(b, cfg), jit_compile=cfg.enable_jit)
+            self.crops = tf.function(lambda b: self.strategy.run(crop, args=(b,)))  # IO: a device loader's cut
         if mode in ("synthetic", "full") and step_from is not None:
             self.train_fn = step_from.train_fn
         elif mode in ("synthetic", "full"):
@@ -53,7 +52,11 @@ class Bench:
                 optimizer = train_mod.make_optimizer(cfg, schedule.lr_table(cfg, self.global_batch, 10**6))
                 model_mod.params_from_canonical(model, unet_spec.init_weights(cfg, cfg.seed))
                 optimizer.build(model.trainable_variables)
-            spec = data_mod.batch_spec(cfg, self.strategy)
+            spec = (
+                data_mod.input_spec(self.input, cfg, self.strategy)
+                if mode == "full"
+                else data_mod.batch_spec(cfg, self.strategy)
+            )
             self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, self.strategy, model, optimizer, spec)
         if mode == "synthetic":
             host = host_batches.synthetic_batch(cfg, local_batch)
@@ -61,7 +64,8 @@ class Bench:
 
     def step(self) -> None:
         if self.mode == "io":
-            self._out = next(self.batches)
+            batch = next(self.batches)
+            self._out = self.crops(batch) if "draws" in batch else batch
             return
         batch = self.batch if self.mode == "synthetic" else next(self.batches)
         self._out = self.train_fn(batch)

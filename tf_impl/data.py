@@ -9,7 +9,6 @@ shared one (:func:`shared_data.data.host_batches.NumpyLoader.load`), run in para
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 
 import numpy as np
@@ -141,9 +140,9 @@ def gather_batch(
 
 
 class DeviceInput(Input):
-    """The ``device`` loader: both volumes on every replica's device, each replica's batch cropped and
-    transformed there by :func:`gather_batch` (XLA-compiled when ``enable_jit``) from its shard of
-    the shared plan.
+    """The ``device`` loader: both volumes on every replica's device, each replica's batch a crop plan
+    that the step cuts from its volume (:func:`crops`, inside the compiled step when ``enable_jit``,
+    where XLA fuses the gather with what reads the crops).
 
     The host sends each replica its epoch's draws once, at the epoch's start, as one float32 tensor
     (steps, B, 4) of crop starts and symmetry indices (exact: both are below 2^24) and one (steps,
@@ -155,31 +154,48 @@ class DeviceInput(Input):
         self, cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0, first_step: int = 0
     ):
         super().__init__(cfg, split, strategy, first_epoch, first_step)
-        host, static = host_batches.device_gather_setup(self.reader, cfg)
+        host, _ = host_batches.device_gather_setup(self.reader, cfg)
         self.devices = list(strategy.extended.worker_devices) if self.replicas > 1 else [_default_device()]
         self.volumes = []
         for d in self.devices:
             with tf.device(d):
                 self.volumes.append(tf.identity(tf.constant(host)))
-        gather = functools.partial(gather_batch, **static)
 
-        def from_draws(volume, draws, mask):
-            return gather(volume, tf.cast(draws[:, :3], tf.int32), tf.cast(draws[:, 3], tf.int32), mask)
-
-        self.gather = tf.function(from_draws, jit_compile=cfg.enable_jit)
+    def spec(self) -> dict[str, tf.TensorSpec]:
+        """Shapes and dtypes of one replica's batch: ``volume`` (L^3, C), ``draws`` (B, 4), ``mask`` (B,)."""
+        _, local_bs = batch_sizes(self.cfg, self.replicas)
+        shapes = {"volume": self.volumes[0].shape, "draws": (local_bs, 4), "mask": (local_bs,)}
+        return {k: tf.TensorSpec(v, tf.float32) for k, v in shapes.items()}
 
     def dataset(self, epoch: int, shard: int) -> Iterator[dict]:
-        """One replica's batches of ``epoch``, each gathered on that replica's device (the
-        :meth:`Input.epoch` contract: an iterable of elements)."""
+        """One replica's batches of ``epoch`` (the :meth:`Input.epoch` contract: an iterable of
+        elements), each ``{"volume", "draws", "mask"}`` on that replica's device."""
         plan, i = self.plan(epoch, [shard], self.cursor.first_step(epoch)), shard - self.shards[0]
         draws = np.stack([np.concatenate([d.starts, d.symmetries[:, None]], 1) for d in plan.draws]).astype(np.float32)
         with tf.device(self.devices[i]):
             steps = tf.unstack(tf.identity(tf.constant(draws)))
             masks = tf.unstack(tf.identity(tf.constant(np.stack(plan.masks).astype(np.float32))))
         for step_draws, mask in zip(steps, masks):
-            with tf.device(self.devices[i]):  # closed before the yield: the replicas' generators interleave
-                batch = self.gather(self.volumes[i], step_draws, mask)
-            yield batch
+            yield {"volume": self.volumes[i], "draws": step_draws, "mask": mask}
+
+
+def crops(batch: dict, cfg: Config) -> dict:
+    """The batch a step trains on: a ``device`` loader's batch (``volume`` (L^3, C), ``draws`` (B, 4):
+    crop starts and symmetry index, ``mask`` (B,)) cut by :func:`gather_batch` into ``inputs`` (B, s,
+    s, s, N_in), ``targets`` (B, s, s, s, N_out) and ``mask``; any other batch as it is. Called
+    inside the steps, so under XLA the gather compiles into the step with what reads the crops."""
+    if "draws" not in batch:
+        return batch
+    volume, draws = batch["volume"], batch["draws"]
+    static = host_batches.gather_statics(cfg, host_batches.volume_side(volume.shape[0]))
+    return gather_batch(
+        volume, tf.cast(draws[:, :3], tf.int32), tf.cast(draws[:, 3], tf.int32), batch["mask"], **static
+    )
+
+
+def input_spec(inp, cfg: Config, strategy: tf.distribute.Strategy) -> dict[str, tf.TensorSpec]:
+    """Shapes and dtypes of one replica's batch of the input ``inp`` (what its steps compile for)."""
+    return inp.spec() if isinstance(inp, DeviceInput) else batch_spec(cfg, strategy)
 
 
 def _default_device() -> str:

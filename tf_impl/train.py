@@ -68,7 +68,9 @@ def replica_gradients(model: keras.Model, optimizer, batch: dict, cfg: Config, r
     """One replica's loss and the gradients of its loss / replicas (scaled by the fp16 loss scale),
     so the summed gradients are those of the global-batch mean. With ``grad_allreduce_dtype:
     bfloat16`` the gradients are summed over replicas in bfloat16 (PyTorch DDP's
-    ``bf16_compress_hook``); Keras' Adam casts them back to float32."""
+    ``bf16_compress_hook``); Keras' Adam casts them back to float32. A ``device`` loader's batch is
+    cut into crops here (:func:`tf_impl.data.crops`)."""
+    batch = data_mod.crops(batch, cfg)
     with tf.GradientTape() as tape:
         loss = loss_fn(model(batch["inputs"], training=True), batch, cfg)
         scaled = optimizer.scale_loss(loss / replicas)
@@ -96,6 +98,7 @@ def train_step(model: keras.Model, optimizer, batch: dict, cfg: Config, replicas
 
 def eval_step(model: keras.Model, batch: dict, cfg: Config) -> dict:
     """Masked loss sum and sample count of one replica's validation batch."""
+    batch = data_mod.crops(batch, cfg)
     n = tf.reduce_sum(batch["mask"])
     return {"loss_sum": loss_fn(model(batch["inputs"], training=False), batch, cfg) * n, "count": n}
 
@@ -119,11 +122,12 @@ def step_functions(cfg: Config, strategy, model, optimizer, jit: bool | None = N
     return train, evaluate
 
 
-def compile_steps(cfg: Config, strategy, model, optimizer, spec: dict):
+def compile_steps(cfg: Config, strategy, model, optimizer, spec: dict, eval_spec: dict | None = None):
     """Build the distributed, XLA-compiled step functions and compile them by running each once on a
-    batch of zeros of ``spec`` (``data.batch_spec``), then restore every variable, so training starts
-    from the same state as with JAX's ahead-of-time compilation; return ``(train_fn, eval_fn,
-    seconds)``, seconds being the train step's trace + compile (+ one run) time."""
+    batch of zeros of ``spec`` (the train step) and ``eval_spec`` (the eval step; default ``spec``)
+    (``data.input_spec``), then restore every variable, so training starts from the same state as with
+    JAX's ahead-of-time compilation; return ``(train_fn, eval_fn, seconds)``, seconds being the train
+    step's trace + compile (+ one run) time."""
     replica_train, replica_eval = step_functions(cfg, strategy, model, optimizer)
 
     @tf.function
@@ -139,7 +143,8 @@ def compile_steps(cfg: Config, strategy, model, optimizer, spec: dict):
     if not optimizer.built:
         with strategy.scope():
             optimizer.build(model.trainable_variables)
-    batch = distribute.per_replica(strategy, lambda: {k: tf.zeros(v.shape, v.dtype) for k, v in spec.items()})
+    zeros = lambda s: distribute.per_replica(strategy, lambda: {k: tf.zeros(v.shape, v.dtype) for k, v in s.items()})
+    batch = zeros(spec)
     variables = list(model.variables) + list(optimizer.variables)
     saved = [v.numpy() for v in variables]
     t0 = time.perf_counter()
@@ -148,7 +153,7 @@ def compile_steps(cfg: Config, strategy, model, optimizer, spec: dict):
         t_trace = time.perf_counter() - t0
         np.asarray(train_fn(batch)["loss"])
         t_train = time.perf_counter() - t0
-        np.asarray(eval_fn(batch)["count"])
+        np.asarray(eval_fn(zeros(eval_spec or spec))["count"])
     log.info(logs.compile_line(t_train, t_trace, time.perf_counter() - t0 - t_train))
     for v, value in zip(variables, saved):
         v.assign(value)
@@ -203,10 +208,10 @@ def train_and_evaluate(
         start, _ = run.resume(ckpt, mid_epoch)
         train_in = data_mod.make_input(cfg, "train", strategy, start, run.first_step)
         val_in = data_mod.make_input(cfg, "val", strategy)
-        spec = data_mod.batch_spec(cfg, strategy)
+        specs = [data_mod.input_spec(inp, cfg, strategy) for inp in (train_in, val_in)]
         compiled = run.trains(start, stop_after_epoch)  # a finished run resumed compiles nothing
         train_fn, eval_fn, compile_s = (
-            compile_steps(cfg, strategy, model, optimizer, spec) if compiled else (None, None, 0.0)
+            compile_steps(cfg, strategy, model, optimizer, *specs) if compiled else (None, None, 0.0)
         )
         averaged = ema.AveragedWeights(model, optimizer, strategy)
         validation = lambda: averaged.read(lambda _: evaluate(eval_fn, val_in))

@@ -228,18 +228,30 @@ def crop_workers(reader, cfg: Config) -> CropWorkers | None:
 def device_gather_setup(reader, cfg: Config) -> tuple[np.ndarray, dict]:
     """What both frameworks' ``device`` loaders put on the device: the volumes of ``reader`` (an
     in-memory reader) as one channels-last (L^3, N_in + N_out) float32 array, and the static keyword
-    arguments of their ``gather_batch`` (``size``, ``crop``, ``n_in`` and the tables of
-    :func:`shared_data.data.symmetry.gather_tables`, vector channels of the targets shifted by N_in)."""
+    arguments of their ``gather_batch`` (:func:`gather_statics`)."""
     nbody, hydro = reader.volumes()
     host = np.concatenate([np.moveaxis(nbody, 0, -1), np.moveaxis(hydro, 0, -1)], axis=-1).reshape(reader.size**3, -1)
+    return host, gather_statics(cfg, reader.size)
+
+
+def gather_statics(cfg: Config, size: int) -> dict:
+    """The static keyword arguments of both frameworks' ``gather_batch`` for a volume of side ``size``
+    voxels: ``size``, ``crop``, ``n_in`` and the tables of :func:`shared_data.data.symmetry.gather_tables`
+    (vector channels of the targets shifted by N_in)."""
     vectors = list(cfg.nbody_vector_channels) + [[c + cfg.N_in_channels for c in t] for t in cfg.hydro_vector_channels]
-    perms, signs, src, chan_sign = symmetry.gather_tables(host.shape[1], vectors)
-    return host, dict(
-        size=reader.size,
-        crop=cfg.crop_size,
-        n_in=cfg.N_in_channels,
-        perms=perms,
-        signs=signs,
-        src=src,
-        chan_sign=chan_sign,
+    perms, signs, src, chan_sign = symmetry.gather_tables(cfg.N_in_channels + cfg.N_out_channels, vectors)
+    return dict(
+        size=size, crop=cfg.crop_size, n_in=cfg.N_in_channels, perms=perms, signs=signs, src=src, chan_sign=chan_sign
     )
+
+
+def volume_side(rows: int) -> int:
+    """The side L of a cubic volume flattened to ``rows`` = L^3 rows (a ``device`` loader's volume).
+
+    Raises:
+        ValueError: ``rows`` is not a cube.
+    """
+    side = round(rows ** (1 / 3))
+    if side**3 != rows:
+        raise ValueError(f"a device volume of {rows} rows is not a flattened cube (L^3 rows)")
+    return side
