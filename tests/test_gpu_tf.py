@@ -160,7 +160,9 @@ def test_gpu_loaders_equal_the_numpy_reader_bit_for_bit(tiny_cfg, kind):
         want_in = data_mod.make_input(config_mod.replace(cfg, data_loader_config="lowmem"), split, strategy)
         for epoch in (0, 1):
             got = list(got_in.epoch(epoch))
-            assert all("GPU" in b["inputs"].device for b in got)
+            assert all("GPU" in b["draws" if kind == "device" else "inputs"].device for b in got)
+            if kind == "device":  # the crop plan, cut on the GPU as the step cuts it
+                got = [tf.function(data_mod.crops, jit_compile=True)(b, cfg) for b in got]
             _batches_equal(got, list(want_in.epoch(epoch)), f"{kind} {split} epoch {epoch}")
 
 
@@ -178,19 +180,24 @@ base = config_mod.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1],
 cfg = config_mod.replace(base, data_loader_config=sys.argv[3])
 mirrored = distribute.make_strategy(2)
 assert mirrored.num_replicas_in_sync == 2, mirrored
-# the loader feeds each replica its shard; one replica gets the two shards concatenated: the same global batch
-per_replica = list(data_mod.make_input(cfg, "train", mirrored).epoch(0))
+# the loader feeds each replica its shard (the device loader: its crop plan, cut in the step); one replica
+# gets the two shards' crops concatenated: the same global batch
+inp = data_mod.make_input(cfg, "train", mirrored)
+per_replica = list(inp.epoch(0))
+cut = tf.function(lambda b: mirrored.run(lambda r: data_mod.crops(r, cfg), args=(b,)))
 global_batches = [
-    {k: tf.concat([t.numpy() for t in mirrored.experimental_local_results(b[k])], 0) for k in b} for b in per_replica
+    {k: tf.concat([t.numpy() for t in mirrored.experimental_local_results(c[k])], 0) for k in c}
+    for c in map(cut, per_replica)
 ]
-def run(strategy, batches):
+one_replica = distribute.make_strategy(1)
+def run(strategy, batches, spec):
     with strategy.scope():
         model, opt = model_mod.build_model(cfg), train_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
         model_mod.params_from_canonical(model, unet_spec.init_weights(cfg, 0))
-    train_fn, _, _ = train_mod.compile_steps(cfg, strategy, model, opt, data_mod.batch_spec(cfg, strategy))
+    train_fn, _, _ = train_mod.compile_steps(cfg, strategy, model, opt, spec)
     return [float(train_fn(b)["loss"]) for b in batches], model_mod.params_to_canonical(model)
-one, w1 = run(distribute.make_strategy(1), global_batches)
-two, w2 = run(mirrored, per_replica)
+one, w1 = run(one_replica, global_batches, data_mod.batch_spec(cfg, one_replica))
+two, w2 = run(mirrored, per_replica, data_mod.input_spec(inp, cfg, mirrored))
 print(cfg.data_loader_config, "1 replica losses", one, "2 replicas", two)
 np.testing.assert_allclose(two, one, rtol=%g)
 for k in w1:
