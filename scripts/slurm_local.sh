@@ -141,11 +141,16 @@ stop() {
     squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null || true
     for _ in $(seq 20); do [[ -z $(squeue -h 2>/dev/null) ]] && break; sleep 0.5; done
   fi
-  local pid
+  # all three at once: each takes about 2 s to shut down, and none needs another to do so
+  local d pid
+  local -A pids=()
   for d in slurmd slurmctld munged; do
     pid=$(pid_of $d) || continue
-    kill "$pid"
-    for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill "$pid" && pids[$d]=$pid
+  done
+  for d in "${!pids[@]}"; do
+    pid=${pids[$d]}
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
     say "stopped $d ($pid)"
   done

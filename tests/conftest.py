@@ -201,6 +201,32 @@ def tiny_argv(tiny_cfg):
     ]
 
 
+#: The flags of :func:`run_of_3_epochs`'s runs (after ``tiny_argv``).
+RUN_OF_3_EPOCHS = ["--num_epochs", "3", "--set", "keep_checkpoints=3"]
+
+
+@pytest.fixture(scope="session")
+def run_of_3_epochs(tmp_path_factory, tiny_argv):
+    """``run_of_3_epochs(framework, epochs, dest)``: ``dest`` becomes a copy of the run folder that
+    ``tiny_argv`` with ``--num_epochs 3 --set keep_checkpoints=3 --stop_after_epoch EPOCHS`` leaves
+    (checkpoints of epochs 1 to EPOCHS), trained once per framework and ``epochs`` in the session, in
+    this process; returns ``dest``. The tests that resume it pass :data:`RUN_OF_3_EPOCHS`."""
+    trained = {}
+
+    def copy(framework: str, epochs: int, dest):
+        if (framework, epochs) not in trained:
+            folder = tmp_path_factory.mktemp(f"{framework}_epoch_{epochs}_of_3") / "w"
+            train = __import__(f"{framework}_impl.train", fromlist=["train"])
+            argv = [*tiny_argv, *RUN_OF_3_EPOCHS, "--stop_after_epoch", str(epochs), "--workdir", str(folder)]
+            res = run_in_process(train.main, argv)
+            assert res.returncode == 0, res.stderr[-2000:]
+            trained[framework, epochs] = folder
+        shutil.copytree(trained[framework, epochs], dest)
+        return Path(dest)
+
+    return copy
+
+
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     """A one-node SLURM for the session (``scripts/slurm_local.sh`` in a folder of its own, declaring at

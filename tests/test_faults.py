@@ -8,14 +8,21 @@ import json
 import logging
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import REPO_ROOT, assert_one_error_line, checkpoint_epochs, process_ended, run_in_process, run_module
+from conftest import (
+    REPO_ROOT,
+    RUN_OF_3_EPOCHS,
+    assert_one_error_line,
+    checkpoint_epochs,
+    process_ended,
+    run_in_process,
+    run_module,
+)
 from processes import SIGNAL_AT
 
 from shared_data.core.errors import UserError
@@ -92,25 +99,6 @@ def _descendants(pid: int) -> list[int]:
     """The processes ``pid`` started, and theirs (a lowmem loader's forkserver and workers), from /proc."""
     children = [int(c) for t in os.scandir(f"/proc/{pid}/task") for c in open(f"{t.path}/children").read().split()]
     return [p for c in children for p in (c, *_descendants(c))]
-
-
-@pytest.fixture(scope="module")
-def epoch_1_of_3(tmp_path_factory, tiny_argv):
-    """``epoch_1_of_3(framework, dest)``: ``dest`` becomes a copy of the run folder that ``tiny_argv``
-    with ``--num_epochs 3 --stop_after_epoch 1`` leaves, trained once per framework in this module."""
-    trained = {}
-
-    def copy(framework, dest):
-        if framework not in trained:
-            folder = tmp_path_factory.mktemp(f"{framework}_epoch_1_of_3") / "w"
-            train = __import__(f"{framework}_impl.train", fromlist=["train"])
-            argv = [*tiny_argv, "--num_epochs", "3", "--stop_after_epoch", "1", "--workdir", str(folder)]
-            assert run_in_process(train.main, argv).returncode == 0
-            trained[framework] = folder
-        shutil.copytree(trained[framework], dest)
-        return dest
-
-    return copy
 
 
 @pytest.mark.slow
@@ -192,13 +180,14 @@ def _flip_bytes(path, at: float = 0.5, count: int = 4) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
-def test_a_checkpoint_with_changed_bytes_is_refused_by_resume_and_predict(framework, tmp_path, caplog, tiny_argv):
+def test_a_checkpoint_with_changed_bytes_is_refused_by_resume_and_predict(
+    framework, tmp_path, caplog, tiny_argv, run_of_3_epochs
+):
     """Class 2: bytes changed inside the newest checkpoint's largest data file. --resume names the file
     and both CRC-32s and continues from the checkpoint before; predict --workdir refuses it in one line."""
     train = __import__(f"{framework}_impl.train", fromlist=["train"])
-    work = tmp_path / "w"
-    argv = [*tiny_argv, "--num_epochs", "3", "--workdir", str(work)]
-    assert run_in_process(train.main, [*argv, "--stop_after_epoch", "2"]).returncode == 0
+    work = run_of_3_epochs(framework, 2, tmp_path / "w")
+    argv = [*tiny_argv, *RUN_OF_3_EPOCHS, "--workdir", str(work)]
     recorded = json.loads((work / "checksums" / "2.json").read_text())
     name = max(recorded, key=lambda n: recorded[n][0])
     _flip_bytes(work / "checkpoints" / name)
@@ -342,15 +331,15 @@ def test_predict_out_under_a_file_is_one_line(tmp_path, tiny_argv):
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(
-    framework, tmp_path, tiny_argv, monkeypatch, epoch_1_of_3
+    framework, tmp_path, tiny_argv, monkeypatch, run_of_3_epochs
 ):
     """Class 5: ENOSPC injected into the checkpoint save of epoch 2 (after part of it is written): one
     line naming the folder, the reason and the checkpoint kept; --resume then finishes the run."""
     import errno
 
     train = __import__(f"{framework}_impl.train", fromlist=["train"])
-    work = epoch_1_of_3(framework, tmp_path / "w")
-    argv = [*tiny_argv, "--num_epochs", "3", "--workdir", str(work)]
+    work = run_of_3_epochs(framework, 1, tmp_path / "w")
+    argv = [*tiny_argv, *RUN_OF_3_EPOCHS, "--workdir", str(work)]
     if framework == "jax":
         import orbax.checkpoint as ocp
 
@@ -604,7 +593,7 @@ def test_an_early_error_closes_orbaxs_checkpoint_manager(tmp_path, tiny_argv, mo
     ],
 )
 def test_a_full_disk_during_a_log_write_keeps_the_last_checkpoint(
-    framework, record, lost, tmp_path, tiny_argv, monkeypatch, epoch_1_of_3
+    framework, record, lost, tmp_path, tiny_argv, monkeypatch, run_of_3_epochs
 ):
     """Class 5: ENOSPC injected into the write of metrics.jsonl (after a torn part of the line) or of
     out.log (every write of the resumed run): one line naming the file, the reason and the checkpoint
@@ -616,8 +605,8 @@ def test_a_full_disk_during_a_log_write_keeps_the_last_checkpoint(
     from shared_data.runtime import records
 
     train = __import__(f"{framework}_impl.train", fromlist=["train"])
-    work = epoch_1_of_3(framework, tmp_path / "w")
-    argv = [*tiny_argv, "--num_epochs", "3", "--workdir", str(work)]
+    work = run_of_3_epochs(framework, 1, tmp_path / "w")
+    argv = [*tiny_argv, *RUN_OF_3_EPOCHS, "--workdir", str(work)]
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     if record == "metrics.jsonl":
 

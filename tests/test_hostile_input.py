@@ -12,7 +12,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import run_in_process
+from conftest import RUN_OF_3_EPOCHS, run_in_process
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -251,23 +251,14 @@ def test_torn_run_records_neither_crash_summary_nor_resume(tmp_path, tiny_argv):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
-def test_a_damaged_checkpoint_falls_back_to_the_previous_one(framework, tmp_path, caplog, tiny_argv):
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(framework, tmp_path, caplog, tiny_argv, run_of_3_epochs):
     """The newest checkpoint damaged: --resume warns and continues from the one before; leftovers of a
     killed TF save are removed."""
     import logging
 
     train = __import__(f"{framework}_impl.train", fromlist=["train"])
-    work = tmp_path / "w"
-    argv = [
-        *tiny_argv,
-        "--num_epochs",
-        "3",
-        "--set",
-        "keep_checkpoints=3",
-        "--workdir",
-        str(work),
-    ]
-    assert cli(train.main, [*argv, "--stop_after_epoch", "2"])[0] == 0
+    work = run_of_3_epochs(framework, 2, tmp_path / "w")
+    argv = [*tiny_argv, *RUN_OF_3_EPOCHS, "--workdir", str(work)]
     ckpts = work / "checkpoints"
     if framework == "jax":
         for f in (ckpts / "2").rglob("*"):
@@ -288,17 +279,14 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(framework, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
-def test_resume_with_another_config_is_one_error_line(framework, tmp_path, tiny_argv):
+def test_resume_with_another_config_is_one_error_line(framework, tmp_path, tiny_argv, run_of_3_epochs):
     """A run folder of another net: one error line, and nothing else on stderr (orbax's background
     threads included), in a process of its own as a user runs it (the run it resumes trains in this
-    process, where the framework is imported already)."""
+    process, where the framework is imported already: the session's epoch 1 of 3)."""
     import subprocess
     import sys
 
-    train_args = [*tiny_argv, "--workdir", str(tmp_path / "w")]
-    train = __import__(f"{framework}_impl.train", fromlist=["train"])
-    first = cli(train.main, train_args)
-    assert first[0] == 0, first[2][-2000:]
+    train_args = [*tiny_argv, *RUN_OF_3_EPOCHS, "--workdir", str(run_of_3_epochs(framework, 1, tmp_path / "w"))]
     argv = [sys.executable, "-m", f"{framework}_impl.train", *train_args]
     res = subprocess.run(
         [*argv, "--set", "unet_widths=[4, 8, 16]", "--resume"], capture_output=True, text=True, timeout=600
