@@ -20,7 +20,14 @@ die() { echo "error: slurm_local: $*" >&2; exit 1; }
 
 usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
-install_missing() {
+install_missing() {  # one installation at a time: two test workers may start their clusters together
+  local lock=${TMPDIR:-/tmp}/dlas-slurm-install.lock
+  exec 9>"$lock" && flock -w 900 9 || die "waited 900 s for another installation ($lock)"
+  install_unlocked
+  flock -u 9 && exec 9>&-  # the daemons started next must not hold the lock
+}
+
+install_unlocked() {
   local missing=()
   command -v munged >/dev/null || missing+=(munge)
   for b in slurmctld slurmd sbatch; do command -v $b >/dev/null || { missing+=(slurm-wlm); break; }; done
