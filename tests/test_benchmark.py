@@ -360,19 +360,20 @@ def test_full_is_not_drained_where_its_io_outran_the_step(monkeypatch):
 
 
 def test_drain_stops_at_the_first_wait_and_at_its_cap():
-    """Calls of 1 ms from a queue of 3, then 30 ms waits: the drain takes the 3 fast calls and the
+    """Calls of 20 ms from a queue of 3, then 300 ms waits: the drain takes the 3 fast calls and the
     first slow one (4); calls that never wait (a consumer slower than its loader) stop at the cap;
-    an empty queue (every call 30 ms, but the one after the drain's pause of 30 ms finds the batch
-    made meanwhile: 1 ms) stops after that call (2), having paused once."""
+    an empty queue (every call 300 ms, but the one after the drain's pause of 300 ms finds the batch
+    made meanwhile: 20 ms) stops after that call (2), having paused once. The times are long enough
+    that a busy machine's scheduling delays (tens of ms) do not turn a fast call into a wait."""
     import time
 
-    times = iter([0.001] * 3 + [0.03] * 10)
+    times = iter([0.02] * 3 + [0.3] * 10)
     assert benchmark.drain(lambda: time.sleep(next(times)), lambda _: None, 10) == 4
-    assert benchmark.drain(lambda: time.sleep(0.01), lambda _: None, 6) == 6
-    times = iter([0.03, 0.001, 0.03, 0.03])
+    assert benchmark.drain(lambda: time.sleep(0.05), lambda _: None, 6) == 6
+    times = iter([0.3, 0.02, 0.3, 0.3])
     t0 = time.perf_counter()
     assert benchmark.drain(lambda: time.sleep(next(times)), lambda _: None, 10) == 2
-    assert 0.06 <= time.perf_counter() - t0 < 0.09
+    assert 0.62 <= time.perf_counter() - t0 < 0.9  # a third call would add 0.3 s
 
 
 def test_drain_of_an_empty_queue_costs_two_batches(monkeypatch):
