@@ -39,7 +39,8 @@ class Bench:
         if mode in ("io", "full"):
             self.input = input_from.input if input_from else data_mod.make_input(cfg, "train", self.mesh)
             self.batches = input_from.batches if input_from else host_batches.forever(self.input)
-            self.crops = jax.jit(functools.partial(data_mod.crops, cfg=cfg))  # IO: a device loader's cut
+            if mode == "io":  # a device loader's crop plans, cut as its step cuts them
+                self.crops = jax.jit(functools.partial(data_mod.crops, cfg=cfg))
         spec = (
             data_mod.input_spec(self.input, cfg, self.mesh) if mode == "full" else data_mod.batch_spec(cfg, self.mesh)
         )

@@ -140,8 +140,7 @@ class DeviceInput(Input):
 
     def __init__(self, cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0, first_step: int = 0):
         super().__init__(cfg, split, mesh, first_epoch, first_step)
-        host, _ = host_batches.device_gather_setup(self.reader, cfg)
-        self.volume = distribute.put_replicated(host, mesh)
+        self.volume = distribute.put_replicated(host_batches.device_volume(self.reader), mesh)
 
     def spec(self) -> dict[str, jax.ShapeDtypeStruct]:
         """Shapes, dtypes and shardings of a global batch: ``volume`` (L^3, C) float32 replicated,

@@ -42,8 +42,9 @@ class Bench:
         if mode in ("io", "full"):
             self.input = input_from.input if input_from else data_mod.make_input(cfg, "train", self.strategy)
             self.batches = input_from.batches if input_from else host_batches.forever(self.input)
-            crop = tf.function(lambda b: data_mod.crops(b, cfg), jit_compile=cfg.enable_jit)
-            self.crops = tf.function(lambda b: self.strategy.run(crop, args=(b,)))  # IO: a device loader's cut
+            if mode == "io":  # a device loader's crop plans, cut as its step cuts them
+                crop = tf.function(lambda b: data_mod.crops(b, cfg), jit_compile=cfg.enable_jit)
+                self.crops = tf.function(lambda b: self.strategy.run(crop, args=(b,)))
         if mode in ("synthetic", "full") and step_from is not None:
             self.train_fn = step_from.train_fn
         elif mode in ("synthetic", "full"):

@@ -154,7 +154,7 @@ class DeviceInput(Input):
         self, cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0, first_step: int = 0
     ):
         super().__init__(cfg, split, strategy, first_epoch, first_step)
-        host, _ = host_batches.device_gather_setup(self.reader, cfg)
+        host = host_batches.device_volume(self.reader)
         self.devices = list(strategy.extended.worker_devices) if self.replicas > 1 else [_default_device()]
         self.volumes = []
         for d in self.devices:

@@ -73,7 +73,7 @@ def main() -> None:
     cfg = config_mod.replace(cfg, data_loader_config="device")
     strategy = distribute.make_strategy(1)
     dev_in = data_mod.DeviceInput(cfg, "train", strategy)
-    host, static = host_batches.device_gather_setup(dev_in.reader, cfg)
+    host, static = host_batches.device_volume(dev_in.reader), host_batches.gather_statics(cfg, dev_in.reader.size)
     records = []
 
     def record(name, host_ms, device_ms, **extra):

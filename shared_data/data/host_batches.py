@@ -225,13 +225,12 @@ def crop_workers(reader, cfg: Config) -> CropWorkers | None:
     return None
 
 
-def device_gather_setup(reader, cfg: Config) -> tuple[np.ndarray, dict]:
+def device_volume(reader) -> np.ndarray:
     """What both frameworks' ``device`` loaders put on the device: the volumes of ``reader`` (an
-    in-memory reader) as one channels-last (L^3, N_in + N_out) float32 array, and the static keyword
-    arguments of their ``gather_batch`` (:func:`gather_statics`)."""
+    in-memory reader) as one channels-last (L^3, N_in + N_out) float32 array; their ``gather_batch``
+    cuts crops from it with the static arguments of :func:`gather_statics`."""
     nbody, hydro = reader.volumes()
-    host = np.concatenate([np.moveaxis(nbody, 0, -1), np.moveaxis(hydro, 0, -1)], axis=-1).reshape(reader.size**3, -1)
-    return host, gather_statics(cfg, reader.size)
+    return np.concatenate([np.moveaxis(nbody, 0, -1), np.moveaxis(hydro, 0, -1)], axis=-1).reshape(reader.size**3, -1)
 
 
 def gather_statics(cfg: Config, size: int) -> dict:
