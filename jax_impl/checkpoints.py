@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -53,7 +54,7 @@ class Checkpoints:
                 raise
         finally:
             if self._failed:  # TensorStore's writes still under way at the save's removal may have left a folder
-                run_mod.remove_partial_saves(self.directory, ("*.orbax-checkpoint-tmp*",), say=False)
+                _remove_late_partial_saves(self.directory)
             else:  # after a failed save, asyncio reports orbax's unread futures until they are freed
                 for name in _OrbaxWriteFailures.LOGGERS:
                     logging.getLogger(name).removeFilter(self._quiet)
@@ -150,6 +151,23 @@ class _OrbaxWriteFailures(logging.Filter):
             return True
         exc = record.exc_info[1] if record.exc_info else None
         return write_failure(exc if exc is not None else RuntimeError(record.getMessage())) is None
+
+
+def _remove_late_partial_saves(directory: Path, settle_s: float = 0.5, limit_s: float = 3.0) -> None:
+    """Remove the temporary folders of a failed save from ``directory`` until none has come back for
+    ``settle_s`` seconds (at most ``limit_s``): TensorStore's writes that were under way when orbax
+    gave the save up end on their own threads, after :meth:`CheckpointManager.close`, and each
+    creates its folder again (a run's folder held one after its exit on a loaded 2-core machine;
+    orbax has no call that waits for those writes)."""
+    pattern = "*.orbax-checkpoint-tmp*"
+    start = time.monotonic()
+    run_mod.remove_partial_saves(directory, (pattern,), say=False)
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < settle_s and time.monotonic() - start < limit_s:
+        time.sleep(0.05)
+        if any(directory.glob(pattern)):
+            run_mod.remove_partial_saves(directory, (pattern,), say=False)
+            quiet_since = time.monotonic()
 
 
 def _quiet_closed_loop() -> None:

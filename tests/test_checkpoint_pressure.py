@@ -13,6 +13,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -75,6 +77,28 @@ def test_orbax_reports_of_a_full_disk_stay_behind_the_runs_line(tmp_path, leave_
         "the checkpoint of epoch 1 is kept and --resume continues from it"
     )
     assert not [line for line in records.lines if "Traceback" in line or "RESOURCE_EXHAUSTED" in line], records.lines
+
+
+def test_a_failed_saves_folder_written_again_late_is_removed(tmp_path):
+    """After a failed save, a write that ends 0.2 s after the first removal (TensorStore's, on its own
+    thread) creates the save's temporary folder again: the sweep at close removes it as well, and
+    leaves the finished checkpoint alone."""
+    from jax_impl.checkpoints import _remove_late_partial_saves
+
+    (tmp_path / "1").mkdir()
+    partial = tmp_path / "2.orbax-checkpoint-tmp-1700000000"
+    (partial / "d").mkdir(parents=True)
+
+    def late_write():
+        time.sleep(0.2)
+        (partial / "d").mkdir(parents=True)
+        (partial / "d" / "chunk").write_bytes(b"\0" * 64)
+
+    writer = threading.Thread(target=late_write)
+    writer.start()
+    _remove_late_partial_saves(tmp_path)
+    writer.join()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]
 
 
 #: Saves the checkpoint of epoch 1 of ``cpu_tiny`` through the trainers' ``Run.saving`` after lowering

@@ -68,7 +68,7 @@ x = jax.device_put(np.random.default_rng(0).random((4, 16, 16, 16, 5), np.float3
 step = jax.jit(jax.value_and_grad(lambda x: jnp.mean(fourier_l1(x))))
 first = float(step(x)[0])
 for _ in range(30):
-    x = x - 0.1 * step(x)[1]
+    x = (x - 0.1 * step(x)[1]).block_until_ready()
 print(len(jax.devices()), first)
 """
 
@@ -76,7 +76,8 @@ print(len(jax.devices()), first)
 def test_the_fourier_loss_on_two_cpu_devices_does_not_hang():
     """Thirty sharded value-and-gradient steps of the Fourier L1 on 2 CPU devices finish (with XLA's
     multithreaded Eigen pool they wedge in the FFT in most runs), and the first value is the float64
-    NumPy mean of |rfftn(x, norm="ortho")| over the modes and channels."""
+    NumPy mean of |rfftn(x, norm="ortho")| over the modes and channels. Each step is waited for, as
+    the trainers do (:mod:`shared_data.runtime.xla_flags` says why)."""
     devices, first = run_python(FFT_STEPS, "--xla_force_host_platform_device_count=2").stdout.split()
     x = np.random.default_rng(0).random((4, 16, 16, 16, 5), np.float32).astype(np.float64)
     want = np.abs(np.fft.rfftn(x, axes=(1, 2, 3), norm="ortho")).mean()

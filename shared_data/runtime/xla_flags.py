@@ -26,9 +26,12 @@ Where ``XLA_FLAGS`` gives the CPU platform several devices (``--xla_force_host_p
   Eigen intra-op thread pool, and with two host devices running it at once the pool can wedge: one
   device never reaches the next collective and the other waits for it forever (the JAX trainer with
   ``lambda_fourier`` > 0 hung so on 2 CPU devices in about half the runs). Single-threaded Eigen
-  removes the shared pool from the FFT. It does not remove every stall of the in-process CPU
-  collectives: with several such 2-device processes at once on 2 cores, a collective still aborts at
-  XLA's 40-s rendezvous in some runs, with or without an FFT, so the test suite runs in one process.
+  removes the shared pool from the FFT. A second stall belongs to XLA's CPU client, with or
+  without an FFT: a loop that dispatches dozens of programs without waiting for one can abort at
+  XLA's 40-s rendezvous, one device in a collective and the other's launch waiting for a slot of
+  its 32 in-flight programs (seen with three such processes at once on 2 cores, in 7 of 36 runs;
+  none in 84 runs that waited for each step's result). The trainers wait for a step at least
+  ``WAIT_SAMPLES`` (32) times an epoch (:meth:`shared_data.runtime.run.Run.steps`).
   On 2 cores JAX's CPU train step runs as fast without the
   pool; TF's XLA step on CPU, which reads the same ``XLA_FLAGS`` in a process that imported
   :mod:`jax_impl`, ran 19% slower in one measurement, so the flag stays off for a single device.
