@@ -304,18 +304,16 @@ class Session:
         records, input_from, pipelines = {}, None, []
         for mode in [m for m in ("synthetic", "io", "full") if m in modes]:
             what = f"[benchmark] {self.framework} {mode}"
-            reused = []
-            if mode != "io" and self.step_from is not None:
-                reused.append("train step")
-            if mode == "full" and input_from is not None:
-                reused.append("input pipeline")
+            reuses_step = mode != "io" and self.step_from is not None
+            reuses_input = mode == "full" and input_from is not None
             if mode == "io" and "full" in modes and self.step_from is None:
                 stage(f"{what}: compiling the train step for FULL before its input pipeline starts")
                 self.step_from = make_bench(self.framework, cfg, "synthetic", self.num_devices)
             source = "one cached batch" if mode == "synthetic" else f"{cfg.data_loader_config} loader"
-            stage(f"{what}: setting up ({source}, batch {cfg.global_batch_size}{', reusing the ' if reused else ''}"
-                  f"{' and the '.join(reused)})")  # fmt: skip
-            if mode != "io" and "train step" not in reused:  # the framework's import, then a compilation
+            taken = [name for name, yes in (("train step", reuses_step), ("input pipeline", reuses_input)) if yes]
+            stage(f"{what}: setting up ({source}, batch {cfg.global_batch_size}{', taking over the ' if taken else ''}"
+                  f"{' and the '.join(taken)})")  # fmt: skip
+            if mode != "io" and not reuses_step:  # the framework's import, then a compilation
                 t0 = time.perf_counter()
                 bench_class(self.framework)
                 imported = f"{self.framework} imported in {time.perf_counter() - t0:.1f} s"
@@ -328,7 +326,15 @@ class Session:
                 step_from=self.step_from,  # IO takes only its device set-up (TF's strategy)
                 input_from=input_from if mode == "full" else None,
             )
-            ready = "input pipeline ready" if mode == "io" else f"step ready in {bench.compile_sec:.1f} s"
+            # a taken-over step is compiled again where this mode's batch differs (a device loader's crop plans)
+            reused = [name for name in taken if name != "train step" or not bench.compiled_step]
+            ready = (
+                "input pipeline ready"
+                if mode == "io"
+                else "the train step reused"
+                if "train step" in reused
+                else f"step compiled in {bench.compile_sec:.1f} s"
+            )
             stage(f"{what}: {ready}; warm-up, then {windows} timed windows of up to {steps} steps")
             # a loader that outruns the step cannot lift FULL above the step, whatever it read ahead
             outrun = (

@@ -23,7 +23,9 @@ class Bench:
     """``step()`` dispatches one unit of work, ``sync()`` waits for it; ``global_batch`` samples per step.
 
     ``step_from``: a Bench whose compiled train step and (latest, since the step donates it) state this
-    one takes over instead of compiling its own; ``input_from``: one whose input pipeline it takes over.
+    one takes over instead of compiling its own (the step is compiled again for a device loader's
+    batch of volume and crop draws); ``input_from``: one whose input pipeline it takes over.
+    ``compiled_step`` says whether this Bench compiled a train step, ``compile_sec`` how long it took.
     """
 
     framework = "jax"
@@ -34,7 +36,7 @@ class Bench:
         self.mesh = distribute.make_mesh(num_devices)
         self.replicas = distribute.num_replicas(self.mesh)
         self.global_batch, _ = batch_sizes(cfg, self.replicas)
-        self.compile_sec = 0.0
+        self.compile_sec, self.compiled_step = 0.0, False
         self._out = None
         if mode in ("io", "full"):
             self.input = input_from.input if input_from else data_mod.make_input(cfg, "train", self.mesh)
@@ -53,6 +55,7 @@ class Bench:
             )
             if "draws" in spec:  # the same step on a device loader's crop plans: compiled for that batch
                 self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, self.model, self.tx, self.state, spec)
+                self.compiled_step = True
         elif mode in ("synthetic", "full"):
             self.tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6), cfg.adam_update)
             params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))
@@ -61,6 +64,7 @@ class Bench:
             )
             self.model = model_mod.build_model(cfg)
             self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, self.model, self.tx, self.state, spec)
+            self.compiled_step = True
         if mode == "synthetic":
             host = host_batches.synthetic_batch(cfg, self.global_batch)
             self.batch = {k: jax.device_put(v, spec[k].sharding) for k, v in host.items()}

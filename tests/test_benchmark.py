@@ -34,6 +34,21 @@ def test_every_mode_writes_the_schema(tiny_cfg, framework, tmp_path):
     assert "samples/s" in benchmark.table(records)
 
 
+@pytest.mark.parametrize("framework", ["jax", pytest.param("tf", marks=pytest.mark.slow)])
+def test_full_takes_over_the_step_and_compiles_it_again_for_the_device_loader(tiny_cfg, framework):
+    """FULL after SYNTHETIC takes over the compiled step: a host loader's batch is SYNTHETIC's, so the
+    step is reused (``reused`` in the table's compile column); the ``device`` loader's batch holds the
+    volume and the crop draws, so the step is compiled again and its seconds are FULL's own."""
+    session = benchmark.Session(framework)
+    _, host = session.run(tiny_cfg, ["synthetic", "full"], warmup=1, steps=2, windows=1)
+    device_cfg = config_mod.replace(tiny_cfg, data_loader_config="device")
+    _, device = session.run(device_cfg, ["synthetic", "full"], warmup=1, steps=2, windows=1)
+    assert host["reused"] == ["train step"] and host["compile_sec"] == 0.0
+    assert device["reused"] == [] and device["compile_sec"] > 0
+    compile_column = [line.split()[-2] for line in benchmark.table([host, device]).splitlines()[2:]]
+    assert compile_column == ["reused", f"{device['compile_sec']:.1f}"]
+
+
 def test_a_missing_training_file_stops_before_the_step_compiles(tmp_path, monkeypatch, capsys):
     """IO and FULL read the training file: without it the benchmark ends in one line with the command
     that makes it, before any framework starts; SYNTHETIC needs no file."""
@@ -289,7 +304,7 @@ class _FakeBench:
     whose set-up pauses ``PAUSE`` seconds, as compiling or a previous mode does, so its loader's
     queue fills before the timing starts."""
 
-    framework, global_batch, compile_sec, PERIOD, PAUSE = "jax", 4, 0.0, 0.05, 0.6
+    framework, global_batch, compile_sec, compiled_step, PERIOD, PAUSE = "jax", 4, 0.0, False, 0.05, 0.6
 
     def __init__(self, cfg, mode, num_devices=None, step_from=None, input_from=None):
         import time

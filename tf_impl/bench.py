@@ -21,9 +21,11 @@ from tf_impl import train as train_mod
 class Bench:
     """``step()`` dispatches one unit of work, ``sync()`` waits for it; ``global_batch`` samples per step.
 
-    ``step_from``: a Bench whose compiled train step (model and optimizer in its closure) this one
-    takes over instead of building its own; ``input_from``: one whose input pipeline it takes over.
-    Either gives its distribution strategy too.
+    ``step_from``: a Bench whose compiled train step, model and optimizer this one takes over instead
+    of building its own (the step is compiled again for a device loader's batch of volume and crop
+    draws); ``input_from``: one whose input pipeline it takes over. Either gives its distribution
+    strategy too. ``compiled_step`` says whether this Bench compiled a train step, ``compile_sec``
+    how long it took.
     """
 
     framework = "tf"
@@ -37,7 +39,7 @@ class Bench:
         self.strategy = shared.strategy if shared else distribute.make_strategy(num_devices)
         self.replicas = distribute.num_replicas(self.strategy)
         self.global_batch, local_batch = batch_sizes(cfg, self.replicas)
-        self.compile_sec = 0.0
+        self.compile_sec, self.compiled_step = 0.0, False
         self._out = None
         if mode in ("io", "full"):
             self.input = input_from.input if input_from else data_mod.make_input(cfg, "train", self.strategy)
@@ -45,20 +47,29 @@ class Bench:
             if mode == "io":  # a device loader's crop plans, cut as its step cuts them
                 crop = tf.function(lambda b: data_mod.crops(b, cfg), jit_compile=cfg.enable_jit)
                 self.crops = tf.function(lambda b: self.strategy.run(crop, args=(b,)))
-        if mode in ("synthetic", "full") and step_from is not None:
-            self.train_fn = step_from.train_fn
-        elif mode in ("synthetic", "full"):
-            with self.strategy.scope():
-                model = model_mod.build_model(cfg)
-                optimizer = train_mod.make_optimizer(cfg, schedule.lr_table(cfg, self.global_batch, 10**6))
-                model_mod.params_from_canonical(model, unet_spec.init_weights(cfg, cfg.seed))
-                optimizer.build(model.trainable_variables)
+        if mode in ("synthetic", "full"):
             spec = (
                 data_mod.input_spec(self.input, cfg, self.strategy)
                 if mode == "full"
                 else data_mod.batch_spec(cfg, self.strategy)
             )
-            self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, self.strategy, model, optimizer, spec)
+        if mode in ("synthetic", "full") and step_from is not None:
+            self.train_fn, self.model, self.optimizer = step_from.train_fn, step_from.model, step_from.optimizer
+            if "draws" in spec:  # the same step on a device loader's crop plans: compiled for that batch
+                self.train_fn, _, self.compile_sec = train_mod.compile_steps(
+                    cfg, self.strategy, self.model, self.optimizer, spec
+                )
+                self.compiled_step = True
+        elif mode in ("synthetic", "full"):
+            with self.strategy.scope():
+                self.model = model_mod.build_model(cfg)
+                self.optimizer = train_mod.make_optimizer(cfg, schedule.lr_table(cfg, self.global_batch, 10**6))
+                model_mod.params_from_canonical(self.model, unet_spec.init_weights(cfg, cfg.seed))
+                self.optimizer.build(self.model.trainable_variables)
+            self.train_fn, _, self.compile_sec = train_mod.compile_steps(
+                cfg, self.strategy, self.model, self.optimizer, spec
+            )
+            self.compiled_step = True
         if mode == "synthetic":
             host = host_batches.synthetic_batch(cfg, local_batch)
             self.batch = distribute.per_replica(self.strategy, lambda: {k: tf.constant(v) for k, v in host.items()})
