@@ -212,7 +212,7 @@ def _change(
             return change, "the reference has no GPU-resident loader (device is JAX's and TF's)", ""
         if not gpu:
             return change, "no GPU: the lesson is volumes in GPU memory (on a CPU device means host memory)", ""
-        return change, None, "volumes in GPU memory, crops and symmetries by one compiled gather"
+        return change, None, "volumes in GPU memory, crops and symmetries by a gather inside the compiled step"
     # data parallel
     if not gpu and not torch:  # CPU devices: the data-parallel code path, checked, not a speed-up
         n = num_devices or CPU_REPLICAS

@@ -56,7 +56,7 @@ def test_benchmark_says_each_stage(tiny_argv, capsys):
     assert lines[0] == "[benchmark] jax synthetic: setting up (one cached batch, batch 4)"
     assert re.fullmatch(r"\[benchmark\] jax synthetic: jax imported in \d+\.\d s", lines[1]), lines[1]
     assert said[1].endswith("; building the model and compiling its train step")
-    assert lines[2].startswith("[benchmark] jax synthetic: step ready in ")
+    assert lines[2].startswith("[benchmark] jax synthetic: step compiled in ")
     assert lines[4] == "[benchmark] jax io: setting up (lowmem loader, batch 4)"
     assert lines[5] == "[benchmark] jax io: input pipeline ready"
     assert lines[3].endswith(" samples/s") and lines[6].endswith(" samples/s") and len(lines) == 7

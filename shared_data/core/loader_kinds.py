@@ -49,7 +49,7 @@ KINDS: dict[str, LoaderKind] = {
             "device",
             "inmem",
             device_volumes=True,
-            description="volumes in device memory, crop and symmetry by one compiled gather",
+            description="volumes in device memory, crop and symmetry by a gather inside the compiled step",
         ),
         LoaderKind("dali-npy", "lowmem", dali=True, reads_npy=True, description="DALI's numpy reader with ROI"),
         LoaderKind("dali-lowmem", "lowmem", dali=True, reads_npy=True, description="the tutorial's name of dali-npy"),

@@ -259,7 +259,7 @@ def input_bound_advice(loader: str) -> str:
             "(check for other work on the machine)"
         )
     if kind.device_volumes:
-        return "data_loader_config: device (one compiled gather, no DALI kernels beside the step)"
+        return "data_loader_config: device (a gather inside the compiled step, no DALI kernels beside it)"
     if kind.dali:
         return (
             "more dali_threads / num_data_workers, or data_loader_config: dali-device or device "
