@@ -188,7 +188,7 @@ def test_a_checkpoint_with_changed_bytes_is_refused_by_resume_and_predict(
     train = __import__(f"{framework}_impl.train", fromlist=["train"])
     work = run_of_3_epochs(framework, 2, tmp_path / "w")
     argv = [*tiny_argv, *RUN_OF_3_EPOCHS, "--workdir", str(work)]
-    recorded = json.loads((work / "checksums" / "2.json").read_text())
+    recorded = json.loads((work / "checksums" / "2.json").read_text())["files"]
     name = max(recorded, key=lambda n: recorded[n][0])
     _flip_bytes(work / "checkpoints" / name)
     val_path = tiny_argv[tiny_argv.index("--set") + 3].split("=", 1)[1]

@@ -114,6 +114,16 @@ def _one_epoch_share(tmp_path, tiny_cfg, monkeypatch, batches, device, sync):
     return r.end_epoch(0, [0.1] * r.steps_per_epoch, lambda: 0.1, step=r.steps_per_epoch)["input_wait_share"]
 
 
+def test_a_checkpoint_save_says_its_seconds(tiny_cfg, tmp_path, monkeypatch, caplog):
+    """A save that takes 1.5 s of the (simulated) clock: one line after the epoch's lines says so."""
+    clock = SimClock()
+    monkeypatch.setattr(run, "time", clock)
+    r = run.Run(config_mod.replace(tiny_cfg, num_epochs=1), tmp_path / "w", "jax", "test", {}, 1)
+    with caplog.at_level(logging.INFO, logger="dlas"), r.saving(1):
+        clock.sleep(1.5)
+    assert [m for m in caplog.messages if "Checkpoint" in m] == ["  Checkpoint time: 1.5 sec"]
+
+
 def test_input_wait_leaves_out_the_steps_queued_before_the_batch(tiny_cfg, tmp_path, monkeypatch):
     """64 steps of 10 ms on an asynchronous device and a loader whose instant batch waits behind the queued
     step (as a gather on the GPU does): the host's plain wait calls 63 of the 64 steps input (the first

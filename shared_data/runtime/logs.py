@@ -240,6 +240,11 @@ def epoch_lines(
     ]
 
 
+def checkpoint_line(seconds: float) -> str:
+    """The line after an epoch's checkpoint is written: its seconds (the write and its checksums)."""
+    return f"  Checkpoint time: {seconds:.1f} sec"
+
+
 def compile_line(train_sec: float, trace_sec: float, eval_sec: float) -> str:
     """The line after the steps are compiled: the train step's seconds (of which tracing), the eval step's."""
     return f"compile: train step {train_sec:.1f} s (trace {trace_sec:.1f} s), eval step {eval_sec:.1f} s"

@@ -50,6 +50,7 @@ from shared_data.runtime import launch, memory, signals
 from shared_data.runtime import lock as run_lock
 from shared_data.runtime.logs import (
     INPUT_BOUND_SHARE,
+    checkpoint_line,
     close_log_file,
     epoch_lines,
     input_bound_advice,
@@ -647,10 +648,14 @@ class Run:
     @contextlib.contextmanager
     def saving(self, epoch: int):
         """Around the checkpoint save of ``epoch``: a SIGTERM or Ctrl-C waits until it is written, then
-        stops; memory that is short for it is one line (:meth:`save_memory`)."""
+        stops; memory that is short for it is one line (:meth:`save_memory`). The save's seconds (its
+        write and checksums) are logged after the epoch's lines."""
+        t0 = time.perf_counter()
         with signals.deferred(), self.save_memory(f"the checkpoint of epoch {epoch}"):
             yield
             self._saved, self._running = epoch, None
+            if self.main:
+                log.info(checkpoint_line(time.perf_counter() - t0))
             if self.main and self.mid_epoch_dir.exists():  # an epoch checkpoint supersedes a mid-epoch one
                 shutil.rmtree(self.mid_epoch_dir, ignore_errors=True)
         signals.raise_pending()
