@@ -53,23 +53,20 @@ class Bench:
                 if mode == "full"
                 else data_mod.batch_spec(cfg, self.strategy)
             )
-        if mode in ("synthetic", "full") and step_from is not None:
-            self.train_fn, self.model, self.optimizer = step_from.train_fn, step_from.model, step_from.optimizer
-            if "draws" in spec:  # the same step on a device loader's crop plans: compiled for that batch
+            if step_from is not None:
+                self.train_fn, self.model, self.optimizer = step_from.train_fn, step_from.model, step_from.optimizer
+            else:
+                with self.strategy.scope():
+                    self.model = model_mod.build_model(cfg)
+                    self.optimizer = train_mod.make_optimizer(cfg, schedule.lr_table(cfg, self.global_batch, 10**6))
+                    model_mod.params_from_canonical(self.model, unet_spec.init_weights(cfg, cfg.seed))
+                    self.optimizer.build(self.model.trainable_variables)
+            # a step of its own, or the same step on a device loader's crop plans: compiled for that batch
+            if step_from is None or "draws" in spec:
                 self.train_fn, _, self.compile_sec = train_mod.compile_steps(
                     cfg, self.strategy, self.model, self.optimizer, spec
                 )
                 self.compiled_step = True
-        elif mode in ("synthetic", "full"):
-            with self.strategy.scope():
-                self.model = model_mod.build_model(cfg)
-                self.optimizer = train_mod.make_optimizer(cfg, schedule.lr_table(cfg, self.global_batch, 10**6))
-                model_mod.params_from_canonical(self.model, unet_spec.init_weights(cfg, cfg.seed))
-                self.optimizer.build(self.model.trainable_variables)
-            self.train_fn, _, self.compile_sec = train_mod.compile_steps(
-                cfg, self.strategy, self.model, self.optimizer, spec
-            )
-            self.compiled_step = True
         if mode == "synthetic":
             host = host_batches.synthetic_batch(cfg, local_batch)
             self.batch = distribute.per_replica(self.strategy, lambda: {k: tf.constant(v) for k, v in host.items()})

@@ -656,8 +656,8 @@ class Run:
             self._saved, self._running = epoch, None
             if self.main:
                 log.info(checkpoint_line(time.perf_counter() - t0))
-            if self.main and self.mid_epoch_dir.exists():  # an epoch checkpoint supersedes a mid-epoch one
-                shutil.rmtree(self.mid_epoch_dir, ignore_errors=True)
+                if self.mid_epoch_dir.exists():  # an epoch checkpoint supersedes a mid-epoch one
+                    shutil.rmtree(self.mid_epoch_dir, ignore_errors=True)
         signals.raise_pending()
 
     @contextlib.contextmanager
