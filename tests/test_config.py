@@ -50,7 +50,7 @@ def test_overlays_inherit_from_base():
 
 def test_quality_is_short_opt_with_the_time_to_quality_recipe():
     """``quality`` differs from ``short_opt`` in the recipe of the time-to-quality runs alone: the
-    `device` loader, 5 epochs of 65536 crops, start_lr 1e-3, physical-units loss with the Fourier L1
+    `device` loader, 6 epochs of 65536 crops, start_lr 1e-3, physical-units loss with the Fourier L1
     on the scored channels, EMA, an evaluation every epoch and a 10-minute budget."""
     opt, quality = config_mod.load_config("short_opt"), config_mod.load_config("quality")
     changed = {
@@ -61,7 +61,7 @@ def test_quality_is_short_opt_with_the_time_to_quality_recipe():
     assert changed == {
         "data_loader_config": "device",
         "Nsamples": 65536,
-        "num_epochs": 5,
+        "num_epochs": 6,
         "start_lr": 1e-3,
         "loss_space": "physical",
         "lambda_fourier": 1.0,

@@ -10,7 +10,17 @@ command -v nvidia-smi >/dev/null || { echo "error: ${0##*/} needs an NVIDIA GPU 
 mkdir -p "$OUT"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/device.txt
-python3 -c "import jax, flax, optax, torch, nvidia.dali as d; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'torch', torch.__version__, 'dali', d.__version__)" | tee -a $OUT/device.txt
+python3 - << 'PY' | tee -a $OUT/device.txt
+import importlib
+found = []
+for name, module in (("jax", "jax"), ("jaxlib", "jaxlib"), ("flax", "flax"), ("optax", "optax"), ("numpy", "numpy"),
+                     ("torch", "torch"), ("dali", "nvidia.dali")):
+    try:
+        found.append(f"{name} {importlib.import_module(module).__version__}")
+    except ImportError:
+        found.append(f"{name} not installed")
+print(", ".join(found))
+PY
 df -h /dev/shm | tail -1 | sed 's/^/shared memory (lowmem workers): /' | tee -a $OUT/device.txt
 python3 -m pip list --format=freeze 2>/dev/null > $OUT/setup.log
 mkdir -p data
