@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tarfile
+import time
 
 import numpy as np
 import pytest
@@ -316,6 +317,48 @@ def test_a_reachable_target_stops_the_run_and_is_timed(tiny_cfg, tmp_path, frame
     assert "time_to_quality_sec" not in hist[-1]
 
 
+def test_a_kept_evaluation_restores_its_times_and_a_null_shortfall_as_inf():
+    """The resumed clock reads the kept record's times; a non-finite shortfall (written as null) ranks
+    last; a record without a time, or with a non-number one, gives no clock (None)."""
+    record = {"epoch": 2, "time_sec": 41, "train_time_sec": 37.5, "shortfall": None, "met": False}
+    restored = quality._restored(record)
+    assert restored["time_sec"] == 41.0 and restored["train_time_sec"] == 37.5
+    assert restored["shortfall"] == float("inf") and restored["epoch"] == 2
+    assert quality._restored({**record, "shortfall": 0.25})["shortfall"] == 0.25
+    assert quality._restored({"epoch": 2, "time_sec": 41.0}) is None
+    assert quality._restored({**record, "train_time_sec": "37.5"}) is None
+    assert quality._restored({**record, "time_sec": True}) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_a_resumed_run_continues_the_clock_from_its_last_evaluation(tiny_cfg, tmp_path, framework):
+    """A run stopped by its budget after epoch 1 and resumed with a larger one: the resumed evaluations'
+    time_sec and train_time_sec continue from epoch 1's (plus the resumed invocation's own time), the
+    budget counts on that clock, and run.json counts and ranks every evaluation of the run."""
+    train = _trainer(framework)
+    cfg = config_mod.replace(tiny_cfg, num_epochs=3, quality_every_epochs=1, quality_budget_sec=1e-3)
+    train.train_and_evaluate(cfg, tmp_path / "run")
+    first = quality.read_records(tmp_path / "run")
+    assert [c["epoch"] for c in first] == [1]
+
+    t0 = time.perf_counter()
+    cfg = config_mod.replace(cfg, quality_budget_sec=first[0]["time_sec"] + 600.0)
+    train.train_and_evaluate(cfg, tmp_path / "run", resume=True)
+    own = time.perf_counter() - t0
+    curve = quality.read_records(tmp_path / "run")
+    assert [c["epoch"] for c in curve] == [1, 2, 3]
+    assert curve[0] == first[0]
+    for later in curve[1:]:  # epoch 1's clock plus a part of this invocation's own time
+        assert first[0]["time_sec"] < later["time_sec"] < first[0]["time_sec"] + own
+        evaluations_before = first[0]["time_sec"] - first[0]["train_time_sec"]
+        assert later["time_sec"] - later["train_time_sec"] > evaluations_before
+    assert curve[1]["time_sec"] < curve[2]["time_sec"]
+    info = read_run_info(tmp_path / "run")["time_to_quality"]
+    assert info["evaluations"] == 3 and info["stopped"] == "num_epochs trained"
+    assert info["best"]["shortfall"] == min(c["shortfall"] for c in curve)
+
+
 @pytest.mark.slow
 def test_the_budget_stops_the_run_and_the_last_model_is_evaluated(tiny_cfg, tmp_path):
     """A budget already spent after epoch 1 stops there, with an evaluation although only every
@@ -402,26 +445,23 @@ def test_the_gpu_recipe_runs_on_cpu_with_a_tiny_config(tmp_path):
 
 
 @pytest.mark.study
-def test_the_recorded_two_minute_runs_trained_config_quality():
+@pytest.mark.parametrize("folder, framework, target", [("epochs6_jax", "jax", 120.0), ("epochs6_tf", "tf", 150.0)])
+def test_the_recorded_two_minute_runs_trained_config_quality(folder, framework, target):
     """The three seeds of experiments/ttq_two_minutes ran `quality` as the config says now: their
-    run.json's config values differ from it in the seed, the data paths and the progress bar alone."""
+    run.json's config values differ from it in the seed, the data paths, the progress bar and the
+    non-ML condition (off on the filtered gas they trained on, where that baseline is the truth)
+    alone; their median time to quality meets the issue's target for the framework."""
     quality = config_mod.config_dict(config_mod.load_config("quality"))
-    tar_path = REPO_ROOT / "experiments/ttq_two_minutes/results/seeds/runs.tar"
+    tar_path = REPO_ROOT / "experiments/ttq_two_minutes/results" / folder / "runs.tar"
     with tarfile.open(tar_path) as tar:
         infos = [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith("/run.json")]
     assert len(infos) == 3
     for info in infos:
         values = info["config_values"]
         differ = {k for k in quality if values.get(k) != quality[k]}
-        # the runs predate quality_beat_non_ml (absent from their records: not tested, as on the
-        # filtered gas they trained on, where the non-ML baseline is the truth)
-        assert "quality_beat_non_ml" not in values
-        assert differ - {"quality_beat_non_ml"} <= {
-            "seed",
-            "train_path",
-            "val_path",
-            "xla_cache_dir",
-            "progress_bar",
-        }, differ
-        assert info["time_to_quality"]["time_to_quality_sec"] <= 120.0
+        assert values["quality_beat_non_ml"] is False
+        assert differ <= {"seed", "train_path", "val_path", "progress_bar", "quality_beat_non_ml"}, differ
+        assert info["time_to_quality"]["framework"] == framework
     assert sorted(info["config_values"]["seed"] for info in infos) == [0, 1, 2]
+    times = sorted(info["time_to_quality"]["time_to_quality_sec"] for info in infos)
+    assert times[1] <= target

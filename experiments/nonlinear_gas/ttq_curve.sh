@@ -11,6 +11,10 @@
 # beside the dark matter as gas and the non-ML baseline. LEVERS (';'-separated lists of KEY=VALUE
 # overrides, as in experiments/ttq_two_minutes/levers.sh) runs several recipes one after the other.
 #
+# RESUME=1 continues the runs left in $WORK by an earlier call on the same machine (stopped by their
+# budget) up to the new BUDGET, their clock continuing from their last evaluation
+# (shared_data/inference/quality.py): a 10-minute curve in two calls of at most 9.5 minutes.
+#
 # On nvidia-h200, from the checkout's root, $OUT set:
 #   bash experiments/nonlinear_gas/ttq_curve.sh
 # The same on CPU with a tiny config (a smoke test, ~1 min on 2 cores):

@@ -17,7 +17,8 @@ PY=${PY:-python3}
 WORK=${WORK:-/tmp/time_to_quality/$(basename "$0" .sh)}
 TRAIN_CONFIG=$CONFIG
 mkdir -p "$OUT" "$WORK"
-rm -rf "$WORK/records" "$OUT/runs.tar"
+rm -rf "$OUT/runs.tar"
+[[ -n ${RESUME:-} ]] || rm -rf "$WORK/records"  # a resumed recipe appends to its runs' logs
 if [[ $CONFIG == short ]]; then
   export PYTHONPATH=/tmp/site  # DALI, staged by experiments/gpu_machine/stage_dali.sh (common.sh records its version)
   GAS=${GAS:-filtered}
@@ -48,14 +49,18 @@ TINY_QUALITY=(--Nsamples 16 --set quality_budget_sec=60 --set ema_decay=0.9 --se
 [[ $GAS == filtered ]] && TRAIN+=(--set quality_beat_non_ml=false)
 
 # ttq NAME FRAMEWORK [flags...]: one time-to-quality run in $WORK/NAME; its log, quality.jsonl,
-# metrics.jsonl and run.json are kept in $WORK/records/NAME and appended to $OUT/runs.tar.
+# metrics.jsonl and run.json are kept in $WORK/records/NAME and appended to $OUT/runs.tar. With RESUME
+# set (in the environment), the run already in $WORK/NAME is resumed (--resume, its clock continuing
+# from its last evaluation) instead of started afresh (--overwrite); its log is appended to.
 ttq() {
   local name=$1 framework=$2
   shift 2
-  local rec="$WORK/records/$name"
+  local rec="$WORK/records/$name" mode=--overwrite
+  [[ -n ${RESUME:-} ]] && mode=--resume
   mkdir -p "$rec"
+  [[ $mode == --overwrite ]] && : > "$rec/train.log"
   $PY -m "${framework}_impl.train" --config "$TRAIN_CONFIG" "${TRAIN[@]}" --set quality_every_epochs=1 "$@" \
-    --workdir "$WORK/$name" --overwrite 2>&1 | grep -v "^W0000\|^I0000\|^WARNING: All log" > "$rec/train.log"
+    --workdir "$WORK/$name" $mode 2>&1 | grep -v "^W0000\|^I0000\|^WARNING: All log" >> "$rec/train.log"
   local rc=${PIPESTATUS[0]}
   cp "$WORK/$name"/{quality.jsonl,metrics.jsonl,run.json} "$rec/" 2>/dev/null
   tar -rf "$OUT/runs.tar" -C "$WORK/records" "$name"

@@ -39,7 +39,10 @@ The clock starts when the trainer creates its :class:`shared_data.runtime.run.Ru
 has been imported), so ``time_to_quality_sec`` counts everything after that as MLPerf does: reading the
 data, compiling, training, the per-epoch validation loss, checkpoints and the quality evaluations.
 ``train_sec_to_quality`` leaves the quality evaluations out (the price of measuring, not of
-training). A resumed invocation's clock starts at its own start.
+training). A resumed run's clock continues from the last evaluation it keeps (the one at or before
+the epoch it resumes from): the interrupted invocation's time after that evaluation is not counted,
+the resumed invocation's own start (reading, compiling) is, and ``quality_budget_sec`` counts on
+this clock, so a run stopped by its budget resumes with a larger one.
 
 The shortfall of an evaluation is the largest violation of a condition, in units of the condition's
 margin: (r_min - r) / (1 - r_min), (|ratio - 1| - tol) / tol, (r_baseline - r) / (1 - r_min) and
@@ -171,6 +174,17 @@ def read_records(workdir) -> list[dict]:
     return records
 
 
+def _restored(record: dict) -> dict | None:
+    """A kept evaluation record for the resumed clock: its times as floats and a null shortfall (a
+    non-finite one, written as null) as inf; None when a time is missing or not a number."""
+    times = [record.get(k) for k in ("time_sec", "train_time_sec")]
+    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in times):
+        return None
+    shortfall = record.get("shortfall")
+    shortfall = math.inf if not isinstance(shortfall, (int, float)) else float(shortfall)
+    return {**record, "time_sec": float(times[0]), "train_time_sec": float(times[1]), "shortfall": shortfall}
+
+
 def summary_line(epoch: int, seconds: float, result: dict) -> str:
     """The log line of one evaluation (the same in both frameworks)."""
     parts = []
@@ -217,12 +231,33 @@ class Monitor:
         self.predict_cfg = predict_mod.prediction_config(run.cfg, "float32")
         self.target = Target.from_config(run.cfg)
         self.evaluations, self.best, self.reached = 0, None, None
-        self.eval_total, self.stopped = 0.0, "num_epochs trained"
+        self.eval_total, self.stopped, self.clock_offset = 0.0, "num_epochs trained", 0.0
         if not self.enabled:
             return
-        if run.main:  # a fresh or resumed run keeps the curve up to the epoch it starts from
-            keep = [r for r in read_records(run.workdir) if r["epoch"] <= start_epoch]
+        # A fresh or resumed run keeps the curve up to the epoch it starts from; a resumed one continues
+        # its clock from the last evaluation kept (every process reads it; process 0 rewrites the file).
+        keep = [r for r in read_records(run.workdir) if r["epoch"] <= start_epoch] if start_epoch else []
+        if run.main:
             write_atomic(run.workdir / RECORD, "".join(json.dumps(r) + "\n" for r in keep))
+        kept = [_restored(r) for r in keep]
+        if kept and all(r is not None for r in kept):
+            last = kept[-1]
+            self.clock_offset = last["time_sec"]
+            self.eval_total = last["time_sec"] - last["train_time_sec"]
+            self.evaluations = len(kept)
+            self.best = min(kept, key=lambda r: r["shortfall"])
+            self.reached = next((r for r in kept if r.get("met")), None)
+            log.info(
+                "time to quality: resumed; the clock continues from epoch %d's evaluation at %.1f s",
+                last["epoch"],
+                self.clock_offset,
+            )
+        elif kept:
+            log.warning(
+                "time to quality: %s holds an evaluation without its times (time_sec, train_time_sec); "
+                "the resumed clock starts at 0",
+                run.workdir / RECORD,
+            )
         path = run.cfg.data_file("val")
         self.truth, attrs = validate.read_volume(path, "Hydro")
         self.nbody, _ = validate.read_volume(path, "Nbody")
@@ -269,8 +304,10 @@ class Monitor:
         )
 
     def elapsed(self) -> float:
-        """Seconds since the run started (:attr:`shared_data.runtime.run.Run.started`)."""
-        return time.perf_counter() - self.run.started
+        """Seconds of the run's clock: since this invocation started
+        (:attr:`shared_data.runtime.run.Run.started`), plus, in a resumed run, the clock of the last
+        evaluation it keeps."""
+        return self.clock_offset + time.perf_counter() - self.run.started
 
     def evaluate(self, epoch: int, step: int, apply: predict_mod.Apply) -> dict:
         """Predict the volume with ``apply`` (NDHWC float32 windows -> outputs), score it, record and
