@@ -116,17 +116,19 @@ def _job_state(job: str, env: dict) -> str:
     return res.stdout.strip()
 
 
-def _job_end(job: str, env: dict) -> tuple[str, str] | None:
-    """``(JobState, ExitCode)`` of a job that has ended, None while it is pending, running or
-    completing (or scontrol does not answer); ``("GONE", "")`` once SLURM no longer knows the job
-    (``scontrol show job`` keeps an ended job's record for MinJobAge = 4 s)."""
+def _job_end(job: str, env: dict, restarts: int = 0) -> tuple[str, str] | None:
+    """``(JobState, ExitCode)`` of a job that has ended after at least ``restarts`` requeues, None while
+    it is pending, running or completing, has been requeued fewer times (or scontrol does not answer);
+    ``("GONE", "")`` once SLURM no longer knows the job (``scontrol show job`` keeps an ended job's
+    record for MinJobAge = 4 s)."""
     res = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=env)
     if res.returncode != 0:
         return ("GONE", "") if "Invalid job id" in res.stderr else None
     state, code = re.search(r"\bJobState=(\S+)", res.stdout), re.search(r"\bExitCode=(\S+)", res.stdout)
-    if not (state and code) or state[1] in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED"):
+    count = re.search(r"\bRestarts=(\d+)", res.stdout)
+    if not (state and code and count) or state[1] in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED"):
         return None
-    return state[1], code[1]
+    return (state[1], code[1]) if int(count[1]) >= restarts else None
 
 
 def sbatch_requeued_mid_epoch(slurm_env: dict, framework: str, argv: list[str], log, folder) -> str:
@@ -156,7 +158,9 @@ def sbatch_requeued_mid_epoch(slurm_env: dict, framework: str, argv: list[str], 
     update = ["scontrol", "update", f"JobId={job}", "StartTime=now"]
     update = subprocess.run(update, capture_output=True, text=True, env=env)
     assert update.returncode == 0, update.stderr
-    while not _job_gone(job, env):
+    # the end of the requeued run, by scontrol's state and restart count: waiting for squeue to list
+    # the job no more once let the test read the log before the requeued run had written to it
+    while _job_end(job, env, restarts=1) is None:
         assert time.monotonic() < deadline, output()
         time.sleep(0.5)
     return job
