@@ -38,6 +38,13 @@ def _run(script, tiny_argv, *args):
     )
 
 
+def _study(script, *args):
+    """``experiments/<script> args`` in a process of its own, the checkout on its path."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    cmd = [sys.executable, f"experiments/{script}", *args]
+    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+
+
 def test_allreduce_schedule_reports_the_gradient_sums(tiny_argv):
     res = _run("allreduce_schedule.py", tiny_argv)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -163,21 +170,7 @@ def test_nonlinear_gas_study_measures_a_volume(data_dir, tmp_path):
     import h5py
     import numpy as np
 
-    res = subprocess.run(
-        [
-            sys.executable,
-            "experiments/nonlinear_gas/measure.py",
-            "--volume",
-            str(data_dir / "val_24.h5"),
-            "--out",
-            str(tmp_path),
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )
+    res = _study("nonlinear_gas/measure.py", "--volume", str(data_dir / "val_24.h5"), "--out", str(tmp_path))
     assert res.returncode == 0, res.stderr[-2000:]
     props = json.loads((tmp_path / "properties_val_24.json").read_text())
     assert (tmp_path / "phase_diagram_val_24.png").stat().st_size > 0 and "checks:" in res.stdout
@@ -194,6 +187,26 @@ def test_nonlinear_gas_study_measures_a_volume(data_dir, tmp_path):
     assert lo == pytest.approx(np.log10(4.0))
     shells = props["shells"]["gas_density"]
     assert max(shells["k"]) <= 6.3 and len(shells["r_dm_as_gas"]) == len(shells["r_non_ml"]) == len(shells["k"])
+
+
+def test_nonlinear_gas_ceiling_of_r_from_draws_of_the_he2_offset(tmp_path):
+    """``experiments/nonlinear_gas/ceiling.py`` on 24^3 volumes, two other draws of the He II offset:
+    the gas density does not depend on it (r_12 = 1 in every bin), the temperature does (r_12 < 1 in
+    some bin); the ceiling is sqrt(r_12); the draws share the dark matter and differ in the offset."""
+    import h5py
+    import numpy as np
+
+    res = _study("nonlinear_gas/ceiling.py", "--out", str(tmp_path), "--size", "24", "--draws", "2", "--k_max", "50")
+    assert res.returncode == 0, res.stderr[-2000:]
+    record = json.loads((tmp_path / "ceiling.json").read_text())["channels"]
+    density, temperature = record["gas_density"], record["gas_temperature"]
+    np.testing.assert_allclose(density["r_12"], 1.0, atol=1e-9)
+    assert min(temperature["r_12"]) < 0.99
+    np.testing.assert_allclose(temperature["ceiling"], np.sqrt(np.clip(temperature["r_12"], 0, None)), rtol=1e-12)
+    with h5py.File(tmp_path / "draw_0.h5") as a, h5py.File(tmp_path / "draw_1.h5") as b:
+        np.testing.assert_array_equal(a["Nbody"][...], b["Nbody"][...])
+        np.testing.assert_array_equal(a["Hydro"][0], b["Hydro"][0])
+        assert np.abs(a["Hydro"][1] - b["Hydro"][1]).max() > 1e-3
 
 
 def test_scaling_cpu_table_compares_every_launch_with_one_device(tmp_path):
