@@ -50,8 +50,9 @@ def test_overlays_inherit_from_base():
 
 def test_quality_is_short_opt_with_the_time_to_quality_recipe():
     """``quality`` differs from ``short_opt`` in the recipe of the time-to-quality runs alone: the
-    `device` loader, 6 epochs of 65536 crops, start_lr 1e-3, physical-units loss with the Fourier L1
-    on the scored channels, EMA, an evaluation every epoch and a 10-minute budget."""
+    linear gas's files (no non-ML condition, which that gas meets by construction), the `device`
+    loader, 6 epochs of 65536 crops, start_lr 1e-3, physical-units loss with the Fourier L1 on the
+    scored channels, EMA, an evaluation every epoch and a 10-minute budget."""
     opt, quality = config_mod.load_config("short_opt"), config_mod.load_config("quality")
     changed = {
         f.name: getattr(quality, f.name)
@@ -59,6 +60,9 @@ def test_quality_is_short_opt_with_the_time_to_quality_recipe():
         if f.name != "name" and getattr(quality, f.name) != getattr(opt, f.name)
     }
     assert changed == {
+        "train_path": "data/train_256_filtered.h5",
+        "val_path": "data/val_128_filtered.h5",
+        "quality_beat_non_ml": False,
         "data_loader_config": "device",
         "Nsamples": 65536,
         "num_epochs": 6,

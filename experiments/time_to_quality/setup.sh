@@ -46,7 +46,7 @@ fi
 # The recipes' CPU smoke test: config quality's levers on a few crops an epoch (each script adds --num_epochs).
 TINY_QUALITY=(--Nsamples 16 --set quality_budget_sec=60 --set ema_decay=0.9 --set loss_space=physical
   --set lambda_fourier=1.0)
-[[ $GAS == filtered ]] && TRAIN+=(--set quality_beat_non_ml=false)
+TRAIN+=(--set "quality_beat_non_ml=$([[ $GAS == filtered ]] && echo false || echo true)")  # config quality has it off
 
 # ttq NAME FRAMEWORK [flags...]: one time-to-quality run in $WORK/NAME; its log, quality.jsonl,
 # metrics.jsonl and run.json are kept in $WORK/records/NAME and appended to $OUT/runs.tar. With RESUME
