@@ -91,6 +91,20 @@ def test_missing_data_gives_the_command_that_makes_it_and_no_run_folder(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+def test_missing_data_of_a_named_gas_gives_its_generator_flag(tmp_path, monkeypatch):
+    """A file named after its side and gas (``val_48_filtered.h5``, as the GPU recipes name the linear
+    gas's files) is made with that side and ``--gas filtered``; a side-only name gets no --gas."""
+    monkeypatch.chdir(tmp_path)
+    sets = ["--set", "train_path=data/train_96.h5", "--set", "val_path=data/val_48_filtered.h5"]
+    res = jax_train(["--config", "cpu_tiny", *sets])
+    assert_one_error_line(
+        res,
+        f"dataset files {tmp_path}/data/train_96.h5 and {tmp_path}/data/val_48_filtered.h5 not found; make them "
+        "with: python -m shared_data.data.generate --out data/train_96.h5 --size 96 --seed 1; "
+        "python -m shared_data.data.generate --out data/val_48_filtered.h5 --size 48 --seed 2 --gas filtered",
+    )
+
+
 def test_a_failed_start_leaves_no_run_folder(tmp_path, tiny_argv, caplog):
     (tmp_path / "bad.h5").write_text("not HDF5")
     exp = tmp_path / "exp"

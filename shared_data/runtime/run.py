@@ -45,6 +45,7 @@ from shared_data.core.errors import (
     out_of_memory_in,
 )
 from shared_data.core.files import check_writable, write_atomic, writing
+from shared_data.data.cosmology import GAS_MODELS
 from shared_data.model import schedule, unet_spec
 from shared_data.runtime import launch, memory, signals
 from shared_data.runtime import lock as run_lock
@@ -83,13 +84,16 @@ def workdir_for(cfg: Config, framework: str, workdir: str | None = None, run_num
 
 def generate_command(cfg: Config, split: str) -> str:
     """The command that makes the missing data file of ``split`` for ``cfg``: the generator with the
-    file's own path, the side its name carries (``train_128.h5`` -> 128; else 4 crops for train, 2
-    for val), the kit's seeds (1 train, 2 val) and ``--npy`` for DALI's numpy reader. A path outside
-    the current folder whose folder does not exist (the tutorial's ``/data/...``) is replaced by
-    ``data/<its name>`` and the ``--set <split>_path=`` that points the config at it."""
+    file's own path, the side and gas its name carries (``train_128.h5`` -> 128;
+    ``val_128_filtered.h5`` -> 128 and ``--gas filtered``, as the GPU recipes name the linear gas's
+    files; else 4 crops for train, 2 for val, and the generator's default gas), the kit's seeds (1
+    train, 2 val) and ``--npy`` for DALI's numpy reader. A path outside the current folder whose
+    folder does not exist (the tutorial's ``/data/...``) is replaced by ``data/<its name>`` and the
+    ``--set <split>_path=`` that points the config at it."""
     path = cfg.data_file(split)
-    named = re.search(r"_(\d+)\.h5$", path.name)
+    named = re.search(rf"_(\d+)(?:_({'|'.join(GAS_MODELS)}))?\.h5$", path.name)
     side = int(named.group(1)) if named else cfg.crop_size * (4 if split == "train" else 2)
+    gas = f" --gas {named.group(2)}" if named and named.group(2) else ""
     npy = " --npy" if loader_kinds.loader_kind(cfg).reads_npy else ""
     generate = command_name("shared_data.data.generate")
     try:
@@ -99,7 +103,8 @@ def generate_command(cfg: Config, split: str) -> str:
         if not path.parent.is_dir():
             out = Path("data") / path.name
             point = f", then pass --set {split}_path={out}"
-    return f"{generate} --out {out} --size {max(side, cfg.crop_size)} --seed {1 if split == 'train' else 2}{npy}{point}"
+    seed = 1 if split == "train" else 2
+    return f"{generate} --out {out} --size {max(side, cfg.crop_size)} --seed {seed}{gas}{npy}{point}"
 
 
 def check_data_files(cfg: Config, splits: tuple[str, ...] = ("train", "val")) -> None:
