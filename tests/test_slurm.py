@@ -158,8 +158,8 @@ def sbatch_requeued_mid_epoch(slurm_env: dict, framework: str, argv: list[str], 
     update = ["scontrol", "update", f"JobId={job}", "StartTime=now"]
     update = subprocess.run(update, capture_output=True, text=True, env=env)
     assert update.returncode == 0, update.stderr
-    # the end of the requeued run, by scontrol's state and restart count: waiting for squeue to list
-    # the job no more once let the test read the log before the requeued run had written to it
+    # the end of the requeued run, by scontrol's state and restart count: an empty answer of squeue
+    # does not say that the requeued run has ended and written its log
     while _job_end(job, env, restarts=1) is None:
         assert time.monotonic() < deadline, output()
         time.sleep(0.5)
