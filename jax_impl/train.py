@@ -198,7 +198,7 @@ def train_and_evaluate(
         sync = lambda batch: jax.block_until_ready((state, batch))  # the newest state: Run.steps' input wait
         trace = (lambda: jax.profiler.start_trace(str(workdir / "profile")), jax.profiler.stop_trace)
         with run.profile(*trace, use_cuda=jax.default_backend() == "gpu", annotate=jax.profiler.TraceAnnotation):
-            for epoch in run.epochs(start, stop_after_epoch):
+            for epoch in monitor.remaining(run.epochs(start, stop_after_epoch)):
                 losses = run.losses_before(epoch)
                 for batch in run.steps(train_in.epoch(epoch), epoch, sync, distribute.any_process):
                     with nvtx_range("step dispatch", "blue"):

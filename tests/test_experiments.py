@@ -192,7 +192,8 @@ def test_nonlinear_gas_study_measures_a_volume(data_dir, tmp_path):
 def test_nonlinear_gas_ceiling_of_r_from_draws_of_the_he2_offset(tmp_path):
     """``experiments/nonlinear_gas/ceiling.py`` on 24^3 volumes, two other draws of the He II offset:
     the gas density does not depend on it (r_12 = 1 in every bin), the temperature does (r_12 < 1 in
-    some bin); the ceiling is sqrt(r_12); the draws share the dark matter and differ in the offset."""
+    some bin), its r_12 as float64 NumPy gives it over each k shell's modes; the ceiling is sqrt(r_12);
+    the draws share the dark matter and differ in the offset."""
     import h5py
     import numpy as np
 
@@ -203,10 +204,24 @@ def test_nonlinear_gas_ceiling_of_r_from_draws_of_the_he2_offset(tmp_path):
     np.testing.assert_allclose(density["r_12"], 1.0, atol=1e-9)
     assert min(temperature["r_12"]) < 0.99
     np.testing.assert_allclose(temperature["ceiling"], np.sqrt(np.clip(temperature["r_12"], 0, None)), rtol=1e-12)
-    with h5py.File(tmp_path / "draw_0.h5") as a, h5py.File(tmp_path / "draw_1.h5") as b:
+    with h5py.File(tmp_path / "draw_24_2_0.h5") as a, h5py.File(tmp_path / "draw_24_2_1.h5") as b:
         np.testing.assert_array_equal(a["Nbody"][...], b["Nbody"][...])
         np.testing.assert_array_equal(a["Hydro"][0], b["Hydro"][0])
         assert np.abs(a["Hydro"][1] - b["Hydro"][1]).max() > 1e-3
+    # r_12 (the mean over the two other draws of their r with the volume) in float64 NumPy over every
+    # mode of each inner k shell, against the script's (validate's estimator)
+    temps = []
+    for j in range(3):
+        with h5py.File(tmp_path / f"draw_24_2_{j}.h5") as f:
+            temps.append(1e4 * np.exp(8 * f["Hydro"][1].astype(np.float64)))
+    f0, f1, f2 = (np.fft.fftn(t / t.mean() - 1) for t in temps)
+    n = np.fft.fftfreq(24) * 24
+    shell = np.sqrt(n[:, None, None] ** 2 + n[None, :, None] ** 2 + n[None, None, :] ** 2)
+    power = lambda x, m: np.sum(np.abs(x[m]) ** 2)
+    cross = lambda x, y, m: np.sum((x * y.conj()).real[m]) / np.sqrt(power(x, m) * power(y, m))
+    shells = [(shell >= j - 0.5) & (shell < j + 0.5) for j in range(1, 12)]
+    r12 = [(cross(f1, f0, m) + cross(f2, f0, m)) / 2 for m in shells]
+    np.testing.assert_allclose(temperature["r_12"][:11], r12, rtol=1e-6)
 
 
 def test_scaling_cpu_table_compares_every_launch_with_one_device(tmp_path):

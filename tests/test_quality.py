@@ -3,6 +3,7 @@ weight average of both frameworks against float64 NumPy, and the stop rule in ti
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tarfile
 import time
@@ -12,7 +13,7 @@ import pytest
 
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
-from shared_data.core.errors import ConfigError
+from shared_data.core.errors import ConfigError, UserError
 from shared_data.inference import quality, validate
 from shared_data.runtime.records import read_metrics, read_run_info
 
@@ -328,6 +329,49 @@ def test_a_kept_evaluation_restores_its_times_and_a_null_shortfall_as_inf():
     assert quality._restored({"epoch": 2, "time_sec": 41.0}) is None
     assert quality._restored({**record, "train_time_sec": "37.5"}) is None
     assert quality._restored({**record, "time_sec": True}) is None
+
+
+def _monitor_over(tmp_path, cfg, records, start_epoch):
+    """A Monitor of a run in ``tmp_path`` resumed at ``start_epoch`` over ``records`` (quality.jsonl)."""
+    from types import SimpleNamespace
+
+    (tmp_path / quality.RECORD).write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = SimpleNamespace(cfg=cfg, workdir=tmp_path, main=True, started=time.perf_counter(), framework="jax")
+    return quality.Monitor(run, "cpu", start_epoch)
+
+
+def test_a_resumed_monitor_restores_the_clock_and_the_verdicts_of_its_target(tiny_cfg, tmp_path, caplog):
+    """Resumed at epoch 2: epoch 3's record is dropped, the clock continues from epoch 2's (20 s, 3.5 s
+    of evaluations), both evaluations count, the verdicts only of those judged against this target; a
+    kept met one leaves no epoch to train; a record without its times is one error naming the file
+    and epoch, and the file is left as it was; no kept record restarts the clock at 0 with a warning."""
+    cfg = config_mod.replace(tiny_cfg, quality_every_epochs=1)
+    target = dataclasses.asdict(quality.Target.from_config(cfg))
+    other = {**target, "r_min": 0.5}
+    rec = lambda epoch, t, train, short, judged: dict(
+        epoch=epoch, step=4 * epoch, time_sec=t, train_time_sec=train, shortfall=short, met=short <= 0, target=judged
+    )
+    records = [rec(1, 10.0, 8.0, 3.0, target), rec(2, 20.0, 16.5, -0.1, other), rec(3, 30.0, 24.0, -1.0, target)]
+    monitor = _monitor_over(tmp_path, cfg, records, 2)
+    assert (monitor.clock_offset, monitor.eval_total, monitor.evaluations) == (20.0, 3.5, 2)
+    assert monitor.best["epoch"] == 1 and monitor.reached is None
+    assert 20.0 <= monitor.elapsed() < 20.0 + 60.0
+    assert [r["epoch"] for r in quality.read_records(tmp_path)] == [1, 2]
+    assert list(monitor.remaining(range(2, 5))) == [2, 3, 4]
+
+    records[1]["target"] = target
+    monitor = _monitor_over(tmp_path, cfg, records, 2)
+    assert monitor.reached["epoch"] == 2 and list(monitor.remaining(range(2, 5))) == []
+    assert monitor.stopped == "target met after epoch 2, before this invocation"
+
+    del records[0]["train_time_sec"]
+    with pytest.raises(UserError, match=r"quality.jsonl: the evaluation of epoch 1 has no finite, non-negative"):
+        _monitor_over(tmp_path, cfg, records, 2)
+    assert [r["epoch"] for r in quality.read_records(tmp_path)] == [1, 2, 3]
+
+    monitor = _monitor_over(tmp_path, cfg, [], 2)
+    assert monitor.clock_offset == 0.0 and monitor.evaluations == 0
+    assert "resumed at epoch 2 with no evaluation kept" in caplog.text
 
 
 @pytest.mark.slow

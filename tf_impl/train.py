@@ -224,7 +224,7 @@ def train_and_evaluate(
         trace = (lambda: tf.profiler.experimental.start(str(workdir / "profile")), tf.profiler.experimental.stop)
         gpu = bool(tf.config.list_logical_devices("GPU"))
         with run.profile(*trace, use_cuda=gpu, annotate=tf.profiler.experimental.Trace):
-            for epoch in run.epochs(start, stop_after_epoch):
+            for epoch in monitor.remaining(run.epochs(start, stop_after_epoch)):
                 losses = run.losses_before(epoch)
                 agree = lambda stop: distribute.any_process(strategy, stop)
                 for batch in run.steps(train_in.epoch(epoch), epoch, sync, agree):

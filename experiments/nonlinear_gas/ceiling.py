@@ -21,7 +21,8 @@ module function patched here, in this process only), and scores them as ``valida
 The gas density does not depend on m (the smoothing follows the temperature before the late He II
 heating: the module docstring of cosmology, 5e), so its r_12 is 1 and its ceiling 1: a check.
 Writes ``ceiling.json`` and ``table.txt`` (per k bin up to ``--k_max``, and the worst bins) into
-``--out``; the generated volumes stay in ``--out`` too (``draw_*.h5``).
+``--out``; the generated volumes stay in ``--out`` too (``draw_<size>_<seed>_<j>.h5``, reused by a
+later call with the same size and seed).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.draws < 1:
         p.error(f"--draws {args.draws}: expected at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
-    paths = [args.out / f"draw_{j}.h5" for j in range(args.draws + 1)]
+    paths = [args.out / f"draw_{args.size}_{args.seed}_{j}.h5" for j in range(args.draws + 1)]
     for j, path in enumerate(paths):
         make_volume(path, args.size, args.seed, j)
     truth, attrs = validate.read_volume(paths[0], "Hydro")

@@ -5,7 +5,7 @@
 # the Fourier-space L1) and on `short_opt`: its compile seconds and its step, so that a flag that
 # shortens the compile and slows the step shows both. Needs TF staged (../shared/device/README.md:
 # carry .tf/last); no data, no DALI. Results under $OUT (compare.jsonl, run.log, device.txt,
-# table.txt), the table printed last.
+# table.txt), the table printed last; the exit status is the last failed variant's (0 when all ran).
 #   bash experiments/tf_compile_flags/run.sh
 # VARIANTS: ';'-separated NAME|FLAGS entries (default below). CONFIGS: the configs (default
 # "quality short_opt"). On CPU, a smoke test (the flags parse, the records and the table; its times say
@@ -33,21 +33,28 @@ echo "XLA_FLAGS (before the variants') = ${XLA_FLAGS:-}" | tee -a "$OUT/device.t
 BASE_FLAGS=${XLA_FLAGS:-}
 rm -f "$OUT/compare.jsonl"
 IFS=';' read -ra variants <<< "$VARIANTS"
+START=$SECONDS rc=0
 for config in $CONFIGS; do
   CACHE=$($PY -c "from shared_data.core import config as c; print(c.load_config('$config').xla_cache_dir)")
   for variant in "${variants[@]}"; do
+    [[ $variant == *"|"* ]] || { echo "error: VARIANTS entry '$variant': expected NAME|FLAGS" >&2; exit 2; }
     name=${variant%%|*}
     flags=${variant#*|}
+    left=$((540 - (SECONDS - START)))  # a GPU call ends at 600 s: the table must be written before
+    if ((left < 60)); then echo "== $config $name: skipped (${left} s left of the call)" | tee -a "$OUT/run.log"; rc=1; continue; fi
     rm -rf "$CACHE"
     echo "== $config $name: $flags ($(date -u +%H:%M:%S))" | tee -a "$OUT/run.log"
-    XLA_FLAGS="$BASE_FLAGS $flags" timeout 240 $PY -m dlas_compare.benchmark --framework tf --config "$config" \
-      --mode synthetic "${STEPS[@]}" --label "$config $name" --out "$OUT/compare.jsonl" >> "$OUT/run.log" 2>&1 \
-      || echo "   failed (rc $?): $(grep -v '^W0000\|^I0000' "$OUT/run.log" | tail -1)" | tee -a "$OUT/run.log"
+    XLA_FLAGS="$BASE_FLAGS $flags" timeout $((left < 240 ? left : 240)) $PY -m dlas_compare.benchmark --framework tf \
+      --config "$config" --mode synthetic "${STEPS[@]}" --label "$config $name" --out "$OUT/compare.jsonl" \
+      >> "$OUT/run.log" 2>&1 \
+      || { rc=$?; echo "   failed (rc $rc): $(grep -v '^W0000\|^I0000' "$OUT/run.log" | tail -1)" | tee -a "$OUT/run.log"; }
   done
 done
+[[ -s $OUT/compare.jsonl ]] || { echo "error: no variant produced a record (run.log says why)" >&2; exit 1; }
 $PY -c "
 import json, sys
 from dlas_compare.benchmark import table
 records = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 print(table(records))
 " "$OUT/compare.jsonl" | tee "$OUT/table.txt"
+exit $rc

@@ -57,6 +57,10 @@ ttq() {
   shift 2
   local rec="$WORK/records/$name" mode=--overwrite
   [[ -n ${RESUME:-} ]] && mode=--resume
+  if [[ $mode == --resume && ! -d $WORK/$name/checkpoints ]]; then  # a fresh machine: nothing to resume
+    echo "error: RESUME: $WORK/$name holds no checkpoints to resume (the earlier call's machine is gone?)" >&2
+    return 2
+  fi
   mkdir -p "$rec"
   [[ $mode == --overwrite ]] && : > "$rec/train.log"
   $PY -m "${framework}_impl.train" --config "$TRAIN_CONFIG" "${TRAIN[@]}" --set quality_every_epochs=1 "$@" \

@@ -16,9 +16,11 @@ found = []
 for name, module in (("jax", "jax"), ("jaxlib", "jaxlib"), ("flax", "flax"), ("optax", "optax"), ("numpy", "numpy"),
                      ("torch", "torch"), ("dali", "nvidia.dali")):
     try:
-        found.append(f"{name} {importlib.import_module(module).__version__}")
+        found.append(f"{name} {getattr(importlib.import_module(module), '__version__', '?')}")
     except ImportError:
         found.append(f"{name} not installed")
+    except Exception as err:  # a library that is there but does not load (CUDA libraries)
+        found.append(f"{name} does not import ({type(err).__name__})")
 print(", ".join(found))
 PY
 df -h /dev/shm | tail -1 | sed 's/^/shared memory (lowmem workers): /' | tee -a $OUT/device.txt

@@ -26,8 +26,9 @@ The run stops after the first evaluation that meets it, or at the first epoch en
 
 * ``quality.jsonl``: one JSON line per evaluation, the curve against time: ``epoch``, ``step``,
   ``time_sec`` (start of the run to the end of this evaluation), ``train_time_sec`` (the same without
-  the evaluations' own time), ``eval_sec``, ``met``, ``shortfall`` (below) and per channel the
-  binned ``k``, ``r``, ``ratio``, ``r_baseline``, ``r_non_ml`` and their worst values;
+  the evaluations' own time), ``eval_sec``, ``target`` (the one judged), ``met``, ``shortfall``
+  (below) and per channel the binned ``k``, ``r``, ``ratio``, ``r_baseline``, ``r_non_ml`` and their
+  worst values;
 * ``metrics.jsonl``: the evaluated epoch's record gets ``quality_time_sec``, ``quality_met`` and
   ``quality_shortfall``, and the one that met the target ``time_to_quality_sec``, ``framework``, ``device``;
 * ``run.json``: ``time_to_quality`` with ``time_to_quality_sec`` (the ``time_sec`` of the evaluation
@@ -42,7 +43,8 @@ data, compiling, training, the per-epoch validation loss, checkpoints and the qu
 training). A resumed run's clock continues from the last evaluation it keeps (the one at or before
 the epoch it resumes from): the interrupted invocation's time after that evaluation is not counted,
 the resumed invocation's own start (reading, compiling) is, and ``quality_budget_sec`` counts on
-this clock, so a run stopped by its budget resumes with a larger one.
+this clock, so a run stopped by its budget resumes with a larger one. The kept evaluations judged
+against the same target keep their verdicts: a run that has met it trains no further epoch.
 
 The shortfall of an evaluation is the largest violation of a condition, in units of the condition's
 margin: (r_min - r) / (1 - r_min), (|ratio - 1| - tol) / tol, (r_baseline - r) / (1 - r_min) and
@@ -63,7 +65,7 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core.config import Config
-from shared_data.core.errors import ConfigError
+from shared_data.core.errors import ConfigError, UserError
 from shared_data.core.files import write_atomic
 from shared_data.inference import predict as predict_mod
 from shared_data.inference import validate
@@ -176,9 +178,10 @@ def read_records(workdir) -> list[dict]:
 
 def _restored(record: dict) -> dict | None:
     """A kept evaluation record for the resumed clock: its times as floats and a null shortfall (a
-    non-finite one, written as null) as inf; None when a time is missing or not a number."""
+    non-finite one, written as null) as inf; None when a time is missing, not a number, not finite or
+    negative."""
     times = [record.get(k) for k in ("time_sec", "train_time_sec")]
-    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in times):
+    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0 for t in times):
         return None
     shortfall = record.get("shortfall")
     shortfall = math.inf if not isinstance(shortfall, (int, float)) else float(shortfall)
@@ -209,14 +212,17 @@ class Monitor:
     """The time-to-quality mode of a trainer's :class:`shared_data.runtime.run.Run` (off when
     ``quality_every_epochs`` is 0: every method then does nothing).
 
-    The trainer calls :meth:`after_epoch` after each epoch's checkpoint and stops when it returns
-    True, then :meth:`finish` before ``run.finish()``. ``agree(flag)`` returns process 0's flag on every
-    process of a multi-process run (each process's clock and evaluation are its own; a process that
-    stops alone leaves the others waiting in a collective). ``device`` names the accelerator for the records;
+    The trainer loops over the :meth:`remaining` epochs, calls :meth:`after_epoch` after each epoch's
+    checkpoint and stops when it returns True, then :meth:`finish` before ``run.finish()``.
+    ``agree(flag)`` returns process 0's flag on every process of a multi-process run (each process's
+    clock and evaluation are its own; a process that stops alone leaves the others waiting in a
+    collective). ``device`` names the accelerator for the records;
     ``start_epoch`` is where the run starts (records of later epochs, from an earlier run, are dropped).
     The validation volume is read at construction, so a missing file or attribute fails before training.
 
     Raises:
+        UserError: a resumed run's kept evaluation has no finite, non-negative times to continue the
+            clock from.
         DatasetError: the validation file breaks the dataset contract or lacks the attributes the
             metrics need (:func:`shared_data.inference.validate.units_from_files`).
         ConfigError: ``quality_k_max`` lies below the volume's first k bin or above its Nyquist
@@ -234,30 +240,11 @@ class Monitor:
         self.eval_total, self.stopped, self.clock_offset = 0.0, "num_epochs trained", 0.0
         if not self.enabled:
             return
-        # A fresh or resumed run keeps the curve up to the epoch it starts from; a resumed one continues
-        # its clock from the last evaluation kept (every process reads it; process 0 rewrites the file).
+        # A fresh or resumed run keeps the curve up to the epoch it starts from (process 0 rewrites the file
+        # once the checks below have passed); a resumed one continues its clock from the last evaluation
+        # kept and keeps the verdicts of those judged against this target.
         keep = [r for r in read_records(run.workdir) if r["epoch"] <= start_epoch] if start_epoch else []
-        if run.main:
-            write_atomic(run.workdir / RECORD, "".join(json.dumps(r) + "\n" for r in keep))
-        kept = [_restored(r) for r in keep]
-        if kept and all(r is not None for r in kept):
-            last = kept[-1]
-            self.clock_offset = last["time_sec"]
-            self.eval_total = last["time_sec"] - last["train_time_sec"]
-            self.evaluations = len(kept)
-            self.best = min(kept, key=lambda r: r["shortfall"])
-            self.reached = next((r for r in kept if r.get("met")), None)
-            log.info(
-                "time to quality: resumed; the clock continues from epoch %d's evaluation at %.1f s",
-                last["epoch"],
-                self.clock_offset,
-            )
-        elif kept:
-            log.warning(
-                "time to quality: %s holds an evaluation without its times (time_sec, train_time_sec); "
-                "the resumed clock starts at 0",
-                run.workdir / RECORD,
-            )
+        self._restore(keep, start_epoch)
         path = run.cfg.data_file("val")
         self.truth, attrs = validate.read_volume(path, "Hydro")
         self.nbody, _ = validate.read_volume(path, "Nbody")
@@ -289,6 +276,8 @@ class Monitor:
         )
         x = np.ascontiguousarray(np.moveaxis(self.nbody, 0, -1))
         self.x = np.pad(x, [(0, self.size - side)] * 3 + [(0, 0)])
+        if run.main:
+            write_atomic(run.workdir / RECORD, "".join(json.dumps(r) + "\n" for r in keep))
         log.info(
             "time to quality: the whole %s (%d^3) every %d epoch(s); target r >= %g, |P ratio - 1| <= %g up to "
             "k = %g h/Mpc for gas density and temperature%s%s",
@@ -302,6 +291,54 @@ class Monitor:
             + (", r >= the non-ML baseline's" if self.target.beat_non_ml else ""),
             f"; budget {run.cfg.quality_budget_sec:g} s" if run.cfg.quality_budget_sec else "",
         )
+
+    def _restore(self, keep: list[dict], start_epoch: int) -> None:
+        """The clock, evaluation count, best and reached evaluation of a resumed run from the records
+        it keeps (:func:`_restored`); the best and reached ones only among the evaluations judged
+        against this target (each record holds its ``target``).
+
+        Raises:
+            UserError: a kept record has no finite, non-negative ``time_sec`` / ``train_time_sec``.
+        """
+        if not keep:
+            if start_epoch:
+                log.warning(
+                    "time to quality: resumed at epoch %d with no evaluation kept in %s: the clock starts at 0 "
+                    "(the time before this invocation is not counted)",
+                    start_epoch,
+                    self.run.workdir / RECORD,
+                )
+            return
+        kept = [_restored(r) for r in keep]
+        bad = next((r for r, k in zip(keep, kept) if k is None), None)
+        if bad is not None:
+            raise UserError(
+                f"{self.run.workdir / RECORD}: the evaluation of epoch {bad['epoch']} has no finite, non-negative "
+                "time_sec and train_time_sec, which the resumed clock continues from; remove that line (or the "
+                "file, to restart the clock at 0) and resume again"
+            )
+        last = kept[-1]
+        self.clock_offset = last["time_sec"]
+        self.eval_total = last["time_sec"] - last["train_time_sec"]
+        self.evaluations = len(kept)
+        same = [r for r in kept if r.get("target") == dataclasses.asdict(self.target)]
+        self.best = min(same, key=lambda r: r["shortfall"]) if same else None
+        self.reached = next((r for r in same if r.get("met")), None)
+        log.info(
+            "time to quality: resumed; the clock continues from epoch %d's evaluation at %.1f s%s",
+            last["epoch"],
+            self.clock_offset,
+            "" if len(same) == len(kept) else f" ({len(kept) - len(same)} kept evaluation(s) judged another target)",
+        )
+
+    def remaining(self, epochs: range) -> range:
+        """``epochs`` (:meth:`shared_data.runtime.run.Run.epochs`), or none when a resumed run has met
+        the target already (the trainers loop over this)."""
+        if self.enabled and self.reached is not None:
+            self.stopped = f"target met after epoch {self.reached['epoch']}, before this invocation"
+            log.info("time to quality: the target was met after epoch %d: nothing to train", self.reached["epoch"])
+            return range(0)
+        return epochs
 
     def elapsed(self) -> float:
         """Seconds of the run's clock: since this invocation started
@@ -329,6 +366,7 @@ class Monitor:
             "time_sec": now,
             "train_time_sec": now - self.eval_total,
             "eval_sec": seconds,
+            "target": dataclasses.asdict(self.target),
             **result,
         }
         if self.run.main:
