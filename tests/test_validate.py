@@ -175,6 +175,20 @@ def test_units_come_from_the_attributes(tmp_path, fields):
     assert c["power"]["gas_temperature"]["r_pred"] == a["power"]["gas_temperature"]["r_pred"]
 
 
+def test_linear_inverts_the_storage_transforms():
+    """Stored x = ln(rho) / 14 and ln(T / T0) / 8 give rho and T back (float64); another channel is an
+    error naming it."""
+    from types import SimpleNamespace
+
+    units = SimpleNamespace(density_scale=14.0, temperature_scale=8.0, temperature_T0=1.5e4)
+    rho, temp = np.array([0.1, 1.0, 250.0]), np.array([3e3, 1.5e4, 2e6])
+    np.testing.assert_allclose(validate.linear(validate.DENSITY, np.log(rho) / 14, units), rho, rtol=1e-12)
+    stored = (np.log(temp / 1.5e4) / 8).astype(np.float32)
+    np.testing.assert_allclose(validate.linear(validate.TEMPERATURE, stored, units), temp, rtol=1e-5)
+    with pytest.raises(ValueError, match="'gas_vx'"):
+        validate.linear("gas_vx", stored, units)
+
+
 @pytest.mark.parametrize(
     "drop, flag, value",
     [

@@ -61,8 +61,8 @@ def mean_prediction(hydro: list[np.ndarray], units: validate.Units) -> np.ndarra
     out = stack.mean(0)
     names = units.hydro_channels
     d, t = names.index(validate.DENSITY), names.index(validate.TEMPERATURE)
-    out[d] = np.log(np.exp(units.density_scale * stack[:, d]).mean(0)) / units.density_scale
-    temperature = units.temperature_T0 * np.exp(units.temperature_scale * stack[:, t])
+    out[d] = np.log(validate.linear(validate.DENSITY, stack[:, d], units).mean(0)) / units.density_scale
+    temperature = validate.linear(validate.TEMPERATURE, stack[:, t], units)
     out[t] = np.log(temperature.mean(0) / units.temperature_T0) / units.temperature_scale
     return out.astype(np.float32)
 

@@ -58,8 +58,8 @@ def measure(path: Path, k_max: float, overdensity: float) -> dict:
     side = hydro.shape[1]
     units = validate.units_from_files({path: attrs}, side, {})
     m = validate.compute_metrics(hydro, hydro, nbody, units)
-    rho = np.exp(units.density_scale * hydro[0].astype(np.float64))
-    temp = units.temperature_T0 * np.exp(units.temperature_scale * hydro[1].astype(np.float64))
+    rho = validate.linear(validate.DENSITY, hydro[0], units)
+    temp = validate.linear(validate.TEMPERATURE, hydro[1], units)
     mass = rho / rho.sum()
     shells = {}
     for name in (validate.DENSITY, validate.TEMPERATURE):
@@ -122,9 +122,9 @@ def figure(path: Path, volume: Path, props: dict) -> None:
     hydro, attrs = validate.read_volume(volume, "Hydro")
     nbody, _ = validate.read_volume(volume, "Nbody")
     units = validate.units_from_files({volume: attrs}, hydro.shape[1], {})
-    rho = np.exp(units.density_scale * hydro[0].astype(np.float64))
+    rho = validate.linear(validate.DENSITY, hydro[0], units)
     rho_dm = np.exp(units.density_scale * nbody[0].astype(np.float64))
-    temp = units.temperature_T0 * np.exp(units.temperature_scale * hydro[1].astype(np.float64))
+    temp = validate.linear(validate.TEMPERATURE, hydro[1], units)
     box, edges = props["box_mpc_h"], validate.k_edges(hydro.shape[1], units.voxel_size)
     fig, (ax_phase, ax_rho, ax_t, ax_v) = plt.subplots(1, 4, figsize=(20, 4.6))
     h, xe, ye = np.histogram2d(

@@ -248,6 +248,22 @@ def physical(name: str, x: np.ndarray, units: Units) -> np.ndarray:
     return x
 
 
+def linear(name: str, x: np.ndarray, units: Units) -> np.ndarray:
+    """Stored gas density or temperature ``x`` in linear physical units, float64: the density as
+    exp(density_scale x) (mean-density units), the temperature as T0 exp(temperature_scale x) in K
+    (the inverse of the generator's storage transforms; :func:`physical` gives their logarithms).
+
+    Raises:
+        ValueError: ``name`` is neither :data:`DENSITY` nor :data:`TEMPERATURE`.
+    """
+    x = np.asarray(x, np.float64)
+    if name == DENSITY:
+        return np.exp(units.density_scale * x)
+    if name == TEMPERATURE:
+        return units.temperature_T0 * np.exp(units.temperature_scale * x)
+    raise ValueError(f"channel {name!r}: expected {DENSITY!r} or {TEMPERATURE!r}")
+
+
 def unit_label(name: str) -> str:
     """The colour-bar label of :func:`physical`'s units."""
     if name.endswith("density"):
@@ -386,17 +402,13 @@ def compute_metrics(pred: np.ndarray, truth: np.ndarray, nbody: np.ndarray, unit
             "non_ml": l1_of(filtered, c),
             "non_ml_is": filtered_is,
         }
-    physical_fields = {
-        DENSITY: lambda x: np.exp(units.density_scale * np.asarray(x, np.float64)),
-        TEMPERATURE: lambda x: units.temperature_T0 * np.exp(units.temperature_scale * np.asarray(x, np.float64)),
-    }
     power, pdf = {}, {}
-    for name, to_physical in physical_fields.items():
+    for name in (DENSITY, TEMPERATURE):
         c = names.index(name)
         base, what, filtered, filtered_is = baselines[name]
-        t = to_physical(truth[c])
+        t = linear(name, truth[c], units)
         others = {"pred": pred[c], "baseline": base, "non_ml": filtered}
-        others = {tag: to_physical(x) for tag, x in others.items() if x is not None}
+        others = {tag: linear(name, x, units) for tag, x in others.items() if x is not None}
         s = spectra(t, others, box, edges)
         s["summary"] = {"model": spectrum_summary(s, "pred")}
         for tag in ("baseline", "non_ml"):
