@@ -3,9 +3,10 @@
 # for each variant of XLA_FLAGS (added to the kit's own), an empty XLA cache, then the benchmark's
 # SYNTHETIC mode on config `quality` (the step the time-to-quality runs compile: short_opt's net with
 # the Fourier-space L1) and on `short_opt`: its compile seconds and its step, so that a flag that
-# shortens the compile and slows the step shows both. Needs TF staged (../shared/device/README.md:
-# carry .tf/last); no data, no DALI. Results under $OUT (compare.jsonl, run.log, device.txt,
-# table.txt), the table printed last; the exit status is the last failed variant's (0 when all ran).
+# shortens the compile and slows the step shows both. Needs TF staged on the machine (/tmp/tf-env.sh,
+# or its unpacker .tf/last/tf-on-device.sh carried with the call); no data, no DALI. Results under
+# $OUT (compare.jsonl, run.log, device.txt, table.txt), the table printed last; the exit status is the
+# last failed variant's (0 when all ran).
 #   bash experiments/tf_compile_flags/run.sh
 # VARIANTS: ';'-separated NAME|FLAGS entries (default below). CONFIGS: the configs (default
 # "quality short_opt"). On CPU, a smoke test (the flags parse, the records and the table; its times say
