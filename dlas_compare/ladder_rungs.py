@@ -15,7 +15,7 @@ from dlas_compare.benchmark import FRAMEWORKS
 from shared_data.core.commands import command_name
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
-from shared_data.runtime.xla_flags import DEFAULT_XLA_FLAGS, default_xla_flags_off
+from shared_data.runtime.xla_flags import default_xla_flags_off, kit_xla_flags
 
 BASELINE_WORKERS = 4  # the tutorial's baseline worker count
 MORE_WORKERS = 8
@@ -199,7 +199,7 @@ def _change(
                 "the baseline, and the benchmark does not run torch.compile",
                 "",
             )
-        flags = " ".join(DEFAULT_XLA_FLAGS)
+        flags = " ".join(kit_xla_flags(framework))
         on_cpu = "" if gpu else ", which act on GPU convolutions only"
         if framework == "jax":
             note = f"JAX compiles every rung; this rung adds the kit's XLA flags ({flags}){on_cpu}"
@@ -302,9 +302,9 @@ def process_xla_flags(step: Step, environ: dict | None = None) -> str:
     compilation rung starts a process of its own). TF and PyTorch: the caller's, with which the kit
     adds its flags at import: the flags act on XLA's compilations only, and before TF's compilation
     rung XLA compiles only DALI's crop and copy functions there, which hold no convolution (all that
-    ``--xla_gpu_force_conv_nhwc`` changes); PyTorch does not read them. So TF's and PyTorch's rungs
-    share one process, all but the data-parallel rung on CPU devices (``host_devices`` > 1), which
-    needs a process of its own: a process sets its devices once."""
+    ``--xla_gpu_force_conv_nhwc`` changes) and no fusion worth autotuning; PyTorch does not read them.
+    So TF's and PyTorch's rungs share one process, all but the data-parallel rung on CPU devices
+    (``host_devices`` > 1), which needs a process of its own: a process sets its devices once."""
     if step.framework == "jax":
         return xla_flags(step.settings, environ)
     caller = (os.environ if environ is None else environ).get("XLA_FLAGS", "")

@@ -7,9 +7,15 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from shared_data.core.config import REPO_ROOT
-from shared_data.runtime.xla_flags import DEFAULT_XLA_FLAGS, apply_default_xla_flags, default_xla_flags_off
+from shared_data.runtime.xla_flags import (
+    DEFAULT_XLA_FLAGS,
+    apply_default_xla_flags,
+    default_xla_flags_off,
+    kit_xla_flags,
+)
 
 
 def test_defaults_are_appended_once_and_user_values_win():
@@ -29,6 +35,21 @@ def test_defaults_are_appended_once_and_user_values_win():
         apply_default_xla_flags({"XLA_FLAGS": "--xla_gpu_force_conv_nhwc=false"}) == "--xla_gpu_force_conv_nhwc=false"
     )
     assert apply_default_xla_flags({}) == " ".join(DEFAULT_XLA_FLAGS)
+
+
+def test_tensorflow_adds_its_own_defaults_after_the_shared_ones():
+    assert apply_default_xla_flags({}, framework="tf").split() == [
+        "--xla_gpu_force_conv_nhwc=true",
+        "--xla_gpu_experimental_enable_fusion_autotuner=false",
+    ]
+    mine = {"XLA_FLAGS": "--xla_gpu_experimental_enable_fusion_autotuner=true"}
+    assert apply_default_xla_flags(mine, framework="tf").split() == [
+        "--xla_gpu_experimental_enable_fusion_autotuner=true",
+        "--xla_gpu_force_conv_nhwc=true",
+    ]
+    assert kit_xla_flags("jax") == DEFAULT_XLA_FLAGS
+    with pytest.raises(ValueError, match="'torch'"):
+        kit_xla_flags("torch")
 
 
 def test_defaults_off_names_each_default_false_and_keeps_the_rest():
@@ -56,6 +77,19 @@ def test_importing_jax_impl_sets_them_before_jax_starts():
     code = "import jax_impl, os, jax; jax.devices(); print(os.environ['XLA_FLAGS'])"
     res = run_python(code, "--xla_cpu_enable_fast_math=false")
     assert res.stdout.split() == ["--xla_cpu_enable_fast_math=false", "--xla_gpu_force_conv_nhwc=true"]
+
+
+def test_importing_tf_impl_sets_them_and_tensorflow_xla_accepts_them():
+    """The flags tf_impl adds parse in TensorFlow's XLA (an unknown flag aborts the process at the
+    first compilation) and a jit-compiled function gives the float64 NumPy value."""
+    code = (
+        "import tf_impl, os, tensorflow as tf; "
+        "f = tf.function(lambda x: tf.reduce_sum(x * x), jit_compile=True); "
+        "print(os.environ['XLA_FLAGS'], float(f(tf.constant([0.5, 1.5, 2.0]))))"
+    )
+    out = run_python(code, "--xla_cpu_enable_fast_math=false").stdout.split()
+    assert out[:3] == ["--xla_cpu_enable_fast_math=false", *kit_xla_flags("tf")]
+    assert float(out[3]) == np.sum(np.array([0.5, 1.5, 2.0]) ** 2)
 
 
 FFT_STEPS = """

@@ -14,7 +14,7 @@ from shared_data.runtime.xla_flags import apply_default_xla_flags
 
 if command_module() == f"{__name__}.train":  # SIGTERM and Ctrl-C while the framework imports: one sentence
     guard_command()
-apply_default_xla_flags()
+apply_default_xla_flags(framework="tf")
 answer_before_import(__name__)  # --help and bad input answered before the framework loads
 require_package("tensorflow", "tf", "tf_impl")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
