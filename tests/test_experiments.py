@@ -224,6 +224,45 @@ def test_nonlinear_gas_ceiling_of_r_from_draws_of_the_he2_offset(tmp_path):
     np.testing.assert_allclose(temperature["r_12"][:11], r12, rtol=1e-6)
 
 
+def test_nonlinear_gas_curve_gap_to_the_ceiling_per_bin(data_dir, tmp_path):
+    """``curve.py --ceiling``: per bin up to k_max, the fraction of the gap from the non-ML baseline's r
+    to the ceiling that the model closes, (r - r_non_ml) / (ceiling - r_non_ml), by hand over
+    hand-written records; another volume's k bins are one error naming the ceiling file."""
+    k = [1.0, 2.0, 3.0, 20.0]  # the last beyond k_max
+    channel = lambda r, nm: {"k": k, "r": r, "r_non_ml": nm, "ratio": [1.0, 1.5, 0.5, 1.0], "n_modes": [6, 12, 30, 90]}
+    channel_worst = {"r_worst": 0.8, "ratio_dev_worst": 0.5}
+    evaluation = {
+        "epoch": 3,
+        "time_sec": 61.0,
+        "channels": {
+            "gas_density": {**channel([0.99, 0.98, 0.90, 0.1], [0.95, 0.90, 0.80, 0.0]), **channel_worst},
+            "gas_temperature": {**channel([0.85, 0.90, 0.95, 0.1], [0.80, 0.85, 0.85, 0.0]), **channel_worst},
+        },
+    }
+    (tmp_path / "records" / "run").mkdir(parents=True)
+    (tmp_path / "records" / "run" / "quality.jsonl").write_text(json.dumps(evaluation) + "\n")
+    ceiling = {
+        "gas_density": {"k": k, "ceiling": [1.0] * 4},
+        "gas_temperature": {"k": k, "ceiling": [0.9, 0.95, 0.99, 1.0]},
+    }
+    (tmp_path / "ceiling.json").write_text(json.dumps({"channels": ceiling}))
+    args = ("records", "--val", str(data_dir / "val_24.h5"), "--ceiling", "ceiling.json", "--k_max", "10")
+    res = _study(
+        "nonlinear_gas/curve.py", *(str(tmp_path / a) if a in ("records", "ceiling.json") else a for a in args)
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    # density: 0.04/0.05, 0.08/0.10, 0.10/0.20; temperature: 0.05/0.10, 0.05/0.10, 0.10/0.14
+    assert "| rho | 3.00 | 0.9000 | 0.8000 | 1.0000 | 0.500 | 0.500 |" in res.stdout
+    assert "| T | 3.00 | 0.9500 | 0.8500 | 0.9900 | 0.714 | 0.500 |" in res.stdout
+    assert "| rho | 20.00" not in res.stdout and "smallest gap closed: rho 0.500, T 0.500" in res.stdout
+    ceiling["gas_temperature"]["k"] = [1.1, 2.1, 3.1, 20.0]
+    (tmp_path / "ceiling.json").write_text(json.dumps({"channels": ceiling}))
+    res = _study(
+        "nonlinear_gas/curve.py", *(str(tmp_path / a) if a in ("records", "ceiling.json") else a for a in args)
+    )
+    assert res.returncode == 2 and "ceiling.json: gas_temperature: the ceiling's k bins are not" in res.stderr
+
+
 def test_scaling_cpu_table_compares_every_launch_with_one_device(tmp_path):
     """``experiments/scaling_cpu/table.py`` on run folders with known losses: each row's largest
     relative difference from the framework's 1-device run (any epoch, train or validation) and the

@@ -94,6 +94,27 @@ def test_both_channels_must_beat_the_non_ml_baseline_in_every_bin_unless_switche
         quality.check(m, strict)
 
 
+def test_the_temperature_has_its_own_thresholds_where_set():
+    """Density r 0.70 with |P - 1| 0.40, temperature r 0.80 with |P - 1| 0.60: one shared r_min 0.75
+    fails the density by (0.75 - 0.70) / 0.25 = 0.2; the temperature's own r_min 0.78 and tol 0.65
+    with the shared 0.65 / 0.5 hold both; the temperature's r_min 0.82 fails it by 0.02 / 0.18 and its
+    tol 0.5 by (0.6 - 0.5) / 0.5 = 0.2, the larger."""
+    m = _metrics([0.70] * 4, [1.4] * 4, [0.80] * 4, [1.6] * 4, [0.5] * 4)
+    shared = quality.Target(r_min=0.75, ratio_tol=0.7, k_max=6.3, beat_baseline=True)
+    res = quality.check(m, shared)
+    assert not res["met"] and res["shortfall"] == pytest.approx(0.2)
+    own = dataclasses.replace(shared, r_min=0.65, ratio_tol=0.5, temperature_r_min=0.78, temperature_ratio_tol=0.65)
+    res = quality.check(m, own)
+    assert res["met"] and res["channels"][validate.TEMPERATURE]["shortfall"] == pytest.approx(
+        max((0.78 - 0.80) / 0.22, (0.6 - 0.65) / 0.65, (0.5 - 0.8) / 0.22)
+    )
+    assert res["channels"][validate.DENSITY]["shortfall"] == pytest.approx(max(-0.05 / 0.35, -0.1 / 0.5))
+    tight = dataclasses.replace(own, temperature_r_min=0.82, temperature_ratio_tol=0.5)
+    assert quality.check(m, tight)["shortfall"] == pytest.approx(0.2)
+    assert own.describe().startswith("gas density r >= 0.65, |P ratio - 1| <= 0.5, temperature r >= 0.78, ")
+    assert shared.describe().startswith("r >= 0.75, |P ratio - 1| <= 0.7 up to k = 6.3 h/Mpc for gas density and")
+
+
 def test_nan_fails_and_no_bin_below_k_max_is_an_error():
     m = _metrics([0.999, np.nan, 0.999, 1.0], [1.0] * 4, [0.9995] * 4, [1.0] * 4, [0.999] * 4)
     res = quality.check(m, TARGET)
@@ -132,6 +153,14 @@ def test_config_keys_and_their_checks():
         config_mod.replace(cfg, loss_space="linear")
     with pytest.raises(ConfigError, match="key 'temperature_channel'"):
         config_mod.replace(cfg, temperature_channel=0)
+    assert (cfg.quality_temperature_r_min, cfg.quality_temperature_ratio_tol) == (None, None)
+    own = config_mod.replace(cfg, quality_temperature_r_min=0.8, quality_temperature_ratio_tol=0.6)
+    assert quality.Target.from_config(own).thresholds(validate.TEMPERATURE) == (0.8, 0.6)
+    assert quality.Target.from_config(own).thresholds(validate.DENSITY) == (0.998, 0.02)
+    with pytest.raises(ConfigError, match=r"key 'quality_temperature_r_min': expected a number in \[-1, 1\], got 1.5"):
+        config_mod.replace(cfg, quality_temperature_r_min=1.5)
+    with pytest.raises(ConfigError, match="key 'quality_temperature_ratio_tol': expected a finite number >= 0"):
+        config_mod.replace(cfg, quality_temperature_ratio_tol=-0.1)
 
 
 # --- the loss terms --------------------------------------------------------------------------------

@@ -12,6 +12,12 @@ The two baselines do not depend on the model: they are scored here on ``--val`` 
 them (:func:`shared_data.inference.validate.compute_metrics` with the truth as the prediction): the
 dark matter as gas, and the non-ML baseline (Jeans-filtered dark matter with the mean
 temperature-density relation). Prints a markdown table; ``--json`` also writes it as records.
+
+``--ceiling CEILING.json`` (from ``ceiling.py`` on the same volume) adds, per run, a table of every
+k bin of its last evaluation: the model's r, the non-ML baseline's, the ceiling of r, the fraction of
+the gap from the non-ML baseline to the ceiling that the model closes, (r - r_non_ml) /
+(ceiling - r_non_ml), and the P ratio; then the smallest fraction per channel, the measure a target
+relative to the ceiling would test.
 """
 
 from __future__ import annotations
@@ -107,6 +113,35 @@ def table(records: Path, val: Path, marks: list[float], k_max: float) -> tuple[s
     return "\n".join(lines), rows
 
 
+def gap_closed(evaluation: dict, ceiling: dict, k_max: float) -> tuple[str, dict[str, float]]:
+    """Per k bin <= ``k_max`` of one evaluation: the markdown rows described in the module docstring,
+    and channel -> the smallest fraction of the gap closed. ``ceiling`` is ``ceiling.json``'s
+    ``channels``; its bins must be the evaluation's (the same volume size and box).
+
+    Raises:
+        ValueError: a channel is missing from ``ceiling`` or its k bins differ from the evaluation's.
+    """
+    lines = ["| channel | k h/Mpc | r | non-ML r | ceiling | gap closed | P ratio |", "|---|---|---|---|---|---|---|"]
+    worst_closed = {}
+    for name, short in CHANNELS.items():
+        c = evaluation["channels"][name]
+        if name not in ceiling:
+            raise ValueError(f"the ceiling file has no channel {name!r}")
+        k = np.asarray(c["k"], np.float64)
+        sel = k <= k_max
+        kc = np.asarray(ceiling[name]["k"], np.float64)
+        if kc.size < sel.sum() or not np.allclose(kc[: sel.sum()], k[sel], rtol=1e-9):
+            raise ValueError(f"{name}: the ceiling's k bins are not the evaluation's (another volume size or box?)")
+        r, nm = (np.asarray(c[q], np.float64)[sel] for q in ("r", "r_non_ml"))
+        ceil = np.asarray(ceiling[name]["ceiling"], np.float64)[: sel.sum()]
+        ratio = np.asarray(c["ratio"], np.float64)[sel]
+        closed = (r - nm) / (ceil - nm)
+        worst_closed[name] = float(np.min(closed))
+        for row in zip(k[sel], r, nm, ceil, closed, ratio):
+            lines.append(f"| {short} | " + " | ".join(f"{v:.{d}f}" for v, d in zip(row, (2, 4, 4, 4, 3, 3))) + " |")
+    return "\n".join(lines), worst_closed
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("records", type=Path, help="folder of run folders, each with quality.jsonl")
@@ -114,6 +149,7 @@ def main(argv=None) -> int:
     parser.add_argument("--marks", default="1,2,5,10", help="minutes from the trainer's start (comma-separated)")
     parser.add_argument("--k_max", type=float, default=6.3, help="the last k bin centre tested, h/Mpc")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON lines here")
+    parser.add_argument("--ceiling", type=Path, help="ceiling.json of ceiling.py on the same volume: per-bin tables")
     args = parser.parse_args(argv)
     try:
         marks = [float(m) for m in args.marks.split(",")]
@@ -124,6 +160,17 @@ def main(argv=None) -> int:
         return 2
     text, rows = table(args.records, args.val, marks, args.k_max)
     print(text)
+    if args.ceiling:
+        ceiling = json.loads(args.ceiling.read_text())["channels"]
+        for path in sorted(args.records.glob("*/quality.jsonl")):
+            last = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][-1]
+            try:
+                bins, worst_closed = gap_closed(last, ceiling, args.k_max)
+            except ValueError as err:
+                print(f"error: {args.ceiling}: {err}", file=sys.stderr)
+                return 2
+            print(f"\n{path.parent.name}, epoch {last['epoch']} ({last['time_sec']:.0f} s):\n{bins}")
+            print("smallest gap closed: " + ", ".join(f"{CHANNELS[n]} {v:.3f}" for n, v in worst_closed.items()))
     if args.json:
         args.json.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0

@@ -150,6 +150,8 @@ class Config:
     quality_every_epochs: int
     quality_r_min: float
     quality_ratio_tol: float
+    quality_temperature_r_min: float | None
+    quality_temperature_ratio_tol: float | None
     quality_k_max: float
     quality_beat_baseline: bool
     quality_beat_non_ml: bool
@@ -335,11 +337,13 @@ RANGES: dict[str, tuple[float, bool]] = {
             "ema_decay",
             "quality_every_epochs",
             "quality_ratio_tol",
+            "quality_temperature_ratio_tol",
             "quality_budget_sec",
             "temperature_channel",
         )
     },
     "quality_r_min": (-1, True),
+    "quality_temperature_r_min": (-1, True),
     **{k: (0, False) for k in ("density_scale", "temperature_scale", "loss_scale_init", "quality_k_max")},
 }
 
@@ -406,8 +410,9 @@ def _check_ranges(cfg: Config, where: str) -> None:
         )
     if cfg.ema_decay >= 1.0:
         raise ConfigError(f"{where} key 'ema_decay': expected a number in [0, 1) (0: off), got {cfg.ema_decay}")
-    if cfg.quality_r_min > 1.0:
-        raise ConfigError(f"{where} key 'quality_r_min': expected a number in [-1, 1], got {cfg.quality_r_min}")
+    for key in ("quality_r_min", "quality_temperature_r_min"):
+        if (getattr(cfg, key) or 0.0) > 1.0:
+            raise ConfigError(f"{where} key {key!r}: expected a number in [-1, 1], got {getattr(cfg, key)}")
     if cfg.profile_steps is not None and (
         len(cfg.profile_steps) != 2 or not 0 <= cfg.profile_steps[0] < cfg.profile_steps[1]
     ):
