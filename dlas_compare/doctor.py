@@ -171,7 +171,9 @@ def checks() -> list[tuple[str, str, str]]:
         rows.append((what, verdict, out.get("version", "loads") if isinstance(out, dict) else out))
     flags = apply_default_xla_flags(dict(os.environ))
     defaults = all(f.split("=")[0] in flags for f in DEFAULT_XLA_FLAGS)
-    rows.append(("XLA_FLAGS in force", "OK" if defaults else "WARN", flags or "(none)"))
+    tf_adds = [f for f in apply_default_xla_flags(dict(os.environ), framework="tf").split() if f not in flags.split()]
+    detail = (flags or "(none)") + (f"; tf_impl adds {' '.join(tf_adds)}" if tf_adds else "")
+    rows.append(("XLA_FLAGS in force", "OK" if defaults else "WARN", detail))
     pins = pins_file("cuda" if has_gpu else "cpu")
     if pins is None:
         rows.append(("pinned versions", "FAIL", "no constraints file in the source tree or the installed package"))

@@ -50,7 +50,7 @@ RUNGS = (
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """What a rung's benchmark runs with: config keys, whether the kit's XLA flags are on
-    (:data:`shared_data.runtime.xla_flags.DEFAULT_XLA_FLAGS`), devices and the per-device batch (samples;
+    (:func:`shared_data.runtime.xla_flags.kit_xla_flags` of the framework), devices and the per-device batch (samples;
     None: the config's global batch on one device), and the CPU devices its process makes
     (``host_devices`` > 1: ``--xla_force_host_platform_device_count``, which the TF benchmark follows
     with logical CPU devices; 1: the machine's)."""

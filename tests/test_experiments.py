@@ -260,7 +260,12 @@ def test_nonlinear_gas_curve_gap_to_the_ceiling_per_bin(data_dir, tmp_path):
     res = _study(
         "nonlinear_gas/curve.py", *(str(tmp_path / a) if a in ("records", "ceiling.json") else a for a in args)
     )
-    assert res.returncode == 2 and "ceiling.json: gas_temperature: the ceiling's k bins are not" in res.stderr
+    assert res.returncode == 2 and "gas_temperature: the ceiling's k bins are not" in res.stderr
+    (tmp_path / "ceiling.json").write_text("{}")
+    res = _study(
+        "nonlinear_gas/curve.py", *(str(tmp_path / a) if a in ("records", "ceiling.json") else a for a in args)
+    )
+    assert res.returncode == 2 and res.stderr.strip().endswith("ceiling.json: not a ceiling.py result (no 'channels')")
 
 
 def test_scaling_cpu_table_compares_every_launch_with_one_device(tmp_path):

@@ -99,6 +99,7 @@ def test_wheel_installs_and_trains_from_another_folder(tmp_path):
     assert rows["jax"]["detail"].startswith("0.") and "cpu" in rows["jax"]["detail"]
     assert rows["tensorflow"]["verdict"] == "OK" and rows["DALI"]["verdict"] == "OK"
     assert "--xla_gpu_force_conv_nhwc=true" in rows["XLA_FLAGS in force"]["detail"]
+    assert "--xla_gpu_experimental_enable_fusion_autotuner=false" in rows["XLA_FLAGS in force"]["detail"]
     assert set(rows) >= {"GPUs (nvidia-smi)", "torch", "DALI TensorFlow plugin", "pinned versions"}
     for line in doctor.stdout.splitlines():
         assert line.split()[-1] and any(v in line for v in ("OK", "WARN", "FAIL", "SKIP"))

@@ -111,7 +111,9 @@ def test_the_temperature_has_its_own_thresholds_where_set():
     assert res["channels"][validate.DENSITY]["shortfall"] == pytest.approx(max(-0.05 / 0.35, -0.1 / 0.5))
     tight = dataclasses.replace(own, temperature_r_min=0.82, temperature_ratio_tol=0.5)
     assert quality.check(m, tight)["shortfall"] == pytest.approx(0.2)
-    assert own.describe().startswith("gas density r >= 0.65, |P ratio - 1| <= 0.5, temperature r >= 0.78, ")
+    assert own.describe().startswith(
+        "in every bin up to k = 6.3 h/Mpc gas density r >= 0.65, |P ratio - 1| <= 0.5 and gas temperature r >= 0.78, "
+    )
     assert shared.describe().startswith("r >= 0.75, |P ratio - 1| <= 0.7 up to k = 6.3 h/Mpc for gas density and")
 
 
@@ -392,6 +394,13 @@ def test_a_resumed_monitor_restores_the_clock_and_the_verdicts_of_its_target(tin
     monitor = _monitor_over(tmp_path, cfg, records, 2)
     assert monitor.reached["epoch"] == 2 and list(monitor.remaining(range(2, 5))) == []
     assert monitor.stopped == "target met after epoch 2, before this invocation"
+    # a record written before the temperature's own thresholds existed was judged the same target
+    records[1]["target"] = {k: v for k, v in target.items() if not k.startswith("temperature_")}
+    assert len(records[1]["target"]) == len(target) - 2
+    assert _monitor_over(tmp_path, cfg, records, 2).reached["epoch"] == 2
+    records[1]["target"] = {**target, "temperature_r_min": 0.9}
+    assert _monitor_over(tmp_path, cfg, records, 2).reached is None
+    records[1]["target"] = target
 
     del records[0]["train_time_sec"]
     with pytest.raises(UserError, match=r"quality.jsonl: the evaluation of epoch 1 has no finite, non-negative"):

@@ -118,8 +118,12 @@ def gap_closed(evaluation: dict, ceiling: dict, k_max: float) -> tuple[str, dict
     and channel -> the smallest fraction of the gap closed. ``ceiling`` is ``ceiling.json``'s
     ``channels``; its bins must be the evaluation's (the same volume size and box).
 
+    A bin where the ceiling equals the non-ML baseline's r has no gap: its fraction is NaN and the
+    smallest fraction leaves it out.
+
     Raises:
-        ValueError: a channel is missing from ``ceiling`` or its k bins differ from the evaluation's.
+        ValueError: a channel is missing from ``ceiling``, its k bins differ from the evaluation's, or
+            the evaluation has no non-ML baseline's r (a run with ``quality_beat_non_ml`` off).
     """
     lines = ["| channel | k h/Mpc | r | non-ML r | ceiling | gap closed | P ratio |", "|---|---|---|---|---|---|---|"]
     worst_closed = {}
@@ -132,11 +136,14 @@ def gap_closed(evaluation: dict, ceiling: dict, k_max: float) -> tuple[str, dict
         kc = np.asarray(ceiling[name]["k"], np.float64)
         if kc.size < sel.sum() or not np.allclose(kc[: sel.sum()], k[sel], rtol=1e-9):
             raise ValueError(f"{name}: the ceiling's k bins are not the evaluation's (another volume size or box?)")
+        if c.get("r_non_ml") is None:
+            raise ValueError(f"{name}: the evaluation has no non-ML baseline's r (the run had quality_beat_non_ml off)")
         r, nm = (np.asarray(c[q], np.float64)[sel] for q in ("r", "r_non_ml"))
         ceil = np.asarray(ceiling[name]["ceiling"], np.float64)[: sel.sum()]
         ratio = np.asarray(c["ratio"], np.float64)[sel]
-        closed = (r - nm) / (ceil - nm)
-        worst_closed[name] = float(np.min(closed))
+        gap = ceil - nm
+        closed = np.divide(r - nm, gap, out=np.full_like(gap, np.nan), where=gap != 0)
+        worst_closed[name] = float(np.nanmin(closed)) if np.isfinite(closed).any() else math.nan
         for row in zip(k[sel], r, nm, ceil, closed, ratio):
             lines.append(f"| {short} | " + " | ".join(f"{v:.{d}f}" for v, d in zip(row, (2, 4, 4, 4, 3, 3))) + " |")
     return "\n".join(lines), worst_closed
@@ -158,16 +165,27 @@ def main(argv=None) -> int:
     if not list(args.records.glob("*/quality.jsonl")):
         print(f"error: {args.records}: no */quality.jsonl", file=sys.stderr)
         return 2
+    empty = [p for p in sorted(args.records.glob("*/quality.jsonl")) if not p.read_text().strip()]
+    if empty:
+        print(f"error: {empty[0]}: no evaluation (the run stopped before its first)", file=sys.stderr)
+        return 2
+    ceiling = None
+    if args.ceiling:
+        try:
+            ceiling = json.loads(args.ceiling.read_text())["channels"]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+            why = "no 'channels'" if isinstance(err, (KeyError, TypeError)) else str(err)
+            print(f"error: {args.ceiling}: not a ceiling.py result ({why})", file=sys.stderr)
+            return 2
     text, rows = table(args.records, args.val, marks, args.k_max)
     print(text)
-    if args.ceiling:
-        ceiling = json.loads(args.ceiling.read_text())["channels"]
+    if ceiling is not None:
         for path in sorted(args.records.glob("*/quality.jsonl")):
             last = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][-1]
             try:
                 bins, worst_closed = gap_closed(last, ceiling, args.k_max)
-            except ValueError as err:
-                print(f"error: {args.ceiling}: {err}", file=sys.stderr)
+            except (ValueError, KeyError, TypeError) as err:
+                print(f"error: {args.ceiling} against {path}: {err}", file=sys.stderr)
                 return 2
             print(f"\n{path.parent.name}, epoch {last['epoch']} ({last['time_sec']:.0f} s):\n{bins}")
             print("smallest gap closed: " + ", ".join(f"{CHANNELS[n]} {v:.3f}" for n, v in worst_closed.items()))

@@ -125,8 +125,8 @@ class Target:
             text += f" up to k = {self.k_max:g} h/Mpc for gas density and temperature"
         else:
             text = (
-                f"gas density r >= {rho[0]:g}, |P ratio - 1| <= {rho[1]:g}, temperature r >= {temp[0]:g}, "
-                f"|P ratio - 1| <= {temp[1]:g} up to k = {self.k_max:g} h/Mpc"
+                f"in every bin up to k = {self.k_max:g} h/Mpc gas density r >= {rho[0]:g}, |P ratio - 1| <= "
+                f"{rho[1]:g} and gas temperature r >= {temp[0]:g}, |P ratio - 1| <= {temp[1]:g}"
             )
         return (
             text
@@ -220,6 +220,17 @@ def _restored(record: dict) -> dict | None:
     shortfall = record.get("shortfall")
     shortfall = math.inf if not isinstance(shortfall, (int, float)) else float(shortfall)
     return {**record, "time_sec": float(times[0]), "train_time_sec": float(times[1]), "shortfall": shortfall}
+
+
+def _judged(record: dict, target: Target) -> bool:
+    """Whether evaluation ``record`` was judged against ``target``: its ``target`` with the fields a record
+    may lack (those with defaults, added to :class:`Target` after the record was written) at their
+    defaults equals ``target``'s."""
+    written = record.get("target")
+    if not isinstance(written, dict):
+        return False
+    defaults = {f.name: f.default for f in dataclasses.fields(Target) if f.default is not dataclasses.MISSING}
+    return {**defaults, **written} == dataclasses.asdict(target)
 
 
 def summary_line(epoch: int, seconds: float, result: dict) -> str:
@@ -350,7 +361,7 @@ class Monitor:
         self.clock_offset = last["time_sec"]
         self.eval_total = last["time_sec"] - last["train_time_sec"]
         self.evaluations = len(kept)
-        same = [r for r in kept if r.get("target") == dataclasses.asdict(self.target)]
+        same = [r for r in kept if _judged(r, self.target)]
         self.best = min(same, key=lambda r: r["shortfall"]) if same else None
         self.reached = next((r for r in same if r.get("met")), None)
         log.info(
