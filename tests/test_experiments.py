@@ -268,6 +268,43 @@ def test_nonlinear_gas_curve_gap_to_the_ceiling_per_bin(data_dir, tmp_path):
     assert res.returncode == 2 and res.stderr.strip().endswith("ceiling.json: not a ceiling.py result (no 'channels')")
 
 
+def test_nonlinear_gas_median_vs_mean_predictions_per_bin(data_dir, tmp_path):
+    """``median_vs_mean.py``: each voxel's prediction is the median / mean / geometric mean of the
+    temperature over the voxels sharing its pair of equal-count feature bins (NumPy by hand on a
+    random field), and the script scores the three on the session's 24^3 volume."""
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("mvm", REPO_ROOT / "experiments/nonlinear_gas/median_vs_mean.py")
+    mvm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mvm)
+    rng = np.random.default_rng(0)
+    a, b, t = rng.random((4, 4, 4)), rng.random((4, 4, 4)), rng.lognormal(size=(4, 4, 4))
+    got = mvm.binned_predictions([a, b], t, 2)
+    bin_of = (a > np.median(a)).astype(int) * 2 + (b > np.median(b))
+    for j in range(4):
+        members = t[bin_of == j]
+        np.testing.assert_allclose(got["median"][bin_of == j], np.median(members), rtol=1e-12)
+        np.testing.assert_allclose(got["mean"][bin_of == j], members.mean(), rtol=1e-12)
+        np.testing.assert_allclose(got["geometric mean"][bin_of == j], np.exp(np.log(members).mean()), rtol=1e-12)
+    res = _study(
+        "nonlinear_gas/median_vs_mean.py",
+        "--volume",
+        str(data_dir / "val_24.h5"),
+        "--out",
+        str(tmp_path),
+        "--bins",
+        "4",
+        "--k_max",
+        "50",
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    record = json.loads((tmp_path / "median_vs_mean.json").read_text())["predictors"]
+    assert set(record) == {"median", "mean", "geometric mean"} and len(record["mean"]["ratio"]) > 3
+    assert all(-1 <= r <= 1 for p in record.values() for r in p["r"])
+
+
 def test_scaling_cpu_table_compares_every_launch_with_one_device(tmp_path):
     """``experiments/scaling_cpu/table.py`` on run folders with known losses: each row's largest
     relative difference from the framework's 1-device run (any epoch, train or validation) and the
