@@ -2,7 +2,9 @@
 
 Per sample, in float32, over a crop of side s with N_out channels (channels last):
 
-* L1: mean over voxels and channels of |f(pred) - f(target)|, where ``f`` is the identity for
+* L1: mean over voxels and channels of |f(pred) - f(target)| (with ``loss_norm: l2`` of its square:
+  L1 is minimised by the conditional median of the target given the input, L2 by its conditional
+  mean, which differ where the target is multi-modal, as a two-phase temperature is), where ``f`` is the identity for
   ``loss_space: log`` (the stored, log-transformed units) and, for ``loss_space: physical``,
   rho / <rho> = exp(density_scale x) on ``density_channel`` and T / T0 = exp(temperature_scale x) on
   ``temperature_channel`` (the other channels, velocities, are linear already);
@@ -68,7 +70,7 @@ def loss_fn(pred: jax.Array, batch: dict, cfg: Config) -> jax.Array:
     y = batch["targets"].astype(jnp.float32)
     pred = pred.astype(jnp.float32)
     diff = to_loss_space(pred, cfg) - to_loss_space(y, cfg)
-    per_sample = jnp.mean(jnp.abs(diff), axis=(1, 2, 3, 4))
+    per_sample = jnp.mean(jnp.abs(diff) if cfg.loss_norm == "l1" else jnp.square(diff), axis=(1, 2, 3, 4))
     if cfg.lambda_rho:
         d, s = cfg.density_channel, cfg.density_scale
         rho = jnp.mean(jnp.abs(jnp.exp(s * pred[..., d]) - jnp.exp(s * y[..., d])), axis=(1, 2, 3))

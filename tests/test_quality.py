@@ -181,7 +181,7 @@ def numpy_loss(pred, y, mask, cfg) -> float:
         return x
 
     diff = space(pred) - space(y)
-    per = np.abs(diff).mean(axis=(1, 2, 3, 4))
+    per = (np.abs(diff) if cfg.loss_norm == "l1" else diff**2).mean(axis=(1, 2, 3, 4))
     rho = np.abs(np.exp(cfg.density_scale * pred[..., d]) - np.exp(cfg.density_scale * y[..., d])).mean(axis=(1, 2, 3))
     per = per + cfg.lambda_rho * rho
     scored = [d, t] if cfg.fourier_channels == "scored" else list(range(diff.shape[-1]))
@@ -197,6 +197,8 @@ LEVERS = [
     dict(loss_space="physical", lambda_rho=0.0, lambda_fourier=0.0),
     dict(loss_space="physical", lambda_rho=0.2, lambda_fourier=1.5),
     dict(loss_space="physical", lambda_rho=0.0, lambda_fourier=1.0, fourier_channels="scored"),
+    dict(loss_space="log", lambda_rho=0.0, lambda_fourier=0.0, loss_norm="l2"),
+    dict(loss_space="physical", lambda_rho=0.2, lambda_fourier=1.0, loss_norm="l2"),
 ]
 
 

@@ -2,7 +2,9 @@
 
 Per sample, in float32, over a crop of side s with N_out channels (channels last):
 
-* L1: mean over voxels and channels of |f(pred) - f(target)|, where ``f`` is the identity for
+* L1: mean over voxels and channels of |f(pred) - f(target)| (with ``loss_norm: l2`` of its square:
+  L1 is minimised by the conditional median of the target given the input, L2 by its conditional
+  mean, which differ where the target is multi-modal, as a two-phase temperature is), where ``f`` is the identity for
   ``loss_space: log`` (the stored, log-transformed units) and, for ``loss_space: physical``,
   rho / <rho> = exp(density_scale x) on ``density_channel`` and T / T0 = exp(temperature_scale x) on
   ``temperature_channel`` (the other channels, velocities, are linear already);
@@ -70,7 +72,7 @@ def loss_fn(pred: tf.Tensor, batch: dict, cfg: Config) -> tf.Tensor:
     y = tf.cast(batch["targets"], tf.float32)
     pred = tf.cast(pred, tf.float32)
     diff = to_loss_space(pred, cfg) - to_loss_space(y, cfg)
-    per_sample = tf.reduce_mean(tf.abs(diff), axis=(1, 2, 3, 4))
+    per_sample = tf.reduce_mean(tf.abs(diff) if cfg.loss_norm == "l1" else tf.square(diff), axis=(1, 2, 3, 4))
     if cfg.lambda_rho:
         d, s = cfg.density_channel, cfg.density_scale
         rho = tf.reduce_mean(tf.abs(tf.exp(s * pred[..., d]) - tf.exp(s * y[..., d])), axis=(1, 2, 3))

@@ -64,6 +64,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dali_h5_mode": ("parallel", "prefetch", "simple"),
     "grad_allreduce_dtype": ("float32", "bfloat16"),
     "loss_space": ("log", "physical"),
+    "loss_norm": ("l1", "l2"),
     "fourier_channels": ("all", "scored"),
 }
 
@@ -130,6 +131,7 @@ class Config:
     lambda_fourier: float
     fourier_channels: str
     loss_space: str
+    loss_norm: str
     ema_decay: float
     enable_amp: bool
     amp_dtype: str
