@@ -236,6 +236,21 @@ def test_a_resume_that_changes_the_recipe_says_what_changed(tiny_cfg, tmp_path, 
     assert [i["config_values"]["start_lr"] for i in invocations] == [tiny_cfg.start_lr, 0.5]
 
 
+def test_a_key_added_after_a_run_is_a_change_only_away_from_the_kits_base():
+    """A run written before ``loss_norm`` existed resumes without a change at the base value (l1),
+    with one at l2; a key both invocations hold changes as before."""
+    old = {"start_lr": 1e-3}
+    base = {"loss_norm": "l1", "start_lr": 2e-4}
+    assert run.recipe_changes("quality", old, "quality", {"start_lr": 1e-3, "loss_norm": "l1"}, base) == []
+    assert run.recipe_changes("quality", old, "quality", {"start_lr": 1e-3, "loss_norm": "l2"}, base) == [
+        "loss_norm: None -> 'l2'"
+    ]
+    assert run.recipe_changes("a", old, "b", {"start_lr": 2e-4, "loss_norm": "l1"}, base) == [
+        "config 'a' -> 'b'",
+        "start_lr: 0.001 -> 0.0002",
+    ]
+
+
 @pytest.mark.parametrize(
     ("setting", "texts"),
     [

@@ -455,7 +455,8 @@ class Run:
         invocations = info.get("invocations", [])
         values = json.loads(json.dumps(config_dict(self.cfg)))  # as run.json holds them (lists, not tuples)
         if start_epoch and isinstance(info.get("config_values"), dict):
-            changes = recipe_changes(info.get("config"), info["config_values"], self.cfg.name, values)
+            base = json.loads(json.dumps(config_dict(config_mod.load_config("base"))))
+            changes = recipe_changes(info.get("config"), info["config_values"], self.cfg.name, values, base)
             if changes:
                 log.warning("this resume changes the run's recipe from epoch %d: %s", start_epoch, "; ".join(changes))
         invocations.append(
@@ -878,11 +879,16 @@ def batch_problem(cfg: Config, epoch: int, step: int, replicas: int) -> str | No
     return ""
 
 
-def recipe_changes(old_name, old: dict, new_name: str, new: dict) -> list[str]:
+def recipe_changes(old_name, old: dict, new_name: str, new: dict, kit_base: dict | None = None) -> list[str]:
     """``key: old -> new`` for each config value (and the config name) that differs between two
-    invocations of a run, in key order."""
+    invocations of a run, in key order. A key the old values lack (one the kit added after that run
+    was written) whose new value is its value in ``kit_base`` (the kit's ``base`` section, which keeps
+    what the code did before the key existed) is no change."""
     changes = [f"config {old_name!r} -> {new_name!r}"] if old_name != new_name else []
+    kit_base = kit_base or {}
     for key in sorted(set(old) | set(new)):
+        if key not in old and key in kit_base and new.get(key) == kit_base[key]:
+            continue
         if old.get(key) != new.get(key):
             changes.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
     return changes
