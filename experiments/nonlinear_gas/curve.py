@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared_data.inference import validate
+from shared_data.inference import quality, validate
 
 CHANNELS = {validate.DENSITY: "rho", validate.TEMPERATURE: "T"}
 
@@ -86,7 +86,7 @@ def table(records: Path, val: Path, marks: list[float], k_max: float) -> tuple[s
         return " | ".join(f"{values[n][0]:.4f} | {values[n][1]:.4f}" if n in values else "- | -" for n in CHANNELS)
 
     for path in sorted(records.glob("*/quality.jsonl")):
-        curve = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        curve = quality.read_records(path.parent)
         for mark, e in at_marks(curve, marks):
             if e is None:
                 lines.append(f"| {path.parent.name} | {mark} | - | - | " + cells({}) + " |")
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     if not list(args.records.glob("*/quality.jsonl")):
         print(f"error: {args.records}: no */quality.jsonl", file=sys.stderr)
         return 2
-    empty = [p for p in sorted(args.records.glob("*/quality.jsonl")) if not p.read_text().strip()]
+    empty = [p for p in sorted(args.records.glob("*/quality.jsonl")) if not quality.read_records(p.parent)]
     if empty:
         print(f"error: {empty[0]}: no evaluation (the run stopped before its first)", file=sys.stderr)
         return 2
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     print(text)
     if ceiling is not None:
         for path in sorted(args.records.glob("*/quality.jsonl")):
-            last = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][-1]
+            last = quality.read_records(path.parent)[-1]
             try:
                 bins, worst_closed = gap_closed(last, ceiling, args.k_max)
             except (ValueError, KeyError, TypeError) as err:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core.files import write_atomic
+from shared_data.data import cosmology
 from shared_data.inference import validate
 
 PREDICTORS = ("median", "mean", "geometric mean")
@@ -36,19 +37,14 @@ PREDICTORS = ("median", "mean", "geometric mean")
 def smooth(field: np.ndarray, sigma: float) -> np.ndarray:
     """``field`` (L, L, L) convolved with a periodic Gaussian of ``sigma`` voxels (float64)."""
     n = field.shape[0]
-    k = 2 * np.pi * np.fft.fftfreq(n)
-    kz = 2 * np.pi * np.fft.rfftfreq(n)
-    k2 = k[:, None, None] ** 2 + k[None, :, None] ** 2 + kz[None, None, :] ** 2
-    return np.fft.irfftn(np.fft.rfftn(field) * np.exp(-0.5 * sigma**2 * k2), s=field.shape, axes=(0, 1, 2))
+    kx, ky, kz = cosmology.wavenumbers(n, n)  # a box of n voxels: k in radians per voxel
+    return cosmology.irfft3(np.fft.rfftn(field) * np.exp(-0.5 * sigma**2 * (kx**2 + ky**2 + kz**2)), n)
 
 
 def divergence(v: np.ndarray) -> np.ndarray:
     """The spectral divergence of ``v`` (3, L, L, L) in units of v per voxel (float64)."""
     n = v.shape[1]
-    k = 2j * np.pi * np.fft.fftfreq(n)
-    kz = 2j * np.pi * np.fft.rfftfreq(n)
-    grads = (k[:, None, None], k[None, :, None], kz[None, None, :])
-    return np.fft.irfftn(sum(g * np.fft.rfftn(c) for g, c in zip(grads, v)), s=v.shape[1:], axes=(0, 1, 2))
+    return cosmology.irfft3(sum(1j * k * np.fft.rfftn(c) for k, c in zip(cosmology.wavenumbers(n, n), v)), n)
 
 
 def binned_predictions(features: list[np.ndarray], t: np.ndarray, bins: int) -> dict[str, np.ndarray]:
