@@ -19,6 +19,7 @@ def test_every_named_config_loads_and_is_frozen():
         "short",
         "short_opt",
         "quality",
+        "quality_nonlinear",
         "bs64_opt",
         "bs256_opt",
         "bs512_opt",
@@ -48,18 +49,22 @@ def test_overlays_inherit_from_base():
     assert config_mod.load_config("bs256_opt").global_batch_size == 256
 
 
+def _changed(base: str, name: str) -> dict:
+    """The values of config ``name`` that differ from config ``base``'s, by key."""
+    a, b = config_mod.load_config(base), config_mod.load_config(name)
+    return {
+        f.name: getattr(b, f.name)
+        for f in dataclasses.fields(b)
+        if f.name != "name" and getattr(b, f.name) != getattr(a, f.name)
+    }
+
+
 def test_quality_is_short_opt_with_the_time_to_quality_recipe():
     """``quality`` differs from ``short_opt`` in the recipe of the time-to-quality runs alone: the
     linear gas's files (no non-ML condition, which that gas meets by construction), the `device`
     loader, 6 epochs of 65536 crops, start_lr 1e-3, physical-units loss with the Fourier L1 on the
     scored channels, EMA, an evaluation every epoch and a 10-minute budget."""
-    opt, quality = config_mod.load_config("short_opt"), config_mod.load_config("quality")
-    changed = {
-        f.name: getattr(quality, f.name)
-        for f in dataclasses.fields(quality)
-        if f.name != "name" and getattr(quality, f.name) != getattr(opt, f.name)
-    }
-    assert changed == {
+    assert _changed("short_opt", "quality") == {
         "train_path": "data/train_256_filtered.h5",
         "val_path": "data/val_128_filtered.h5",
         "quality_beat_non_ml": False,
@@ -73,6 +78,23 @@ def test_quality_is_short_opt_with_the_time_to_quality_recipe():
         "ema_decay": 0.99,
         "quality_every_epochs": 1,
         "quality_budget_sec": 600.0,
+    }
+
+
+def test_quality_nonlinear_is_quality_on_the_default_gas_with_its_own_target():
+    """``quality_nonlinear`` differs from ``quality`` in the default gas's files with the non-ML
+    condition on, the loss in log space, the 10-minute curve's 28-epoch schedule and the per-channel
+    thresholds chosen from that curve."""
+    assert _changed("quality", "quality_nonlinear") == {
+        "train_path": "data/train_256.h5",
+        "val_path": "data/val_128.h5",
+        "quality_beat_non_ml": True,
+        "loss_space": "log",
+        "num_epochs": 28,
+        "quality_r_min": 0.67,
+        "quality_ratio_tol": 0.43,
+        "quality_temperature_r_min": 0.79,
+        "quality_temperature_ratio_tol": 0.63,
     }
 
 

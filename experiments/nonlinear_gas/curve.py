@@ -18,6 +18,13 @@ k bin of its last evaluation: the model's r, the non-ML baseline's, the ceiling 
 the gap from the non-ML baseline to the ceiling that the model closes, (r - r_non_ml) /
 (ceiling - r_non_ml), and the P ratio; then the smallest fraction per channel, the measure a target
 relative to the ceiling would test.
+
+``--config NAME`` judges every evaluation of each run again against that config's target (its
+``quality_*`` keys, :class:`shared_data.inference.quality.Target`) from the bins the record holds, and
+prints when the target is first met and in how many later evaluations it holds. ``--hold A,B`` prints,
+per run, the thresholds every evaluation from the A-minute mark to the B-minute mark holds: per channel
+the smallest worst-bin r rounded down to 0.01 and the largest worst-bin |P ratio - 1| rounded up to
+0.01 (the rule that chose ``quality_nonlinear``'s thresholds).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared_data.core import config as config_mod
 from shared_data.inference import quality, validate
 
 CHANNELS = {validate.DENSITY: "rho", validate.TEMPERATURE: "T"}
@@ -149,6 +157,65 @@ def gap_closed(evaluation: dict, ceiling: dict, k_max: float) -> tuple[str, dict
     return "\n".join(lines), worst_closed
 
 
+def rejudge(evaluation: dict, target: quality.Target) -> dict:
+    """:func:`shared_data.inference.quality.check` of ``target`` on the bins one evaluation record holds
+    (those its own target tested: k <= its ``k_max``, at least one mode), with the baselines' r it
+    recorded. Returns ``check``'s result.
+
+    Raises:
+        ValueError: ``target`` tests bins beyond the record's ``k_max``, or needs a baseline's r that
+            the record lacks (its run had that condition off).
+    """
+    written = evaluation.get("target") or {}
+    if written.get("k_max", math.inf) < target.k_max:
+        raise ValueError(
+            f"epoch {evaluation['epoch']}: recorded up to k = {written['k_max']:g}, "
+            f"the target tests to {target.k_max:g}"
+        )
+    power = {}
+    for name, c in evaluation["channels"].items():
+        s = {"k": c["k"], "n_modes": [1] * len(c["k"]), "r_pred": c["r"], "ratio_pred": c["ratio"]}
+        for tag, wanted in (
+            ("baseline", target.beat_baseline and name == validate.TEMPERATURE),
+            ("non_ml", target.beat_non_ml),
+        ):
+            if c.get(f"r_{tag}") is not None:
+                s[f"r_{tag}"] = c[f"r_{tag}"]
+            elif wanted:
+                raise ValueError(f"epoch {evaluation['epoch']}: {name} has no recorded r_{tag}, which the target tests")
+        power[name] = s
+    return quality.check({"power": power}, target)
+
+
+def first_met(curve: list[dict], target: quality.Target) -> tuple[dict | None, int, int]:
+    """(the first evaluation that meets ``target`` or None, how many evaluations after it meet it, how many
+    come after it), each judged by :func:`rejudge`."""
+    verdicts = [rejudge(e, target)["met"] for e in curve]
+    if True not in verdicts:
+        return None, 0, 0
+    i = verdicts.index(True)
+    return curve[i], sum(verdicts[i + 1 :]), len(verdicts) - i - 1
+
+
+def held(curve: list[dict], start_min: float, end_min: float) -> dict[str, tuple[float, float]]:
+    """Channel -> (r_min, ratio_tol) that every evaluation from the ``start_min`` mark's to the ``end_min``
+    mark's (:func:`at_marks`: the last one finished by each) holds: the smallest worst-bin r rounded down
+    to 0.01 and the largest worst-bin |P ratio - 1| rounded up to 0.01.
+
+    Raises:
+        ValueError: the run ended before ``end_min`` or has no evaluation by ``start_min``.
+    """
+    (_, first), (_, last), _ = at_marks(curve, [start_min, end_min])
+    if first is None or last is None:
+        raise ValueError(f"the run has no evaluation at {start_min:g} or at {end_min:g} minutes")
+    window = [e for e in curve if first["time_sec"] <= e["time_sec"] <= last["time_sec"]]
+    out = {}
+    for name in CHANNELS:
+        r, dev = zip(*(model_worst(e, name) for e in window))
+        out[name] = (math.floor(round(100 * min(r), 6)) / 100, math.ceil(round(100 * max(dev), 6)) / 100)
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("records", type=Path, help="folder of run folders, each with quality.jsonl")
@@ -157,7 +224,23 @@ def main(argv=None) -> int:
     parser.add_argument("--k_max", type=float, default=6.3, help="the last k bin centre tested, h/Mpc")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON lines here")
     parser.add_argument("--ceiling", type=Path, help="ceiling.json of ceiling.py on the same volume: per-bin tables")
+    parser.add_argument("--config", help="judge every evaluation against this config's target (quality_* keys)")
+    parser.add_argument("--hold", help="A,B: the thresholds every evaluation from A to B minutes holds")
     args = parser.parse_args(argv)
+    hold = None
+    if args.hold:
+        try:
+            hold = [float(m) for m in args.hold.split(",")]
+            assert len(hold) == 2
+        except (ValueError, AssertionError):
+            parser.error(f"--hold {args.hold!r}: expected two minutes A,B, e.g. 5,10")
+    target = None
+    if args.config:
+        try:
+            target = quality.Target.from_config(config_mod.load_config(args.config))
+        except Exception as err:  # a ConfigError names the config and the key
+            print(f"error: --config {args.config}: {err}", file=sys.stderr)
+            return 2
     try:
         marks = [float(m) for m in args.marks.split(",")]
     except ValueError:
@@ -189,6 +272,27 @@ def main(argv=None) -> int:
                 return 2
             print(f"\n{path.parent.name}, epoch {last['epoch']} ({last['time_sec']:.0f} s):\n{bins}")
             print("smallest gap closed: " + ", ".join(f"{CHANNELS[n]} {v:.3f}" for n, v in worst_closed.items()))
+    for path in sorted(args.records.glob("*/quality.jsonl")) if target or hold else []:
+        curve, name = quality.read_records(path.parent), path.parent.name
+        try:
+            if hold:
+                values = held(curve, *hold)
+                print(
+                    f"\n{name}: every evaluation from {hold[0]:g} to {hold[1]:g} minutes holds "
+                    + "; ".join(f"{CHANNELS[n]} r >= {r:.2f}, |P ratio - 1| <= {d:.2f}" for n, (r, d) in values.items())
+                )
+            if target:
+                e, kept, later = first_met(curve, target)
+                verdict = (
+                    f"met first at epoch {e['epoch']} ({e['time_sec']:.0f} s), "
+                    f"then in {kept} of {later} later evaluations"
+                    if e
+                    else f"not met in {len(curve)} evaluations"
+                )
+                print(f"\n{name}: the target of config {args.config!r} ({target.describe()}): {verdict}")
+        except ValueError as err:
+            print(f"error: {path}: {err}", file=sys.stderr)
+            return 2
     if args.json:
         args.json.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Time to quality with config `quality_nonlinear` (configs/UNet.yaml) as a user runs it, one H200, one
+# call (<= 9.5 min): one run per seed in SEEDS (space-separated, default "1"), in JAX or, with
+# FRAMEWORK=tf, in TensorFlow (after staging TF: ../shared/device/README.md), on data/train_256.h5 and
+# data/val_128.h5 (the generator's default gas, made on the machine where missing), each from an empty
+# compilation cache, stopped at the target or at the first epoch end past BUDGET seconds from the
+# trainer's start (default 300), or killed after TIMEOUT seconds (default BUDGET + 80). The table
+# printed last gives each run's worst bins and its time to quality.
+#
+# On nvidia-h200, from the checkout's root, $OUT set:
+#   SEEDS="1 2" BUDGET=300 bash experiments/nonlinear_gas/ttq.sh
+# The same on CPU with a tiny config (a smoke test, ~1 min on 2 cores; its target is out of reach):
+#   OUT=/tmp/out CONFIG=cpu_tiny bash experiments/nonlinear_gas/ttq.sh
+set -uo pipefail
+GAS=nonlinear
+source experiments/time_to_quality/setup.sh
+BUDGET=${BUDGET:-300}
+if [[ $CONFIG == short ]]; then
+  TRAIN_CONFIG=quality_nonlinear
+  RECIPE=(--set "quality_budget_sec=$BUDGET")
+  CACHE=$($PY -c "from shared_data.core import config as c; print(c.load_config('quality_nonlinear').xla_cache_dir)")
+else
+  RECIPE=("${TINY_QUALITY[@]}" --num_epochs 2 --set loss_space=log)
+  CACHE=$WORK/xla
+fi
+LEVERS=$(for seed in ${SEEDS:-1}; do printf 'seed=%s;' "$seed"; done)
+LEVERS=${LEVERS%;}
+COLD=all
+run_levers "${FRAMEWORK:-jax}" "${TIMEOUT:-$((BUDGET + 80))}"
+rc=$?
+$PY experiments/time_to_quality/table.py "$WORK/records" --plot "$OUT/shortfall.png" --spectra "$OUT/spectra.png" | tee "$OUT/table.txt"
+exit $rc
