@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import tarfile
 import time
 
@@ -526,6 +527,38 @@ def test_the_gpu_recipe_runs_on_cpu_with_a_tiny_config(tmp_path):
     np.testing.assert_array_equal(drawn["gas_temperature baseline"], best["channels"]["gas_temperature"]["r_baseline"])
     met = [dict(records[0], met=True), records[1]]
     assert table.shown(met) is met[0]
+
+
+@pytest.mark.study
+def test_spectra_draw_the_thresholds_each_evaluation_was_judged_against(tmp_path):
+    """``table.py --spectra`` on the recorded run of ``quality_nonlinear`` (seed 1, per-channel
+    thresholds): a floor and a band per channel at the config's values, in the channel's colour, and
+    both baselines' r(k) as recorded; on a record without a target, config ``quality``'s 0.998 and 0.02
+    for both channels, once."""
+    sys.path.insert(0, str(REPO_ROOT / "experiments" / "time_to_quality"))
+    try:
+        import table
+    finally:
+        sys.path.pop(0)
+    with tarfile.open(REPO_ROOT / "experiments/nonlinear_gas/results/ttq_quality_nonlinear_call1/runs.tar") as tar:
+        tar.extractall(tmp_path, filter="data")
+    found = table.runs(tmp_path)
+    ev = table.shown(found["seed-1"][0])
+    left, right = table.spectra(found).axes
+    floors = {
+        line.get_label(): line.get_ydata()[0] for line in right.lines if line.get_label().endswith(("0.67", "0.79"))
+    }
+    assert floors == {"gas_density r = 0.67": 0.67, "gas_temperature r = 0.79": 0.79}
+    bands = {patch.get_label(): (patch.get_y(), patch.get_y() + patch.get_height()) for patch in left.patches}
+    assert set(bands) == {"gas_density 1 ± 0.43", "gas_temperature 1 ± 0.63"}
+    np.testing.assert_allclose(bands["gas_temperature 1 ± 0.63"], [0.37, 1.63])
+    drawn = {line.get_label(): line.get_ydata() for line in right.lines}
+    for name in quality.CHANNELS:
+        np.testing.assert_array_equal(drawn[f"{name} non-ML"], ev["channels"][name]["r_non_ml"])
+    del ev["target"]
+    assert [table.thresholds(ev, name) for name in quality.CHANNELS] == [(0.998, 0.02)] * 2
+    left, right = table.spectra({"old": ([ev], {})}).axes
+    assert [p.get_label() for p in left.patches] == ["1 ± 0.02"]
 
 
 @pytest.mark.study

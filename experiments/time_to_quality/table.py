@@ -93,11 +93,24 @@ def shown(curve: list[dict]) -> dict:
     return met[0] if met else lowest_shortfall(curve)
 
 
-def spectra(found: dict, r_min: float = 0.998, tol: float = 0.02):
-    """The figure of ``--spectra``: one row per run, P_pred/P_true (left, the band 1 +- ``tol``
-    shaded) and r(k) (right, the floor ``r_min`` dashed, the temperature's dark-matter baseline
-    dotted) of gas density and temperature in the bins the target tests (k in h/Mpc), for the
-    evaluation :func:`shown` picks. Returns the matplotlib Figure."""
+def thresholds(evaluation: dict, channel: str) -> tuple[float, float]:
+    """(r_min, ratio_tol) that ``evaluation`` judged ``channel`` against: its record's ``target`` (the
+    temperature's own where set); 0.998 and 0.02, config ``quality``'s, for a record without one."""
+    t = evaluation.get("target") or {}
+    r_min, tol = t.get("r_min", 0.998), t.get("ratio_tol", 0.02)
+    if channel == TEMPERATURE:
+        r_min = r_min if t.get("temperature_r_min") is None else t["temperature_r_min"]
+        tol = tol if t.get("temperature_ratio_tol") is None else t["temperature_ratio_tol"]
+    return r_min, tol
+
+
+def spectra(found: dict):
+    """The figure of ``--spectra``: one row per run, P_pred/P_true (left, the band 1 +- ratio_tol
+    shaded) and r(k) (right, the floor r_min dashed, the dark-matter baseline dotted and the non-ML
+    baseline dash-dotted where recorded) of gas density and temperature in the bins the target tests
+    (k in h/Mpc), for the evaluation :func:`shown` picks, with the thresholds it was judged against
+    (:func:`thresholds`: one grey band and one black floor when both channels share them, else one of
+    each in the channel's colour). Returns the matplotlib Figure."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 2.8 * len(found)))
@@ -105,13 +118,21 @@ def spectra(found: dict, r_min: float = 0.998, tol: float = 0.02):
     colors = {DENSITY: "C0", TEMPERATURE: "C3"}
     for (name, (curve, _)), (left, right) in zip(found.items(), axes):
         ev = shown(curve)
-        left.axhspan(1 - tol, 1 + tol, color="0.88", zorder=0, label=f"1 ± {tol:g}")
-        right.axhline(r_min, color="k", ls="--", lw=0.8, label=f"r = {r_min:g}")
+        limits = {channel: thresholds(ev, channel) for channel in ev["channels"]}
+        shared = len(set(limits.values())) == 1
+        for channel, (r_min, tol) in list(limits.items())[: 1 if shared else None]:
+            band, floor = ("0.88", "k") if shared else (colors[channel], colors[channel])
+            prefix = "" if shared else f"{channel} "
+            alpha = 1.0 if shared else 0.15
+            left.axhspan(1 - tol, 1 + tol, color=band, alpha=alpha, zorder=0, label=f"{prefix}1 ± {tol:g}")
+            right.axhline(r_min, color=floor, ls="--", lw=0.8, label=f"{prefix}r = {r_min:g}")
         for channel, s in ev["channels"].items():
             left.plot(s["k"], s["ratio"], "-o", ms=3, color=colors[channel], label=channel)
             right.plot(s["k"], s["r"], "-o", ms=3, color=colors[channel], label=f"{channel} model")
             if s["r_baseline"] is not None:
                 right.plot(s["k"], s["r_baseline"], ":", color=colors[channel], label=f"{channel} baseline")
+            if s.get("r_non_ml") is not None:
+                right.plot(s["k"], s["r_non_ml"], "-.", color=colors[channel], lw=0.8, label=f"{channel} non-ML")
         state = "target met" if ev["met"] else f"best, shortfall {_num(ev['shortfall'])}"
         left.set_title(f"{name}: epoch {ev['epoch']}, {ev['time_sec']:.0f} s, {state}", fontsize=9)
         left.set_ylabel("P_pred / P_true")
