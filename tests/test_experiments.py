@@ -322,11 +322,44 @@ def test_nonlinear_gas_curve_rejudges_a_config_target_and_the_held_thresholds(da
     assert res.returncode == 0, res.stderr[-2000:]
     assert "run: every evaluation from 1 to 3 minutes holds rho r >= 0.65, |P ratio - 1| <= 0.45; " in res.stdout
     assert "T r >= 0.70, |P ratio - 1| <= 0.70" in res.stdout
-    assert "met first at epoch 2 (180 s), then in 0 of 1 later evaluations" in res.stdout
+    assert "met first at epoch 2 (180 s), then in 0 of 1 later evaluation\n" in res.stdout
+    # a run that ended before the window's end is one error; the other runs are still judged
+    (tmp_path / "records" / "a_short").mkdir()
+    (tmp_path / "records" / "a_short" / "quality.jsonl").write_text(json.dumps(records[0]) + "\n")
+    res = _study("nonlinear_gas/curve.py", *args, "--hold", "1,3")
+    assert (
+        res.returncode == 2 and "a_short/quality.jsonl: the run ended at 60 s, before the 3-minute mark" in res.stderr
+    )
+    assert "run: every evaluation from 1 to 3 minutes holds rho r >= 0.65" in res.stdout
+    assert (
+        "a_short: the target of config 'quality_nonlinear'" in res.stdout and "not met in 1 evaluation\n" in res.stdout
+    )
+    res = _study("nonlinear_gas/curve.py", *args, "--hold", "3,1")
+    assert res.returncode == 2 and "--hold '3,1': expected two minutes A,B with 0 <= A <= B" in res.stderr
+    (tmp_path / "records" / "a_short" / "quality.jsonl").unlink()
+    (tmp_path / "records" / "a_short").rmdir()
+    # a value a hair below the 0.01 grid rounds down past it; a collapsed evaluation in the window is an error
+    records[1]["channels"]["gas_density"]["r"][1] = 0.6499999999
+    (run / "quality.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    res = _study("nonlinear_gas/curve.py", *args[:3], "--hold", "1,3")
+    assert "holds rho r >= 0.64, |P ratio - 1| <= 0.45" in res.stdout
+    records[1]["channels"]["gas_temperature"]["r"][0] = None
+    (run / "quality.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    res = _study("nonlinear_gas/curve.py", *args[:3], "--hold", "1,3")
+    assert res.returncode == 2 and "gas_temperature: epoch 2 has no defined r or P ratio" in res.stderr
+    records[1]["channels"]["gas_temperature"]["r"][0] = 0.95
     records[1]["target"]["k_max"] = 5.0
     (run / "quality.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     res = _study("nonlinear_gas/curve.py", *args)
     assert res.returncode == 2 and "quality.jsonl: epoch 2: recorded up to k = 5, the target tests to 6.3" in res.stderr
+    del records[1]["target"]  # a record without a target: its bins must reach the target's k_max
+    records[1]["channels"]["gas_density"]["k"] = [1.0, 2.0, 3.0]
+    (run / "quality.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    res = _study("nonlinear_gas/curve.py", *args)
+    assert (
+        res.returncode == 2
+        and "epoch 2: gas_density's recorded bins end at k = 3, the target tests to 6.3" in res.stderr
+    )
 
 
 def _curve_module():
@@ -365,7 +398,7 @@ def test_quality_nonlinear_is_the_target_the_recorded_ten_minute_curve_holds():
         "quality_temperature_r_min",
         "quality_temperature_ratio_tol",
     }
-    assert curve_mod.held(curve, 5, 10) == {
+    assert curve_mod.held(curve, 5, 10, cfg.quality_k_max) == {
         "gas_density": (cfg.quality_r_min, cfg.quality_ratio_tol),
         "gas_temperature": (cfg.quality_temperature_r_min, cfg.quality_temperature_ratio_tol),
     }

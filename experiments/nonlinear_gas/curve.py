@@ -24,7 +24,10 @@ relative to the ceiling would test.
 prints when the target is first met and in how many later evaluations it holds. ``--hold A,B`` prints,
 per run, the thresholds every evaluation from the A-minute mark to the B-minute mark holds: per channel
 the smallest worst-bin r rounded down to 0.01 and the largest worst-bin |P ratio - 1| rounded up to
-0.01 (the rule that chose ``quality_nonlinear``'s thresholds).
+0.01 (the rule that chose ``quality_nonlinear``'s thresholds). The model's worst bins are taken over
+the bins each record holds (those its run's target tested) up to ``--k_max``. An error in one run's
+``--config`` or ``--hold`` report is one line on stderr naming its file; the other runs are still
+reported, and the exit status is 2.
 """
 
 from __future__ import annotations
@@ -77,11 +80,17 @@ def at_marks(curve: list[dict], marks: list[float]) -> list[tuple[str, dict | No
     return out + [("end", curve[-1])]
 
 
-def model_worst(evaluation: dict, name: str) -> tuple[float, float]:
-    """(worst r, worst |P ratio - 1|) of one evaluation's channel ``name``; NaN where the record holds
-    null (a non-finite value: a constant prediction has no defined r)."""
+def model_worst(evaluation: dict, name: str, k_max: float) -> tuple[float, float]:
+    """(worst r, worst |P ratio - 1|) of one evaluation's channel ``name`` over the bins it recorded (those
+    its run's target tested) with centre k <= ``k_max``; NaN where a value in them is null (a non-finite
+    value: a constant prediction has no defined r)."""
     c = evaluation["channels"][name]
-    return tuple(math.nan if c[q] is None else float(c[q]) for q in ("r_worst", "ratio_dev_worst"))
+    sel = [i for i, k in enumerate(c["k"]) if k <= k_max]
+    r = [math.nan if c["r"][i] is None else c["r"][i] for i in sel]
+    dev = [math.nan if c["ratio"][i] is None else abs(c["ratio"][i] - 1) for i in sel]
+    if not sel or any(math.isnan(v) for v in r + dev):
+        return math.nan, math.nan
+    return float(min(r)), float(max(dev))
 
 
 def table(records: Path, val: Path, marks: list[float], k_max: float) -> tuple[str, list[dict]]:
@@ -99,7 +108,7 @@ def table(records: Path, val: Path, marks: list[float], k_max: float) -> tuple[s
             if e is None:
                 lines.append(f"| {path.parent.name} | {mark} | - | - | " + cells({}) + " |")
                 continue
-            values = {n: model_worst(e, n) for n in CHANNELS}
+            values = {n: model_worst(e, n, k_max) for n in CHANNELS}
             rows.append(
                 {
                     "run": path.parent.name,
@@ -172,6 +181,13 @@ def rejudge(evaluation: dict, target: quality.Target) -> dict:
             f"epoch {evaluation['epoch']}: recorded up to k = {written['k_max']:g}, "
             f"the target tests to {target.k_max:g}"
         )
+    for name, c in evaluation["channels"].items():  # a record without a target: its bins must reach k_max
+        k = c["k"]
+        if "k_max" not in written and len(k) >= 2 and k[-1] + (k[-1] - k[-2]) <= target.k_max:
+            raise ValueError(
+                f"epoch {evaluation['epoch']}: {name}'s recorded bins end at k = {k[-1]:.3g}, "
+                f"the target tests to {target.k_max:g}"
+            )
     power = {}
     for name, c in evaluation["channels"].items():
         s = {"k": c["k"], "n_modes": [1] * len(c["k"]), "r_pred": c["r"], "ratio_pred": c["ratio"]}
@@ -197,23 +213,61 @@ def first_met(curve: list[dict], target: quality.Target) -> tuple[dict | None, i
     return curve[i], sum(verdicts[i + 1 :]), len(verdicts) - i - 1
 
 
-def held(curve: list[dict], start_min: float, end_min: float) -> dict[str, tuple[float, float]]:
+def _outward(x: float, up: bool) -> float:
+    """``x`` on the 0.01 grid, rounded up (``up``) or down, so that the result never lies on the wrong
+    side of ``x`` (the grid values are floats, 0.43 a hair below 43/100)."""
+    v = round(x, 2)
+    if up and v < x:
+        v = round(v + 0.01, 2)
+    elif not up and v > x:
+        v = round(v - 0.01, 2)
+    return v
+
+
+def held(curve: list[dict], start_min: float, end_min: float, k_max: float) -> dict[str, tuple[float, float]]:
     """Channel -> (r_min, ratio_tol) that every evaluation from the ``start_min`` mark's to the ``end_min``
-    mark's (:func:`at_marks`: the last one finished by each) holds: the smallest worst-bin r rounded down
-    to 0.01 and the largest worst-bin |P ratio - 1| rounded up to 0.01.
+    mark's (:func:`at_marks`: the last one finished by each) holds in its bins up to ``k_max``: the
+    smallest worst-bin r rounded down to 0.01 and the largest worst-bin |P ratio - 1| rounded up to 0.01.
 
     Raises:
-        ValueError: the run ended before ``end_min`` or has no evaluation by ``start_min``.
+        ValueError: ``start_min`` > ``end_min``, the run ended before ``end_min``, it has no evaluation
+            by ``start_min``, or an evaluation in the window has no defined r or P ratio (a collapsed
+            model: no threshold holds there).
     """
-    (_, first), (_, last), _ = at_marks(curve, [start_min, end_min])
-    if first is None or last is None:
-        raise ValueError(f"the run has no evaluation at {start_min:g} or at {end_min:g} minutes")
+    if start_min > end_min:
+        raise ValueError(f"the window {start_min:g} to {end_min:g} minutes ends before it starts")
+    (_, first), (_, last), (_, end) = at_marks(curve, [start_min, end_min])
+    if last is None:
+        raise ValueError(f"the run ended at {end['time_sec']:.0f} s, before the {end_min:g}-minute mark")
+    if first is None:
+        raise ValueError(
+            f"the run has no evaluation by the {start_min:g}-minute mark (its first at {curve[0]['time_sec']:.0f} s)"
+        )
     window = [e for e in curve if first["time_sec"] <= e["time_sec"] <= last["time_sec"]]
     out = {}
     for name in CHANNELS:
-        r, dev = zip(*(model_worst(e, name) for e in window))
-        out[name] = (math.floor(round(100 * min(r), 6)) / 100, math.ceil(round(100 * max(dev), 6)) / 100)
+        worst = [model_worst(e, name, k_max) for e in window]
+        undefined = [e["epoch"] for e, (r, dev) in zip(window, worst) if math.isnan(r) or math.isnan(dev)]
+        if undefined:
+            raise ValueError(f"{name}: epoch {undefined[0]} has no defined r or P ratio (a collapsed model)")
+        out[name] = (_outward(min(r for r, _ in worst), up=False), _outward(max(d for _, d in worst), up=True))
     return out
+
+
+def _report_held(curve: list[dict], args, hold: list[float], target) -> str:
+    values = held(curve, *hold, args.k_max)
+    text = "; ".join(f"{CHANNELS[n]} r >= {r:.2f}, |P ratio - 1| <= {d:.2f}" for n, (r, d) in values.items())
+    return f"every evaluation from {hold[0]:g} to {hold[1]:g} minutes holds {text}"
+
+
+def _report_target(curve: list[dict], args, hold, target: quality.Target) -> str:
+    e, kept, later = first_met(curve, target)
+    if e is None:
+        verdict = f"not met in {len(curve)} evaluation" + "s" * (len(curve) != 1)
+    else:
+        verdict = f"met first at epoch {e['epoch']} ({e['time_sec']:.0f} s), then in {kept} of {later} later "
+        verdict += "evaluation" + "s" * (later != 1)
+    return f"the target of config {args.config!r} ({target.describe()}): {verdict}"
 
 
 def main(argv=None) -> int:
@@ -228,14 +282,14 @@ def main(argv=None) -> int:
     parser.add_argument("--hold", help="A,B: the thresholds every evaluation from A to B minutes holds")
     args = parser.parse_args(argv)
     hold = None
-    if args.hold:
+    if args.hold is not None:
         try:
             hold = [float(m) for m in args.hold.split(",")]
-            assert len(hold) == 2
+            assert len(hold) == 2 and all(math.isfinite(m) and m >= 0 for m in hold) and hold[0] <= hold[1]
         except (ValueError, AssertionError):
-            parser.error(f"--hold {args.hold!r}: expected two minutes A,B, e.g. 5,10")
+            parser.error(f"--hold {args.hold!r}: expected two minutes A,B with 0 <= A <= B, e.g. 5,10")
     target = None
-    if args.config:
+    if args.config is not None:
         try:
             target = quality.Target.from_config(config_mod.load_config(args.config))
         except Exception as err:  # a ConfigError names the config and the key
@@ -272,30 +326,19 @@ def main(argv=None) -> int:
                 return 2
             print(f"\n{path.parent.name}, epoch {last['epoch']} ({last['time_sec']:.0f} s):\n{bins}")
             print("smallest gap closed: " + ", ".join(f"{CHANNELS[n]} {v:.3f}" for n, v in worst_closed.items()))
+    rc = 0
     for path in sorted(args.records.glob("*/quality.jsonl")) if target or hold else []:
         curve, name = quality.read_records(path.parent), path.parent.name
-        try:
-            if hold:
-                values = held(curve, *hold)
-                print(
-                    f"\n{name}: every evaluation from {hold[0]:g} to {hold[1]:g} minutes holds "
-                    + "; ".join(f"{CHANNELS[n]} r >= {r:.2f}, |P ratio - 1| <= {d:.2f}" for n, (r, d) in values.items())
-                )
-            if target:
-                e, kept, later = first_met(curve, target)
-                verdict = (
-                    f"met first at epoch {e['epoch']} ({e['time_sec']:.0f} s), "
-                    f"then in {kept} of {later} later evaluations"
-                    if e
-                    else f"not met in {len(curve)} evaluations"
-                )
-                print(f"\n{name}: the target of config {args.config!r} ({target.describe()}): {verdict}")
-        except ValueError as err:
-            print(f"error: {path}: {err}", file=sys.stderr)
-            return 2
+        for wanted, report in ((hold, _report_held), (target, _report_target)):
+            try:
+                if wanted:
+                    print(f"\n{name}: " + report(curve, args, hold, target))
+            except ValueError as err:  # this run's error; the rest is still reported
+                print(f"error: {path}: {err}", file=sys.stderr)
+                rc = 2
     if args.json:
         args.json.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return 0
+    return rc
 
 
 if __name__ == "__main__":

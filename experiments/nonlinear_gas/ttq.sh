@@ -7,8 +7,10 @@
 # trainer's start (default 300), or killed after TIMEOUT seconds (default BUDGET + 80). The table
 # printed last gives each run's worst bins and its time to quality.
 #
-# On nvidia-h200, from the checkout's root, $OUT set:
-#   SEEDS="1 2" BUDGET=300 bash experiments/nonlinear_gas/ttq.sh
+# On nvidia-h200, from the checkout's root, $OUT set (making the data takes ~100-150 s of a fresh
+# machine's first call, so one seed of BUDGET 300 fits there; with the data kept, one of BUDGET 480):
+#   SEEDS="1" BUDGET=300 TIMEOUT=360 bash experiments/nonlinear_gas/ttq.sh
+#   SEEDS="2" BUDGET=480 TIMEOUT=560 bash experiments/nonlinear_gas/ttq.sh
 # The same on CPU with a tiny config (a smoke test, ~1 min on 2 cores; its target is out of reach):
 #   OUT=/tmp/out CONFIG=cpu_tiny bash experiments/nonlinear_gas/ttq.sh
 set -uo pipefail

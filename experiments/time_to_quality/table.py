@@ -2,7 +2,8 @@
 
 Reads every ``OUT/<run>/quality.jsonl`` (one line per evaluation, :mod:`shared_data.inference.quality`)
 and ``OUT/<run>/run.json`` and prints, per run, the metrics of its last evaluation (worst bin up to
-k_max: gas density r and |P ratio - 1|, temperature r, |P ratio - 1| and r minus the baseline's r),
+k_max: gas density r and |P ratio - 1|, temperature r, |P ratio - 1| and r minus the baseline's r,
+the smallest r minus the non-ML baseline's r of both channels where the target tested it),
 the time from the start, the best shortfall and when it was reached, and the time to quality when the
 target was met. ``--plot`` draws the shortfall (<= 0: target met) of every run against time;
 ``--spectra`` draws, per run, the binned P_pred/P_true and r(k) of the evaluation that met the target
@@ -33,20 +34,22 @@ def runs(out: Path) -> dict[str, tuple[list[dict], dict]]:
 
 def table(found: dict) -> str:
     head = (
-        "| run | epochs | time s | rho r | rho abs(P-1) | T r | T abs(P-1) | T r - base | shortfall | best (at s) "
-        "| time to quality s |"
+        "| run | epochs | time s | rho r | rho abs(P-1) | T r | T abs(P-1) | T r - base | r - non-ML | shortfall "
+        "| best (at s) | time to quality s |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for name, (curve, info) in found.items():
         last = curve[-1]
         rho, t = last["channels"][DENSITY], last["channels"][TEMPERATURE]
         best = lowest_shortfall(curve)
         base = t["r_minus_baseline_worst"]
+        non_ml = [c.get("r_minus_non_ml_worst") for c in (rho, t) if c.get("r_minus_non_ml_worst") is not None]
         ttq = info.get("time_to_quality_sec")
         lines.append(
             f"| {name} | {last['epoch']} | {last['time_sec']:.0f} "
             f"| {_f4(rho['r_worst'])} | {_f4(rho['ratio_dev_worst'])} "
             f"| {_f4(t['r_worst'])} | {_f4(t['ratio_dev_worst'])} | {'-' if base is None else f'{base:+.4f}'} "
+            f"| {f'{min(non_ml):+.4f}' if non_ml else '-'} "
             f"| {_num(last['shortfall'])} | {_num(best['shortfall'])} ({best['time_sec']:.0f}) "
             f"| {'not met' if ttq is None else f'{ttq:.0f}'} |"
         )
@@ -93,10 +96,11 @@ def shown(curve: list[dict]) -> dict:
     return met[0] if met else lowest_shortfall(curve)
 
 
-def thresholds(evaluation: dict, channel: str) -> tuple[float, float]:
+def thresholds(evaluation: dict, channel: str, fallback: dict | None = None) -> tuple[float, float]:
     """(r_min, ratio_tol) that ``evaluation`` judged ``channel`` against: its record's ``target`` (the
-    temperature's own where set); 0.998 and 0.02, config ``quality``'s, for a record without one."""
-    t = evaluation.get("target") or {}
+    temperature's own where set); for a record without one, ``fallback`` (the run's target in its
+    run.json), else 0.998 and 0.02, config ``quality``'s."""
+    t = evaluation.get("target") or fallback or {}
     r_min, tol = t.get("r_min", 0.998), t.get("ratio_tol", 0.02)
     if channel == TEMPERATURE:
         r_min = r_min if t.get("temperature_r_min") is None else t["temperature_r_min"]
@@ -116,9 +120,9 @@ def spectra(found: dict):
     fig = Figure(figsize=(10, 2.8 * len(found)))
     axes = fig.subplots(len(found), 2, squeeze=False)
     colors = {DENSITY: "C0", TEMPERATURE: "C3"}
-    for (name, (curve, _)), (left, right) in zip(found.items(), axes):
+    for (name, (curve, info)), (left, right) in zip(found.items(), axes):
         ev = shown(curve)
-        limits = {channel: thresholds(ev, channel) for channel in ev["channels"]}
+        limits = {channel: thresholds(ev, channel, info.get("target")) for channel in ev["channels"]}
         shared = len(set(limits.values())) == 1
         for channel, (r_min, tol) in list(limits.items())[: 1 if shared else None]:
             band, floor = ("0.88", "k") if shared else (colors[channel], colors[channel])
