@@ -27,6 +27,22 @@ def test_a_gpu_config_on_a_cpu_gets_its_step_time_and_the_cpu_config(monkeypatch
     assert sizing.oversized_warning(cfg, 55, "the benchmark", gpu=True) is None
 
 
+def test_a_time_to_quality_budget_bounds_the_training_time_said(monkeypatch):
+    """``quality_nonlinear`` (28 epochs of 1024 steps, a 600 s budget): at 100 GFLOP/s a step takes
+    52.18 s, so the first epoch already runs past the budget and the run ends after it: 1024 steps,
+    14.8 h, not 28672 steps; without the time-to-quality mode the budget does not count."""
+    monkeypatch.setattr(sizing, "host_gflops", lambda: 100.0)
+    cfg = config_mod.load_config("quality_nonlinear")
+    text = sizing.oversized_warning(cfg, 28 * 1024, "training", gpu=False, epoch_steps=1024)
+    assert (
+        "a step takes at least 52 s, training (28672 steps; its quality budget of 600 s ends it at the first "
+        "epoch end past it, after 1024) at least 14.8 h." in text
+    )
+    off = config_mod.load_config("quality_nonlinear", overrides={"quality_every_epochs": 0})
+    text = sizing.oversized_warning(off, 28 * 1024, "training", gpu=False, epoch_steps=1024)
+    assert "training (28672 steps) at least 415.6 h." in text
+
+
 def test_a_cpu_config_is_not_measured(monkeypatch):
     def never():
         raise AssertionError("host_gflops measured for a config that fits any host")

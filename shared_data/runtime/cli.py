@@ -296,7 +296,8 @@ def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> 
         # the evaluated model (the weight average) is in no checkpoint: predict/export --workdir read it here
         save_weights = str(workdir / "weights.npz")
         log.info("%s receives the weights this run evaluates, at its end", save_weights)
-    warning = sizing.oversized_warning(cfg, config_mod.steps_per_epoch(cfg) * cfg.num_epochs, "training")
+    epoch_steps = config_mod.steps_per_epoch(cfg)
+    warning = sizing.oversized_warning(cfg, epoch_steps * cfg.num_epochs, "training", epoch_steps=epoch_steps)
     if warning:
         log.warning(warning)
     created = first_missing_folder(workdir)  # what a failed start removes again

@@ -11,6 +11,7 @@ below that rate, so a step takes longer than the estimate, never shorter.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import shutil
 import subprocess
@@ -74,12 +75,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def oversized_warning(cfg: Config, steps: int, what: str, gpu: bool | None = None) -> str | None:
+def oversized_warning(
+    cfg: Config, steps: int, what: str, gpu: bool | None = None, epoch_steps: int | None = None
+) -> str | None:
     """The warning a command of ``steps`` training steps on ``cfg`` (``what``: "training", "the
     benchmark", ...) gives on a host without a GPU when a step takes at least
     :data:`SLOW_STEP_SEC`: the estimated seconds per step and in all, and the CPU configs to use
     instead; None on a GPU host (``gpu``: default :func:`gpu_visible`) or for a config that fits
-    (one that fits even at :data:`SLOWEST_HOST_GFLOPS` is not measured)."""
+    (one that fits even at :data:`SLOWEST_HOST_GFLOPS` is not measured). For a training run of
+    ``epoch_steps`` steps an epoch with a time-to-quality budget (``quality_every_epochs`` and
+    ``quality_budget_sec`` set), the run ends at the first epoch end past the budget, so "in all" counts
+    the epochs up to that one."""
     if step_seconds_at_least(cfg, SLOWEST_HOST_GFLOPS) < SLOW_STEP_SEC or (gpu_visible() if gpu is None else gpu):
         return None
     rate = host_gflops()
@@ -87,9 +93,16 @@ def oversized_warning(cfg: Config, steps: int, what: str, gpu: bool | None = Non
     if per_step < SLOW_STEP_SEC:
         return None
     flop = unet_spec.train_flops_per_sample(cfg) * cfg.global_batch_size
+    counted = f"{steps} steps"
+    budget = cfg.quality_budget_sec if cfg.quality_every_epochs else 0.0
+    if epoch_steps and budget:
+        epochs = math.floor(budget / (per_step * epoch_steps)) + 1  # the first epoch end past the budget
+        if epochs * epoch_steps < steps:
+            steps = epochs * epoch_steps
+            counted += f"; its quality budget of {budget:g} s ends it at the first epoch end past it, after {steps}"
     return (
         f"config {cfg.name!r} is sized for a GPU ({flop / 1e12:.2f} TFLOP per step of {cfg.global_batch_size} "
         f"{cfg.crop_size}^3 crops) and no GPU is visible: on this CPU ({rate:.0f} GFLOP/s float32 matmul) a step "
-        f"takes at least {_duration(per_step)}, {what} ({steps} steps) at least {_duration(per_step * steps)}. "
+        f"takes at least {_duration(per_step)}, {what} ({counted}) at least {_duration(per_step * steps)}. "
         f"On a CPU use --config {CPU_CONFIGS[0]} (or {CPU_CONFIGS[1]}); Ctrl-C stops"
     )
