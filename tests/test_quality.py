@@ -481,6 +481,16 @@ def test_the_evaluation_is_what_predict_and_validate_give(tiny_cfg, tmp_path):
         np.testing.assert_allclose(curve[0]["channels"][name]["ratio"], s["ratio_pred"][:n], rtol=1e-6)
 
 
+def _table_module():
+    """experiments/time_to_quality/table.py, imported as a module."""
+    sys.path.insert(0, str(REPO_ROOT / "experiments" / "time_to_quality"))
+    try:
+        import table
+    finally:
+        sys.path.pop(0)
+    return table
+
+
 @pytest.mark.slow
 @pytest.mark.study
 def test_the_gpu_recipe_runs_on_cpu_with_a_tiny_config(tmp_path):
@@ -510,11 +520,7 @@ def test_the_gpu_recipe_runs_on_cpu_with_a_tiny_config(tmp_path):
     assert "| jax_ttq | 2 |" in res.stdout and (tmp_path / "out" / "curve.png").stat().st_size > 0
 
     # --spectra draws the evaluation it names: the first that met the target, else the lowest shortfall
-    sys.path.insert(0, str(REPO_ROOT / "experiments" / "time_to_quality"))
-    try:
-        import table
-    finally:
-        sys.path.pop(0)
+    table = _table_module()
     found = table.runs(tmp_path / "runs")
     best = min(records, key=lambda r: r["shortfall"])
     assert not any(r["met"] for r in records) and table.shown(found["jax_ttq"][0]) == best
@@ -535,11 +541,7 @@ def test_spectra_draw_the_thresholds_each_evaluation_was_judged_against(tmp_path
     thresholds): a floor and a band per channel at the config's values, in the channel's colour, and
     both baselines' r(k) as recorded; on a record without a target, config ``quality``'s 0.998 and 0.02
     for both channels, once."""
-    sys.path.insert(0, str(REPO_ROOT / "experiments" / "time_to_quality"))
-    try:
-        import table
-    finally:
-        sys.path.pop(0)
+    table = _table_module()
     with tarfile.open(REPO_ROOT / "experiments/nonlinear_gas/results/ttq_quality_nonlinear_call1/runs.tar") as tar:
         tar.extractall(tmp_path, filter="data")
     found = table.runs(tmp_path)

@@ -181,16 +181,16 @@ def rejudge(evaluation: dict, target: quality.Target) -> dict:
             f"epoch {evaluation['epoch']}: recorded up to k = {written['k_max']:g}, "
             f"the target tests to {target.k_max:g}"
         )
-    for name, c in evaluation["channels"].items():  # a record without a target: its bins must reach k_max
+    power = {}
+    for name, c in evaluation["channels"].items():
         k = c["k"]
         if "k_max" not in written and len(k) >= 2 and k[-1] + (k[-1] - k[-2]) <= target.k_max:
+            # a record without a target: its bins must reach the target's k_max
             raise ValueError(
                 f"epoch {evaluation['epoch']}: {name}'s recorded bins end at k = {k[-1]:.3g}, "
                 f"the target tests to {target.k_max:g}"
             )
-    power = {}
-    for name, c in evaluation["channels"].items():
-        s = {"k": c["k"], "n_modes": [1] * len(c["k"]), "r_pred": c["r"], "ratio_pred": c["ratio"]}
+        s = {"k": k, "n_modes": [1] * len(k), "r_pred": c["r"], "ratio_pred": c["ratio"]}
         for tag, wanted in (
             ("baseline", target.beat_baseline and name == validate.TEMPERATURE),
             ("non_ml", target.beat_non_ml),
@@ -254,20 +254,20 @@ def held(curve: list[dict], start_min: float, end_min: float, k_max: float) -> d
     return out
 
 
-def _report_held(curve: list[dict], args, hold: list[float], target) -> str:
-    values = held(curve, *hold, args.k_max)
+def _report_held(curve: list[dict], hold: list[float], k_max: float) -> str:
+    values = held(curve, *hold, k_max)
     text = "; ".join(f"{CHANNELS[n]} r >= {r:.2f}, |P ratio - 1| <= {d:.2f}" for n, (r, d) in values.items())
     return f"every evaluation from {hold[0]:g} to {hold[1]:g} minutes holds {text}"
 
 
-def _report_target(curve: list[dict], args, hold, target: quality.Target) -> str:
+def _report_target(curve: list[dict], target: quality.Target, config: str) -> str:
     e, kept, later = first_met(curve, target)
     if e is None:
         verdict = f"not met in {len(curve)} evaluation" + "s" * (len(curve) != 1)
     else:
         verdict = f"met first at epoch {e['epoch']} ({e['time_sec']:.0f} s), then in {kept} of {later} later "
         verdict += "evaluation" + "s" * (later != 1)
-    return f"the target of config {args.config!r} ({target.describe()}): {verdict}"
+    return f"the target of config {config!r} ({target.describe()}): {verdict}"
 
 
 def main(argv=None) -> int:
@@ -326,13 +326,17 @@ def main(argv=None) -> int:
                 return 2
             print(f"\n{path.parent.name}, epoch {last['epoch']} ({last['time_sec']:.0f} s):\n{bins}")
             print("smallest gap closed: " + ", ".join(f"{CHANNELS[n]} {v:.3f}" for n, v in worst_closed.items()))
+    reports = []
+    if hold:
+        reports.append(lambda curve: _report_held(curve, hold, args.k_max))
+    if target:
+        reports.append(lambda curve: _report_target(curve, target, args.config))
     rc = 0
-    for path in sorted(args.records.glob("*/quality.jsonl")) if target or hold else []:
-        curve, name = quality.read_records(path.parent), path.parent.name
-        for wanted, report in ((hold, _report_held), (target, _report_target)):
+    for path in sorted(args.records.glob("*/quality.jsonl")) if reports else []:
+        curve = quality.read_records(path.parent)
+        for report in reports:
             try:
-                if wanted:
-                    print(f"\n{name}: " + report(curve, args, hold, target))
+                print(f"\n{path.parent.name}: " + report(curve))
             except ValueError as err:  # this run's error; the rest is still reported
                 print(f"error: {path}: {err}", file=sys.stderr)
                 rc = 2

@@ -20,11 +20,10 @@ BUDGET=${BUDGET:-300}
 if [[ $CONFIG == short ]]; then
   TRAIN_CONFIG=quality_nonlinear
   RECIPE=(--set "quality_budget_sec=$BUDGET")
-  CACHE=$($PY -c "from shared_data.core import config as c; print(c.load_config('quality_nonlinear').xla_cache_dir)")
 else
   RECIPE=("${TINY_QUALITY[@]}" --num_epochs 2 --set loss_space=log)
-  CACHE=$WORK/xla
 fi
+CACHE=$(xla_cache)
 LEVERS=$(for seed in ${SEEDS:-1}; do printf 'seed=%s;' "$seed"; done)
 LEVERS=${LEVERS%;}
 COLD=all

@@ -48,6 +48,16 @@ TINY_QUALITY=(--Nsamples 16 --set quality_budget_sec=60 --set ema_decay=0.9 --se
   --set lambda_fourier=1.0)
 TRAIN+=(--set "quality_beat_non_ml=$([[ $GAS == filtered ]] && echo false || echo true)")  # config quality has it off
 
+# xla_cache: the compilation cache the runs of TRAIN_CONFIG use (a CPU config's TRAIN puts it under $WORK),
+# for run_levers' CACHE.
+xla_cache() {
+  if [[ $CONFIG == short ]]; then
+    $PY -c "from shared_data.core import config as c; print(c.load_config('$TRAIN_CONFIG').xla_cache_dir)"
+  else
+    echo "$WORK/xla"
+  fi
+}
+
 # ttq NAME FRAMEWORK [flags...]: one time-to-quality run in $WORK/NAME; its log, quality.jsonl,
 # metrics.jsonl and run.json are kept in $WORK/records/NAME and appended to $OUT/runs.tar. With RESUME
 # set (in the environment), the run already in $WORK/NAME is resumed (--resume, its clock continuing

@@ -31,7 +31,7 @@ if [[ $CONFIG == short ]]; then
 else
   RECIPE=("${TINY_QUALITY[@]}" --num_epochs 2)
 fi
-CACHE=$(python3 -c "import sys; sys.path.insert(0, '.'); from shared_data.core import config as c; print(c.load_config('$TRAIN_CONFIG').xla_cache_dir)" 2>/dev/null || echo .cache/xla)
+CACHE=$(xla_cache)
 run_levers "${FRAMEWORK:-jax}" "$TIMEOUT"
 rc=$?
 $PY experiments/time_to_quality/table.py "$WORK/records" --plot "$OUT/curve.png" | tee "$OUT/table.txt"
