@@ -331,6 +331,14 @@ def test_nonlinear_gas_curve_rejudges_a_config_target_and_the_held_thresholds(da
         res.returncode == 2 and "a_short/quality.jsonl: the run ended at 60 s, before the 3-minute mark" in res.stderr
     )
     assert "run: every evaluation from 1 to 3 minutes holds rho r >= 0.65" in res.stdout
+    # a run that stops at the evaluation meeting the target has no later evaluations to count
+    (tmp_path / "records" / "b_stopped").mkdir()
+    (tmp_path / "records" / "b_stopped" / "quality.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records[:2])
+    )
+    res = _study("nonlinear_gas/curve.py", *args)
+    assert "b_stopped: the target of config 'quality_nonlinear'" in res.stdout
+    assert "met at epoch 2 (180 s), the run's last evaluation\n" in res.stdout
     assert (
         "a_short: the target of config 'quality_nonlinear'" in res.stdout and "not met in 1 evaluation\n" in res.stdout
     )
@@ -369,6 +377,17 @@ def _curve_module():
     return module
 
 
+# what a recorded curve's run.json holds other than config ``quality_nonlinear``: the target, set out
+# of reach so that the run does not stop, and the progress bar
+CURVE_DIFFERS_FROM_CONFIG = {
+    "progress_bar",
+    "quality_r_min",
+    "quality_ratio_tol",
+    "quality_temperature_r_min",
+    "quality_temperature_ratio_tol",
+}
+
+
 def _recorded(folder, run):
     """(quality.jsonl's evaluations, run.json) of ``run`` in a recorded call's runs.tar."""
     path = REPO_ROOT / "experiments/nonlinear_gas/results" / folder / "runs.tar"
@@ -391,13 +410,7 @@ def test_quality_nonlinear_is_the_target_the_recorded_ten_minute_curve_holds():
     curve, info = _recorded("ttq_curve_call6", "loss_space-log")
     values = config_mod.config_dict(cfg)
     differ = {k for k in values if info["config_values"].get(k) != values[k]}
-    assert differ == {
-        "progress_bar",
-        "quality_r_min",
-        "quality_ratio_tol",
-        "quality_temperature_r_min",
-        "quality_temperature_ratio_tol",
-    }
+    assert differ == CURVE_DIFFERS_FROM_CONFIG
     assert curve_mod.held(curve, 5, 10, cfg.quality_k_max) == {
         "gas_density": (cfg.quality_r_min, cfg.quality_ratio_tol),
         "gas_temperature": (cfg.quality_temperature_r_min, cfg.quality_temperature_ratio_tol),
@@ -411,6 +424,38 @@ def test_quality_nonlinear_is_the_target_the_recorded_ten_minute_curve_holds():
         again = curve_mod.rejudge(e, target)
         assert again["met"] == e["met"]
         assert again["shortfall"] == pytest.approx(e["shortfall"], rel=1e-12)
+
+
+def test_quality_nonlinear_recorded_runs_of_both_frameworks_meet_the_target():
+    """TensorFlow's recorded 10-minute curve trains the same recipe as JAX's (run.json differs from
+    the config only where the JAX curve's does) and, judged again, meets the config's target first at
+    epoch 12 and in every later evaluation; the config's own runs (JAX seed 2, TF seed 0) stop at the
+    evaluation that meets it, and judging again reproduces each of their verdicts and shortfalls."""
+    curve_mod = _curve_module()
+    cfg = config_mod.load_config("quality_nonlinear")
+    target = quality.Target.from_config(cfg)
+    values = config_mod.config_dict(cfg)
+    curve, info = _recorded("ttq_curve_tf_call1", "loss_space-log")
+    assert info["framework"] == "tf"
+    differ = {k for k in values if info["config_values"].get(k) != values[k]}
+    assert differ == CURVE_DIFFERS_FROM_CONFIG
+    first, kept, later = curve_mod.first_met(curve, target)
+    assert (first["epoch"], kept, later) == (12, 14, 14)
+    for folder, run, framework, seed, epoch in [
+        ("ttq_quality_nonlinear_call2", "seed-2", "jax", 2, 11),
+        ("ttq_quality_nonlinear_call3", "seed-0", "tf", 0, 14),
+    ]:
+        own, info = _recorded(folder, run)
+        assert (info["framework"], info["config"], info["config_values"]["seed"]) == (
+            framework,
+            "quality_nonlinear",
+            seed,
+        )
+        assert info["time_to_quality"]["quality_met"] and info["time_to_quality"]["evaluations"] == epoch
+        for e in own:
+            again = curve_mod.rejudge(e, target)
+            assert again["met"] == e["met"] == (e["epoch"] == epoch)
+            assert again["shortfall"] == pytest.approx(e["shortfall"], rel=1e-12)
 
 
 def test_nonlinear_gas_median_vs_mean_predictions_per_bin(data_dir, tmp_path):

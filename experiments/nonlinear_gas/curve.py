@@ -264,6 +264,8 @@ def _report_target(curve: list[dict], target: quality.Target, config: str) -> st
     e, kept, later = first_met(curve, target)
     if e is None:
         verdict = f"not met in {len(curve)} evaluation" + "s" * (len(curve) != 1)
+    elif later == 0:  # a time-to-quality run stops at the evaluation that meets its target
+        verdict = f"met at epoch {e['epoch']} ({e['time_sec']:.0f} s), the run's last evaluation"
     else:
         verdict = f"met first at epoch {e['epoch']} ({e['time_sec']:.0f} s), then in {kept} of {later} later "
         verdict += "evaluation" + "s" * (later != 1)
