@@ -53,8 +53,11 @@ def test_a_sigterm_held_before_the_steps_asks_for_a_stop():
 
 
 #: A command (through ``run_cli``) that dispatches a JAX computation of minutes, says so and waits for it.
+#: It takes Python's own SIGINT handler first, as a command started from a terminal has it: a process
+#: started from a background job of a shell (``bash scripts/test.sh &``) inherits SIGINT ignored.
 LONG_STEP = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import jax, jax.numpy as jnp
 from shared_data.core.errors import run_cli
 
