@@ -388,6 +388,21 @@ CURVE_DIFFERS_FROM_CONFIG = {
 }
 
 
+def _differs_from(cfg, info) -> set:
+    """The keys whose value in a recorded run.json's ``config_values`` differs from config ``cfg``'s."""
+    values = config_mod.config_dict(cfg)
+    return {k for k in values if info["config_values"].get(k) != values[k]}
+
+
+def _assert_rejudged_as_recorded(curve_mod, own, target):
+    """Judging each recorded evaluation of a run of ``target``'s config again gives the trainer's own
+    verdict and shortfall."""
+    for e in own:
+        again = curve_mod.rejudge(e, target)
+        assert again["met"] == e["met"]
+        assert again["shortfall"] == pytest.approx(e["shortfall"], rel=1e-12)
+
+
 def _recorded(folder, run):
     """(quality.jsonl's evaluations, run.json) of ``run`` in a recorded call's runs.tar."""
     path = REPO_ROOT / "experiments/nonlinear_gas/results" / folder / "runs.tar"
@@ -408,9 +423,7 @@ def test_quality_nonlinear_is_the_target_the_recorded_ten_minute_curve_holds():
     cfg = config_mod.load_config("quality_nonlinear")
     target = quality.Target.from_config(cfg)
     curve, info = _recorded("ttq_curve_call6", "loss_space-log")
-    values = config_mod.config_dict(cfg)
-    differ = {k for k in values if info["config_values"].get(k) != values[k]}
-    assert differ == CURVE_DIFFERS_FROM_CONFIG
+    assert _differs_from(cfg, info) == CURVE_DIFFERS_FROM_CONFIG
     assert curve_mod.held(curve, 5, 10, cfg.quality_k_max) == {
         "gas_density": (cfg.quality_r_min, cfg.quality_ratio_tol),
         "gas_temperature": (cfg.quality_temperature_r_min, cfg.quality_temperature_ratio_tol),
@@ -419,11 +432,8 @@ def test_quality_nonlinear_is_the_target_the_recorded_ten_minute_curve_holds():
     assert (first["epoch"], kept, later) == (12, 15, 15)
     own, info = _recorded("ttq_quality_nonlinear_call1", "seed-1")
     assert info["config"] == "quality_nonlinear" and info["config_values"]["seed"] == 1
-    for e in own:
-        assert e["target"] == dataclasses.asdict(target)
-        again = curve_mod.rejudge(e, target)
-        assert again["met"] == e["met"]
-        assert again["shortfall"] == pytest.approx(e["shortfall"], rel=1e-12)
+    assert all(e["target"] == dataclasses.asdict(target) for e in own)
+    _assert_rejudged_as_recorded(curve_mod, own, target)
 
 
 def test_quality_nonlinear_recorded_runs_of_both_frameworks_meet_the_target():
@@ -434,11 +444,9 @@ def test_quality_nonlinear_recorded_runs_of_both_frameworks_meet_the_target():
     curve_mod = _curve_module()
     cfg = config_mod.load_config("quality_nonlinear")
     target = quality.Target.from_config(cfg)
-    values = config_mod.config_dict(cfg)
     curve, info = _recorded("ttq_curve_tf_call1", "loss_space-log")
     assert info["framework"] == "tf"
-    differ = {k for k in values if info["config_values"].get(k) != values[k]}
-    assert differ == CURVE_DIFFERS_FROM_CONFIG
+    assert _differs_from(cfg, info) == CURVE_DIFFERS_FROM_CONFIG
     first, kept, later = curve_mod.first_met(curve, target)
     assert (first["epoch"], kept, later) == (12, 14, 14)
     for folder, run, framework, seed, epoch in [
@@ -452,10 +460,8 @@ def test_quality_nonlinear_recorded_runs_of_both_frameworks_meet_the_target():
             seed,
         )
         assert info["time_to_quality"]["quality_met"] and info["time_to_quality"]["evaluations"] == epoch
-        for e in own:
-            again = curve_mod.rejudge(e, target)
-            assert again["met"] == e["met"] == (e["epoch"] == epoch)
-            assert again["shortfall"] == pytest.approx(e["shortfall"], rel=1e-12)
+        assert [e["met"] for e in own] == [e["epoch"] == epoch for e in own]
+        _assert_rejudged_as_recorded(curve_mod, own, target)
 
 
 def test_nonlinear_gas_median_vs_mean_predictions_per_bin(data_dir, tmp_path):
