@@ -193,6 +193,7 @@ class _Pool:
             slots, self.slots, self.free = self.slots, [], []
         if executor is not None:
             procs = list((getattr(executor, "_processes", None) or {}).values())
+            manager = getattr(executor, "_executor_manager_thread", None)
             executor.shutdown(wait=False, cancel_futures=True)
             deadline = time.monotonic() + JOIN_S  # one bound for all the workers
             for p in procs:
@@ -201,6 +202,12 @@ class _Pool:
                 if p.is_alive():
                     p.terminate()
                     p.join(JOIN_S)
+            # The executor's manager thread drops the last references to its queues as it ends, and
+            # their named semaphores' finalizers unlink each and then tell the resource tracker; a
+            # process that exits between the two leaves the tracker a "leaked semaphore" warning on
+            # stderr. With the workers gone the thread ends at once: wait for it here.
+            if manager is not None:
+                manager.join(JOIN_S)
         for shm in slots:
             try:
                 shm.close()
