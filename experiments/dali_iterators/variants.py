@@ -8,9 +8,13 @@ step (FULL).
     warp         JAX cuts DHWC crops with the channel part applied; DALI: one ``fn.warp_affine``
                  per volume, nearest neighbour, a per-sample signed-permutation matrix (axis order
                  and flips in one pass; exact, the coordinates are integers + 0.5)
+    warp_cl      as warp, but the volumes are held channels-last (L, L, L, C), so the cut is a copy of
+                 contiguous rows with the channel part, no transpose
     passthrough  JAX cuts DHWC crops with the whole symmetry (the ``device`` loader's gather,
                  outside the step); DALI hands them on untouched: what DALI as a transport costs,
                  the bound of any DALI pipeline fed by a cut outside the step
+    gather       the passthrough's cut fed straight to the step, no DALI (the cost of a cut outside
+                 the step, beside the device loader's, which cuts inside it)
 
     PYTHONPATH=/tmp/site:. python3 experiments/dali_iterators/variants.py --config short_opt --full --out r.jsonl
     PYTHONPATH=. python3 experiments/dali_iterators/variants.py --config cpu_tiny --check 12   # CPU: exactness
@@ -24,6 +28,7 @@ import functools
 import json
 import sys
 import time
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +44,7 @@ from shared_data.data import crop_readers, dataset, host_batches, symmetry
 from shared_data.data import dali_pipelines as dp
 from shared_data.data.sampler import TRAIN
 
-VARIANTS = ("conditional", "warp", "passthrough")
+VARIANTS = ("conditional", "warp", "warp_cl", "passthrough", "gather")
 
 
 @functools.cache
@@ -64,7 +69,7 @@ def warp_tables(crop: int) -> np.ndarray:
     return out
 
 
-def cut_fn(volume: np.ndarray, device_id, crop: int, whole: bool, cfg, key: str | None):
+def cut_fn(volume: np.ndarray, device_id, crop: int, whole: bool, cfg, key: str | None, channels_last=False):
     """A :class:`shared_data.data.dali_pipelines.DeviceCropSource` crop function returning DHWC crops.
 
     ``whole=False``: ``volume`` channel-first (C, L, L, L) of ``key``; crops with the channel part
@@ -95,9 +100,23 @@ def cut_fn(volume: np.ndarray, device_id, crop: int, whole: bool, cfg, key: str 
             cut(on_dev, *(jax.device_put(a, dev) for a in (starts, syms)))
         )
 
+    if channels_last:
+        volume = np.ascontiguousarray(np.moveaxis(volume, 0, -1))
     if device_id is None:
 
         def numpy_cut(starts, src, sign):
+            if channels_last:  # a fancy index on the last axis leaves a strided array: pack it for DALI
+                return [
+                    np.ascontiguousarray(
+                        np.stack(
+                            [
+                                volume[x : x + crop, y : y + crop, z : z + crop][..., r] * g
+                                for (x, y, z), r, g in zip(st, sr, sg)
+                            ]
+                        )
+                    )
+                    for st, sr, sg in zip(starts, src, sign)
+                ]
             crops = dp.numpy_step_crops(volume, starts, src, sign, size=crop)
             return [np.ascontiguousarray(np.moveaxis(c, 1, -1)) for c in crops]
 
@@ -107,11 +126,13 @@ def cut_fn(volume: np.ndarray, device_id, crop: int, whole: bool, cfg, key: str 
 
     @jax.jit
     def cut(vol, starts, src, sign):
-        c = vol.shape[0]
         zero = jnp.zeros((), starts.dtype)
 
         def one(st, sr, sg):
-            piece = lax.dynamic_slice(vol, (zero, st[0], st[1], st[2]), (c, crop, crop, crop))
+            if channels_last:
+                piece = lax.dynamic_slice(vol, (st[0], st[1], st[2], zero), (crop, crop, crop, vol.shape[-1]))
+                return piece[..., sr] * sg
+            piece = lax.dynamic_slice(vol, (zero, st[0], st[1], st[2]), (vol.shape[0], crop, crop, crop))
             return jnp.moveaxis(piece[sr] * sg[:, None, None, None], 0, -1)
 
         return tuple(jax.vmap(one)(starts[k], src[k], sign[k]) for k in range(starts.shape[0]))
@@ -198,7 +219,7 @@ def pipeline(cfg, variant: str, plans, device_id, depth: int):
         matrices = fn.external_source(source=WarpSource(plans, cfg.crop_size), batch=True, batch_info=True)
         outs = []
         for key in dataset.KEYS:
-            cut = cut_fn(volumes[key], device_id, cfg.crop_size, False, cfg, key)
+            cut = cut_fn(volumes[key], device_id, cfg.crop_size, False, cfg, key, variant == "warp_cl")
             src = dp.DeviceCropSource(plans, cut, ring, key, cfg.dali_device_cut_steps)
             x = fn.external_source(source=src, batch=True, batch_info=True, no_copy=True, device=device, layout="DHWC")
             outs.append(
@@ -209,11 +230,34 @@ def pipeline(cfg, variant: str, plans, device_id, depth: int):
     return pipe()
 
 
+def gathered(cfg, plans, device_id, mesh):
+    """Endless batches of the passthrough's cut without DALI (``cut_steps`` steps per call)."""
+    path = cfg.data_file("train")
+    reader = crop_readers.InMemReader(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size)
+    source = WholeSource(
+        plans,
+        cut_fn(host_batches.device_volume(reader), device_id, cfg.crop_size, True, cfg, None),
+        2,
+        cfg.dali_device_cut_steps,
+    )
+    epoch = 0
+    while True:
+        plan = plans(epoch)
+        for i in range(len(plan)):
+            inputs, targets = source(SimpleNamespace(epoch_idx=epoch, iteration=i))
+            batch = {"inputs": inputs, "targets": targets, "mask": plan.masks[i].astype(np.float32)}
+            yield jax.device_put(batch, distribute.batch_sharding(mesh)) if mesh is not None else batch
+        epoch += 1
+
+
 def batches(cfg, variant: str, device_id, depth: int, mesh=None):
     """Endless batches (inputs, targets, mask) of ``variant`` through DALI's JAX iterator."""
     path = cfg.data_file("train")
     size = dataset.validate(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size).size
     plans = dp.EpochPlans(cfg, TRAIN, [0], 1, size)
+    if variant == "gather":
+        yield from gathered(cfg, plans, device_id, mesh)
+        return
     sharding = distribute.batch_sharding(mesh) if (mesh is not None and device_id is not None) else None
     it = jdali.make_iterator(
         [pipeline(cfg, variant, plans, device_id, depth)], len(plans(0)) * cfg.global_batch_size, sharding
