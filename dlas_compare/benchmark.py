@@ -44,7 +44,7 @@ from shared_data.core.errors import UserError, run_cli
 from shared_data.core.files import check_not_input
 from shared_data.model import unet_spec
 from shared_data.runtime import sizing
-from shared_data.runtime.run import check_data_files
+from shared_data.runtime.checks import check_data_files
 
 MODES = ("io", "synthetic", "full")
 FRAMEWORKS = ("jax", "tf", "torch")

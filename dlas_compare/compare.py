@@ -24,8 +24,8 @@ from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import run_cli
 from shared_data.runtime import sizing
+from shared_data.runtime.checks import check_data_files
 from shared_data.runtime.cli import benchmark_command
-from shared_data.runtime.run import check_data_files
 
 MODULES = {"jax": "jax", "tf": "tensorflow", "torch": "torch"}
 

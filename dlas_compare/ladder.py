@@ -85,7 +85,7 @@ from shared_data.core.commands import make_parser
 from shared_data.core.errors import DatasetError, UserError, run_cli
 from shared_data.core.files import check_writable
 from shared_data.runtime import sizing
-from shared_data.runtime.run import generate_command
+from shared_data.runtime.checks import generate_command
 
 
 def forwarded_config_args(args: argparse.Namespace) -> list[str]:

@@ -1,6 +1,6 @@
 """Orbax checkpoints of the JAX train state, one per epoch: the counterpart of :mod:`tf_impl.checkpoints`.
 
-The run's resume rule (:meth:`shared_data.runtime.run.Run.resume`) calls :meth:`Checkpoints.epochs`
+The run's resume rule (:func:`shared_data.runtime.resume.resume`) calls :meth:`Checkpoints.epochs`
 and :meth:`Checkpoints.restore`; the trainer calls :meth:`Checkpoints.save` after each epoch.
 """
 
@@ -16,22 +16,21 @@ import jax
 from jax_impl import distribute
 from shared_data.core.errors import EXIT_AFTER_ATEXIT, UserError
 from shared_data.core.files import write_failure
-from shared_data.runtime import checksums
-from shared_data.runtime import run as run_mod
+from shared_data.runtime import checksums, saves
 
 
 class Checkpoints:
     """Orbax checkpoints of the train state, one per epoch (``step`` = epochs done), written atomically
-    (orbax renames a finished temporary folder; unfinished ones are removed at start). ``like`` is a
-    state of this config (its arrays' shapes, dtypes and shardings are the restore template); without
-    it only :meth:`restore_params` restores. ``read_only`` (inference) creates and removes nothing, so
+    (orbax renames a finished temporary folder; unfinished ones are removed at start). ``state`` is a
+    train state of this config (its arrays' shapes, dtypes and shardings are the restore template);
+    without it only :meth:`restore_params` restores. ``read_only`` (inference) creates and removes nothing, so
     a run that is saving meanwhile is left alone."""
 
-    def __init__(self, directory: Path, keep: int, like=None, read_only: bool = False):
+    def __init__(self, directory: Path, keep: int, state=None, read_only: bool = False):
         import orbax.checkpoint as ocp
 
         self._ocp, self.directory = ocp, directory
-        self._like = None if like is None else distribute.abstract(like)
+        self._like = None if state is None else distribute.abstract(state)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only, read_only=read_only
         )
@@ -83,8 +82,8 @@ class Checkpoints:
                 raise
             self._failed = True
             EXIT_AFTER_ATEXIT.append(str(self.directory))  # TensorStore's late callbacks: see there
-            run_mod.remove_partial_saves(self.directory, (f"{epoch}.orbax-checkpoint-tmp*",), say=False)
-            raise run_mod.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
+            saves.remove_partial_saves(self.directory, (f"{epoch}.orbax-checkpoint-tmp*",), say=False)
+            raise saves.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
         if distribute.is_main_process():
             checksums.record(self.directory, epoch, self._files(epoch), self.epochs())
 
@@ -141,7 +140,7 @@ class _OrbaxWriteFailures(logging.Filter):
     :func:`shared_data.core.files.write_failure`), each with a traceback, from every background thread
     of a save, and asyncio's "Future exception was never retrieved" for the writes orbax left unread:
     :meth:`Checkpoints.save` reports the failure in one line
-    (:func:`shared_data.runtime.run.checkpoint_write_error`). Other records pass."""
+    (:func:`shared_data.runtime.saves.checkpoint_write_error`). Other records pass."""
 
     #: orbax logs through absl's logger; its event loops' unread failures through asyncio's.
     LOGGERS = ("absl", "asyncio")
@@ -161,12 +160,12 @@ def _remove_late_partial_saves(directory: Path, settle_s: float = 0.5, limit_s: 
     orbax has no call that waits for those writes)."""
     pattern = "*.orbax-checkpoint-tmp*"
     start = time.monotonic()
-    run_mod.remove_partial_saves(directory, (pattern,), say=False)
+    saves.remove_partial_saves(directory, (pattern,), say=False)
     quiet_since = time.monotonic()
     while time.monotonic() - quiet_since < settle_s and time.monotonic() - start < limit_s:
         time.sleep(0.05)
         if any(directory.glob(pattern)):
-            run_mod.remove_partial_saves(directory, (pattern,), say=False)
+            saves.remove_partial_saves(directory, (pattern,), say=False)
             quiet_since = time.monotonic()
 
 
@@ -199,9 +198,9 @@ def _closed_loop(exc: BaseException | None) -> bool:
 
 def _restore_error(where: str, err: BaseException) -> UserError:
     """The line for a checkpoint that did not restore: memory that ran out while orbax read it
-    (:func:`shared_data.runtime.run.checkpoint_restore_memory_error`), else the checkpoint named as
+    (:func:`shared_data.runtime.saves.checkpoint_restore_memory_error`), else the checkpoint named as
     damaged."""
-    return run_mod.checkpoint_restore_memory_error(where, err) or UserError(
+    return saves.checkpoint_restore_memory_error(where, err) or UserError(
         f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite"
     )
 

@@ -47,7 +47,7 @@ class Input:
 
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
         """Batches of ``epoch`` from its :meth:`EpochCursor.first_step` on. The loader starts at the
-        first batch, so inside :meth:`shared_data.runtime.run.Run.steps` (a stop signal during its
+        first batch, so inside :func:`shared_data.runtime.steps.epoch_steps` (a stop signal during its
         start stops the run at the epoch's first step boundary)."""
         plan = self.plan(epoch, self.cursor.first_step(epoch))
         host = iter(host_batches.NumpyLoader(self.reader, plan, self.cfg, workers=self.workers))

@@ -52,39 +52,17 @@ def initialize() -> str | None:
     if jax.distributed.is_initialized():
         return None
     env = os.environ
-    choice = env.get(CLUSTER_VARIABLE, "").strip().lower()
-    kwargs: dict = {}
-    if choice == "none":
+    joined = join_arguments(env, env.get(CLUSTER_VARIABLE, "").strip().lower())
+    if joined is None:
         return None
-    wait = contextlib.nullcontext()  # the start's wait, said and timed where the processes are known
-    if env.get("JAX_COORDINATOR_ADDRESS"):
-        how = "JAX_COORDINATOR_ADDRESS"
-        missing = [v for v in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if not env.get(v)]
-        if missing:
-            raise UserError(f"JAX_COORDINATOR_ADDRESS is set: set {' and '.join(missing)} as well")
-        count = launch.env_int(env, "JAX_NUM_PROCESSES", 1, 1)
-        kwargs.update(num_processes=count, process_id=launch.env_int(env, "JAX_PROCESS_ID", 0, 0, count))
-        address = env["JAX_COORDINATOR_ADDRESS"]
-        wait = launch.joining(kwargs["process_id"], kwargs["num_processes"], address, {0: address}, env)
-    elif choice and choice != "auto":
-        how = choice
-        kwargs["cluster_detection_method"] = choice
-    elif choice == "auto" or launch.slurm_step(env) or launch.ompi_job(env):
-        how = "SLURM" if launch.slurm_step(env) else "Open MPI" if launch.ompi_job(env) else "auto-detected"
-        if launch.slurm_step(env) and choice != "auto":
-            address = kwargs["coordinator_address"] = slurm_coordinator(env)
-            size = launch.env_int(env, "SLURM_STEP_NUM_TASKS", 1, 1)
-            rank = launch.env_int(env, "SLURM_PROCID", 0, 0, size)
-            wait = launch.joining(rank, size, address, {0: address}, env)
-    else:
-        return None
+    how, kwargs, wait = joined
     ids = launch.task_gpus(env)
     if ids is not None and not env.get("JAX_LOCAL_DEVICE_IDS"):
         kwargs["local_device_ids"] = ids
     if env.get("JAX_PLATFORMS", "") == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes all-reduce over gloo
     # SIGTERM (scancel, a requeue, the time limit) is the run's to handle: every rank stops at one step
-    # boundary and saves its data cursor (shared_data.runtime.run). JAX's preemption service would take
+    # boundary and saves its data cursor (shared_data.runtime.preemption). JAX's preemption service would take
     # SIGTERM from Python's handler and leave the steps running.
     jax.config.update("jax_enable_preemption_service", False)
     # JAX's own time-out aborts the process with a C++ trace: the watchdog of launch.joining ends it first
@@ -100,6 +78,41 @@ def initialize() -> str | None:
         f"GPUs {jax.config.read('jax_cuda_visible_devices')} of CUDA_VISIBLE_DEVICES="
         f"{env.get('CUDA_VISIBLE_DEVICES', '(unset)')}"
     )
+
+
+def join_arguments(env, choice: str) -> tuple[str, dict, contextlib.AbstractContextManager] | None:
+    """How this process joins a run (``choice``: :data:`CLUSTER_VARIABLE`'s value): the launcher's name,
+    the ``jax.distributed.initialize`` arguments it implies and the start's wait (said and timed where
+    the processes are known); None when the process runs alone.
+
+    Raises:
+        UserError: ``JAX_COORDINATOR_ADDRESS`` without ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, or one
+            that is not an integer in range.
+    """
+    kwargs: dict = {}
+    wait = contextlib.nullcontext()
+    if choice == "none":
+        return None
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        missing = [v for v in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if not env.get(v)]
+        if missing:
+            raise UserError(f"JAX_COORDINATOR_ADDRESS is set: set {' and '.join(missing)} as well")
+        count = launch.env_int(env, "JAX_NUM_PROCESSES", 1, 1)
+        kwargs.update(num_processes=count, process_id=launch.env_int(env, "JAX_PROCESS_ID", 0, 0, count))
+        address = env["JAX_COORDINATOR_ADDRESS"]
+        wait = launch.joining(kwargs["process_id"], kwargs["num_processes"], address, {0: address}, env)
+        return "JAX_COORDINATOR_ADDRESS", kwargs, wait
+    if choice and choice != "auto":
+        return choice, {"cluster_detection_method": choice}, wait
+    if choice != "auto" and not launch.slurm_step(env) and not launch.ompi_job(env):
+        return None
+    how = "SLURM" if launch.slurm_step(env) else "Open MPI" if launch.ompi_job(env) else "auto-detected"
+    if launch.slurm_step(env) and choice != "auto":
+        address = kwargs["coordinator_address"] = slurm_coordinator(env)
+        size = launch.env_int(env, "SLURM_STEP_NUM_TASKS", 1, 1)
+        rank = launch.env_int(env, "SLURM_PROCID", 0, 0, size)
+        wait = launch.joining(rank, size, address, {0: address}, env)
+    return how, kwargs, wait
 
 
 def slurm_coordinator(env) -> str:

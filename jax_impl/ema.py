@@ -1,13 +1,18 @@
 """The exponential moving average of the weights (``ema_decay``): the counterpart of :mod:`tf_impl.ema`.
 
 With decay d the average after optimizer step t (1-based) is a_1 = p_1 and a_t = d a_{t-1} + (1 - d) p_t,
-the rule of Keras' ``use_ema`` (``ema_momentum`` = d; ``BaseOptimizer._update_model_variables_moving_average``),
-computed with :func:`optax.incremental_update`. The average, not the trained parameters, is what the
-run evaluates (validation loss, time to quality) and saves with ``--save_weights``.
+the rule of Keras' ``use_ema`` (``ema_momentum`` = d; ``BaseOptimizer._update_model_variables_moving_average``).
+The average, not the trained weights, is what the run evaluates (validation loss, time to quality) and
+saves with ``--save_weights``: inside :func:`averaged` the trainer reads it.
+
+JAX: the average is a second parameter tree in the train state (``ema_params``), updated inside the
+jitted step by :func:`update` (:func:`optax.incremental_update`); reading it changes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -25,3 +30,9 @@ def update(average: Any, params: Any, step: jax.Array, decay: float) -> Any:
 def weights(state) -> Any:
     """The parameters a run evaluates and saves: the average when ``ema_decay`` is on, else the trained ones."""
     return state.params if state.ema_params is None else state.ema_params
+
+
+@contextlib.contextmanager
+def averaged(state) -> Iterator[Any]:
+    """``with averaged(state) as params``: the parameters to evaluate (:func:`weights`)."""
+    yield weights(state)

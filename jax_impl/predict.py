@@ -52,18 +52,22 @@ def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple
 
 
 def forward_fn(cfg: Config):
-    """The compiled forward pass of ``cfg``'s model, ``forward(params, x)``: Flax parameters and NDHWC
-    float32 windows (B, w, w, w, N_in) -> (B, w, w, w, N_out) float32 NumPy; compiled once per window
-    shape (the trainer's time-to-quality mode calls it with the parameters of the moment)."""
+    """The compiled forward pass of ``cfg``'s model for the parameters of the moment, ``forward(params)(x)``:
+    Flax parameters bound, NDHWC float32 windows (B, w, w, w, N_in) -> (B, w, w, w, N_out) float32
+    NumPy; compiled once per window shape (the trainer's time-to-quality mode binds the parameters it
+    judges)."""
     model = model_mod.build_model(cfg)
-    forward = jax.jit(lambda p, x: model.apply({"params": p}, x))
-    return lambda params, x: np.asarray(forward(params, jnp.asarray(x, jnp.float32)))
+    compiled = jax.jit(lambda p, x: model.apply({"params": p}, x))
+
+    def bind(params) -> predict_mod.Apply:
+        return lambda x: np.asarray(compiled(params, jnp.asarray(x, jnp.float32)))
+
+    return bind
 
 
 def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply:
     """:func:`forward_fn` with the canonical ``weights``: windows -> outputs, as above."""
-    forward, params = forward_fn(cfg), jax.device_put(model_mod.params_from_canonical(weights))
-    return lambda x: forward(params, x)
+    return forward_fn(cfg)(jax.device_put(model_mod.params_from_canonical(weights)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,6 +23,7 @@ import numpy as np
 import optax
 from flax import struct
 from flax.training.dynamic_scale import DynamicScale
+from jax.sharding import Mesh
 
 from jax_impl import data as data_mod
 from jax_impl import distribute, ema, predict
@@ -32,9 +33,13 @@ from jax_impl.loss import loss_fn
 from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
 from shared_data.inference import quality
-from shared_data.runtime import cli, logs
-from shared_data.runtime import run as run_mod
+from shared_data.model import unet_spec
+from shared_data.runtime import cli, logs, nvtx, preemption, saves, signals
+from shared_data.runtime import resume as resume_mod
+from shared_data.runtime.epoch_report import EpochReport
 from shared_data.runtime.nvtx import nvtx_range
+from shared_data.runtime.run_folder import RunFolder
+from shared_data.runtime.steps import EpochTiming, epoch_steps
 
 log = logging.getLogger("dlas.jax")
 FRAMEWORK = "jax"
@@ -149,6 +154,65 @@ def evaluate(eval_fn, params, val_in) -> float:
     return float(totals["loss_sum"] / max(float(totals["count"]), 1.0))
 
 
+def train_epoch(state, train_fn, batches, epoch: int, start, folder: RunFolder, report, mid_epoch, window):
+    """The steps of ``epoch`` (from ``start``'s data cursor in a run resumed mid-epoch); returns the
+    state, the epoch's losses on the host, the last step's metrics and the epoch's clock. A stop signal
+    saves the state at the next step boundary (``mid_epoch()``'s checkpoints) and stops the run."""
+    losses, timing = start.losses_before(epoch), EpochTiming(folder.steps_per_epoch, start.first_step(epoch))
+    metrics, n = {}, folder.steps_per_epoch
+    with signals.stoppable():  # SIGTERM / SIGUSR1 ask for a stop at the next step boundary
+        for i in epoch_steps(folder, epoch, timing.first):  # the progress bar; the run's place for a signal's line
+            # --- the stop check: a signal to any process stops every process here, after a save ---
+            if preemption.stop_agreed(distribute.any_process(preemption.stop_requested())):
+                with mid_epoch() as mid, preemption.stopping(folder, report, epoch, i, jax.device_get(losses)) as step:
+                    mid.save(step, state)
+            window.before_step(epoch * n + i)  # the profiler's capture window (profile_steps)
+            with nvtx.step_range(folder.cfg.enable_manual_profiling, epoch * n + i):
+                # --- input: the host's wait for the batch (a sampled step drains the device queue first) ---
+                timed = timing.sampled(i)
+                if timed:
+                    jax.block_until_ready(state)
+                with nvtx_range("data wait", "yellow"), timing.input_wait(timed), signals.signal_first():
+                    batch = next(batches)
+                    if timed:
+                        jax.block_until_ready(batch)
+                # --- the step: XLA-compiled, dispatched asynchronously (the host runs ahead) ---
+                with nvtx_range("step dispatch", "blue"):
+                    state, metrics = train_fn(state, batch)
+            losses.append(metrics["loss"])
+    losses = jax.device_get(jnp.stack(losses))  # waits for the epoch's steps
+    timing.stop()
+    return state, losses, metrics, timing
+
+
+def open_run(cfg: Config, workdir: Path, num_devices: int | None, overwrite: bool) -> tuple[Mesh, RunFolder]:
+    """XLA's settings (before the first device query), the device mesh, then the run folder."""
+    settings = distribute.configure_xla(cfg)
+    mesh = distribute.make_mesh(num_devices)
+    replicas, rank = distribute.num_replicas(mesh), distribute.process_index()
+    banner = distribute.banner()
+    return mesh, RunFolder(cfg, workdir, FRAMEWORK, banner, settings, replicas, process_index=rank, overwrite=overwrite)
+
+
+def initial_state(cfg: Config, lr_table: np.ndarray, init_weights: str | None, mesh: Mesh):
+    """The model (its precision policy: ``cfg.precision``), Adam on ``lr_table`` and the train state
+    from ``init_weights`` (or the contract's init), replicated over ``mesh``: ``(model, tx, state)``."""
+    model, tx = model_mod.build_model(cfg), make_optimizer(lr_table, cfg.adam_update)
+    params = model_mod.params_from_canonical(unet_spec.starting_weights(cfg, init_weights))
+    return model, tx, jax.device_put(create_train_state(cfg, params, tx), distribute.replicated(mesh))
+
+
+def capture_window(cfg: Config, folder: RunFolder) -> nvtx.CaptureWindow:
+    """The profiler's capture window (``profile_steps``, ``enable_manual_profiling``), inside which every
+    NVTX range is also a trace annotation: JAX's trace into
+    ``<workdir>/profile`` and, on a GPU, the CUDA profiler API (``nsys --capture-range=cudaProfilerApi``)."""
+    start = functools.partial(jax.profiler.start_trace, str(folder.workdir / "profile"))
+    gpu = jax.default_backend() == "gpu"
+    return nvtx.capture_window(
+        cfg, folder.steps_per_epoch, start, jax.profiler.stop_trace, gpu, jax.profiler.TraceAnnotation
+    )
+
+
 def train_and_evaluate(
     cfg: Config,
     workdir: Path,
@@ -160,69 +224,55 @@ def train_and_evaluate(
     stop_after_epoch: int | None = None,
     save_weights: str | None = None,
 ) -> tuple[TrainState, dict]:
-    """Train ``cfg`` in ``workdir`` (checkpoints, ``metrics.jsonl``, TensorBoard, ``out.log``); return the
-    final ``state`` and the last epoch's metrics (``train_loss``, ``val_loss``, ``samples_per_sec``,
-    ``compile_sec``, ``epoch``; ``time_to_quality_sec``, ... with ``quality_every_epochs``, which stops the
-    run at the target: :mod:`shared_data.inference.quality`). ``stop_after_epoch`` ends this invocation early,
-    as a job's time limit would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues it."""
-    settings = distribute.configure_xla(cfg)  # before the first device query, as TF needs
-    mesh = distribute.make_mesh(num_devices)
-    run = run_mod.Run(
-        cfg,
-        workdir,
-        FRAMEWORK,
-        distribute.banner(),
-        settings,
-        distribute.num_replicas(mesh),
-        process_index=distribute.process_index(),
-        resume=resume,
-        overwrite=overwrite,
-    )
-    model, tx = model_mod.build_model(cfg), make_optimizer(run.lr_table, cfg.adam_update)
-    params = model_mod.params_from_canonical(run.initial_weights(init_weights))
-    state = jax.device_put(create_train_state(cfg, params, tx), distribute.replicated(mesh))
-    mid_epoch = lambda: Checkpoints(run.mid_epoch_dir / "checkpoints", 1, state)  # a stop's save, numbered by step
-    with Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, state) as ckpt:  # closed on every exit
-        start, restored = run.resume(ckpt, mid_epoch)
-        if restored is not None:
-            state = restored
-        train_in = data_mod.make_input(cfg, "train", mesh, start, run.first_step)
+    """Train ``cfg`` in ``workdir``; return the final state and the last epoch's metrics (and the time to
+    quality's: :mod:`shared_data.inference.quality`). ``stop_after_epoch``: as a job's time limit."""
+    mesh, folder = open_run(cfg, workdir, num_devices, overwrite)
+    model, tx, state = initial_state(cfg, folder.lr_table, init_weights, mesh)
+    with Checkpoints(folder.workdir / "checkpoints", cfg.keep_checkpoints, state) as ckpt:  # closed on every exit
+        # --- resume: the newest checkpoint that restores, or a stop's mid-epoch save ---
+        mid_epoch = functools.partial(Checkpoints, folder.mid_epoch_dir / "checkpoints", 1, state)
+        start = resume_mod.resume(folder, ckpt, mid_epoch, resume)
+        state = state if start.restored is None else start.restored
+        # --- the input pipelines, then XLA: the steps compiled ahead of time ---
+        train_in = data_mod.make_input(cfg, "train", mesh, start.epoch, start.step)
         val_in = data_mod.make_input(cfg, "val", mesh)
-        compiled = run.trains(start, stop_after_epoch)  # a finished run resumed compiles nothing
         specs = [data_mod.input_spec(inp, cfg, mesh) for inp in (train_in, val_in)]
+        compiled = folder.trains(start.epoch, stop_after_epoch)  # a finished run resumed compiles nothing
         train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, *specs) if compiled else (None, None, 0.0)
-        run.begin(start, compile_s, distribute.versions(), lambda: evaluate(eval_fn, ema.weights(state), val_in))
-        monitor = quality.Monitor(run, distribute.device_kind(), start, distribute.main_process_flag)
+        report = EpochReport(folder, compile_s)
+        if report.begin(start.epoch, distribute.versions()):  # a fresh run: TensorBoard's step-0 loss
+            with ema.averaged(state) as weights:
+                report.step0(evaluate(eval_fn, weights, val_in))
+        agree, device = distribute.main_process_flag, distribute.device_kind()
+        monitor = quality.Monitor(folder, report.metrics, device, start.epoch, agree)
         forward = predict.forward_fn(monitor.predict_cfg)  # compiled at the first evaluation
-
-        sync = lambda batch: jax.block_until_ready((state, batch))  # the newest state: Run.steps' input wait
-        trace = (lambda: jax.profiler.start_trace(str(workdir / "profile")), jax.profiler.stop_trace)
-        with run.profile(*trace, use_cuda=jax.default_backend() == "gpu", annotate=jax.profiler.TraceAnnotation):
-            for epoch in monitor.remaining(run.epochs(start, stop_after_epoch)):
-                losses = run.losses_before(epoch)
-                for batch in run.steps(train_in.epoch(epoch), epoch, sync, distribute.any_process):
-                    with nvtx_range("step dispatch", "blue"):
-                        state, m = train_fn(state, batch)
-                    losses.append(m["loss"])
-                if run.stopped_at:  # a stop signal: save at this step boundary and stop
-                    with mid_epoch() as mid:
-                        run.preempt(lambda step: mid.save(step, state), lambda: jax.device_get(losses))
-                run.end_epoch(
-                    epoch,
-                    jax.device_get(jnp.stack(losses)),
-                    lambda: evaluate(eval_fn, ema.weights(state), val_in),
-                    step=int(state.step),
-                    loss_scale=m.get("loss_scale"),
+        with capture_window(cfg, folder) as window, signals.deferred():  # a signal stops the run between steps
+            for epoch in monitor.remaining(folder.epochs(start.epoch, stop_after_epoch)):
+                # --- train: the epoch's steps ---
+                state, losses, metrics, timing = train_epoch(
+                    state, train_fn, train_in.epoch(epoch), epoch, start, folder, report, mid_epoch, window
                 )
-                with run.saving(epoch + 1):
+                report.check_finite(epoch, losses)
+                # --- validate: Nsamples_val crops of the validation volume ---
+                with report.validating(), ema.averaged(state) as weights:
+                    val_loss = evaluate(eval_fn, weights, val_in)
+                step = int(state.step)
+                report.epoch(epoch, timing, losses, val_loss, step, metrics.get("loss_scale"))
+                # --- checkpoint ---
+                with saves.saving(folder, epoch + 1):
                     ckpt.save(epoch + 1, state)
-                if monitor.after_epoch(epoch, int(state.step), lambda: lambda x: forward(ema.weights(state), x)):
+                # --- time to quality: judge the whole validation volume; stop at the target ---
+                if monitor.due(epoch):
+                    with ema.averaged(state) as weights:
+                        monitor.evaluate(epoch + 1, step, forward(weights))
+                if monitor.stops(epoch):
                     break
-
-        weights = lambda: model_mod.params_to_canonical(jax.device_get(ema.weights(state)))
-        run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())
+        if save_weights:  # the weights the run evaluated: the average with ema_decay
+            with ema.averaged(state) as weights:
+                weights = model_mod.params_to_canonical(jax.device_get(weights))
+            saves.save_final_weights(save_weights, weights, distribute.is_main_process())
         reached = monitor.finish()
-        return state, {**run.finish(distribute.peak_memory_bytes()), **reached}
+        return state, {**report.finish(distribute.peak_memory_bytes()), **reached}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from conftest import assert_one_error_line
 from shared_data.core import errors
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import UserError, run_cli
-from shared_data.runtime import memory, run
+from shared_data.runtime import checks, memory
 
 
 @contextlib.contextmanager
@@ -108,7 +108,8 @@ import resource, sys
 from pathlib import Path
 from shared_data.core import config as config_mod
 from shared_data.core.errors import run_cli
-from shared_data.runtime import run as run_mod
+from shared_data.runtime import saves
+from shared_data.runtime.run_folder import RunFolder
 
 framework, work, margin, data = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
 cfg = config_mod.load_config(
@@ -116,7 +117,7 @@ cfg = config_mod.load_config(
 )
 
 def main(_):
-    r = run_mod.Run(cfg, work, framework, "test", {}, 1)
+    folder = RunFolder(cfg, work, framework, "test", {}, 1)
     if framework == "jax":
         from jax_impl import model
         from jax_impl.checkpoints import Checkpoints
@@ -127,11 +128,13 @@ def main(_):
         from tf_impl import model
         from tf_impl.checkpoints import Checkpoints
 
-        ckpt = Checkpoints(work / "checkpoints", 2, model.build_model(cfg))
+        from tf_impl.train import TrainState
+
+        ckpt = Checkpoints(work / "checkpoints", 2, TrainState(model.build_model(cfg)))
         save = lambda: ckpt.save(1)
     size = next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]
     resource.setrlimit(resource.RLIMIT_AS, (int(size) * 1024 + margin * 2**20, resource.RLIM_INFINITY))
-    with ckpt, r.saving(1):
+    with ckpt, saves.saving(folder, 1):
         save()
     print("saved", ckpt.epochs())
 
@@ -151,7 +154,7 @@ def test_a_checkpoint_save_under_a_memory_limit(framework, headroom, tmp_path, d
     the save is written."""
     from shared_data.core import config as config_mod
 
-    need = run.save_memory_needed(config_mod.load_config("cpu_tiny")) >> 20 if headroom == "enough" else 0
+    need = checks.save_memory_needed(config_mod.load_config("cpu_tiny")) >> 20 if headroom == "enough" else 0
     margin = 128 if headroom == "short" else need + 96  # short: under the need, room for the rest
     args = [framework, str(tmp_path / "w"), str(margin), str(data_dir)]
     res = subprocess.run(
@@ -210,7 +213,7 @@ def test_a_trainer_under_a_tight_ulimit_refuses_before_compiling(framework, limi
     )
     numbers = r"may map ([0-9.]+) MiB more, .* take about ([0-9.]+) MiB; raise the limit by ([0-9.]+) MiB"
     left, need, short = (float(x) for x in re.search(numbers, res.stderr).groups())
-    assert need == pytest.approx((memory.TRAIN_RESERVE_BYTES + run.save_memory_needed(_tiny())) / 2**20, abs=0.05)
+    assert need == pytest.approx((memory.TRAIN_RESERVE_BYTES + checks.save_memory_needed(_tiny())) / 2**20, abs=0.05)
     assert 0 < left < need and short == pytest.approx(need - left, abs=0.15)
     assert not work.exists()
 

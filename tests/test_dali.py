@@ -117,14 +117,14 @@ def test_dali_yields_the_numpy_readers_samples(tiny_cfg, kind, mode):
 def test_missing_npy_names_the_converter(tiny_cfg, tmp_path):
     import shutil
 
-    from shared_data.runtime import run
+    from shared_data.runtime import checks
 
     h5 = tmp_path / "only.h5"
     shutil.copy(tiny_cfg.data_file("train"), h5)
     cfg = config_mod.replace(tiny_cfg, train_path=str(h5), data_loader_config="dali-npy")
     converter = r"python -m shared_data\.data\.convert .*only\.h5"
     with pytest.raises(Exception, match=r"only_Nbody\.npy not found: .*" + converter):
-        run.check_data(cfg)
+        checks.check_data(cfg)
 
 
 def test_missing_dali_names_the_extra(monkeypatch):

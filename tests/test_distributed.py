@@ -123,7 +123,9 @@ def run(strategy, cfg):
     with strategy.scope():
         model, opt = model_mod.build_model(cfg), train_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
         model_mod.params_from_canonical(model, unet_spec.init_weights(cfg, 0))
-    train_fn, _, _ = train_mod.compile_steps(cfg, strategy, model, opt, data_mod.batch_spec(cfg, strategy))
+    train_fn, _, _ = train_mod.compile_steps(
+        cfg, strategy, train_mod.TrainState(model, opt), data_mod.batch_spec(cfg, strategy)
+    )
     for b in batches:
         if n == 1:
             batch = {k: tf.constant(v) for k, v in b.items()}

@@ -116,7 +116,7 @@ def test_a_failed_start_leaves_no_run_folder(tmp_path, tiny_argv, caplog):
 
 def test_the_tutorials_absolute_expdir_maps_into_the_current_folder(tmp_path, monkeypatch):
     from shared_data.core import config as config_mod
-    from shared_data.runtime.run import workdir_for
+    from shared_data.runtime.run_folder import workdir_for
 
     yaml_file = tmp_path / "UNet.yaml"
     yaml_file.write_text(
@@ -137,9 +137,9 @@ def test_the_tutorials_absolute_expdir_maps_into_the_current_folder(tmp_path, mo
 def test_training_says_its_step_and_overwrite_what_it_deleted(tmp_path, tiny_argv, caplog, monkeypatch):
     """With slow steps (here: a progress line due after every step) training says where it is;
     ``--overwrite`` names the checkpoints it deleted; a run of no epochs compiles nothing."""
-    from shared_data.runtime import run
+    from shared_data.runtime import steps
 
-    monkeypatch.setattr(run, "PROGRESS_SEC", 0.0)
+    monkeypatch.setattr(steps, "PROGRESS_SEC", 0.0)
     workdir = tmp_path / "w"
     assert jax_train([*tiny_argv, "--workdir", str(workdir)]).returncode == 0
     assert "epoch 1: step 1/4, " in caplog.text and "epoch 1: step 3/4, " in caplog.text

@@ -26,8 +26,10 @@ from conftest import (
 from processes import SIGNAL_AT
 
 from shared_data.core.errors import UserError
+from shared_data.runtime import checks, records
 from shared_data.runtime import lock as run_lock
-from shared_data.runtime import run
+from shared_data.runtime.epoch_report import EpochReport
+from shared_data.runtime.run_folder import RunFolder
 
 HOLD_LOCK = (
     "import sys, time; from pathlib import Path; from shared_data.runtime import lock; "
@@ -60,7 +62,7 @@ def test_second_trainer_refuses_a_held_run_folder_and_takes_over_a_stale_lock(ti
         _wait_for_line(holder, "held")
         t0 = time.monotonic()
         with pytest.raises(UserError) as err:
-            run.Run(tiny_cfg, workdir, "jax", "test", {}, 1)
+            RunFolder(tiny_cfg, workdir, "jax", "test", {}, 1)
         assert time.monotonic() - t0 < 5
         message = str(err.value)
         assert f"run folder {workdir} is in use by another trainer" in message
@@ -70,10 +72,10 @@ def test_second_trainer_refuses_a_held_run_folder_and_takes_over_a_stale_lock(ti
         holder.kill()
         holder.wait()
     with caplog.at_level(logging.WARNING, logger="dlas"):
-        r = run.Run(tiny_cfg, workdir, "jax", "test", {}, 1)
+        r = RunFolder(tiny_cfg, workdir, "jax", "test", {}, 1)
     assert f"from a trainer that is gone (host {platform.node()}, pid {holder.pid}" in caplog.text
     assert json.loads((workdir / run_lock.LOCK_NAME).read_text())["pid"] == os.getpid()
-    r.finish(None)
+    r.close()
     assert (workdir / run_lock.LOCK_NAME).read_text() == ""  # released: the next run takes it silently
 
 
@@ -219,14 +221,12 @@ def test_a_resume_that_changes_the_recipe_says_what_changed(tiny_cfg, tmp_path, 
     run.json keeps each invocation's own config next to the latest one."""
     from shared_data.core import config as config_mod
 
-    first = run.Run(config_mod.replace(tiny_cfg, num_epochs=2), tmp_path, "jax", "test", {}, 1)
-    first.begin(0, 0.0, {}, lambda: 0.0)
-    first.finish(None)
     changed = config_mod.replace(tiny_cfg, num_epochs=2, start_lr=0.5, train_path=tiny_cfg.val_path)
-    with caplog.at_level(logging.WARNING, logger="dlas"):
-        second = run.Run(changed, tmp_path, "jax", "test", {}, 1)
-        second.begin(1, 0.0, {}, lambda: 0.0)
-        second.finish(None)
+    for cfg, start in ((config_mod.replace(tiny_cfg, num_epochs=2), 0), (changed, 1)):
+        with caplog.at_level(logging.WARNING, logger="dlas"):
+            folder = RunFolder(cfg, tmp_path, "jax", "test", {}, 1)
+            EpochReport(folder, 0.0).begin(start, {})
+            folder.close()
     line = next(r.getMessage() for r in caplog.records if "changes the run's recipe" in r.getMessage())
     assert line.startswith("this resume changes the run's recipe from epoch 1: start_lr: ")
     assert f"start_lr: {tiny_cfg.start_lr!r} -> 0.5" in line
@@ -241,11 +241,11 @@ def test_a_key_added_after_a_run_is_a_change_only_away_from_the_kits_base():
     with one at l2; a key both invocations hold changes as before."""
     old = {"start_lr": 1e-3}
     base = {"loss_norm": "l1", "start_lr": 2e-4}
-    assert run.recipe_changes("quality", old, "quality", {"start_lr": 1e-3, "loss_norm": "l1"}, base) == []
-    assert run.recipe_changes("quality", old, "quality", {"start_lr": 1e-3, "loss_norm": "l2"}, base) == [
+    assert records.recipe_changes("quality", old, "quality", {"start_lr": 1e-3, "loss_norm": "l1"}, base) == []
+    assert records.recipe_changes("quality", old, "quality", {"start_lr": 1e-3, "loss_norm": "l2"}, base) == [
         "loss_norm: None -> 'l2'"
     ]
-    assert run.recipe_changes("a", old, "b", {"start_lr": 2e-4, "loss_norm": "l1"}, base) == [
+    assert records.recipe_changes("a", old, "b", {"start_lr": 2e-4, "loss_norm": "l1"}, base) == [
         "config 'a' -> 'b'",
         "start_lr: 0.001 -> 0.0002",
     ]
@@ -298,7 +298,7 @@ def test_a_nan_in_a_npy_twin_is_named_before_the_run(tiny_cfg, data_dir, tmp_pat
         f["Hydro"][1, 23, 5, 7] = np.nan
     cfg = config_mod.replace(tiny_cfg, val_path=str(tmp_path / "val_24.h5"), data_loader_config="dali-npy")
     with pytest.raises(DatasetError) as err:
-        run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
+        RunFolder(cfg, tmp_path / "w", "jax", "test", {}, 1)
     assert str(err.value).startswith(f"{hydro}: non-finite value nan at voxel (23, 5, 7) channel 1;")
     assert not (tmp_path / "w" / "metrics.jsonl").exists()
 
@@ -446,23 +446,23 @@ def test_inmem_beyond_the_memory_available_says_so_up_front(tiny_cfg, tmp_path, 
     injected) is one error naming the bytes needed and available and the loaders that fit."""
     from shared_data.core import config as config_mod
 
-    monkeypatch.setattr(run, "available_memory_bytes", lambda: 2**20)
+    monkeypatch.setattr(checks, "available_memory_bytes", lambda: 2**20)
     cfg = config_mod.replace(tiny_cfg, data_loader_config="inmem")
     with pytest.raises(UserError) as err:
-        run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
+        RunFolder(cfg, tmp_path / "w", "jax", "test", {}, 1)
     needed = (32**3 + 24**3) * 9 * 4
     assert str(err.value) == (
         f"data_loader_config 'inmem' holds both volumes in host memory: {needed / 2**20:.1f} MiB needed, "
         "1.0 MiB available to this process; use --data_loader_config lowmem (each crop read from the file) or dali-npy"
     )
-    assert run.available_memory_bytes() is None or run.available_memory_bytes() > 0
+    assert checks.available_memory_bytes() is None or checks.available_memory_bytes() > 0
 
 
 def test_available_memory_honours_rlimit_as():
     """Class 6: a ``ulimit -v`` (RLIMIT_AS) is part of the memory a process may take."""
     code = (
         "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, resource.RLIM_INFINITY)); "
-        "from shared_data.runtime import run; print(run.available_memory_bytes())"
+        "from shared_data.runtime import checks; print(checks.available_memory_bytes())"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert res.returncode == 0, res.stderr
@@ -515,7 +515,7 @@ def test_a_value_near_float32s_limit_is_named_before_the_run(tiny_cfg, data_dir,
     _set_value(train, "Nbody", (1, 3, 4, 5), 3e38)
     cfg = config_mod.replace(tiny_cfg, train_path=str(train), data_loader_config=loader)
     with pytest.raises(DatasetError) as err:
-        run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
+        RunFolder(cfg, tmp_path / "w", "jax", "test", {}, 1)
     if loader == "dali-npy":
         want = f"{dataset.npy_paths(train)[0]}: value 3e+38 beyond +-65504 at voxel (3, 4, 5) channel 1;"
     else:
@@ -557,7 +557,7 @@ def test_a_divergence_caused_by_the_data_names_it(data_dir, tmp_path, tiny_argv,
 
 
 def test_batch_problem_reads_the_crops_of_the_step(tiny_cfg, data_dir, tmp_path):
-    """Class 3: the crops :func:`run.batch_problem` checks are those of the step (a NaN placed at one
+    """Class 3: the crops :func:`checks.batch_problem` checks are those of the step (a NaN placed at one
     crop of step 1 of epoch 0 is found there, not at step 0); clean crops give ""."""
     import numpy as np
 
@@ -566,7 +566,7 @@ def test_batch_problem_reads_the_crops_of_the_step(tiny_cfg, data_dir, tmp_path)
 
     train = _copy_volume(data_dir, tmp_path)
     cfg = config_mod.replace(tiny_cfg, train_path=str(train))
-    assert run.batch_problem(cfg, 0, 1, 1) == ""
+    assert checks.batch_problem(cfg, 0, 1, 1) == ""
     plan = host_batches.make_plan(cfg, host_batches.TRAIN, 0, [0], 1, 32)
     inside = lambda v, starts: any(((s <= v) & (v < s + 16)).all() for s in starts)
     steps_with = lambda v: [i for i, d in enumerate(plan.draws) if inside(v, d.starts)]
@@ -574,10 +574,10 @@ def test_batch_problem_reads_the_crops_of_the_step(tiny_cfg, data_dir, tmp_path)
         (x, y, z) for x in range(32) for y in range(32) for z in range(32) if steps_with(np.array([x, y, z])) == [1]
     )
     _set_value(train, "Nbody", (2, *voxel), np.nan)
-    assert run.batch_problem(cfg, 0, 0, 1) == ""
-    problem = run.batch_problem(cfg, 0, 1, 1)
+    assert checks.batch_problem(cfg, 0, 0, 1) == ""
+    problem = checks.batch_problem(cfg, 0, 1, 1)
     assert f"{train} Nbody crop at (" in problem and ": non-finite value nan at index (2, " in problem
-    assert run.batch_problem(config_mod.replace(cfg, data_loader_config="synthetic"), 0, 1, 1) is None
+    assert checks.batch_problem(config_mod.replace(cfg, data_loader_config="synthetic"), 0, 1, 1) is None
 
 
 def test_an_early_error_closes_orbaxs_checkpoint_manager(tmp_path, tiny_argv, monkeypatch):

@@ -194,7 +194,7 @@ def run(strategy, batches, spec):
     with strategy.scope():
         model, opt = model_mod.build_model(cfg), train_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
         model_mod.params_from_canonical(model, unet_spec.init_weights(cfg, 0))
-    train_fn, _, _ = train_mod.compile_steps(cfg, strategy, model, opt, spec)
+    train_fn, _, _ = train_mod.compile_steps(cfg, strategy, train_mod.TrainState(model, opt), spec)
     return [float(train_fn(b)["loss"]) for b in batches], model_mod.params_to_canonical(model)
 one, w1 = run(one_replica, global_batches, data_mod.batch_spec(cfg, one_replica))
 two, w2 = run(mirrored, per_replica, data_mod.input_spec(inp, cfg, mirrored))

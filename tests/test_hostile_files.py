@@ -14,7 +14,8 @@ from conftest import assert_one_error_line, read_only, run_in_process
 from dlas_compare import doctor
 from shared_data.core import config as config_mod
 from shared_data.core.errors import UserError
-from shared_data.runtime import run
+from shared_data.runtime.epoch_report import EpochReport
+from shared_data.runtime.run_folder import RunFolder
 
 
 @pytest.mark.parametrize("where", ["folder", "read-only folder"])
@@ -34,20 +35,20 @@ def test_doctor_json_onto_a_folder_or_into_a_read_only_one(tmp_path, monkeypatch
 
 def _resume_with_run_json(cfg, workdir, content: bytes | None) -> None:
     """A first invocation of ``cfg`` in ``workdir``, then ``run.json`` replaced by ``content`` (None: a
-    folder in its place) and a resume at epoch 1, both through :class:`shared_data.runtime.run.Run`."""
-    first = run.Run(cfg, workdir, "jax", "test", {}, 1)
-    first.begin(0, 0.0, {}, lambda: 0.0)
-    first.finish(None)
+    folder in its place) and a resume at epoch 1, both through the trainers' run folder and report."""
+    first = RunFolder(cfg, workdir, "jax", "test", {}, 1)
+    EpochReport(first, 0.0).begin(0, {})
+    first.close()
     (workdir / "run.json").unlink()
     if content is None:
         (workdir / "run.json").mkdir()
     else:
         (workdir / "run.json").write_bytes(content)
-    second = run.Run(cfg, workdir, "jax", "test", {}, 1, resume=True)
+    second = RunFolder(cfg, workdir, "jax", "test", {}, 1)
     try:
-        second.begin(1, 0.0, {}, lambda: 0.0)
+        EpochReport(second, 0.0).begin(1, {})
     finally:
-        second.finish(None)
+        second.close()
 
 
 @pytest.mark.parametrize(

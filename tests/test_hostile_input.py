@@ -20,7 +20,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.errors import ConfigError
 from shared_data.data import convert, dataset, inspect
 from shared_data.model import schedule, unet_spec
-from shared_data.runtime import records, run
+from shared_data.runtime import checks, records
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -216,7 +216,7 @@ def test_npy_twins_that_do_not_match_are_refused(data_dir, tmp_path_factory, kin
         overrides={"train_path": str(h5), "val_path": str(data_dir / "val_24.h5"), "data_loader_config": "dali-npy"},
     )
     with pytest.raises(dataset.DatasetError) as err:
-        run.check_data(cfg)
+        checks.check_data(cfg)
     assert str(nbody) in str(err.value)
 
 

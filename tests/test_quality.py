@@ -16,7 +16,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import ConfigError, UserError
 from shared_data.inference import quality, validate
-from shared_data.runtime.records import read_metrics, read_run_info
+from shared_data.runtime.records import MetricsLog, read_metrics, read_run_info
 
 # --- the target ------------------------------------------------------------------------------------
 
@@ -276,17 +276,18 @@ def test_jax_ema_matches_numpy():
 
 def test_keras_ema_matches_numpy_and_swaps_back():
     """Keras' ``use_ema`` follows the same recurrence over the weights after each Adam step, and
-    :class:`tf_impl.ema.AveragedWeights` shows the average inside its block, the weights after it."""
+    :func:`tf_impl.ema.averaged` shows the average inside its block, the weights after it."""
     import keras
     import tensorflow as tf
 
     from tf_impl import ema
+    from tf_impl.train import TrainState
 
     inputs = keras.Input((3,))
     model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
-    opt = keras.optimizers.Adam(0.1, use_ema=True, ema_momentum=0.7)
+    opt = keras.optimizers.Adam(0.1, **ema.optimizer_options(0.7))
     opt.build(model.trainable_variables)
-    averaged = ema.AveragedWeights(model, opt, tf.distribute.get_strategy())
+    state = TrainState(model, opt, ema.backup_variables(model, opt, tf.distribute.get_strategy()))
     rng = np.random.default_rng(2)
     history = []
     for _ in range(4):
@@ -294,7 +295,8 @@ def test_keras_ema_matches_numpy_and_swaps_back():
         opt.apply(grads, model.trainable_variables)
         history.append(model.trainable_variables[0].numpy().copy())
     trained = model.trainable_variables[0].numpy().copy()
-    inside = averaged.read(lambda m: m.trainable_variables[0].numpy().copy())
+    with ema.averaged(state) as averaged:
+        inside = averaged.trainable_variables[0].numpy().copy()
     np.testing.assert_allclose(inside, numpy_ema(history, 0.7), rtol=1e-5)
     np.testing.assert_array_equal(model.trainable_variables[0].numpy(), trained)
 
@@ -370,8 +372,8 @@ def _monitor_over(tmp_path, cfg, records, start_epoch):
     from types import SimpleNamespace
 
     (tmp_path / quality.RECORD).write_text("".join(json.dumps(r) + "\n" for r in records))
-    run = SimpleNamespace(cfg=cfg, workdir=tmp_path, main=True, started=time.perf_counter(), framework="jax")
-    return quality.Monitor(run, "cpu", start_epoch)
+    folder = SimpleNamespace(cfg=cfg, workdir=tmp_path, main=True, started=time.perf_counter(), framework="jax")
+    return quality.Monitor(folder, MetricsLog(tmp_path), "cpu", start_epoch)
 
 
 def test_a_resumed_monitor_restores_the_clock_and_the_verdicts_of_its_target(tiny_cfg, tmp_path, caplog):

@@ -1,6 +1,6 @@
-"""The run around the trainers (shared_data/runtime/run.py): logs for batch jobs, out.log and run.json, the
-progress bar only on a terminal, TensorBoard under the tutorial's tags, the input-bound sentence, the
-tutorial's flags."""
+"""The run around the trainers (shared_data/runtime: run_folder, steps, epoch_report, saves, preemption):
+logs for batch jobs, out.log and run.json, the progress bar only on a terminal, TensorBoard under the
+tutorial's tags, the input wait and the input-bound sentence, the tutorial's flags."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from conftest import read_tensorboard, run_module
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import UserError
-from shared_data.runtime import cli, logs, records, run
+from shared_data.runtime import cli, logs, nvtx, preemption, records, saves, steps
+from shared_data.runtime.epoch_report import EpochReport
+from shared_data.runtime.run_folder import RunFolder, workdir_for
 
 
 def test_other_ranks_log_warnings_only_with_a_rank_tag(capsys):
@@ -47,12 +49,38 @@ def test_progress_bar_only_on_a_terminal(monkeypatch):
     assert type(logs.progress(range(3), 3, "x", enabled=False)).__name__ == "range_iterator"
 
 
+def _epoch(folder, report, epoch, batches, drain=None, dispatch=lambda: None, end=lambda: None) -> dict:
+    """One epoch's steps timed as the trainers time them (``drain``: the device drained before the
+    wait of each sampled step and until its batch is computed; None: every step's plain wait;
+    ``end()``: the wait for the epoch's last step), then the epoch's report (losses 0.1, validation
+    loss 0.1)."""
+    timing = steps.EpochTiming(folder.steps_per_epoch)
+    for i in steps.epoch_steps(folder, epoch):
+        timed = timing.sampled(i) if drain else True
+        if timed and drain:
+            drain(None)
+        with timing.input_wait(timed):
+            batch = next(batches)
+            if timed and drain:
+                drain(batch)
+        dispatch()
+    end()
+    timing.stop()
+    n = folder.steps_per_epoch
+    return report.epoch(epoch, timing, [0.1] * n, 0.1, step=(epoch + 1) * n)
+
+
+def _open(cfg, workdir):
+    folder = RunFolder(cfg, workdir, "jax", "test", {}, 1)
+    report = EpochReport(folder, 0.0)
+    report.begin(0, {})
+    return folder, report
+
+
 def test_input_bound_run_says_so_once(tiny_cfg, tmp_path, caplog):
     """A loader that takes 30 ms per batch and an instant step: the share line shows ~100% input wait
     and, from the second epoch on, one sentence names the fix for the lowmem loader."""
-    cfg = config_mod.replace(tiny_cfg, num_epochs=3)
-    r = run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
-    r.begin(0, 0.0, {}, lambda: 0.0)
+    folder, report = _open(config_mod.replace(tiny_cfg, num_epochs=3), tmp_path / "w")
 
     def slow():
         while True:
@@ -60,11 +88,8 @@ def test_input_bound_run_says_so_once(tiny_cfg, tmp_path, caplog):
             yield {}
 
     with caplog.at_level(logging.INFO, logger="dlas"):
-        for epoch in r.epochs(0):
-            for _ in r.steps(slow(), epoch):
-                pass
-            rec = r.end_epoch(epoch, [0.1] * r.steps_per_epoch, lambda: 0.1, step=(epoch + 1) * r.steps_per_epoch)
-            assert rec["input_wait_share"] > 0.9
+        for epoch in folder.epochs(0):
+            assert _epoch(folder, report, epoch, slow())["input_wait_share"] > 0.9
     text = caplog.text
     assert text.count("This run is input-bound") == 1
     assert "waited for input" in text and "epoch 2" in text and "more num_data_workers" in text
@@ -103,23 +128,20 @@ class AsyncDevice:
 
 
 def _one_epoch_share(tmp_path, tiny_cfg, monkeypatch, batches, device, sync):
-    """The input share of one epoch of 64 steps on ``device``, timed by its simulated clock."""
-    monkeypatch.setattr(run, "time", device.clock)
+    """The input share of one epoch of 64 steps on ``device``, timed by its simulated clock (``sync``:
+    the trainers' drains; None: every step's plain wait)."""
+    monkeypatch.setattr(steps, "time", device.clock)
     cfg = config_mod.replace(tiny_cfg, num_epochs=1, Nsamples=64 * tiny_cfg.global_batch_size)
-    r = run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
-    r.begin(0, 0.0, {}, lambda: 0.0)
-    for _ in r.steps(batches, 0, sync):
-        device.dispatch()
-    device.drain()
-    return r.end_epoch(0, [0.1] * r.steps_per_epoch, lambda: 0.1, step=r.steps_per_epoch)["input_wait_share"]
+    folder, report = _open(cfg, tmp_path / "w")
+    return _epoch(folder, report, 0, batches, sync, device.dispatch, device.drain)["input_wait_share"]
 
 
 def test_a_checkpoint_save_says_its_seconds(tiny_cfg, tmp_path, monkeypatch, caplog):
     """A save that takes 1.5 s of the (simulated) clock: one line after the epoch's lines says so."""
     clock = SimClock()
-    monkeypatch.setattr(run, "time", clock)
-    r = run.Run(config_mod.replace(tiny_cfg, num_epochs=1), tmp_path / "w", "jax", "test", {}, 1)
-    with caplog.at_level(logging.INFO, logger="dlas"), r.saving(1):
+    monkeypatch.setattr(saves, "time", clock)
+    folder = RunFolder(config_mod.replace(tiny_cfg, num_epochs=1), tmp_path / "w", "jax", "test", {}, 1)
+    with caplog.at_level(logging.INFO, logger="dlas"), saves.saving(folder, 1):
         clock.sleep(1.5)
     assert [m for m in caplog.messages if "Checkpoint" in m] == ["  Checkpoint time: 1.5 sec"]
 
@@ -147,7 +169,7 @@ def test_sampled_input_wait_of_a_slow_loader(tiny_cfg, tmp_path, monkeypatch):
     641 ms (the last step ends 1 ms after the last batch) when every step's wait is timed. Measured on
     32 of the 64 steps (every second one) the mean wait is the same 10 ms, and each drain before a
     sampled step costs the 1 ms that step would have overlapped: 640 of 673 ms."""
-    monkeypatch.setattr(run, "WAIT_SAMPLES", 32)
+    monkeypatch.setattr(steps, "WAIT_SAMPLES", 32)
 
     def slow(clock):
         while True:
@@ -168,10 +190,10 @@ def test_sampled_input_wait_of_a_slow_loader(tiny_cfg, tmp_path, monkeypatch):
 
 
 def test_a_finished_run_resumed_says_there_is_nothing_to_train(tiny_cfg, tmp_path, caplog):
-    r = run.Run(config_mod.replace(tiny_cfg, num_epochs=2), tmp_path / "w", "jax", "test", {}, 1)
+    folder = RunFolder(config_mod.replace(tiny_cfg, num_epochs=2), tmp_path / "w", "jax", "test", {}, 1)
     with caplog.at_level(logging.INFO, logger="dlas"):
-        assert list(r.epochs(1)) == [1] and "nothing to do" not in caplog.text
-        assert list(r.epochs(2)) == []
+        assert list(folder.epochs(1)) == [1] and "nothing to do" not in caplog.text
+        assert list(folder.epochs(2)) == []
     assert "all 2 epochs of this run are trained: nothing to do (--set num_epochs=N" in caplog.text
 
 
@@ -241,17 +263,22 @@ def test_tutorial_flags(tiny_cfg, tmp_path):
         argv = [flag] + (["25"] if flag in ("--bucket_cap_mb", "--local_rank") else [])
         with pytest.raises(UserError, match=rf"{flag} is PyTorch DDP's; not needed here: .*{words}"):
             cli.check_run_args(parser.parse_args(argv), tmp_path / "w", "jax")
-    assert run.workdir_for(tiny_cfg, "jax", None, "03").parts[-3:] == ("cpu_tiny", "03", "jax")
+    assert workdir_for(tiny_cfg, "jax", None, "03").parts[-3:] == ("cpu_tiny", "03", "jax")
 
 
 def test_manual_profiling_window_is_the_tutorials(tiny_cfg, tmp_path):
     """--enable_manual_profiling without profile_steps: the capture window covers the first 60 steps
     of epoch 2 (the tutorial's ``epoch == 1 and i in [0, 59]``), clipped by the run's length."""
     cfg = config_mod.replace(tiny_cfg, enable_manual_profiling=True, num_epochs=3)
-    r = run.Run(cfg, tmp_path / "w", "jax", "test", {}, 1)
     calls = []
-    with r.profile(lambda: calls.append("start"), lambda: calls.append("stop"), use_cuda=False):
-        assert (r._window.start, r._window.stop) == (r.steps_per_epoch, r.steps_per_epoch + 60)
+    with nvtx.capture_window(cfg, 4, lambda: calls.append("start"), lambda: calls.append("stop"), False) as window:
+        assert (window.start, window.stop) == (4, 64)
+        for step in range(70):
+            window.before_step(step)
+    assert calls == ["start", "stop"]
+    window = nvtx.capture_window(config_mod.replace(cfg, profile_steps=(2, 5)), 4, print, print, False)
+    assert (window.start, window.stop) == (2, 5)
+    assert nvtx.capture_window(tiny_cfg, 4, print, print, False).start is None
 
 
 @pytest.mark.slow
@@ -291,19 +318,23 @@ def test_each_process_stop_line_says_what_resumes_it():
     """After a step-boundary save: process 0 says whether it requeued the job; another process of a
     SLURM job cannot know and says who decides; outside SLURM every process says --resume."""
     slurm = {"SLURM_JOB_ID": "7"}
-    assert run.what_resumes(True, True, slurm) == "the job is requeued and resumes there"
-    assert run.what_resumes(True, False, slurm) == "--resume continues from there"
-    assert run.what_resumes(False, False, slurm) == (
+    assert preemption.what_resumes(True, True, slurm) == "the job is requeued and resumes there"
+    assert preemption.what_resumes(True, False, slurm) == "--resume continues from there"
+    assert preemption.what_resumes(False, False, slurm) == (
         "process 0 requeues the job where SLURM allows it (sbatch --requeue), else --resume continues from there"
     )
-    assert run.what_resumes(False, False, {}) == run.what_resumes(True, False, {}) == "--resume continues from there"
+    assert (
+        preemption.what_resumes(False, False, {})
+        == preemption.what_resumes(True, False, {})
+        == "--resume continues from there"
+    )
 
 
 def test_requeue_outside_slurm_or_without_a_controller_is_refused_with_a_line(caplog, tmp_path, monkeypatch):
     """No SLURM_JOB_ID: nothing is asked. A job id that no reachable controller knows (scontrol
     missing, or no slurmctld): a warning, no exception, since the checkpoint is already written."""
-    assert run.requeue_job({}) is False
+    assert preemption.requeue_job({}) is False
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol on PATH
     with caplog.at_level(logging.WARNING, logger="dlas"):
-        assert run.requeue_job({"SLURM_JOB_ID": "123"}) is False
+        assert preemption.requeue_job({"SLURM_JOB_ID": "123"}) is False
     assert "not requeued" in caplog.text

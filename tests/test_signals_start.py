@@ -16,7 +16,9 @@ import time
 import pytest
 
 from shared_data.core.config import REPO_ROOT
-from shared_data.runtime import run, signals
+from shared_data.runtime import signals, steps
+from shared_data.runtime.epoch_report import EpochReport
+from shared_data.runtime.run_folder import RunFolder
 
 #: A shared library that each framework loads early in its import.
 FRAMEWORK_LIBRARY = {"jax": "jaxlib/", "tf": "libtensorflow_framework"}
@@ -144,13 +146,14 @@ def test_a_loader_broken_by_a_group_signal_reports_the_signal(tiny_cfg, tmp_path
         raise RuntimeError("a lowmem worker reading train_32.h5 ended unexpectedly")
         yield
 
-    r = run.Run(tiny_cfg, tmp_path, "jax", "test", {}, 1)
+    folder, batches = RunFolder(tiny_cfg, tmp_path, "jax", "test", {}, 1), broken_by_the_signal()
     with signals.handled(), pytest.raises(signals.Interrupted) as stopped:
-        signals.set_describe(r.where)
-        r.begin(0, 0.0, {}, lambda: 0.0)
-        with r.profile(lambda: None, lambda: None, use_cuda=False):
-            for _ in r.steps(broken_by_the_signal(), 0):
-                pass
-    r.finish(None)
+        signals.set_describe(folder.position.where)
+        EpochReport(folder, 0.0).begin(0, {})
+        with signals.deferred(), signals.stoppable():  # as the trainers' epoch loop and steps
+            for _ in steps.epoch_steps(folder, 0):
+                with signals.signal_first():  # as the trainers' wait for a batch
+                    next(batches)
+    folder.close()
     assert stopped.value.exit_code == 128 + signum
     assert str(stopped.value).startswith(f"stopped by {signal.Signals(signum).name} during epoch 1 (step 1 of ")

@@ -50,7 +50,7 @@ def test_the_compiled_step_cuts_the_device_loaders_crops(tiny_cfg):
         opt = train_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
         model_mod.params_from_canonical(model, unet_spec.init_weights(cfg, 0))
         specs = [{k: tf.TensorSpec(v.shape, v.dtype) for k, v in b.items()} for b in (train_batch, val_batch)]
-        train_fn, eval_fn, _ = train_mod.compile_steps(cfg, strategy, model, opt, *specs)
+        train_fn, eval_fn, _ = train_mod.compile_steps(cfg, strategy, train_mod.TrainState(model, opt), *specs)
         loss = float(train_fn(train_batch)["loss"])
         results.append((loss, float(eval_fn(val_batch)["loss_sum"]), model_mod.params_to_canonical(model)))
     (loss, val, weights), (want_loss, want_val, want_weights) = results

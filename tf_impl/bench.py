@@ -64,7 +64,7 @@ class Bench:
             # a step of its own, or the same step on a device loader's crop plans: compiled for that batch
             if step_from is None or "draws" in spec:
                 self.train_fn, _, self.compile_sec = train_mod.compile_steps(
-                    cfg, self.strategy, self.model, self.optimizer, spec
+                    cfg, self.strategy, train_mod.TrainState(self.model, self.optimizer), spec
                 )
                 self.compiled_step = True
         if mode == "synthetic":

@@ -74,7 +74,7 @@ class Input:
     def epoch(self, epoch: int) -> Iterator:
         """Batches of ``epoch``: plain dicts with one replica, per-replica values with several
         (replica ``r`` gets shard ``r``'s batch, as in JAX). The pipelines start at the first batch, so
-        inside :meth:`shared_data.runtime.run.Run.steps` (a stop signal during their start stops the
+        inside :func:`shared_data.runtime.steps.epoch_steps` (a stop signal during their start stops the
         run at the epoch's first step boundary)."""
         iters = [iter(self.dataset(epoch, r)) for r in self.shards]
         yield from distribute.replica_batches(

@@ -1,54 +1,53 @@
 """The exponential moving average of the weights (``ema_decay``): the counterpart of :mod:`jax_impl.ema`.
 
-Keras' optimizer keeps it (``use_ema=True, ema_momentum=d``): after optimizer step t (1-based) the
-average is a_1 = p_1 and a_t = d a_{t-1} + (1 - d) p_t, held in optimizer variables (so checkpoints
-hold it). The average, not the trained weights, is what the run evaluates (validation loss, time to
-quality) and saves with ``--save_weights``: :class:`AveragedWeights` swaps it into the model for that
-and the trained weights back afterwards.
+With decay d the average after optimizer step t (1-based) is a_1 = p_1 and a_t = d a_{t-1} + (1 - d) p_t,
+the rule of Keras' ``use_ema`` (``ema_momentum`` = d; ``BaseOptimizer._update_model_variables_moving_average``).
+The average, not the trained weights, is what the run evaluates (validation loss, time to quality) and
+saves with ``--save_weights``: inside :func:`averaged` the trainer reads it.
+
+TensorFlow: Keras' optimizer keeps the average in its own variables (so checkpoints hold it) and updates
+it after each step (:func:`optimizer_options`); :func:`averaged` swaps it into the model and the trained
+weights back afterwards, through variables made once (:func:`backup_variables`).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import keras
 import tensorflow as tf
 
 
-def uses_ema(optimizer) -> bool:
-    """Whether ``optimizer`` (or the one a ``LossScaleOptimizer`` wraps) keeps a weight average."""
-    return bool(getattr(getattr(optimizer, "inner_optimizer", optimizer), "use_ema", False))
+def optimizer_options(decay: float) -> dict:
+    """Keras optimizer arguments that keep the weight average of ``decay`` (none when 0: off)."""
+    return dict(use_ema=True, ema_momentum=decay) if decay else {}
 
 
-class AveragedWeights:
-    """``with averaged():`` the model holds the optimizer's weight average, and its trained weights again
-    after the block; a no-op without ``use_ema``. ``averaged.read(fn)`` is ``fn(model)`` inside it.
-    The trained weights wait in variables created once (under ``strategy``'s scope, so they are
-    placed as the model's are)."""
+def backup_variables(model: keras.Model, optimizer, strategy: tf.distribute.Strategy) -> list | None:
+    """Variables that hold the trained weights while :func:`averaged` shows the average (made under
+    ``strategy``'s scope, so placed as the model's are); None when ``optimizer`` keeps no average."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's Adam
+    if not getattr(inner, "use_ema", False):
+        return None
+    with strategy.scope():
+        return [tf.Variable(v, trainable=False) for v in model.trainable_variables]
 
-    def __init__(self, model: keras.Model, optimizer, strategy: tf.distribute.Strategy):
-        self.model, self.optimizer = model, getattr(optimizer, "inner_optimizer", optimizer)
-        self.backup = None
-        if uses_ema(optimizer):
-            with strategy.scope():
-                self.backup = [tf.Variable(v, trainable=False) for v in model.trainable_variables]
 
-    @contextlib.contextmanager
-    def __call__(self):
-        if self.backup is None:
-            yield
-            return
-        variables = self.model.trainable_variables
-        for saved, v in zip(self.backup, variables):
-            saved.assign(v)
-        self.optimizer.finalize_variable_values(variables)  # Keras: the model's variables := their averages
-        try:
-            yield
-        finally:
-            for saved, v in zip(self.backup, variables):
-                v.assign(saved)
-
-    def read(self, fn):
-        """``fn(model)`` computed while the model holds the weight average (the trained weights without EMA)."""
-        with self():
-            return fn(self.model)
+@contextlib.contextmanager
+def averaged(state) -> Iterator[keras.Model]:
+    """``with averaged(state) as model``: the model holding the weight average, its trained weights
+    again after the block (the model unchanged without ``ema_decay``)."""
+    model, backup = state.model, state.ema_backup
+    if backup is None:
+        yield model
+        return
+    variables = model.trainable_variables
+    for saved, v in zip(backup, variables):
+        saved.assign(v)
+    getattr(state.optimizer, "inner_optimizer", state.optimizer).finalize_variable_values(variables)  # := averages
+    try:
+        yield model
+    finally:
+        for saved, v in zip(backup, variables):
+            v.assign(saved)

@@ -37,10 +37,9 @@ def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[
     Raises:
         UserError: no checkpoint, or one that does not restore.
     """
-    model = model_mod.build_model(run_cfg)
-    with Checkpoints(directory, run_cfg.keep_checkpoints, model, read_only=True) as checkpoints:
+    with Checkpoints(directory, run_cfg.keep_checkpoints, read_only=True) as checkpoints:
         epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
-        checkpoints.restore(epoch)
+        model = checkpoints.restore_params(epoch, model_mod.build_model(run_cfg))
     return model_mod.params_to_canonical(model), epoch
 
 
@@ -70,15 +69,15 @@ def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply
 
 
 def forward_fn(cfg: Config):
-    """The forward pass of ``cfg``'s model for the weights of the moment, ``forward(variables)(x)``:
-    the values of ``variables`` (a Keras model's ``trainable_variables``, e.g. the trainer's) when
-    ``forward`` is called are copied into a model of the window's side (built once per side), which
+    """The forward pass of ``cfg``'s model for the weights of the moment, ``forward(model)(x)``: the
+    values of ``model``'s trainable variables (the trainer's model) when ``forward`` is called are
+    copied into a model of the window's side (built once per side), which
     maps NDHWC float32 windows (B, w, w, w, N_in) -> (B, w, w, w, N_out) float32 NumPy (the
     trainer's time-to-quality mode)."""
     models, forwards = {}, {}
 
-    def bind(variables) -> predict_mod.Apply:
-        values, fresh = [tf.identity(v) for v in variables], set()
+    def bind(model) -> predict_mod.Apply:
+        values, fresh = [tf.identity(v) for v in model.trainable_variables], set()
 
         def apply(x: np.ndarray) -> np.ndarray:
             side = x.shape[1]

@@ -9,6 +9,8 @@ TensorFlow's GPU path follows TF's and DALI's documentation and runs on CPU in t
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -21,9 +23,13 @@ import tensorflow as tf
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError, run_cli
 from shared_data.inference import quality
-from shared_data.runtime import cli, logs
-from shared_data.runtime import run as run_mod
+from shared_data.model import unet_spec
+from shared_data.runtime import cli, logs, nvtx, preemption, saves, signals
+from shared_data.runtime import resume as resume_mod
+from shared_data.runtime.epoch_report import EpochReport
 from shared_data.runtime.nvtx import nvtx_range
+from shared_data.runtime.run_folder import RunFolder
+from shared_data.runtime.steps import EpochTiming, epoch_steps
 from tf_impl import data as data_mod
 from tf_impl import distribute, ema, predict
 from tf_impl import model as model_mod
@@ -32,6 +38,18 @@ from tf_impl.loss import loss_fn
 
 log = logging.getLogger("dlas.tf")
 FRAMEWORK = "tf"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    """Everything a step changes, held by TensorFlow in variables the step updates in place: the model's
+    weights and the optimizer's (Adam's moments, its step count, fp16's loss scale, the weight average
+    of ``ema_decay``), and the variables that keep the trained weights while the average is read
+    (:func:`tf_impl.ema.averaged`). The counterpart of :class:`jax_impl.train.TrainState`."""
+
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer | None = None  # None: the model alone (inference)
+    ema_backup: list | None = None
 
 
 class TableSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -55,8 +73,8 @@ def make_optimizer(cfg: Config, lr_table: np.ndarray) -> keras.optimizers.Optimi
     effective eps differs by 1 / sqrt(1 - beta_2^t), negligible unless gradients are ~1e-7."""
     if cfg.adam_update != "per_tensor":  # Keras' Adam updates each variable; JAX's flat form is optax.flatten
         raise UserError(f"config key 'adam_update': TensorFlow has only per_tensor, got {cfg.adam_update!r}")
-    ema_kw = dict(use_ema=True, ema_momentum=cfg.ema_decay) if cfg.ema_decay else {}
-    opt = keras.optimizers.Adam(TableSchedule(lr_table), beta_1=0.9, beta_2=0.999, epsilon=1e-8, **ema_kw)
+    averaging = ema.optimizer_options(cfg.ema_decay)
+    opt = keras.optimizers.Adam(TableSchedule(lr_table), beta_1=0.9, beta_2=0.999, epsilon=1e-8, **averaging)
     if cfg.precision == "float16":
         opt = keras.optimizers.LossScaleOptimizer(
             opt, initial_scale=cfg.loss_scale_init, dynamic_growth_steps=cfg.loss_scale_period
@@ -122,12 +140,14 @@ def step_functions(cfg: Config, strategy, model, optimizer, jit: bool | None = N
     return train, evaluate
 
 
-def compile_steps(cfg: Config, strategy, model, optimizer, spec: dict, eval_spec: dict | None = None):
-    """Build the distributed, XLA-compiled step functions and compile them by running each once on a
+def compile_steps(cfg: Config, strategy, state: TrainState, spec: dict, eval_spec: dict | None = None):
+    """Build the distributed, XLA-compiled step functions of ``state`` (its model and optimizer) and
+    compile them by running each once on a
     batch of zeros of ``spec`` (the train step) and ``eval_spec`` (the eval step; default ``spec``)
     (``data.input_spec``), then restore every variable, so training starts from the same state as with
     JAX's ahead-of-time compilation; return ``(train_fn, eval_fn, seconds)``, seconds being the train
     step's trace + compile (+ one run) time."""
+    model, optimizer = state.model, state.optimizer
     replica_train, replica_eval = step_functions(cfg, strategy, model, optimizer)
 
     @tf.function
@@ -170,6 +190,75 @@ def evaluate(eval_fn, val_in) -> float:
     return loss_sum / max(count, 1.0)
 
 
+def train_epoch(strategy, train_fn, batches, epoch: int, start, folder: RunFolder, report, mid_epoch, window):
+    """The steps of ``epoch`` (from ``start``'s data cursor in a run resumed mid-epoch); returns the
+    epoch's losses on the host, the last step's metrics and the epoch's clock. A stop signal saves the
+    model and optimizer at the next step boundary (``mid_epoch()``'s checkpoints) and stops the run."""
+    losses, timing = start.losses_before(epoch), EpochTiming(folder.steps_per_epoch, start.first_step(epoch))
+    metrics, n = {}, folder.steps_per_epoch
+    with signals.stoppable():  # SIGTERM / SIGUSR1 ask for a stop at the next step boundary
+        for i in epoch_steps(folder, epoch, timing.first):  # the progress bar; the run's place for a signal's line
+            # --- the stop check: a signal to any process stops every process here, after a save ---
+            if preemption.stop_agreed(distribute.any_process(strategy, preemption.stop_requested())):
+                with (
+                    mid_epoch() as mid,
+                    preemption.stopping(folder, report, epoch, i, [float(x) for x in losses]) as step,
+                ):
+                    mid.save(step)
+            window.before_step(epoch * n + i)  # the profiler's capture window (profile_steps)
+            with nvtx.step_range(folder.cfg.enable_manual_profiling, epoch * n + i):
+                # --- input: the host's wait for the batch (a sampled step drains the device queue first) ---
+                timed = timing.sampled(i)
+                if timed:
+                    distribute.sync_devices(strategy)
+                with nvtx_range("data wait", "yellow"), timing.input_wait(timed), signals.signal_first():
+                    batch = next(batches)
+                    if timed:
+                        distribute.sync_devices(strategy)
+                # --- the step: XLA-compiled, dispatched asynchronously (the host runs ahead) ---
+                with nvtx_range("step dispatch", "blue"):
+                    metrics = train_fn(batch)
+            losses.append(metrics["loss"])
+    losses = tf.stack(losses).numpy()  # waits for the epoch's steps
+    timing.stop()
+    return losses, metrics, timing
+
+
+def open_run(
+    cfg: Config, workdir: Path, num_devices: int | None, overwrite: bool
+) -> tuple[tf.distribute.Strategy, RunFolder]:
+    """XLA's settings (before the first device query reads ``TF_XLA_FLAGS``), the distribution strategy,
+    then the run folder."""
+    settings = distribute.configure_xla(cfg)
+    strategy = distribute.make_strategy(num_devices)
+    replicas, rank = distribute.num_replicas(strategy), distribute.process_index()
+    banner = distribute.banner()
+    return strategy, RunFolder(
+        cfg, workdir, FRAMEWORK, banner, settings, replicas, process_index=rank, overwrite=overwrite
+    )
+
+
+def initial_state(cfg: Config, lr_table: np.ndarray, init_weights: str | None, strategy: tf.distribute.Strategy):
+    """The model (its precision policy: ``cfg.precision``), Adam on ``lr_table`` and the train state from
+    ``init_weights`` (or the contract's init), under ``strategy``'s scope: ``(model, optimizer, state)``."""
+    with strategy.scope():
+        model, optimizer = model_mod.build_model(cfg), make_optimizer(cfg, lr_table)
+        model_mod.params_from_canonical(model, unet_spec.starting_weights(cfg, init_weights))
+        optimizer.build(model.trainable_variables)
+    return model, optimizer, TrainState(model, optimizer, ema.backup_variables(model, optimizer, strategy))
+
+
+def capture_window(cfg: Config, folder: RunFolder) -> nvtx.CaptureWindow:
+    """The profiler's capture window (``profile_steps``, ``enable_manual_profiling``), inside which every
+    NVTX range is also a trace annotation: TF's trace into
+    ``<workdir>/profile`` and, on a GPU, the CUDA profiler API (``nsys --capture-range=cudaProfilerApi``)."""
+    start = functools.partial(tf.profiler.experimental.start, str(folder.workdir / "profile"))
+    gpu = bool(tf.config.list_logical_devices("GPU"))
+    return nvtx.capture_window(
+        cfg, folder.steps_per_epoch, start, tf.profiler.experimental.stop, gpu, tf.profiler.experimental.Trace
+    )
+
+
 def train_and_evaluate(
     cfg: Config,
     workdir: Path,
@@ -181,70 +270,55 @@ def train_and_evaluate(
     stop_after_epoch: int | None = None,
     save_weights: str | None = None,
 ) -> tuple[keras.Model, dict]:
-    """Train ``cfg`` in ``workdir`` (checkpoints, ``metrics.jsonl``, TensorBoard, ``out.log``); return the
-    trained ``model`` and the last epoch's metrics (``train_loss``, ``val_loss``, ``samples_per_sec``,
-    ``compile_sec``, ``epoch``; ``time_to_quality_sec``, ... with ``quality_every_epochs``, which stops the
-    run at the target: :mod:`shared_data.inference.quality`). ``stop_after_epoch`` ends this invocation early,
-    as a job's time limit would; the schedule is still that of ``num_epochs``, and ``resume=True`` continues it."""
-    settings = distribute.configure_xla(cfg)  # before the first device query reads TF_XLA_FLAGS
-    strategy = distribute.make_strategy(num_devices)
-    run = run_mod.Run(
-        cfg,
-        workdir,
-        FRAMEWORK,
-        distribute.banner(),
-        settings,
-        distribute.num_replicas(strategy),
-        process_index=distribute.process_index(),
-        resume=resume,
-        overwrite=overwrite,
-    )
-    with strategy.scope():
-        model, optimizer = model_mod.build_model(cfg), make_optimizer(cfg, run.lr_table)
-        model_mod.params_from_canonical(model, run.initial_weights(init_weights))
-        optimizer.build(model.trainable_variables)
-    mid_epoch = lambda: Checkpoints(run.mid_epoch_dir / "checkpoints", 1, model, optimizer)  # a stop's save, by step
-    with Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints, model, optimizer) as ckpt:  # closed on every exit
-        start, _ = run.resume(ckpt, mid_epoch)
-        train_in = data_mod.make_input(cfg, "train", strategy, start, run.first_step)
+    """Train ``cfg`` in ``workdir``; return the trained model and the last epoch's metrics (and the time to
+    quality's: :mod:`shared_data.inference.quality`). ``stop_after_epoch``: as a job's time limit."""
+    strategy, folder = open_run(cfg, workdir, num_devices, overwrite)
+    model, optimizer, state = initial_state(cfg, folder.lr_table, init_weights, strategy)
+    with Checkpoints(folder.workdir / "checkpoints", cfg.keep_checkpoints, state) as ckpt:  # closed on every exit
+        # --- resume: the newest checkpoint that restores, or a stop's mid-epoch save ---
+        mid_epoch = functools.partial(Checkpoints, folder.mid_epoch_dir / "checkpoints", 1, state)
+        start = resume_mod.resume(folder, ckpt, mid_epoch, resume)
+        state = state if start.restored is None else start.restored
+        # --- the input pipelines, then XLA: the steps compiled ahead of time ---
+        train_in = data_mod.make_input(cfg, "train", strategy, start.epoch, start.step)
         val_in = data_mod.make_input(cfg, "val", strategy)
         specs = [data_mod.input_spec(inp, cfg, strategy) for inp in (train_in, val_in)]
-        compiled = run.trains(start, stop_after_epoch)  # a finished run resumed compiles nothing
-        train_fn, eval_fn, compile_s = (
-            compile_steps(cfg, strategy, model, optimizer, *specs) if compiled else (None, None, 0.0)
-        )
-        averaged = ema.AveragedWeights(model, optimizer, strategy)
-        validation = lambda: averaged.read(lambda _: evaluate(eval_fn, val_in))
-        run.begin(start, compile_s, distribute.versions(), validation)
-        agree = lambda flag: distribute.main_process_flag(strategy, flag)
-        monitor = quality.Monitor(run, distribute.device_kind(), start, agree)
+        compiled = folder.trains(start.epoch, stop_after_epoch)  # a finished run resumed compiles nothing
+        train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, state, *specs) if compiled else (None, None, 0.0)
+        report = EpochReport(folder, compile_s)
+        if report.begin(start.epoch, distribute.versions()):  # a fresh run: TensorBoard's step-0 loss
+            with ema.averaged(state):  # the model holds the weight average inside
+                report.step0(evaluate(eval_fn, val_in))
+        agree, device = functools.partial(distribute.main_process_flag, strategy), distribute.device_kind()
+        monitor = quality.Monitor(folder, report.metrics, device, start.epoch, agree)
         forward = predict.forward_fn(monitor.predict_cfg)  # compiled at the first evaluation
-
-        sync = lambda _: distribute.sync_devices(strategy)  # the devices' queued work: Run.steps' input wait
-        trace = (lambda: tf.profiler.experimental.start(str(workdir / "profile")), tf.profiler.experimental.stop)
-        gpu = bool(tf.config.list_logical_devices("GPU"))
-        with run.profile(*trace, use_cuda=gpu, annotate=tf.profiler.experimental.Trace):
-            for epoch in monitor.remaining(run.epochs(start, stop_after_epoch)):
-                losses = run.losses_before(epoch)
-                agree = lambda stop: distribute.any_process(strategy, stop)
-                for batch in run.steps(train_in.epoch(epoch), epoch, sync, agree):
-                    with nvtx_range("step dispatch", "blue"):
-                        m = train_fn(batch)
-                    losses.append(m["loss"])
-                if run.stopped_at:  # a stop signal: save at this step boundary and stop
-                    with mid_epoch() as mid:
-                        run.preempt(mid.save, lambda: [float(x) for x in losses])
+        with capture_window(cfg, folder) as window, signals.deferred():  # a signal stops the run between steps
+            for epoch in monitor.remaining(folder.epochs(start.epoch, stop_after_epoch)):
+                # --- train: the epoch's steps ---
+                losses, metrics, timing = train_epoch(
+                    strategy, train_fn, train_in.epoch(epoch), epoch, start, folder, report, mid_epoch, window
+                )
+                report.check_finite(epoch, losses)
+                # --- validate: Nsamples_val crops of the validation volume ---
+                with report.validating(), ema.averaged(state):
+                    val_loss = evaluate(eval_fn, val_in)
                 step = int(optimizer.iterations.numpy())
-                run.end_epoch(epoch, tf.stack(losses).numpy(), validation, step=step, loss_scale=m.get("loss_scale"))
-                with run.saving(epoch + 1):
+                report.epoch(epoch, timing, losses, val_loss, step, metrics.get("loss_scale"))
+                # --- checkpoint ---
+                with saves.saving(folder, epoch + 1):
                     ckpt.save(epoch + 1)
-                if monitor.after_epoch(epoch, step, lambda: averaged.read(lambda m: forward(m.trainable_variables))):
+                # --- time to quality: judge the whole validation volume; stop at the target ---
+                if monitor.due(epoch):
+                    with ema.averaged(state) as weights:
+                        monitor.evaluate(epoch + 1, step, forward(weights))
+                if monitor.stops(epoch):
                     break
-
-        weights = lambda: averaged.read(model_mod.params_to_canonical)
-        run_mod.save_final_weights(save_weights, weights, distribute.is_main_process())
+        if save_weights:  # the weights the run evaluated: the average with ema_decay
+            with ema.averaged(state) as weights:
+                weights = model_mod.params_to_canonical(weights)
+            saves.save_final_weights(save_weights, weights, distribute.is_main_process())
         reached = monitor.finish()
-        return model, {**run.finish(distribute.peak_memory_bytes()), **reached}
+        return model, {**report.finish(distribute.peak_memory_bytes()), **reached}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

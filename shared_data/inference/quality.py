@@ -38,7 +38,7 @@ The run stops after the first evaluation that meets it, or at the first epoch en
   target, the number of evaluations, the reason the run stopped and ``best``: the evaluation with the
   smallest shortfall (the target's result when met, the best reached otherwise).
 
-The clock starts when the trainer creates its :class:`shared_data.runtime.run.Run` (after the framework
+The clock starts when the trainer opens its :class:`shared_data.runtime.run_folder.RunFolder` (after the framework
 has been imported), so ``time_to_quality_sec`` counts everything after that as MLPerf does: reading the
 data, compiling, training, the per-epoch validation loss, checkpoints and the quality evaluations.
 ``train_sec_to_quality`` leaves the quality evaluations out (the price of measuring, not of
@@ -254,11 +254,13 @@ def summary_line(epoch: int, seconds: float, result: dict) -> str:
 
 
 class Monitor:
-    """The time-to-quality mode of a trainer's :class:`shared_data.runtime.run.Run` (off when
-    ``quality_every_epochs`` is 0: every method then does nothing).
+    """The time-to-quality mode of a trainer's run in ``folder`` (a
+    :class:`shared_data.runtime.run_folder.RunFolder`; off when ``quality_every_epochs`` is 0: every
+    method then does nothing). ``metrics`` is the run's ``metrics.jsonl``
+    (:class:`shared_data.runtime.records.MetricsLog`), whose epoch records gain the verdicts.
 
-    The trainer loops over the :meth:`remaining` epochs, calls :meth:`after_epoch` after each epoch's
-    checkpoint and stops when it returns True, then :meth:`finish` before ``run.finish()``.
+    The trainer loops over the :meth:`remaining` epochs; after each epoch's checkpoint it evaluates
+    when :meth:`due` (:meth:`evaluate`) and stops when :meth:`stops`; then :meth:`finish`.
     ``agree(flag)`` returns process 0's flag on every process of a multi-process run (each process's
     clock and evaluation are its own; a process that stops alone leaves the others waiting in a
     collective). ``device`` names the accelerator for the records;
@@ -275,14 +277,16 @@ class Monitor:
             the non-ML baseline needs.
     """
 
-    def __init__(self, run, device: str, start_epoch: int = 0, agree: Callable[[bool], bool] = bool):
-        self.run, self.cfg, self.device = run, run.cfg, device
+    def __init__(self, folder, metrics, device: str, start_epoch: int = 0, agree: Callable[[bool], bool] = bool):
+        self.run, self.metrics, self.cfg, self.device = folder, metrics, folder.cfg, device
+        run = folder
         self.agree = agree  # process 0's decision on every process, so all stop after the same epoch
         self.enabled = run.cfg.quality_every_epochs > 0
         self.predict_cfg = predict_mod.prediction_config(run.cfg, "float32")
         self.target = Target.from_config(run.cfg)
         self.evaluations, self.best, self.reached = 0, None, None
         self.eval_total, self.stopped, self.clock_offset = 0.0, "num_epochs trained", 0.0
+        self._over, self._met = False, None  # after an epoch: the budget spent, the evaluation's verdict
         if not self.enabled:
             return
         # A fresh or resumed run keeps the curve up to the epoch it starts from (process 0 rewrites the file
@@ -372,7 +376,7 @@ class Monitor:
         )
 
     def remaining(self, epochs: range) -> range:
-        """``epochs`` (:meth:`shared_data.runtime.run.Run.epochs`), or none when a resumed run has met
+        """``epochs`` (:meth:`shared_data.runtime.run_folder.RunFolder.epochs`), or none when a resumed run has met
         the target already (the trainers loop over this)."""
         if self.enabled and self.reached is not None:
             self.stopped = f"target met after epoch {self.reached['epoch']}, before this invocation"
@@ -382,7 +386,7 @@ class Monitor:
 
     def elapsed(self) -> float:
         """Seconds of the run's clock: since this invocation started
-        (:attr:`shared_data.runtime.run.Run.started`), plus, in a resumed run, the clock of the last
+        (:attr:`shared_data.runtime.run_folder.RunFolder.started`), plus, in a resumed run, the clock of the last
         evaluation it keeps."""
         return self.clock_offset + time.perf_counter() - self.run.started
 
@@ -415,30 +419,38 @@ class Monitor:
             fields = {"quality_time_sec": now, "quality_met": result["met"], "quality_shortfall": result["shortfall"]}
             if result["met"] and self.reached is None:
                 fields.update(time_to_quality_sec=now, framework=self.run.framework, device=self.device)
-            self.run.metrics.amend_last(validate.to_json(fields))
+            self.metrics.amend_last(validate.to_json(fields))
         log.info(summary_line(epoch, now, result))
         if self.best is None or result["shortfall"] < self.best["shortfall"]:
             self.best = record
         if result["met"] and self.reached is None:
             self.reached = record
+        self._met = bool(result["met"])
         return record
 
-    def after_epoch(self, epoch: int, step: int, make_apply: Callable[[], predict_mod.Apply]) -> bool:
-        """After epoch ``epoch`` (0-based) and its checkpoint: evaluate when due (every
-        ``quality_every_epochs``, and at an epoch end past the budget) with ``make_apply()``; return
-        whether the run stops here (target met, or budget spent)."""
+    def due(self, epoch: int) -> bool:
+        """Whether an evaluation follows epoch ``epoch`` (0-based) and its checkpoint: every
+        ``quality_every_epochs``, and at an epoch end past the budget (every process agrees)."""
         if not self.enabled:
             return False
         budget = self.cfg.quality_budget_sec
-        over = bool(budget) and self.agree(self.elapsed() >= budget)
-        due = (epoch + 1) % self.cfg.quality_every_epochs == 0 or over
-        if due and self.agree(self.evaluate(epoch + 1, step, make_apply())["met"]):
+        self._over = bool(budget) and self.agree(self.elapsed() >= budget)
+        self._met = None
+        return (epoch + 1) % self.cfg.quality_every_epochs == 0 or self._over
+
+    def stops(self, epoch: int) -> bool:
+        """Whether the run stops after epoch ``epoch`` (0-based): the evaluation after it met the target
+        (every process agrees on process 0's verdict), or the budget is spent."""
+        if not self.enabled:
+            return False
+        if self._met is not None and self.agree(self._met):
             self.stopped = f"target met after epoch {epoch + 1}"
             return True
-        if over:
+        if self._over:
+            budget = self.cfg.quality_budget_sec
             self.stopped = f"budget of {budget:g} s spent after epoch {epoch + 1}"
             log.info("time to quality: the budget of %g s is spent; stopping after epoch %d", budget, epoch + 1)
-        return over
+        return self._over
 
     def finish(self) -> dict:
         """Log the outcome, write ``time_to_quality`` into ``run.json`` and return the fields the

@@ -333,3 +333,9 @@ def load_weights(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
         raise UserError(f"weights file {path}: unexpected array {extra[0]!r} for config {cfg.name!r}")
     check_finite_weights(weights, f"weights file {path}")
     return weights
+
+
+def starting_weights(cfg: Config, path: str | Path | None = None) -> dict[str, np.ndarray]:
+    """The canonical weights a run starts from: the file ``path`` (``--init_weights``, checked by
+    :func:`load_weights`) or the contract's init from ``cfg.seed`` (:func:`init_weights`)."""
+    return load_weights(path, cfg) if path else init_weights(cfg, cfg.seed)

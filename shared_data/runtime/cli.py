@@ -20,9 +20,10 @@ from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError
 from shared_data.core.files import check_not_input, check_writable, first_missing_folder
 from shared_data.runtime import signals, sizing
+from shared_data.runtime.checks import check_train_memory
 from shared_data.runtime.logs import RANK_LOGGER, close_log_file, log_to_file_only, setup_logging
 from shared_data.runtime.records import run_info_and_problem
-from shared_data.runtime.run import check_train_memory, workdir_for
+from shared_data.runtime.run_folder import workdir_for
 
 log = logging.getLogger("dlas")
 
@@ -85,7 +86,7 @@ def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> N
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite conflict: give one")
     check_writable(workdir, "--workdir", folder=True)
-    # a run.json that cannot be used is reported once, by the run that replaces it (Run.begin)
+    # a run.json that cannot be used is reported once, by the run that replaces it (EpochReport.begin)
     other = run_info_and_problem(workdir)[0].get("framework") if workdir.is_dir() else None
     if other and other != framework:
         raise UserError(f"{workdir} holds a {other} run; use another --workdir for {framework}")

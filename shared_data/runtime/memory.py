@@ -16,7 +16,7 @@ from pathlib import Path
 from shared_data.core.errors import UserError, address_space_limit
 
 #: Address space a trainer takes between this check and the start of its first checkpoint save,
-#: besides the save's own need (:func:`shared_data.runtime.run.save_memory_needed`): the compiler's
+#: besides the save's own need (:func:`shared_data.runtime.checks.save_memory_needed`): the compiler's
 #: threads and JIT memory, the train state, the loader's buffers. With the malloc arenas capped
 #: (:func:`shared_data.core.errors.cap_malloc_arenas`), ``cpu_tiny`` on 2 cores grew by about 280 MiB
 #: (TensorFlow) and 215 MiB (JAX) from the check to its first save.

@@ -88,8 +88,11 @@ class CaptureWindow:
     """Start profiling before step ``start`` and stop after step ``stop - 1`` (``[start, stop)``).
 
     Call :meth:`before_step` with each global step index before running it, and :meth:`close` at the
-    end. ``on_start`` / ``on_stop`` default to the CUDA profiler API; frameworks pass their own trace
-    hooks too (``jax.profiler.start_trace``, ``tf.profiler.experimental.start``).
+    end (or use the window as a context manager). ``on_start`` / ``on_stop`` default to the CUDA
+    profiler API; frameworks pass their own trace hooks too (``jax.profiler.start_trace``,
+    ``tf.profiler.experimental.start``). ``steps`` None: no window (:func:`capture_window`). Used as a
+    context manager, it also mirrors every NVTX range into ``annotate`` (the framework's trace
+    annotation) while it is open.
     """
 
     def __init__(
@@ -98,6 +101,7 @@ class CaptureWindow:
         on_start: Sequence[Callable[[], object]] = (),
         on_stop: Sequence[Callable[[], object]] = (),
         use_cuda: bool = True,
+        annotate: Callable[[str], contextlib.AbstractContextManager] | None = None,
     ):
         self.start, self.stop = (steps[0], steps[1]) if steps else (None, None)
         self._on_start = list(on_start) + (
@@ -107,6 +111,7 @@ class CaptureWindow:
             [functools.partial(cuda_profiler_call, "cudaProfilerStop")] if use_cuda else []
         )
         self.active = False
+        self._annotate, self._mirrored = annotate, None
 
     def before_step(self, step: int) -> None:
         """Open the window at ``start``, close it at ``stop``."""
@@ -127,3 +132,39 @@ class CaptureWindow:
                 fn()
             self.active = False
             log.info("profiling window closed")
+
+    def __enter__(self) -> CaptureWindow:
+        """Inside the ``with``, every :func:`nvtx_range` also opens ``annotate(name)`` (:func:`mirrored_in`)."""
+        self._mirrored = mirrored_in(self._annotate)
+        self._mirrored.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.close()
+        finally:
+            self._mirrored.__exit__(*exc)
+
+
+def capture_window(
+    cfg,
+    steps_per_epoch: int,
+    start_trace: Callable[[], object],
+    stop_trace: Callable[[], object],
+    use_cuda: bool,
+    annotate: Callable[[str], contextlib.AbstractContextManager] | None = None,
+) -> CaptureWindow:
+    """The run's :class:`CaptureWindow` over the global steps of ``cfg.profile_steps``, else with
+    ``enable_manual_profiling`` the tutorial's first 60 steps of epoch 2 (no window otherwise): the
+    framework's trace (``start_trace`` / ``stop_trace``), with ``use_cuda`` the CUDA profiler API, and
+    NVTX ranges mirrored into ``annotate`` while the window is entered."""
+    steps = cfg.profile_steps
+    if steps is None and cfg.enable_manual_profiling:
+        steps = (steps_per_epoch, steps_per_epoch + 60)
+    return CaptureWindow(steps, [start_trace], [stop_trace], use_cuda=use_cuda, annotate=annotate)
+
+
+def step_range(enabled: bool, step: int) -> contextlib.AbstractContextManager:
+    """The tutorial's per-step NVTX range (``enable_manual_profiling``), named ``step <global step>``;
+    nothing when not ``enabled``."""
+    return nvtx_range(f"step {step}", "purple") if enabled else contextlib.nullcontext()

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import platform
+import shlex
 import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from shared_data.core import config as config_mod
 from shared_data.core.commands import package_version
 from shared_data.core.files import write_atomic
+from shared_data.runtime import launch
 
 log = logging.getLogger("dlas")
 
@@ -179,3 +185,69 @@ def code_version() -> dict:
         except (OSError, subprocess.SubprocessError):
             pass
     return version
+
+
+def record_invocation(workdir: Path, cfg: config_mod.Config, framework: str, start_epoch: int, versions: dict) -> None:
+    """Append this invocation (command, folder, host, launch, versions, the full config) to
+    ``<workdir>/run.json``; a resume whose config differs from the last invocation's says what changed
+    (:func:`recipe_changes`). A ``run.json`` that cannot be used (not JSON, not text, unreadable) is
+    kept as ``run.json.damaged`` with a warning that says what is lost, and a new one starts from this
+    invocation. Raises the ``OSError`` of a write that fails."""
+    info, problem = run_info_and_problem(workdir)
+    if problem:
+        _set_aside_damaged_run_info(workdir, problem, start_epoch)
+    invocations = info.get("invocations", [])
+    values = json.loads(json.dumps(config_mod.config_dict(cfg)))  # as run.json holds them (lists, not tuples)
+    if start_epoch and isinstance(info.get("config_values"), dict):
+        base = json.loads(json.dumps(config_mod.config_dict(config_mod.load_config("base"))))
+        changes = recipe_changes(info.get("config"), info["config_values"], cfg.name, values, base)
+        if changes:
+            log.warning("this resume changes the run's recipe from epoch %d: %s", start_epoch, "; ".join(changes))
+    invocations.append(
+        {
+            "command": " ".join(shlex.quote(a) for a in sys.argv),
+            "cwd": os.getcwd(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "start_epoch": start_epoch,
+            "host": platform.node(),
+            "launch": launch.launch_info(os.environ),
+            "python": platform.python_version(),
+            "code": code_version(),
+            "versions": versions,
+            "config": cfg.name,
+            "config_values": values,
+        }
+    )
+    info.update(framework=framework, config=cfg.name, config_source=cfg.source, config_values=values)
+    info["invocations"] = invocations
+    write_atomic(workdir / "run.json", json.dumps(info, indent=1))
+
+
+def _set_aside_damaged_run_info(workdir: Path, problem: str, start_epoch: int) -> None:
+    """Keep a ``run.json`` that cannot be used as ``run.json.damaged`` (a file; anything else stays,
+    and writing the new record then fails with its one line) and say what this run loses."""
+    path = workdir / "run.json"
+    kept = path.with_name("run.json.damaged")
+    lost = "the record of the earlier invocations (commands, configs, versions) is not carried over"
+    if start_epoch:
+        lost += ", and this resume's config cannot be compared with the run's (no recipe-change check)"
+    if path.is_file():
+        os.replace(path, kept)
+        log.warning("%s %s: kept as %s; a new run.json starts with this invocation: %s", path, problem, kept, lost)
+    else:
+        log.warning("%s %s: %s", path, problem, lost)
+
+
+def recipe_changes(old_name, old: dict, new_name: str, new: dict, kit_base: dict | None = None) -> list[str]:
+    """``key: old -> new`` for each config value (and the config name) that differs between two
+    invocations of a run, in key order. A key the old values lack (one the kit added after that run
+    was written) whose new value is its value in ``kit_base`` (the kit's ``base`` section, which keeps
+    what the code did before the key existed) is no change."""
+    changes = [f"config {old_name!r} -> {new_name!r}"] if old_name != new_name else []
+    kit_base = kit_base or {}
+    for key in sorted(set(old) | set(new)):
+        if key not in old and key in kit_base and new.get(key) == kit_base[key]:
+            continue
+        if old.get(key) != new.get(key):
+            changes.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
+    return changes

@@ -3,7 +3,7 @@
 
 While training steps run (inside :func:`stoppable`), SIGUSR1 and SIGTERM ask for a *stop at the
 next step boundary* (:func:`stop_requested`): the trainer agrees on it with every rank, saves a
-mid-epoch checkpoint with the data cursor and then stops (:meth:`shared_data.runtime.run.Run.preempt`).
+mid-epoch checkpoint with the data cursor and then stops (:func:`shared_data.runtime.preemption.stopping`).
 Elsewhere SIGTERM and SIGINT raise :class:`Interrupted` in the main thread, whose message says
 where the run stood (:func:`set_describe`: the run's own sentence, e.g. which epoch is abandoned
 and which checkpoint is kept); SIGUSR1 outside the steps is kept for the next step boundary.

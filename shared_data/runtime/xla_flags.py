@@ -40,7 +40,7 @@ Where ``XLA_FLAGS`` gives the CPU platform several devices (``--xla_force_host_p
   XLA's 40-s rendezvous, one device in a collective and the other's launch waiting for a slot of
   its 32 in-flight programs (seen with three such processes at once on 2 cores, in 7 of 36 runs;
   none in 84 runs that waited for each step's result). The trainers wait for a step at least
-  ``WAIT_SAMPLES`` (32) times an epoch (:meth:`shared_data.runtime.run.Run.steps`).
+  ``WAIT_SAMPLES`` (32) times an epoch (:class:`shared_data.runtime.steps.EpochTiming`).
   On 2 cores JAX's CPU train step runs as fast without the
   pool; TF's XLA step on CPU, which reads the same ``XLA_FLAGS`` in a process that imported
   :mod:`jax_impl`, ran 19% slower in one measurement, so the flag stays off for a single device.
