@@ -38,6 +38,7 @@ import numpy as np
 
 from dlas_compare import peaks
 from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError, run_cli
@@ -560,7 +561,7 @@ def positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("dlas_compare.benchmark", __doc__.split("\n\n")[0])
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument(
         "--framework", choices=FRAMEWORKS, default="jax", help="implementation to run (default: %(default)s)"
     )
@@ -672,7 +673,7 @@ def run_rungs(argv: list[str], path: str, out: str) -> list[dict]:
     for entry in entries:
         t0 = time.perf_counter()
         args = build_parser().parse_args([*base, *entry["args"]])
-        cfg = config_mod.config_from_args(args)
+        cfg = config_cli.config_from_args(args)
         session = sessions.setdefault(args.num_devices, Session(args.framework, args.num_devices))
         records = session.run(
             cfg, args.mode, args.warmup, args.steps, args.windows, args.label, args.window_sec, args.min_window_steps
@@ -697,7 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError("--rungs needs --out (its records are appended there as each benchmark ends)")
         print(table(run_rungs(argv, args.rungs, args.out)))
         return 0
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     if args.framework == "torch":  # what the reference cannot run, before the hours a GPU config takes here
         from dlas_compare import torch_ref
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dlas_compare import benchmark
 from dlas_compare.benchmark import MODES, run_process, table
-from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import run_cli
 from shared_data.runtime import sizing
@@ -66,7 +66,7 @@ def warn_if_oversized(cfg, steps: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("dlas_compare.compare", __doc__.split("\n\n")[0])
-    p.add_argument("--config", default="cpu_default", help=config_mod.config_help())
+    p.add_argument("--config", default="cpu_default", help=config_cli.config_help())
     p.add_argument(
         "--frameworks",
         nargs="+",
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.epilog = "Other options (--data_loader_config, --set KEY=VALUE, ...) go to each benchmark process."
     args, extra = p.parse_known_args(argv)
     bench_args = benchmark_args(p.prog, args.modes, args.config, extra)
-    cfg = config_mod.config_from_args(bench_args)
+    cfg = config_cli.config_from_args(bench_args)
     steps = bench_args.warmup + bench_args.windows * bench_args.steps
     warn_if_oversized(cfg, len(args.frameworks) * len(args.modes) * steps)
     if {"io", "full"} & set(args.modes):  # each process would stop on it: one line before any starts

@@ -81,6 +81,7 @@ from dlas_compare.ladder_runner import read_resume, read_summaries, run_ladder
 from dlas_compare.ladder_schedule import make_schedule, schedule_lines
 from dlas_compare.ladder_table import noise_lines, table
 from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import DatasetError, UserError, run_cli
 from shared_data.core.files import check_writable
@@ -95,16 +96,16 @@ def forwarded_config_args(args: argparse.Namespace) -> list[str]:
     Raises:
         UserError: a setting the rungs own (:data:`LADDER_KEYS`) was given.
     """
-    sets = [config_mod.parse_override(s) for s in args.set]
+    sets = [config_cli.parse_override(s) for s in args.set]
     given = [k for k in LADDER_KEYS if getattr(args, k, None) is not None] + [k for k, _ in sets if k in LADDER_KEYS]
     if given:
         raise UserError(f"{given[0]} is set by the ladder's rungs; leave it out (they own {', '.join(LADDER_KEYS)})")
-    return config_mod.config_argv(args)
+    return config_cli.config_argv(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser("dlas_compare.ladder", __doc__.split("\n\n")[0])
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument(
         "--frameworks",
         nargs="+",
@@ -180,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UserError("--modes must include full: the ladder's speedups are FULL samples/s")
     common = forwarded_config_args(args)
     common += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     out = Path(args.out or f"runs/ladder/{cfg.name}.jsonl")
     figure = Path(args.figure or out.with_suffix(".png"))
     check_writable(out, "--out")  # before anything is measured: a ladder takes minutes

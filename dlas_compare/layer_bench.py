@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from dlas_compare.benchmark import int_at_least, timed_windows
 from shared_data.core.commands import make_parser
-from shared_data.core.config import add_config_args, config_from_args
+from shared_data.core.config_cli import add_config_args, config_from_args
 from shared_data.core.errors import UserError, run_cli
 from shared_data.model.unet_spec import KERNEL, LayerSpec, layer_specs
 

@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError, run_cli
 from shared_data.runtime.records import read_metrics, read_run_info
@@ -150,7 +151,7 @@ def stale_weights_note(weights_path: Path, workdir: Path) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("dlas_compare.plots", __doc__.split("\n\n")[0])
     p.add_argument("--yaml_config", default=str(config_mod.DEFAULT_YAML), help="YAML file of named configs")
-    p.add_argument("--config", default="cpu_default", help=config_mod.config_help())
+    p.add_argument("--config", default="cpu_default", help=config_cli.config_help())
     p.add_argument("--results", nargs="*", default=[], help="benchmark JSON lines files for the throughput plot")
     p.add_argument("--weights", help="canonical weights for the validation report (default: the config's JAX run)")
     p.add_argument("--out", help="folder for the PNGs (default: <exp_dir>/<config>/figures)")

@@ -33,6 +33,7 @@ from pathlib import Path
 from dlas_compare import peaks
 from dlas_compare.benchmark import waiting
 from shared_data.core import config as config_mod
+from shared_data.core import config_checks, config_cli
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError, run_cli
 from shared_data.core.files import write_atomic
@@ -471,7 +472,7 @@ def trace_bench(bench, steps: int, warmup: int, out: Path) -> tuple[str, list, s
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("dlas_compare.step_breakdown", __doc__.split("\n\n")[0])
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument("--steps", type=int, default=5, help="traced steps (after the timed ones)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, autotuning)")
     p.add_argument("--out", help="folder for trace.json.gz, hlo.txt and breakdown.json")
@@ -480,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.from_dir:
         folder = Path(args.from_dir)
         meta = json.loads((folder / "breakdown.json").read_text())
-        cfg = config_mod.make_config(meta["config_values"], meta["config"], str(folder / "breakdown.json"))
+        cfg = config_checks.make_config(meta["config_values"], meta["config"], str(folder / "breakdown.json"))
         hlo_file = folder / "hlo.txt"
         hlo = (
             hlo_file.read_text()
@@ -492,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         if not args.out:
             raise UserError("--out: give a folder for the trace and the breakdown (or --from_dir to re-read one)")
-        cfg = config_mod.config_from_args(args)
+        cfg = config_cli.config_from_args(args)
         folder, steps = Path(args.out), args.steps
         warning = sizing.oversized_warning(cfg, 1 + args.warmup + 2 * steps, "the breakdown")
         if warning:

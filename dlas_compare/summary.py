@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError, run_cli
 from shared_data.runtime.records import read_metrics
@@ -41,7 +42,7 @@ def summary_table(runs: dict[str, list[dict]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = make_parser("dlas_compare.summary", __doc__.split("\n")[0])
     p.add_argument("--yaml_config", default=str(config_mod.DEFAULT_YAML), help="YAML file of named configs")
-    p.add_argument("--config", default="cpu_default", help=config_mod.config_help())
+    p.add_argument("--config", default="cpu_default", help=config_cli.config_help())
     p.add_argument("--exp_dir", help="root of runs (default: the config's exp_dir)")
     p.add_argument("--frameworks", nargs="+", default=["tf", "jax"], help="the runs to compare (default: tf jax)")
     args = p.parse_args(argv)

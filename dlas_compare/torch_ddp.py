@@ -24,6 +24,7 @@ from dlas_compare import peaks
 from dlas_compare.benchmark import table
 from dlas_compare.torch_ref import build_model, make_train_step, params_from_canonical, versions
 from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.commands import make_parser
 from shared_data.model import unet_spec
 
@@ -33,14 +34,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch.distributed as dist
 
     p = make_parser("dlas_compare.torch_ddp", __doc__.split("\n\n")[0])
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--windows", type=int, default=5)
     p.add_argument("--label", default="torch DDP")
     p.add_argument("--out")
     args = p.parse_args(argv)
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", rank))

@@ -8,6 +8,7 @@ import pytest
 from conftest import assert_one_error_line, run_in_process
 
 from shared_data.core import config as config_mod
+from shared_data.core import config_checks, config_cli, config_schema
 from shared_data.core.commands import check_arguments
 from shared_data.core.errors import ConfigError
 
@@ -148,7 +149,7 @@ def test_counts_must_not_be_negative(key):
 
 def test_cli_flags_and_set_overrides():
     parser = argparse.ArgumentParser()
-    config_mod.add_config_args(parser)
+    config_cli.add_config_args(parser)
     args = parser.parse_args(
         [
             "--config",
@@ -170,16 +171,16 @@ def test_cli_flags_and_set_overrides():
             "local_batch_size=null",
         ]
     )
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     assert (cfg.num_epochs, cfg.enable_amp, cfg.data_loader_config) == (2, True, "lowmem")
     assert cfg.unet_widths == (8, 16) and cfg.full_scale is False and cfg.lambda_rho == 0.5
     with pytest.raises(ConfigError, match=r"override 'nope=1': unknown key 'nope'"):
-        config_mod.parse_override("nope=1")
+        config_cli.parse_override("nope=1")
     with pytest.raises(ConfigError, match=r"expected KEY=VALUE"):
-        config_mod.parse_override("num_epochs")
+        config_cli.parse_override("num_epochs")
     args = parser.parse_args(["--config", "short", "--set", "num_epochs=2.5"])
     with pytest.raises(ConfigError, match=r"key 'num_epochs': expected integer, got 2\.5"):
-        config_mod.config_from_args(args)
+        config_cli.config_from_args(args)
 
 
 def test_batch_sizes_and_steps():
@@ -344,20 +345,22 @@ def test_a_tutorial_yaml_with_a_wrong_type_is_one_error_line(tmp_path, line, tex
 def test_numbers_as_people_write_them():
     """YAML 1.1 reads 1e-3 as a string; the config takes it as the number it is."""
     assert config_mod.load_config("cpu_tiny", overrides={"start_lr": "1e-3"}).start_lr == 1e-3
-    assert config_mod.parse_override("start_lr=1e-3") == ("start_lr", "1e-3")
+    assert config_cli.parse_override("start_lr=1e-3") == ("start_lr", "1e-3")
     with pytest.raises(ConfigError, match=r"key 'start_lr': expected number, got 'fast'"):
         config_mod.load_config("cpu_tiny", overrides={"start_lr": "fast"})
 
 
 def test_every_numeric_key_has_a_range():
     numeric = [
-        k for k, tp in config_mod._HINTS.items() if k in config_mod.FIELDS and ("int" in str(tp) or "float" in str(tp))
+        k
+        for k, tp in config_schema.FIELD_TYPES.items()
+        if k in config_schema.FIELDS and ("int" in str(tp) or "float" in str(tp))
     ]
     checked_elsewhere = {"density_channel", "nbody_vector_channels", "hydro_vector_channels", "profile_steps"}
-    assert set(numeric) - checked_elsewhere <= set(config_mod.RANGES), (
-        set(numeric) - checked_elsewhere - set(config_mod.RANGES)
+    assert set(numeric) - checked_elsewhere <= set(config_checks.RANGES), (
+        set(numeric) - checked_elsewhere - set(config_checks.RANGES)
     )
-    for key, (minimum, inclusive) in config_mod.RANGES.items():
+    for key, (minimum, inclusive) in config_checks.RANGES.items():
         bad = minimum - 1 if inclusive else minimum
         value = [bad] if key == "unet_widths" else bad
         with pytest.raises(ConfigError, match=rf"key '{key}': expected"):

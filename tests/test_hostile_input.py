@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shared_data.core import config as config_mod
+from shared_data.core import config_schema
 from shared_data.core.errors import ConfigError
 from shared_data.data import convert, dataset, inspect
 from shared_data.model import schedule, unet_spec
@@ -53,7 +54,7 @@ VALUES = st.one_of(
 
 @pytest.mark.slow  # 300 generated configs
 @settings(max_examples=300, **SETTINGS)
-@given(key=st.sampled_from(sorted(config_mod.FIELDS)), value=VALUES)
+@given(key=st.sampled_from(sorted(config_schema.FIELDS)), value=VALUES)
 @example(key="start_lr", value=3.4028235677973366e38)  # finite, but scaled beyond float32 in the LR table
 def test_config_values_load_or_name_the_key(key, value):
     """Any value for any key: a config, or a ConfigError naming the key; an accepted config's derived

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared_data.core import commands
+from shared_data.core import commands, config_cli
 from shared_data.core import config as config_mod
 from shared_data.core.errors import run_cli
 
@@ -367,8 +367,8 @@ def test_a_cpu_counterpart_keeps_the_lesson():
         kept = args[:at] + args[at + 2 :]  # the counterpart's --config, and its other flags after the command's
         parsed = PARSERS[module]().parse_args(args)
         gpu, cpu = (
-            config_mod.config_from_args(parsed),
-            config_mod.config_from_args(PARSERS[module]().parse_args(kept + flags)),
+            config_cli.config_from_args(parsed),
+            config_cli.config_from_args(PARSERS[module]().parse_args(kept + flags)),
         )
         assert cpu.name in ("cpu_default", "cpu_tiny") and gpu.name not in ("cpu_default", "cpu_tiny"), words
         if getattr(parsed, "mode", None) != ["synthetic"]:  # SYNTHETIC reads no input

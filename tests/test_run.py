@@ -14,6 +14,7 @@ import pytest
 from conftest import read_tensorboard, run_module
 
 from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import UserError
 from shared_data.runtime import cli, logs, nvtx, preemption, records, saves, steps
@@ -250,9 +251,9 @@ def test_run_folder_records_and_tensorboard_tags(tmp_path, tiny_argv):
 def test_tutorial_flags(tiny_cfg, tmp_path):
     parser = cli.build_parser("jax")
     args = parser.parse_args(["--config", "cpu_tiny", "--enable_amp", "--no-enable_jit", "--enable_manual_profiling"])
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     assert cfg.enable_amp and not cfg.enable_jit and cfg.enable_manual_profiling
-    cfg = config_mod.config_from_args(parser.parse_args(["--config", "short_opt", "--no-enable_amp"]))
+    cfg = config_cli.config_from_args(parser.parse_args(["--config", "short_opt", "--no-enable_amp"]))
     assert cfg.enable_amp is False
     for flag, words in (
         ("--noddp", "--num_devices 1"),

@@ -27,6 +27,7 @@ import numpy as np
 from jax_impl import dali as jdali
 from jax_impl import distribute
 from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
 from shared_data.data import dali_pipelines as dp
 from shared_data.data import dataset
@@ -167,13 +168,13 @@ def full_rate(cfg, stage: str, batches, steps: int, bench) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="experiments/dali_full_speed/stages.py", description=__doc__.split("\n\n")[0])
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
     p.add_argument("--full", action="store_true", help="also FULL: each DALI stage feeding the train step")
     p.add_argument("--out")
     args = p.parse_args(argv)
-    cfg = config_mod.replace(config_mod.config_from_args(args), data_loader_config="dali-device")
+    cfg = config_mod.replace(config_cli.config_from_args(args), data_loader_config="dali-device")
     device_id = 0 if jax.default_backend() == "gpu" else None
     rows = []
     bench = None

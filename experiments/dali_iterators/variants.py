@@ -39,6 +39,7 @@ from jax_impl import dali as jdali
 from jax_impl import data as jdata
 from jax_impl import distribute
 from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
 from shared_data.data import crop_readers, dataset, host_batches, symmetry
 from shared_data.data import dali_pipelines as dp
@@ -328,7 +329,7 @@ def row(cfg, name: str, mode: str, sec: float, **extra) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="experiments/dali_iterators/variants.py", description=__doc__.split("\n\n")[0])
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     p.add_argument("--depths", nargs="+", type=int, default=[2], help="DALI prefetch queue depths to time")
@@ -338,7 +339,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--out")
     args = p.parse_args(argv)
-    cfg = config_mod.replace(config_mod.config_from_args(args), data_loader_config="dali-device")
+    cfg = config_mod.replace(config_cli.config_from_args(args), data_loader_config="dali-device")
     device_id = 0 if jax.default_backend() == "gpu" else None
     if args.check:
         for v in args.variants:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from dlas_compare import benchmark, step_breakdown
 from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.files import write_atomic
 
 #: The step's forms every variant starts from: the default of each lever's key (``configs/UNet.yaml``'s
@@ -108,7 +109,7 @@ def write_breakdown(bench, cfg, folder: Path) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    base = config_mod.replace(config_mod.config_from_args(args), **BASELINE_FORMS)
+    base = config_mod.replace(config_cli.config_from_args(args), **BASELINE_FORMS)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     best = json.loads(Path(args.best).read_text()) if args.best and Path(args.best).exists() else None
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="levers.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="measure variants, one after another, in this process")
-    config_mod.add_config_args(r)
+    config_cli.add_config_args(r)
     r.add_argument("--framework", choices=("jax", "tf"), default="jax")
     r.add_argument("--variants", nargs="+", required=True)
     r.add_argument("--best", help="the combination written by `choose` (for variant best)")

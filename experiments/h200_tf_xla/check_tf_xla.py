@@ -61,7 +61,7 @@ import xla_export as fmt
 from dlas_compare.benchmark import append_records
 from jax_impl import model as model_mod
 from jax_impl import train as train_mod
-from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
 from shared_data.data import host_batches
 from shared_data.model import unet_spec
@@ -144,7 +144,7 @@ def table(rows: list[dict], tol: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="experiments/h200_tf_xla/check_tf_xla.py", description=__doc__.split("\n\n")[0])
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument(
         "--tf_xla_export",
         metavar="DIR",
@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--out", help="append the result as one JSON line to this file")
     args = p.parse_args(argv)
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     folder = Path(args.tf_xla_export) if args.tf_xla_export else fmt.default_export_dir(cfg)
     program = tf_xla.Program(folder, cfg)
     device = program.device

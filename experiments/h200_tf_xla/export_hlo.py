@@ -27,6 +27,7 @@ import tensorflow as tf
 import xla_export as fmt  # this study's folder, first on sys.path when a script of it runs
 
 from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.config import Config, batch_sizes, steps_per_epoch
 from shared_data.core.errors import run_cli
 from shared_data.core.files import atomic_path, write_atomic
@@ -205,12 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python experiments/h200_tf_xla/export_hlo.py", description=__doc__.split("\n\n")[0]
     )
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument(
         "--out", help="export folder (default: experiments/h200_tf_xla/exports/<config>_<precision>_b<global batch>)"
     )
     args = p.parse_args(argv)
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     out = Path(args.out) if args.out else fmt.default_export_dir(cfg)
     manifest = export(cfg, out)
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())

@@ -49,7 +49,7 @@ from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
 
 from dlas_compare import benchmark
-from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError, run_cli
 from shared_data.data import host_batches
@@ -284,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The SYNTHETIC row of an export: :class:`Bench` timed by the benchmark's windows, its record
     appended to ``--out`` and printed as the benchmark's table."""
     p = argparse.ArgumentParser(prog="python experiments/h200_tf_xla/tf_xla.py", description=__doc__.split("\n\n")[0])
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument("--tf_xla_export", metavar="DIR", help="export folder (default: the config's under exports/)")
     p.add_argument("--warmup", type=benchmark.int_at_least(0), default=5, help="untimed steps first")
     p.add_argument("--steps", type=benchmark.int_at_least(1), default=10, help="steps per timed window")
@@ -292,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--label", help="name of this run in the table")
     p.add_argument("--out", help="append the JSON record to this file (JSON lines)")
     args = p.parse_args(argv)
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     bench = Bench(cfg, "synthetic", export_dir=args.tf_xla_export)
     record = benchmark.run_bench(bench, cfg, "synthetic", args.warmup, args.steps, args.windows, args.label)
     if args.out:

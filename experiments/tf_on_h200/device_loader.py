@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.data import host_batches
 from tf_impl import bench as bench_mod
 from tf_impl import data as data_mod
@@ -65,11 +66,11 @@ def time_calls(fn, n: int) -> tuple[float, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--out")
     args = p.parse_args()
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     cfg = config_mod.replace(cfg, data_loader_config="device")
     strategy = distribute.make_strategy(1)
     dev_in = data_mod.DeviceInput(cfg, "train", strategy)

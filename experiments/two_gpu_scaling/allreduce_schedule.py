@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dlas_compare.benchmark import int_at_least
-from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
 
 BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4}
@@ -22,10 +22,10 @@ BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4}
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="experiments/two_gpu_scaling/allreduce_schedule.py")
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument("--num_devices", type=int_at_least(1), default=2)
     args = p.parse_args(argv)
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     from study_bench import StudyBench
 
     text = StudyBench(cfg, args.num_devices).train_fn.as_text()

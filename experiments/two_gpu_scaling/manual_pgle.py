@@ -21,7 +21,7 @@ from study_bench import StudyBench
 
 from dlas_compare import benchmark
 from dlas_compare.benchmark import int_at_least
-from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
 
 NO_OVERLAP = "--xla_gpu_enable_latency_hiding_scheduler=false --xla_gpu_disable_async_collectives=allreduce"
@@ -29,7 +29,7 @@ NO_OVERLAP = "--xla_gpu_enable_latency_hiding_scheduler=false --xla_gpu_disable_
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="experiments/two_gpu_scaling/manual_pgle.py", description=__doc__.split("\n\n")[0])
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument("--num_devices", type=int_at_least(1), default=2)
     p.add_argument("--steps", type=int_at_least(1), default=10, help="steps per timed window (and profiled steps)")
     p.add_argument("--windows", type=int_at_least(1), default=5)
@@ -58,7 +58,7 @@ def write_profile(cfg, num_devices: int, steps: int, path: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     if args.profile_to:
         write_profile(cfg, args.num_devices, args.steps, args.profile_to)
         return 0

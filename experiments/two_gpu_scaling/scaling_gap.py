@@ -27,7 +27,7 @@ from study_bench import StudyBench
 from dlas_compare import benchmark
 from dlas_compare.benchmark import int_at_least
 from jax_impl import distribute
-from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
 
 VARIANTS = ("1device", "sharded", "pmean", "local", "barrier")
@@ -35,7 +35,7 @@ VARIANTS = ("1device", "sharded", "pmean", "local", "barrier")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="experiments/two_gpu_scaling/scaling_gap.py", description=__doc__.split("\n\n")[0])
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument("--num_devices", type=int_at_least(2), default=2)
     p.add_argument("--steps", type=int_at_least(1), default=10)
     p.add_argument("--windows", type=int_at_least(1), default=5)
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     distribute.make_mesh(args.num_devices)  # UserError now, before any variant runs, if there are too few devices
     n = args.num_devices
     make = {

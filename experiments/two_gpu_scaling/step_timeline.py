@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dlas_compare.benchmark import int_at_least
-from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
 
 
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="experiments/two_gpu_scaling/step_timeline.py", description=__doc__.split("\n\n")[0]
     )
-    config_mod.add_config_args(p)
+    config_cli.add_config_args(p)
     p.add_argument("--num_devices", type=int_at_least(1), default=2)
     p.add_argument("--steps", type=int_at_least(1), default=5, help="traced steps (after 5 untraced)")
     p.add_argument("--trace_to", help="keep the trace directory here (default: a temporary one)")
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     import jax
     from study_bench import StudyBench
 

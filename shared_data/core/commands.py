@@ -98,8 +98,8 @@ def make_parser(module: str, description: str | None = None, **kwargs) -> argpar
 #: console script -> (the framework-neutral module whose ``build_parser(framework)`` its command uses,
 #: the module whose ``config_from_args(args)`` loads its config, framework)
 PARSERS = {
-    "train_jax": ("shared_data.runtime.cli", "shared_data.core.config", "jax"),
-    "train_tf": ("shared_data.runtime.cli", "shared_data.core.config", "tf"),
+    "train_jax": ("shared_data.runtime.cli", "shared_data.core.config_cli", "jax"),
+    "train_tf": ("shared_data.runtime.cli", "shared_data.core.config_cli", "tf"),
     "predict_jax": ("shared_data.inference.predict", "shared_data.inference.predict", "jax"),
     "predict_tf": ("shared_data.inference.predict", "shared_data.inference.predict", "tf"),
     "export_jax": ("shared_data.inference.export", "shared_data.inference.predict", "jax"),

@@ -55,7 +55,8 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core import loader_kinds
-from shared_data.core.config import CHOICES, Config
+from shared_data.core.config import Config
+from shared_data.core.config_schema import CHOICES
 from shared_data.core.errors import MissingDependencyError
 from shared_data.data import dataset, host_batches, symmetry
 from shared_data.data.crop_readers import H5LowMemReader

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from shared_data.core import config as config_mod
+from shared_data.core import config_checks
 from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
@@ -57,9 +58,9 @@ def check_size(cfg: Config, size: int | None) -> int | None:
 
     Raises:
         UserError: ``size`` is not a positive multiple of ``2**levels`` or lies above the largest crop
-            side (``MAXIMA["crop_size"]`` of :mod:`shared_data.core.config`), the same in both frameworks.
+            side (``MAXIMA["crop_size"]`` of :mod:`shared_data.core.config_checks`), the same in both frameworks.
     """
-    align, largest = predict_mod.alignment(cfg), config_mod.MAXIMA["crop_size"]
+    align, largest = predict_mod.alignment(cfg), config_checks.MAXIMA["crop_size"]
     if size is not None and (size < align or size % align or size > largest):
         raise UserError(f"--size {size}: expected a multiple of 2**levels = {align} from {align} to {largest}")
     return size

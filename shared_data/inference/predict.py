@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core import config as config_mod
+from shared_data.core import config_checks, config_cli
 from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
 from shared_data.core.errors import ConfigError, DatasetError, UserError
@@ -303,7 +304,7 @@ def checkpoint_config(cfg: Config, workdir: str | Path) -> Config:
     if not isinstance(values, dict):
         return cfg
     # a key the run's config lacks (added to the kit after the run) takes ``cfg``'s value
-    run_cfg = config_mod.make_config({**config_mod.config_dict(cfg), **values}, cfg.name, f"{workdir}/run.json")
+    run_cfg = config_checks.make_config({**config_mod.config_dict(cfg), **values}, cfg.name, f"{workdir}/run.json")
     for key in MODEL_KEYS:
         if getattr(run_cfg, key) != getattr(cfg, key):
             raise ConfigError(
@@ -378,7 +379,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     """``--yaml_config``, ``--config`` and ``--set KEY=VALUE`` (the trainers' spelling)."""
     g = parser.add_argument_group("configuration")
     g.add_argument("--yaml_config", default=str(config_mod.DEFAULT_YAML), help="YAML file of named configs")
-    g.add_argument("--config", default="cpu_default", help=config_mod.config_help())
+    g.add_argument("--config", default="cpu_default", help=config_cli.config_help())
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (YAML)")
     g.add_argument(
         "--enable_jit",
@@ -401,7 +402,7 @@ def add_weights_args(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """The config named by ``args`` with its ``--set`` overrides."""
-    overrides = dict(config_mod.parse_override(s) for s in args.set)
+    overrides = dict(config_cli.parse_override(s) for s in args.set)
     if getattr(args, "enable_jit", None) is not None:
         overrides["enable_jit"] = args.enable_jit
     return config_mod.load_config(args.config, args.yaml_config, overrides)

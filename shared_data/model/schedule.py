@@ -13,7 +13,9 @@ import math
 
 import numpy as np
 
-from shared_data.core.config import MAX_TOTAL_STEPS, Config, ConfigError
+from shared_data.core.config import Config
+from shared_data.core.config_checks import MAX_TOTAL_STEPS
+from shared_data.core.errors import ConfigError
 
 
 def initial_lr(cfg: Config, global_batch: int) -> float:
@@ -46,7 +48,7 @@ def lr_table(cfg: Config, global_batch: int, total_steps: int) -> np.ndarray:
     Frameworks index it with the step clamped to the last entry, so both apply identical LRs.
 
     Raises:
-        ConfigError: more than :data:`shared_data.core.config.MAX_TOTAL_STEPS` steps (checked before
+        ConfigError: more than :data:`shared_data.core.config_checks.MAX_TOTAL_STEPS` steps (checked before
             the table is built); an LR beyond float32's range (``start_lr`` or ``end_lr`` near 3.4e38, or scaled
             there for this global batch).
     """

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from shared_data.core import config as config_mod
+from shared_data.core import config_cli
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError
 from shared_data.core.files import check_not_input, check_writable, first_missing_folder
@@ -204,7 +205,7 @@ caches and logs:
 
 
 def build_parser(framework: str) -> argparse.ArgumentParser:
-    """The trainer's parser: the config flags (:func:`shared_data.core.config.add_config_args`), the run
+    """The trainer's parser: the config flags (:func:`shared_data.core.config_cli.add_config_args`), the run
     flags and, after them, the environment variables the trainer reads (:data:`ENVIRONMENT`)."""
     name = {"jax": "JAX", "tf": "TensorFlow"}[framework]
     parser = make_parser(
@@ -213,7 +214,7 @@ def build_parser(framework: str) -> argparse.ArgumentParser:
         epilog=ENVIRONMENT[framework],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    config_mod.add_config_args(parser)
+    config_cli.add_config_args(parser)
     add_run_args(parser, framework)
     return parser
 
@@ -246,7 +247,7 @@ def benchmark_command(
 def benchy(framework: str, args: argparse.Namespace) -> int:
     """``--enable_benchy``: the tutorial's benchy modes are the benchmark command here; run it on the
     trainer's config and return its exit status (its errors are its own one ``error:`` line)."""
-    cmd = benchmark_command(framework, ("io", "synthetic", "full"), config_mod.config_argv(args))
+    cmd = benchmark_command(framework, ("io", "synthetic", "full"), config_cli.config_argv(args))
     log.info("--enable_benchy: python -m %s", shlex.join(cmd[2:]))
     return subprocess.run(cmd).returncode
 
@@ -283,7 +284,7 @@ def _main(framework, train_and_evaluate, argv, *, initialize, process_index) -> 
     setup_logging()
     if args.enable_apex:
         log.info("--enable_apex: Adam already runs fused inside the compiled step; nothing to enable")
-    cfg = config_mod.config_from_args(args)
+    cfg = config_cli.config_from_args(args)
     if args.enable_benchy:
         return benchy(framework, args)
     workdir = workdir_for(cfg, framework, args.workdir, args.run_num)
