@@ -5,7 +5,7 @@
 MLPerf-HPC style (its rules time a run from its start to the evaluation that reaches the target): with
 ``quality_every_epochs: N`` (> 0) the trainer predicts the whole validation volume (``val_path``)
 after every N-th epoch with the model as it stands (its weight average when ``ema_decay`` is on),
-through the full-volume code path of ``predict`` (:func:`shared_data.inference.predict.predict_volume`,
+through the full-volume code path of ``predict`` (:func:`shared_data.inference.tiling.predict_volume`,
 seamless windows, float32 compute), scores it with :func:`shared_data.inference.metrics.compute_metrics`
 and tests the target of :class:`Target`:
 
@@ -70,6 +70,7 @@ from shared_data.core.config import Config
 from shared_data.core.errors import ConfigError, UserError
 from shared_data.core.files import write_atomic
 from shared_data.inference import predict as predict_mod
+from shared_data.inference import tiling
 from shared_data.inference.metrics import compute_metrics, to_json
 from shared_data.inference.units import DENSITY, QUANTITIES, TEMPERATURE, read_volume, units_from_files
 from shared_data.model import unet_spec
@@ -314,11 +315,11 @@ class Monitor:
                 f"quality_beat_non_ml: {path} has no {' or '.join(QUANTITIES[k][0] for k in missing)} "
                 "attribute, which the non-ML baseline needs; set quality_beat_non_ml=false"
             )
-        self.align = predict_mod.alignment(self.predict_cfg)
+        self.align = tiling.alignment(self.predict_cfg)
         self.overlap = unet_spec.receptive_margin(self.predict_cfg)
-        self.size = predict_mod.padded_side(side, self.align)
-        self.window = predict_mod.choose_window(
-            self.predict_cfg, self.size, None, self.overlap, "float32", predict_mod.DEFAULT_MEMORY_GB
+        self.size = tiling.padded_side(side, self.align)
+        self.window = tiling.choose_window(
+            self.predict_cfg, self.size, None, self.overlap, "float32", tiling.DEFAULT_MEMORY_GB
         )
         x = np.ascontiguousarray(np.moveaxis(self.nbody, 0, -1))
         self.x = np.pad(x, [(0, self.size - side)] * 3 + [(0, 0)])
@@ -387,14 +388,12 @@ class Monitor:
         evaluation it keeps."""
         return self.clock_offset + time.perf_counter() - self.run.started
 
-    def evaluate(self, epoch: int, step: int, apply: predict_mod.Apply) -> dict:
+    def evaluate(self, epoch: int, step: int, apply: tiling.Apply) -> dict:
         """Predict the volume with ``apply`` (NDHWC float32 windows -> outputs), score it, record and
         log the evaluation after ``epoch`` epochs (``step`` optimizer steps); return its record."""
         t0 = time.perf_counter()
         side = self.truth.shape[1]
-        hydro, _ = predict_mod.predict_volume(
-            self.x, apply, self.cfg.N_out_channels, self.window, self.overlap, self.align
-        )
+        hydro, _ = tiling.predict_volume(self.x, apply, self.cfg.N_out_channels, self.window, self.overlap, self.align)
         pred = np.ascontiguousarray(np.moveaxis(hydro[:side, :side, :side], -1, 0))
         result = check(compute_metrics(pred, self.truth, self.nbody, self.units), self.target)
         seconds = time.perf_counter() - t0
@@ -424,7 +423,7 @@ class Monitor:
             self.reached = record
         return record
 
-    def after_epoch(self, epoch: int, step: int, make_apply: Callable[[], predict_mod.Apply]) -> bool:
+    def after_epoch(self, epoch: int, step: int, make_apply: Callable[[], tiling.Apply]) -> bool:
         """After epoch ``epoch`` (0-based) and its checkpoint: evaluate when due (every
         ``quality_every_epochs``, and at an epoch end past the budget) with ``make_apply()``; return
         whether the run stops here (target met, or budget spent)."""
