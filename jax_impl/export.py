@@ -28,7 +28,7 @@ from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
 from shared_data.core.files import write_atomic
 from shared_data.inference import export as export_mod
-from shared_data.inference import predict as predict_mod
+from shared_data.inference import tiling
 
 FRAMEWORK = "jax"
 FILE = "unet.jax_export"
@@ -44,7 +44,7 @@ def exported_forward(cfg: Config, weights: dict[str, np.ndarray], size: int | No
     model = model_mod.build_model(cfg)
     params = model_mod.params_from_canonical(weights)
     forward = jax.jit(lambda x: model.apply({"params": params}, x))
-    align = predict_mod.alignment(cfg)
+    align = tiling.alignment(cfg)
     batch, side = jax.export.symbolic_shape(f"B, {align}*k" if size is None else f"B, {size}")
     spec = jax.ShapeDtypeStruct((batch, side, side, side, cfg.N_in_channels), jnp.float32)
     return jax.export.export(forward, platforms=PLATFORMS)(spec)

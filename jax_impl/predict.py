@@ -2,8 +2,9 @@
 ``python -m jax_impl.predict --config cpu_tiny --weights W.npz --input vol.h5 --out pred.h5``.
 
 Mirrors :mod:`tf_impl.predict`: only the JAX part lives here (load canonical weights or a run's
-latest orbax checkpoint, apply the Flax model to batches of windows); reading, padding, tiling,
-stitching, the output file and the log lines are :mod:`shared_data.inference.predict`.
+latest orbax checkpoint, apply the Flax model to batches of windows); reading, padding, the
+output file and the log lines are :mod:`shared_data.inference.predict`, tiling and stitching
+:mod:`shared_data.inference.tiling`, finding the weights :mod:`shared_data.inference.weights`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from jax_impl.checkpoints import Checkpoints
 from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
 from shared_data.inference import predict as predict_mod
+from shared_data.inference import tiling
+from shared_data.inference import weights as weights_mod
 
 FRAMEWORK = "jax"
 
@@ -41,14 +44,14 @@ def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[
     finally:
         absl.setLevel(level)
     with checkpoints:  # closed on every exit (orbax's threads)
-        epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
+        epoch = weights_mod.latest_checkpoint(checkpoints, workdir)
         params = checkpoints.restore_params(epoch, jax.eval_shape(lambda: model_mod.init_params(run_cfg, 0)))
     return model_mod.params_to_canonical(jax.device_get(params)), epoch
 
 
 def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple[dict[str, np.ndarray], str]:
-    """:func:`shared_data.inference.predict.load_weights` with this framework's checkpoints."""
-    return predict_mod.load_weights(cfg, weights, workdir, restore_checkpoint)
+    """:func:`shared_data.inference.weights.load_weights` with this framework's checkpoints."""
+    return weights_mod.load_weights(cfg, weights, workdir, restore_checkpoint)
 
 
 def forward_fn(cfg: Config):
@@ -59,13 +62,13 @@ def forward_fn(cfg: Config):
     model = model_mod.build_model(cfg)
     compiled = jax.jit(lambda p, x: model.apply({"params": p}, x))
 
-    def bind(params) -> predict_mod.Apply:
+    def bind(params) -> tiling.Apply:
         return lambda x: np.asarray(compiled(params, jnp.asarray(x, jnp.float32)))
 
     return bind
 
 
-def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply:
+def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> tiling.Apply:
     """:func:`forward_fn` with the canonical ``weights``: windows -> outputs, as above."""
     return forward_fn(cfg)(jax.device_put(model_mod.params_from_canonical(weights)))
 

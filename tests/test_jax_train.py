@@ -158,6 +158,8 @@ def test_jax_impl_runs_without_tensorflow(tmp_path):
         "import jax_impl.train, jax_impl.data, jax_impl.model, jax_impl.distribute, shared_data.runtime.records\n"
         "import jax_impl.predict, jax_impl.export\n"
         "import shared_data.inference.predict, shared_data.inference.export, shared_data.inference.validate\n"
+        "import shared_data.inference.tiling, shared_data.inference.weights, shared_data.inference.units\n"
+        "import shared_data.inference.metrics, shared_data.inference.figures\n"
         "from pathlib import Path\n"
         "shared_data.runtime.records.ScalarWriter(Path(sys.argv[2]), True).scalars(1, {'a': 1.0})\n"
         "assert block or 'tensorflow' not in sys.modules, 'tensorflow imported'"

@@ -19,6 +19,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.errors import ConfigError, DatasetError, run_cli
 from shared_data.data import generate
 from shared_data.inference import predict as predict_mod
+from shared_data.inference import tiling
 from shared_data.model import unet_spec
 
 
@@ -104,7 +105,7 @@ def test_receptive_margin_is_the_networks_dependency_window(cfg):
 )
 def test_axis_plan_partitions_with_margins(size, window, overlap):
     align = 8
-    plan = predict_mod.axis_plan(size, window, overlap, align)
+    plan = tiling.axis_plan(size, window, overlap, align)
     assert plan[0][1] == 0 and plan[-1][2] == size
     for (start, lo, hi), nxt in zip(plan, plan[1:] + [None]):
         w = min(window, size)
@@ -115,22 +116,22 @@ def test_axis_plan_partitions_with_margins(size, window, overlap):
 
 
 def test_plan_rejects_small_windows_and_chooses_by_memory(cfg):
-    assert predict_mod.min_window(21, 8) == 56
+    assert tiling.min_window(21, 8) == 56
     with pytest.raises(ValueError):
-        predict_mod.axis_plan(64, 48, 21, 8)
+        tiling.axis_plan(64, 48, 21, 8)
     with pytest.raises(ConfigError, match=r"--tile 48: .* at least 56"):
-        predict_mod.choose_window(cfg, 64, 48, 21, "float32", 16)
+        tiling.choose_window(cfg, 64, 48, 21, "float32", 16)
     with pytest.raises(ConfigError, match=r"multiple of 2\*\*levels = 8"):
-        predict_mod.choose_window(cfg, 128, 60, 21, "float32", 16)
-    assert predict_mod.choose_window(cfg, 64, 0, 21, "float32", 16) == 64
-    assert predict_mod.choose_window(cfg, 64, None, 21, "float32", 16) == 64  # whole volume fits
-    tight = predict_mod.activation_bytes(cfg, 72, 1, "float32") / 2**30
-    assert predict_mod.choose_window(cfg, 128, None, 21, "float32", tight) == 72
+        tiling.choose_window(cfg, 128, 60, 21, "float32", 16)
+    assert tiling.choose_window(cfg, 64, 0, 21, "float32", 16) == 64
+    assert tiling.choose_window(cfg, 64, None, 21, "float32", 16) == 64  # whole volume fits
+    tight = tiling.activation_bytes(cfg, 72, 1, "float32") / 2**30
+    assert tiling.choose_window(cfg, 128, None, 21, "float32", tight) == 72
     with pytest.raises(ConfigError, match="smallest seamless tile"):
-        predict_mod.choose_window(cfg, 128, None, 21, "float32", tight / 10)
+        tiling.choose_window(cfg, 128, None, 21, "float32", tight / 10)
     # the estimate: input + twice each layer's output, e.g. 4 x 16^3 x 4 B + 2 (8^3 x 4 + ...) x 4 B
     acts = sum(2 * s.out_size**3 * s.c_out for s in unet_spec.layer_specs(cfg, 16))
-    assert predict_mod.activation_bytes(cfg, 16) == 4 * 16**3 * 4 + 4 * acts
+    assert tiling.activation_bytes(cfg, 16) == 4 * 16**3 * 4 + 4 * acts
 
 
 @pytest.mark.slow
@@ -144,11 +145,11 @@ def test_tiled_prediction_equals_whole_volume(framework, cfg, vol64):
         fw = jax_predict
     apply = fw.make_apply(cfg, _weights(cfg))
     x, _ = predict_mod.read_input(vol64, 4)
-    whole, n1 = predict_mod.predict_volume(x, apply, 5, 64, 21, 8)
-    tiled, n8 = predict_mod.predict_volume(x, apply, 5, 56, 21, 8, batch_size=3)
+    whole, n1 = tiling.predict_volume(x, apply, 5, 64, 21, 8)
+    tiled, n8 = tiling.predict_volume(x, apply, 5, 56, 21, 8, batch_size=3)
     assert (n1, n8) == (1, 8)
     assert np.abs(tiled - whole).max() < 1e-5
-    seams, _ = predict_mod.predict_volume(x, apply, 5, 56, 0, 8)
+    seams, _ = tiling.predict_volume(x, apply, 5, 56, 0, 8)
     assert np.abs(seams - whole).max() > 1e-2
     np.testing.assert_allclose(whole[None], apply(x[None]), atol=1e-6)
 

@@ -12,7 +12,7 @@ import pytest
 
 from dlas_compare import benchmark
 from shared_data.data import generate
-from shared_data.inference import predict
+from shared_data.inference import tiling
 
 
 def test_generate_says_each_stage(tmp_path, capsys):
@@ -65,10 +65,10 @@ def test_benchmark_says_each_stage(tiny_argv, capsys):
 def test_windowed_prediction_shows_progress_on_a_terminal_only(capsys, monkeypatch):
     x = np.zeros((16, 16, 16, 4), np.float32)
     apply = lambda batch: np.zeros((*batch.shape[:4], 5), np.float32)
-    n = len(predict.tile_plan(16, 8, 2, 4))
+    n = len(tiling.tile_plan(16, 8, 2, 4))
     for terminal in (False, True):
         monkeypatch.setattr(sys.stderr, "isatty", lambda t=terminal: t)
-        out, tiles = predict.predict_volume(x, apply, 5, 8, 2, 4, batch_size=2, progress=True)
+        out, tiles = tiling.predict_volume(x, apply, 5, 8, 2, 4, batch_size=2, progress=True)
         err = capsys.readouterr().err
         assert tiles == n > 1 and out.shape == (16, 16, 16, 5)
         if terminal:

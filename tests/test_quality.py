@@ -15,7 +15,8 @@ import pytest
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import ConfigError, UserError
-from shared_data.inference import quality, validate
+from shared_data.inference import metrics, quality
+from shared_data.inference.units import DENSITY, TEMPERATURE
 from shared_data.runtime.records import MetricsLog, read_metrics, read_run_info
 
 # --- the target ------------------------------------------------------------------------------------
@@ -35,8 +36,8 @@ def _metrics(r_rho, ratio_rho, r_t, ratio_t, r_base, k=(1.0, 3.0, 6.0, 9.0)):
 
     return {
         "power": {
-            validate.DENSITY: spectrum(r_rho, ratio_rho, [1.0] * 4),
-            validate.TEMPERATURE: spectrum(r_t, ratio_t, r_base),
+            DENSITY: spectrum(r_rho, ratio_rho, [1.0] * 4),
+            TEMPERATURE: spectrum(r_t, ratio_t, r_base),
         }
     }
 
@@ -49,15 +50,15 @@ def test_target_holds_only_in_every_bin_up_to_k_max():
     the shortfall in units of the margin: (0.998 - 0.997) / 0.002 = 0.5, (0.05 - 0.02) / 0.02 = 1.5."""
     good = _metrics([0.999] * 3 + [0.5], [1.01] * 3 + [0.5], [0.9995] * 3 + [0.1], [0.99] * 3 + [3.0], [0.999] * 4)
     res = quality.check(good, TARGET)
-    assert res["met"] and res["channels"][validate.DENSITY]["k"] == [1.0, 3.0, 6.0]
-    assert res["channels"][validate.TEMPERATURE]["r_minus_baseline_worst"] == pytest.approx(0.0005)
+    assert res["met"] and res["channels"][DENSITY]["k"] == [1.0, 3.0, 6.0]
+    assert res["channels"][TEMPERATURE]["r_minus_baseline_worst"] == pytest.approx(0.0005)
     # shortfall: max of (0.998 - 0.999) / 0.002 = -0.5, (0.01 - 0.02) / 0.02 = -0.5, baseline -0.25
     assert res["shortfall"] == pytest.approx(-0.25)
 
     low_r = _metrics([0.999, 0.997, 0.999, 1.0], [1.0] * 4, [0.9995] * 4, [1.0] * 4, [0.999] * 4)
     res = quality.check(low_r, TARGET)
     assert not res["met"] and res["shortfall"] == pytest.approx(0.5)
-    assert res["channels"][validate.DENSITY]["r_worst"] == pytest.approx(0.997)
+    assert res["channels"][DENSITY]["r_worst"] == pytest.approx(0.997)
 
     deficit = _metrics([0.999] * 4, [1.0, 1.0, 0.95, 1.0], [0.9995] * 4, [1.0] * 4, [0.999] * 4)
     assert quality.check(deficit, TARGET)["shortfall"] == pytest.approx(1.5)
@@ -70,7 +71,7 @@ def test_temperature_must_beat_the_baseline_unless_switched_off():
     assert not res["met"] and res["shortfall"] == pytest.approx((0.9995 - 0.9985) / 0.002)
     relaxed = quality.Target(0.998, 0.02, 6.3, beat_baseline=False)
     assert quality.check(m, relaxed)["met"]
-    assert quality.check(m, relaxed)["channels"][validate.TEMPERATURE]["r_baseline"] is None
+    assert quality.check(m, relaxed)["channels"][TEMPERATURE]["r_baseline"] is None
 
 
 def test_both_channels_must_beat_the_non_ml_baseline_in_every_bin_unless_switched_off():
@@ -78,19 +79,19 @@ def test_both_channels_must_beat_the_non_ml_baseline_in_every_bin_unless_switche
     r of 0.9995 in the density's second bin (k = 3) fails the target by (0.9995 - 0.999) / 0.002 = 0.25;
     beyond k_max (the fourth bin) it does not count; without the non-ML spectra the check says why."""
     m = _metrics([0.999] * 4, [1.0] * 4, [0.999] * 4, [1.0] * 4, [0.99] * 4)
-    m["power"][validate.DENSITY]["r_non_ml"] = np.array([0.99, 0.9995, 0.9, 1.0])
-    m["power"][validate.TEMPERATURE]["r_non_ml"] = np.array([0.9, 0.98, 0.998, 1.0])
+    m["power"][DENSITY]["r_non_ml"] = np.array([0.99, 0.9995, 0.9, 1.0])
+    m["power"][TEMPERATURE]["r_non_ml"] = np.array([0.9, 0.98, 0.998, 1.0])
     strict = quality.Target(0.998, 0.02, 6.3, beat_baseline=True, beat_non_ml=True)
     res = quality.check(m, strict)
     assert not res["met"] and res["shortfall"] == pytest.approx(0.25)
-    assert res["channels"][validate.DENSITY]["r_minus_non_ml_worst"] == pytest.approx(-0.0005)
-    assert res["channels"][validate.TEMPERATURE]["r_minus_non_ml_worst"] == pytest.approx(0.001)
-    assert res["channels"][validate.DENSITY]["r_non_ml"] == [0.99, 0.9995, 0.9]
+    assert res["channels"][DENSITY]["r_minus_non_ml_worst"] == pytest.approx(-0.0005)
+    assert res["channels"][TEMPERATURE]["r_minus_non_ml_worst"] == pytest.approx(0.001)
+    assert res["channels"][DENSITY]["r_non_ml"] == [0.99, 0.9995, 0.9]
     assert "r - non-ML r >= -0.0005" in quality.summary_line(1, 10.0, res)
-    m["power"][validate.DENSITY]["r_non_ml"][1] = 0.998
+    m["power"][DENSITY]["r_non_ml"][1] = 0.998
     assert quality.check(m, strict)["met"]
-    assert quality.check(m, TARGET)["channels"][validate.DENSITY]["r_non_ml"] is None
-    del m["power"][validate.DENSITY]["r_non_ml"]
+    assert quality.check(m, TARGET)["channels"][DENSITY]["r_non_ml"] is None
+    del m["power"][DENSITY]["r_non_ml"]
     with pytest.raises(ValueError, match="quality_beat_non_ml needs the non-ML baseline"):
         quality.check(m, strict)
 
@@ -106,10 +107,10 @@ def test_the_temperature_has_its_own_thresholds_where_set():
     assert not res["met"] and res["shortfall"] == pytest.approx(0.2)
     own = dataclasses.replace(shared, r_min=0.65, ratio_tol=0.5, temperature_r_min=0.78, temperature_ratio_tol=0.65)
     res = quality.check(m, own)
-    assert res["met"] and res["channels"][validate.TEMPERATURE]["shortfall"] == pytest.approx(
+    assert res["met"] and res["channels"][TEMPERATURE]["shortfall"] == pytest.approx(
         max((0.78 - 0.80) / 0.22, (0.6 - 0.65) / 0.65, (0.5 - 0.8) / 0.22)
     )
-    assert res["channels"][validate.DENSITY]["shortfall"] == pytest.approx(max(-0.05 / 0.35, -0.1 / 0.5))
+    assert res["channels"][DENSITY]["shortfall"] == pytest.approx(max(-0.05 / 0.35, -0.1 / 0.5))
     tight = dataclasses.replace(own, temperature_r_min=0.82, temperature_ratio_tol=0.5)
     assert quality.check(m, tight)["shortfall"] == pytest.approx(0.2)
     assert own.describe().startswith(
@@ -131,17 +132,17 @@ def test_a_constant_prediction_is_named_as_a_collapsed_model():
     (shortfall inf) and the evaluation's line says the model collapsed; a field with power does not."""
     rng = np.random.default_rng(0)
     truth = np.exp(0.3 * rng.standard_normal((16, 16, 16)))
-    edges = validate.k_edges(16, 1.0)
-    collapsed = validate.spectra(truth, {"pred": np.full_like(truth, 2.0)}, 16.0, edges)
-    alive = validate.spectra(truth, {"pred": truth * (1 + 0.01 * rng.standard_normal(truth.shape))}, 16.0, edges)
+    edges = metrics.k_edges(16, 1.0)
+    collapsed = metrics.spectra(truth, {"pred": np.full_like(truth, 2.0)}, 16.0, edges)
+    alive = metrics.spectra(truth, {"pred": truth * (1 + 0.01 * rng.standard_normal(truth.shape))}, 16.0, edges)
     target = quality.Target(0.998, 0.02, 3.0, beat_baseline=False)
-    res = quality.check({"power": {validate.DENSITY: collapsed, validate.TEMPERATURE: alive}}, target)
+    res = quality.check({"power": {DENSITY: collapsed, TEMPERATURE: alive}}, target)
     assert res["shortfall"] == np.inf and not res["met"]
-    assert res["channels"][validate.DENSITY]["constant"] and not res["channels"][validate.TEMPERATURE]["constant"]
-    assert np.isnan(res["channels"][validate.DENSITY]["r_worst"])
+    assert res["channels"][DENSITY]["constant"] and not res["channels"][TEMPERATURE]["constant"]
+    assert np.isnan(res["channels"][DENSITY]["r_worst"])
     line = quality.summary_line(2, 30.0, res)
-    assert f"the model predicts a constant {validate.DENSITY}: training has collapsed" in line
-    assert validate.TEMPERATURE not in line.split("target not met")[1]
+    assert f"the model predicts a constant {DENSITY}: training has collapsed" in line
+    assert TEMPERATURE not in line.split("target not met")[1]
 
 
 def test_config_keys_and_their_checks():
@@ -158,8 +159,8 @@ def test_config_keys_and_their_checks():
         config_mod.replace(cfg, temperature_channel=0)
     assert (cfg.quality_temperature_r_min, cfg.quality_temperature_ratio_tol) == (None, None)
     own = config_mod.replace(cfg, quality_temperature_r_min=0.8, quality_temperature_ratio_tol=0.6)
-    assert quality.Target.from_config(own).thresholds(validate.TEMPERATURE) == (0.8, 0.6)
-    assert quality.Target.from_config(own).thresholds(validate.DENSITY) == (0.998, 0.02)
+    assert quality.Target.from_config(own).thresholds(TEMPERATURE) == (0.8, 0.6)
+    assert quality.Target.from_config(own).thresholds(DENSITY) == (0.998, 0.02)
     with pytest.raises(ConfigError, match=r"key 'quality_temperature_r_min': expected a number in \[-1, 1\], got 1.5"):
         config_mod.replace(cfg, quality_temperature_r_min=1.5)
     with pytest.raises(ConfigError, match="key 'quality_temperature_ratio_tol': expected a finite number >= 0"):

@@ -168,7 +168,9 @@ def test_tf_impl_imports_without_jax():
     code = (
         "import sys; sys.modules['jax'] = None\nimport tf_impl.train, tf_impl.data, tf_impl.model, tf_impl.distribute\n"
         "import tf_impl.predict, tf_impl.export\n"
-        "import shared_data.inference.predict, shared_data.inference.export, shared_data.inference.validate"
+        "import shared_data.inference.predict, shared_data.inference.export, shared_data.inference.validate\n"
+        "import shared_data.inference.tiling, shared_data.inference.weights, shared_data.inference.units\n"
+        "import shared_data.inference.metrics, shared_data.inference.figures"
     )
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

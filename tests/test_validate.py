@@ -13,6 +13,8 @@ import pytest
 from shared_data.core.errors import DatasetError, run_cli
 from shared_data.data import cosmology, generate
 from shared_data.inference import validate
+from shared_data.inference.metrics import compute_metrics
+from shared_data.inference.units import DENSITY, TEMPERATURE, linear, read_volume, units_from_files
 
 L, VOXEL, T0, GAMMA = 32, 0.5, 1.0e4, 1.6
 NOISE = 0.1  # std of the white noise added to rho / <rho> in the "prediction"
@@ -182,11 +184,11 @@ def test_linear_inverts_the_storage_transforms():
 
     units = SimpleNamespace(density_scale=14.0, temperature_scale=8.0, temperature_T0=1.5e4)
     rho, temp = np.array([0.1, 1.0, 250.0]), np.array([3e3, 1.5e4, 2e6])
-    np.testing.assert_allclose(validate.linear(validate.DENSITY, np.log(rho) / 14, units), rho, rtol=1e-12)
+    np.testing.assert_allclose(linear(DENSITY, np.log(rho) / 14, units), rho, rtol=1e-12)
     stored = (np.log(temp / 1.5e4) / 8).astype(np.float32)
-    np.testing.assert_allclose(validate.linear(validate.TEMPERATURE, stored, units), temp, rtol=1e-5)
+    np.testing.assert_allclose(linear(TEMPERATURE, stored, units), temp, rtol=1e-5)
     with pytest.raises(ValueError, match="'gas_vx'"):
-        validate.linear("gas_vx", stored, units)
+        linear("gas_vx", stored, units)
 
 
 @pytest.mark.parametrize(
@@ -275,11 +277,11 @@ def test_non_ml_baseline_is_the_filtered_generator_applied_to_the_input(tmp_path
     for gas in ("filtered", "nonlinear"):
         path = tmp_path / f"{gas}.h5"
         generate.main(["--out", str(path), "--size", "16", "--seed", "2", "--gas", gas])
-        hydro, attrs = validate.read_volume(path, "Hydro")
-        nbody, _ = validate.read_volume(path, "Nbody")
-        units = validate.units_from_files({path: attrs}, 16, {})
+        hydro, attrs = read_volume(path, "Hydro")
+        nbody, _ = read_volume(path, "Nbody")
+        units = units_from_files({path: attrs}, 16, {})
         assert units.k_jeans == 6.0 and units.sources["k_jeans"] == f"{gas}.h5:k_jeans_h_mpc"
-        metrics[gas] = validate.compute_metrics(hydro, hydro, nbody, units)
+        metrics[gas] = compute_metrics(hydro, hydro, nbody, units)
     m = metrics["filtered"]
     for name in ("gas_density", "gas_temperature"):
         s = m["power"][name]

@@ -2,8 +2,9 @@
 ``python -m tf_impl.predict --config cpu_tiny --weights W.npz --input vol.h5 --out pred.h5``.
 
 Mirrors :mod:`jax_impl.predict`: only the TensorFlow part lives here (load canonical weights or a
-run's latest checkpoint, apply the Keras model to batches of windows); reading, padding, tiling,
-stitching, the output file and the log lines are :mod:`shared_data.inference.predict`.
+run's latest checkpoint, apply the Keras model to batches of windows); reading, padding, the
+output file and the log lines are :mod:`shared_data.inference.predict`, tiling and stitching
+:mod:`shared_data.inference.tiling`, finding the weights :mod:`shared_data.inference.weights`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from shared_data.core import config as config_mod
 from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
 from shared_data.inference import predict as predict_mod
+from shared_data.inference import tiling
+from shared_data.inference import weights as weights_mod
 from shared_data.runtime.logs import native_lines_filtered
 from tf_impl import distribute
 from tf_impl import model as model_mod
@@ -38,17 +41,17 @@ def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[
         UserError: no checkpoint, or one that does not restore.
     """
     with Checkpoints(directory, run_cfg.keep_checkpoints, read_only=True) as checkpoints:
-        epoch = predict_mod.latest_checkpoint(checkpoints, workdir)
+        epoch = weights_mod.latest_checkpoint(checkpoints, workdir)
         model = checkpoints.restore_params(epoch, model_mod.build_model(run_cfg))
     return model_mod.params_to_canonical(model), epoch
 
 
 def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple[dict[str, np.ndarray], str]:
-    """:func:`shared_data.inference.predict.load_weights` with this framework's checkpoints."""
-    return predict_mod.load_weights(cfg, weights, workdir, restore_checkpoint)
+    """:func:`shared_data.inference.weights.load_weights` with this framework's checkpoints."""
+    return weights_mod.load_weights(cfg, weights, workdir, restore_checkpoint)
 
 
-def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> predict_mod.Apply:
+def make_apply(cfg: Config, weights: dict[str, np.ndarray]) -> tiling.Apply:
     """The forward pass of ``cfg``'s model with ``weights`` (XLA-compiled when ``enable_jit``):
     NDHWC float32 windows (B, w, w, w, N_in) -> (B, w, w, w, N_out) float32 NumPy. A Keras model
     has a fixed spatial shape, so one is built per window side."""
@@ -76,7 +79,7 @@ def forward_fn(cfg: Config):
     trainer's time-to-quality mode)."""
     models, forwards = {}, {}
 
-    def bind(model) -> predict_mod.Apply:
+    def bind(model) -> tiling.Apply:
         values, fresh = [tf.identity(v) for v in model.trainable_variables], set()
 
         def apply(x: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ the dark matter. No network given the dark matter can know m, so the temperature
 prediction reproduces. This script generates the held-out volume (``--size``, ``--seed``: the GPU
 recipes' ``val_128.h5``) and ``--draws`` more with the same dark matter and other draws of m (the
 module function patched here, in this process only), and scores them as ``validate`` scores a model
-(:func:`shared_data.inference.validate.compute_metrics`, physical units, the same k bins):
+(:func:`shared_data.inference.metrics.compute_metrics`, physical units, the same k bins):
 
 * r_12(k) of another draw against the held-out volume. With the gas = D + N (D fixed by the dark
   matter, N independent of it, same power in every draw), r_12 = P_D / (P_D + P_N), and the best
@@ -36,9 +36,10 @@ import numpy as np
 
 from shared_data.core.files import write_atomic
 from shared_data.data import cosmology, generate
-from shared_data.inference import validate
+from shared_data.inference.metrics import compute_metrics, to_json
+from shared_data.inference.units import DENSITY, TEMPERATURE, Units, linear, read_volume, units_from_files
 
-CHANNELS = (validate.DENSITY, validate.TEMPERATURE)
+CHANNELS = (DENSITY, TEMPERATURE)
 
 
 def make_volume(path: Path, size: int, seed: int, draw: int) -> None:
@@ -53,23 +54,23 @@ def make_volume(path: Path, size: int, seed: int, draw: int) -> None:
         cosmology.reionization_offset = original
 
 
-def mean_prediction(hydro: list[np.ndarray], units: validate.Units) -> np.ndarray:
+def mean_prediction(hydro: list[np.ndarray], units: Units) -> np.ndarray:
     """The draws' mean gas, channel by channel in physical units (density, temperature), stored back
     as the generator stores them (x = ln(rho) / density_scale, ln(T / T0) / temperature_scale); the
     other channels (velocities, linear in storage) averaged as stored. (C, L, L, L) float32."""
     stack = np.stack([h.astype(np.float64) for h in hydro])
     out = stack.mean(0)
     names = units.hydro_channels
-    d, t = names.index(validate.DENSITY), names.index(validate.TEMPERATURE)
-    out[d] = np.log(validate.linear(validate.DENSITY, stack[:, d], units).mean(0)) / units.density_scale
-    temperature = validate.linear(validate.TEMPERATURE, stack[:, t], units)
+    d, t = names.index(DENSITY), names.index(TEMPERATURE)
+    out[d] = np.log(linear(DENSITY, stack[:, d], units).mean(0)) / units.density_scale
+    temperature = linear(TEMPERATURE, stack[:, t], units)
     out[t] = np.log(temperature.mean(0) / units.temperature_T0) / units.temperature_scale
     return out.astype(np.float32)
 
 
 def scored(pred: np.ndarray, truth: np.ndarray, nbody: np.ndarray, units, k_max: float) -> dict:
     """Per channel, the k bins up to ``k_max`` (at least one mode) with r(k) and P ratio of ``pred``."""
-    power = validate.compute_metrics(pred, truth, nbody, units)["power"]
+    power = compute_metrics(pred, truth, nbody, units)["power"]
     out = {}
     for name in CHANNELS:
         s = power[name]
@@ -97,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     paths = [args.out / f"draw_{args.size}_{args.seed}_{j}.h5" for j in range(args.draws + 1)]
     for j, path in enumerate(paths):
         make_volume(path, args.size, args.seed, j)
-    truth, attrs = validate.read_volume(paths[0], "Hydro")
-    nbody, _ = validate.read_volume(paths[0], "Nbody")
-    units = validate.units_from_files({paths[0]: attrs}, truth.shape[1], {}, flags_given=False)
-    others = [validate.read_volume(path, "Hydro")[0] for path in paths[1:]]
+    truth, attrs = read_volume(paths[0], "Hydro")
+    nbody, _ = read_volume(paths[0], "Nbody")
+    units = units_from_files({paths[0]: attrs}, truth.shape[1], {}, flags_given=False)
+    others = [read_volume(path, "Hydro")[0] for path in paths[1:]]
 
     pairs = [scored(h, truth, nbody, units, args.k_max) for h in others]
     mean = scored(mean_prediction(others, units), truth, nbody, units, args.k_max)
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     record = {"size": args.size, "seed": args.seed, "draws": args.draws, "k_max": args.k_max, "channels": result}
-    write_atomic(args.out / "ceiling.json", json.dumps(validate.to_json(record), indent=1))
+    write_atomic(args.out / "ceiling.json", json.dumps(to_json(record), indent=1))
     write_atomic(args.out / "table.txt", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

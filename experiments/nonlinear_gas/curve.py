@@ -9,7 +9,7 @@ trainer's start) the last evaluation finished by then gives, for gas density and
 r(k) and the worst |P_pred/P_true - 1| over the k bins the target tests (k <= ``quality_k_max``, at least
 one mode); a mark past the run's end stays empty, and a last row "end" gives the run's last evaluation.
 The two baselines do not depend on the model: they are scored here on ``--val`` the way validate scores
-them (:func:`shared_data.inference.validate.compute_metrics` with the truth as the prediction): the
+them (:func:`shared_data.inference.metrics.compute_metrics` with the truth as the prediction): the
 dark matter as gas, and the non-ML baseline (Jeans-filtered dark matter with the mean
 temperature-density relation). Prints a markdown table; ``--json`` also writes it as records.
 
@@ -41,9 +41,11 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core import config as config_mod
-from shared_data.inference import quality, validate
+from shared_data.inference import quality
+from shared_data.inference.metrics import compute_metrics
+from shared_data.inference.units import DENSITY, TEMPERATURE, read_volume, units_from_files
 
-CHANNELS = {validate.DENSITY: "rho", validate.TEMPERATURE: "T"}
+CHANNELS = {DENSITY: "rho", TEMPERATURE: "T"}
 
 
 def worst(k, n, r, ratio, k_max: float) -> tuple[float, float]:
@@ -55,10 +57,10 @@ def worst(k, n, r, ratio, k_max: float) -> tuple[float, float]:
 
 def baselines(val: Path, k_max: float) -> dict[str, dict[str, tuple[float, float]]]:
     """Baseline tag -> channel -> (worst r, worst |P ratio - 1|) on the volume ``val``."""
-    truth, attrs = validate.read_volume(val, "Hydro")
-    nbody, _ = validate.read_volume(val, "Nbody")
-    units = validate.units_from_files({val: attrs}, truth.shape[1], {}, flags_given=False)
-    metrics = validate.compute_metrics(truth, truth, nbody, units)
+    truth, attrs = read_volume(val, "Hydro")
+    nbody, _ = read_volume(val, "Nbody")
+    units = units_from_files({val: attrs}, truth.shape[1], {}, flags_given=False)
+    metrics = compute_metrics(truth, truth, nbody, units)
     out = {}
     for tag in ("baseline", "non_ml"):
         out[tag] = {}
@@ -192,7 +194,7 @@ def rejudge(evaluation: dict, target: quality.Target) -> dict:
             )
         s = {"k": k, "n_modes": [1] * len(k), "r_pred": c["r"], "ratio_pred": c["ratio"]}
         for tag, wanted in (
-            ("baseline", target.beat_baseline and name == validate.TEMPERATURE),
+            ("baseline", target.beat_baseline and name == TEMPERATURE),
             ("non_ml", target.beat_non_ml),
         ):
             if c.get(f"r_{tag}") is not None:

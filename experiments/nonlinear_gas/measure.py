@@ -6,7 +6,7 @@ Reads a generated volume (``--volume``; made with ``python -m shared_data.data.g
 ``--size`` / ``--seed``) and writes into ``--out``:
 
 * ``properties.json``: per k shell (validate's bins, up to ``--k_max`` h/Mpc) the r(k) of the two
-  baselines of :mod:`shared_data.inference.validate` with the gas density and the temperature (the
+  baselines of :mod:`shared_data.inference.metrics` with the gas density and the temperature (the
   dark matter as gas, and the non-ML baseline: Jeans-filtered dark matter with the mean T-rho
   relation); the scatter (standard deviation) of log10 T in bins of 0.1 dex of gas density above
   ``--overdensity`` (1 + delta > 1 + 3 by default); the gas mass fraction above 1e5 K, in
@@ -33,7 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from shared_data.data import cosmology, generate
-from shared_data.inference import validate
+from shared_data.inference.metrics import compute_metrics, k_edges
+from shared_data.inference.units import DENSITY, TEMPERATURE, linear, read_volume, units_from_files
 
 MIN_VOXELS = 100
 
@@ -53,16 +54,16 @@ def scatter_at_fixed_density(log_rho: np.ndarray, log_t: np.ndarray, lowest: flo
 
 def measure(path: Path, k_max: float, overdensity: float) -> dict:
     """The properties of the module docstring for the volume at ``path``."""
-    hydro, attrs = validate.read_volume(path, "Hydro")
-    nbody, _ = validate.read_volume(path, "Nbody")
+    hydro, attrs = read_volume(path, "Hydro")
+    nbody, _ = read_volume(path, "Nbody")
     side = hydro.shape[1]
-    units = validate.units_from_files({path: attrs}, side, {})
-    m = validate.compute_metrics(hydro, hydro, nbody, units)
-    rho = validate.linear(validate.DENSITY, hydro[0], units)
-    temp = validate.linear(validate.TEMPERATURE, hydro[1], units)
+    units = units_from_files({path: attrs}, side, {})
+    m = compute_metrics(hydro, hydro, nbody, units)
+    rho = linear(DENSITY, hydro[0], units)
+    temp = linear(TEMPERATURE, hydro[1], units)
     mass = rho / rho.sum()
     shells = {}
-    for name in (validate.DENSITY, validate.TEMPERATURE):
+    for name in (DENSITY, TEMPERATURE):
         s = m["power"][name]
         sel = np.asarray(s["k"]) <= k_max
         shells[name] = {
@@ -73,13 +74,11 @@ def measure(path: Path, k_max: float, overdensity: float) -> dict:
     log_rho, log_t = np.log10(rho / rho.mean()), np.log10(temp)
     scatter = scatter_at_fixed_density(log_rho.ravel(), log_t.ravel(), np.log10(1 + overdensity))
     checked = [b for b in scatter if b["voxels"] >= MIN_VOXELS]
-    k_rho = np.asarray(shells[validate.DENSITY]["k"])
-    r_rho = np.asarray(shells[validate.DENSITY]["r_dm_as_gas"])
+    k_rho = np.asarray(shells[DENSITY]["k"])
+    r_rho = np.asarray(shells[DENSITY]["r_dm_as_gas"])
     checks = {
         "density_r_below_0.95_from_k_3": bool((r_rho[k_rho >= 3.0] < 0.95).all()),
-        "temperature_r_below_0.9_every_shell": bool(
-            (np.asarray(shells[validate.TEMPERATURE]["r_dm_as_gas"]) < 0.9).all()
-        ),
+        "temperature_r_below_0.9_every_shell": bool((np.asarray(shells[TEMPERATURE]["r_dm_as_gas"]) < 0.9).all()),
         "scatter_above_0.2_dex_above_overdensity": bool(checked) and all(b["std_log10_T"] > 0.2 for b in checked),
         "scatter_bins_left_out": [b["log10_rho"] for b in scatter if b["voxels"] < MIN_VOXELS],
     }
@@ -119,13 +118,13 @@ def figure(path: Path, volume: Path, props: dict) -> None:
 
     from shared_data.core.files import atomic_path
 
-    hydro, attrs = validate.read_volume(volume, "Hydro")
-    nbody, _ = validate.read_volume(volume, "Nbody")
-    units = validate.units_from_files({volume: attrs}, hydro.shape[1], {})
-    rho = validate.linear(validate.DENSITY, hydro[0], units)
+    hydro, attrs = read_volume(volume, "Hydro")
+    nbody, _ = read_volume(volume, "Nbody")
+    units = units_from_files({volume: attrs}, hydro.shape[1], {})
+    rho = linear(DENSITY, hydro[0], units)
     rho_dm = np.exp(units.density_scale * nbody[0].astype(np.float64))
-    temp = validate.linear(validate.TEMPERATURE, hydro[1], units)
-    box, edges = props["box_mpc_h"], validate.k_edges(hydro.shape[1], units.voxel_size)
+    temp = linear(TEMPERATURE, hydro[1], units)
+    box, edges = props["box_mpc_h"], k_edges(hydro.shape[1], units.voxel_size)
     fig, (ax_phase, ax_rho, ax_t, ax_v) = plt.subplots(1, 4, figsize=(20, 4.6))
     h, xe, ye = np.histogram2d(
         np.log10(rho / rho.mean()).ravel(), np.log10(temp).ravel(), bins=120, weights=(rho / rho.sum()).ravel()
@@ -192,7 +191,7 @@ def table(props: dict) -> str:
     rows.append(
         "k [h/Mpc] | density r (DM as gas) | density r (non-ML) | temperature r (DM as gas) | temperature r (non-ML)"
     )
-    d, t = props["shells"][validate.DENSITY], props["shells"][validate.TEMPERATURE]
+    d, t = props["shells"][DENSITY], props["shells"][TEMPERATURE]
     for i, k in enumerate(d["k"]):
         nd = "-" if d["r_non_ml"] is None else f"{d['r_non_ml'][i]:.4f}"
         nt = "-" if t["r_non_ml"] is None else f"{t['r_non_ml'][i]:.4f}"

@@ -10,7 +10,7 @@ gives the conditional geometric mean. This script stands in for "given the input
 the dark matter of ``--volume`` (its log density and its velocity divergence, each smoothed with a
 Gaussian of ``--sigma`` voxels), cuts them into ``--bins`` x ``--bins`` equal-count bins, and predicts
 each voxel's temperature by the bin's median, mean and geometric mean of T (K). Each prediction is
-scored as ``validate`` scores a model (:func:`shared_data.inference.validate.compute_metrics`, the
+scored as ``validate`` scores a model (:func:`shared_data.inference.metrics.compute_metrics`, the
 temperature in physical units, the same k bins): its P ratio and r(k). A two-phase temperature (warm
 and shock-heated gas at the same dark-matter features) has a conditional median that jumps between
 the phases where their odds cross 1:1, which a mean does not.
@@ -29,7 +29,8 @@ import numpy as np
 
 from shared_data.core.files import write_atomic
 from shared_data.data import cosmology
-from shared_data.inference import validate
+from shared_data.inference.metrics import compute_metrics
+from shared_data.inference.units import TEMPERATURE, linear, read_volume, units_from_files
 
 PREDICTORS = ("median", "mean", "geometric mean")
 
@@ -81,11 +82,11 @@ def main(argv=None) -> int:
     if not args.volume.is_file():
         print(f"error: {args.volume}: no such file", file=sys.stderr)
         return 2
-    truth, attrs = validate.read_volume(args.volume, "Hydro")
-    nbody, _ = validate.read_volume(args.volume, "Nbody")
-    units = validate.units_from_files({args.volume: attrs}, truth.shape[1], {}, flags_given=False)
-    t_idx = units.hydro_channels.index(validate.TEMPERATURE)
-    temperature = validate.linear(validate.TEMPERATURE, truth[t_idx].astype(np.float64), units)
+    truth, attrs = read_volume(args.volume, "Hydro")
+    nbody, _ = read_volume(args.volume, "Nbody")
+    units = units_from_files({args.volume: attrs}, truth.shape[1], {}, flags_given=False)
+    t_idx = units.hydro_channels.index(TEMPERATURE)
+    temperature = linear(TEMPERATURE, truth[t_idx].astype(np.float64), units)
     log_rho = smooth(nbody[0].astype(np.float64), args.sigma)
     div = smooth(divergence(nbody[1:4].astype(np.float64)), args.sigma)
     predictions = binned_predictions([log_rho, div], temperature, args.bins)
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
         pred = truth.copy()
         stored = np.log(predictions[name] / units.temperature_T0) / units.temperature_scale  # the generator's transform
         pred[t_idx] = stored.astype(np.float32)
-        s = validate.compute_metrics(pred, truth, nbody, units)["power"][validate.TEMPERATURE]
+        s = compute_metrics(pred, truth, nbody, units)["power"][TEMPERATURE]
         k = np.asarray(s["k"], np.float64)
         sel = (k <= args.k_max) & (np.asarray(s["n_modes"]) > 0)
         r, ratio = np.asarray(s["r_pred"], np.float64)[sel], np.asarray(s["ratio_pred"], np.float64)[sel]

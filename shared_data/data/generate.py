@@ -61,7 +61,7 @@ def attributes(args: argparse.Namespace, cosmo: cosmology.Cosmology, k_nl: float
 
     The transforms are given as text (``transforms``) and as numbers (``density_scale``,
     ``rho_floor``, ``temperature_scale`` with ``igm_T0_K``, ``velocity_scale_km_s``), which
-    :mod:`shared_data.inference.validate` reads to return to physical units.
+    :mod:`shared_data.inference.units` reads to return to physical units.
     """
     transforms = {
         "density": f"x = ln(max(rho/rho_mean, {RHO_FLOOR})) / {DENSITY_SCALE}; rho/rho_mean = exp({DENSITY_SCALE} x)",

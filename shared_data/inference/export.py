@@ -26,6 +26,8 @@ from shared_data.core.config import Config
 from shared_data.core.errors import UserError
 from shared_data.core.files import check_not_input, check_writable, one_set_or_none, write_atomic, writing
 from shared_data.inference import predict as predict_mod
+from shared_data.inference import tiling
+from shared_data.inference import weights as weights_mod
 from shared_data.runtime import memory
 from shared_data.runtime.logs import setup_logging
 from shared_data.runtime.records import code_version
@@ -39,7 +41,7 @@ def build_parser(framework: str) -> argparse.ArgumentParser:
     name = {"jax": "JAX (jax.export)", "tf": "TensorFlow (SavedModel and .keras)"}[framework]
     p = make_parser(f"{framework}_impl.export", f"Export the U-Net: {name}.")
     predict_mod.add_config_args(p)
-    predict_mod.add_weights_args(p)
+    weights_mod.add_weights_args(p)
     g = p.add_argument_group("export")
     g.add_argument("--out", required=True, help="output folder (created; its export files are replaced)")
     g.add_argument(
@@ -60,7 +62,7 @@ def check_size(cfg: Config, size: int | None) -> int | None:
         UserError: ``size`` is not a positive multiple of ``2**levels`` or lies above the largest crop
             side (``MAXIMA["crop_size"]`` of :mod:`shared_data.core.config_checks`), the same in both frameworks.
     """
-    align, largest = predict_mod.alignment(cfg), config_checks.MAXIMA["crop_size"]
+    align, largest = tiling.alignment(cfg), config_checks.MAXIMA["crop_size"]
     if size is not None and (size < align or size % align or size > largest):
         raise UserError(f"--size {size}: expected a multiple of 2**levels = {align} from {align} to {largest}")
     return size
@@ -73,7 +75,7 @@ def signature(cfg: Config, size: int | None) -> dict:
     return {
         "input": {"shape": shape(cfg.N_in_channels), "dtype": "float32", "layout": "NDHWC"},
         "output": {"shape": shape(cfg.N_out_channels), "dtype": "float32", "layout": "NDHWC"},
-        "side_multiple_of": predict_mod.alignment(cfg),
+        "side_multiple_of": tiling.alignment(cfg),
     }
 
 
@@ -104,7 +106,7 @@ def main(
     out = Path(args.out)
     check_writable(out, "--out", folder=True)
     outputs = {f"--out's {name}": out / name for name in [*files, RECORD]}
-    check_not_input(outputs, predict_mod.weights_inputs(args), "export")
+    check_not_input(outputs, weights_mod.weights_inputs(args), "export")
     memory.check_address_space(
         framework, "export", "restoring the weights and tracing the model", memory.EXPORT_RESERVE_BYTES,
         "nothing is written",

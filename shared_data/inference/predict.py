@@ -4,28 +4,16 @@
     python -m tf_impl.predict  --config cpu_tiny --workdir runs/cpu_tiny/tf --input data/val_64.h5 --out pred.h5
 
 Both frameworks' ``predict`` run :func:`main`; each supplies only its framework part: load the
-weights (a canonical ``.npz`` file or a run's latest checkpoint) and apply the network to a batch of
-windows. This module owns everything else: reading the input, padding, the tiling plan, stitching,
-the output file and the log lines, so the two commands take the same flags and print the same lines.
+weights (a canonical ``.npz`` file or a run's latest checkpoint, :mod:`shared_data.inference.weights`)
+and apply the network to a batch of windows. This module owns the command line (the config flags
+``export`` shares too), reading the input, the output file and the log lines, so the two commands
+take the same flags and print the same lines; the windows and their stitching are
+:mod:`shared_data.inference.tiling`.
 
 Input: a file of the dataset contract (:mod:`shared_data.data.dataset`); only ``Nbody`` (N_in, L, L, L)
-float32 channel-first is read (``Hydro`` may be absent), so any cubic side works.
-
-Side: the network halves the volume ``levels`` times, so a side must be a multiple of
-``align = 2**levels``. Another side is zero-padded at the high end of each axis up to the next
-multiple (zero is the stored value of mean density and rest: the transforms of
-:mod:`shared_data.data.generate`) and the prediction is cropped back; one log line says so. Voxels within
-the receptive margin of the padded faces then see the padding instead of the (absent) volume beyond.
-
-Tiling: a U-Net output voxel depends on the input within ``receptive_margin(cfg)`` = 3 (2**levels - 1)
-voxels per side (:func:`shared_data.model.unet_spec.receptive_margin`), and the network's arithmetic is
-periodic with period ``align``. A window whose origin is a multiple of ``align`` therefore computes
-the whole-volume result exactly (to float round-off) at every voxel whose distance to the window's
-inner faces is at least the margin; at a face shared with the volume the window's zero padding is the
-volume's. :func:`axis_plan` places equal windows so that each voxel is taken from one such position:
-the tiled prediction equals the whole-volume prediction everywhere, not just away from the faces.
-The default ``overlap`` is the margin (seamless); a smaller one is accepted with a warning (tiles
-of the training crop size with overlap 0 reproduce crop-wise prediction, seams included).
+float32 channel-first is read (``Hydro`` may be absent), so any cubic side works. A side that is not a
+multiple of ``2**levels`` is zero-padded and the prediction cropped back; one log line says so. The
+default ``--overlap`` is the receptive margin (seamless); a smaller one is accepted with a warning.
 
 Output: an HDF5 file with dataset ``Hydro`` (N_out, L, L, L) float32 channel-first, in the stored
 (transformed) units of the input's targets, the input file's attributes copied (channel names,
@@ -37,9 +25,7 @@ written atomically.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
-import itertools
 import json
 import logging
 import time
@@ -49,134 +35,25 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core import config as config_mod
-from shared_data.core import config_checks, config_cli
+from shared_data.core import config_cli
 from shared_data.core.commands import make_parser
 from shared_data.core.config import Config
-from shared_data.core.errors import ConfigError, DatasetError, UserError
+from shared_data.core.errors import DatasetError, UserError
 from shared_data.core.files import check_not_input, check_writable, write_atomic, writing
 from shared_data.data import dataset
+from shared_data.inference import tiling
+from shared_data.inference.weights import add_weights_args, weights_inputs
 from shared_data.model import unet_spec
 from shared_data.runtime import memory
-from shared_data.runtime.logs import progress as progress_bar
 from shared_data.runtime.logs import setup_logging
 from shared_data.runtime.records import code_version
 
 log = logging.getLogger("dlas.predict")
 
 PRECISIONS = ("float32", "bfloat16")
-DEFAULT_MEMORY_GB = 16.0
-#: Model keys that decide the shapes of the weights (a checkpoint restores only into the same ones).
-MODEL_KEYS = ("N_in_channels", "N_out_channels", "unet_widths", "full_scale")
-
-#: An ``apply`` function: NDHWC float32 windows (B, w, w, w, N_in) -> (B, w, w, w, N_out) float32.
-Apply = Callable[[np.ndarray], np.ndarray]
 
 
-# --- geometry --------------------------------------------------------------------------------
-
-
-def alignment(cfg: Config) -> int:
-    """``2**levels``: every side the network takes, and every window origin, is a multiple of it."""
-    return 2 ** len(unet_spec.encoder_widths(cfg))
-
-
-def padded_side(size: int, align: int) -> int:
-    """``size`` rounded up to a multiple of ``align``."""
-    return -(-size // align) * align
-
-
-def min_window(overlap: int, align: int) -> int:
-    """The smallest window side (a multiple of ``align``) with which :func:`axis_plan` always makes
-    progress: ``window >= 2 overlap + align`` (a window origin rounds down by up to ``align - 1``)."""
-    return padded_side(2 * overlap + align, align)
-
-
-def axis_plan(size: int, window: int, overlap: int, align: int) -> list[tuple[int, int, int]]:
-    """The windows along one axis of a (padded) side ``size``: ``(start, lo, hi)`` per window, the
-    window covering ``[start, start + window)`` and giving the output voxels ``[lo, hi)``.
-
-    The ``[lo, hi)`` partition ``[0, size)``. Each ``start`` is a multiple of ``align`` and lies at
-    least ``overlap`` below ``lo`` unless it is 0; each window ends at least ``overlap`` above ``hi``
-    unless it ends at ``size``. ``window >= size`` gives one window, the whole side.
-
-    Raises:
-        ValueError: ``size`` or ``window`` is not a multiple of ``align``, or ``window`` is below
-            :func:`min_window` and less than ``size``.
-    """
-    if size % align or window % align:
-        raise ValueError(f"size {size} and window {window} must be multiples of {align}")
-    if window >= size:
-        return [(0, 0, size)]
-    if window < min_window(overlap, align):
-        raise ValueError(f"window {window} is below the smallest {min_window(overlap, align)} for overlap {overlap}")
-    plan, lo = [], 0
-    while lo < size:
-        start = min(max((lo - overlap) // align * align, 0), size - window)
-        hi = size if start + window == size else start + window - overlap
-        plan.append((start, lo, hi))
-        lo = hi
-    return plan
-
-
-@dataclasses.dataclass(frozen=True)
-class Tile:
-    """One window of a 3-D plan: origin ``start`` (voxels, x y z), output box ``[lo, hi)`` per axis."""
-
-    start: tuple[int, int, int]
-    lo: tuple[int, int, int]
-    hi: tuple[int, int, int]
-
-
-def tile_plan(size: int, window: int, overlap: int, align: int) -> list[Tile]:
-    """The 3-D plan of a cubic (padded) side: the product of :func:`axis_plan` over x, y, z."""
-    axis = axis_plan(size, window, overlap, align)
-    return [Tile(*zip(*parts)) for parts in itertools.product(axis, axis, axis)]
-
-
-def activation_bytes(cfg: Config, side: int, batch: int = 1, precision: str = "float32") -> int:
-    """Estimated device memory of a forward pass of ``batch`` windows of ``side``^3: the input
-    (float32) plus, in the compute type, twice every conv layer's output (its intermediates, the
-    decoder's concatenations), as if all were alive at once. An upper-side estimate for choosing
-    a tile size, not a measurement."""
-    item = 2 if precision == "bfloat16" else 4
-    acts = sum(2 * s.out_size**3 * s.c_out for s in unet_spec.layer_specs(cfg, side))
-    return batch * (4 * side**3 * cfg.N_in_channels + item * acts)
-
-
-def choose_window(cfg: Config, side: int, tile: int | None, overlap: int, precision: str, memory_gb: float) -> int:
-    """The window side for a padded volume side ``side``: ``tile`` when given (0 or >= ``side``: the
-    whole volume), else the whole volume if :func:`activation_bytes` fits in ``memory_gb``, else the
-    largest window that fits.
-
-    Raises:
-        ConfigError: ``tile`` is not a multiple of the alignment or is too small for ``overlap``;
-            no window fits in ``memory_gb``.
-    """
-    align = alignment(cfg)
-    smallest = min_window(overlap, align)
-    if tile is not None:
-        if tile == 0 or tile >= side:
-            return side
-        if tile % align or tile < smallest:
-            raise ConfigError(
-                f"--tile {tile}: a tile side must be a multiple of 2**levels = {align} and at least "
-                f"{smallest} (2 x overlap {overlap} + {align}, rounded up), or 0 for the whole volume"
-            )
-        return tile
-    budget = memory_gb * 2**30
-    if activation_bytes(cfg, side, 1, precision) <= budget:
-        return side
-    for window in range(side - align, smallest - 1, -align):
-        if activation_bytes(cfg, window, 1, precision) <= budget:
-            return window
-    need = activation_bytes(cfg, min(smallest, side), 1, precision) / 2**30
-    raise ConfigError(
-        f"--memory_gb {memory_gb:g}: even the smallest seamless tile ({smallest}^3, overlap {overlap}) needs "
-        f"~{need:.1f} GiB; raise --memory_gb or give --tile and a smaller --overlap (seams)"
-    )
-
-
-# --- reading, stitching, writing --------------------------------------------------------------
+# --- reading and writing ----------------------------------------------------------------------
 
 
 def read_input(path: str | Path, n_in: int) -> tuple[np.ndarray, dict]:
@@ -213,37 +90,6 @@ def read_input(path: str | Path, n_in: int) -> tuple[np.ndarray, dict]:
     return np.ascontiguousarray(np.moveaxis(nbody, 0, -1)), attrs
 
 
-def predict_volume(
-    x: np.ndarray,
-    apply: Apply,
-    n_out: int,
-    window: int,
-    overlap: int,
-    align: int,
-    batch_size: int = 1,
-    progress: bool = False,
-) -> tuple[np.ndarray, int]:
-    """Predict a (padded) volume ``x`` (L, L, L, N_in) float32 with ``apply``, window by window of
-    :func:`tile_plan`, batches of ``batch_size`` windows (the last one padded with zeros, so every
-    call has one shape); return the stitched (L, L, L, n_out) float32 and the number of windows.
-    ``progress``: a progress bar over the batches of windows on a terminal (none in a log)."""
-    size = x.shape[0]
-    plan = tile_plan(size, min(window, size), overlap, align)
-    w = min(window, size)
-    out = np.empty((size, size, size, n_out), np.float32)
-    starts = range(0, len(plan), batch_size)
-    for i in progress_bar(starts, len(starts), f"{len(plan)} windows, batches of {batch_size}", progress):
-        tiles = plan[i : i + batch_size]
-        batch = np.zeros((batch_size, w, w, w, x.shape[-1]), np.float32)
-        for b, t in enumerate(tiles):
-            batch[b] = x[tuple(slice(s, s + w) for s in t.start)]
-        y = np.asarray(apply(batch), np.float32)
-        for b, t in enumerate(tiles):
-            src = tuple(slice(lo - s, hi - s) for s, lo, hi in zip(t.start, t.lo, t.hi))
-            out[tuple(slice(lo, hi) for lo, hi in zip(t.lo, t.hi))] = y[b][src]
-    return out, len(plan)
-
-
 def write_prediction(path: str | Path, hydro: np.ndarray, attrs: dict) -> None:
     """Write ``hydro`` (L, L, L, N_out) as dataset ``Hydro`` (N_out, L, L, L) float32, chunks
     (1, c, c, c) with c = min(32, L), and ``attrs`` (JSON text for dicts and lists), atomically. The
@@ -266,7 +112,23 @@ def write_prediction(path: str | Path, hydro: np.ndarray, attrs: dict) -> None:
         write_atomic(path, image.getvalue())
 
 
-# --- weights and configs ------------------------------------------------------------------------
+def check_prediction(hydro: np.ndarray, source: str) -> None:
+    """Check a prediction (L, L, L, N_out) before it is written: the network ends in tanh, so a
+    NaN or inf comes from weights or an input the network overflowed on.
+
+    Raises:
+        UserError: the first non-finite voxel and channel, and how many there are; nothing is written.
+    """
+    bad = dataset.first_bad(hydro, np.inf)
+    if bad is not None:
+        count = int((~np.isfinite(hydro)).sum())
+        raise UserError(
+            f"the prediction with {source} holds {hydro[bad]} at voxel {bad[:3]}, channel {bad[3]} "
+            f"({count} of {hydro.size} values not finite): the network overflowed; nothing was written"
+        )
+
+
+# --- the config and the command line -----------------------------------------------------------
 
 
 def prediction_config(cfg: Config, precision: str) -> Config:
@@ -277,102 +139,6 @@ def prediction_config(cfg: Config, precision: str) -> Config:
         amp_dtype="bfloat16" if precision == "bfloat16" else cfg.amp_dtype,
         grad_allreduce_dtype="float32",
     )
-
-
-def checkpoint_dir(workdir: str | Path) -> Path:
-    """``<workdir>/checkpoints``.
-
-    Raises:
-        UserError: ``workdir`` or its ``checkpoints`` folder does not exist.
-    """
-    directory = Path(workdir) / "checkpoints"
-    if not directory.is_dir():
-        raise UserError(f"--workdir {workdir}: no checkpoints folder {directory} (a run folder of the trainer?)")
-    return directory
-
-
-def checkpoint_config(cfg: Config, workdir: str | Path) -> Config:
-    """The config a run in ``workdir`` trained with (its ``run.json``), which decides the structure of
-    its checkpoints (optimizer state, fp16 loss scale); ``cfg`` itself when there is no ``run.json``.
-
-    Raises:
-        ConfigError: the run's model keys (:data:`MODEL_KEYS`) differ from ``cfg``'s.
-    """
-    from shared_data.runtime.records import read_run_info
-
-    values = read_run_info(Path(workdir)).get("config_values")
-    if not isinstance(values, dict):
-        return cfg
-    # a key the run's config lacks (added to the kit after the run) takes ``cfg``'s value
-    run_cfg = config_checks.make_config({**config_mod.config_dict(cfg), **values}, cfg.name, f"{workdir}/run.json")
-    for key in MODEL_KEYS:
-        if getattr(run_cfg, key) != getattr(cfg, key):
-            raise ConfigError(
-                f"--workdir {workdir} was trained with {key} = {getattr(run_cfg, key)!r}, config "
-                f"{cfg.name!r} has {getattr(cfg, key)!r}: pass the run's --config"
-            )
-    return run_cfg
-
-
-def latest_checkpoint(checkpoints, workdir: str | Path) -> int:
-    """The newest epoch of a framework's ``Checkpoints`` (``epochs()``).
-
-    Raises:
-        UserError: there is none.
-    """
-    epochs = checkpoints.epochs()
-    if not epochs:
-        raise UserError(f"--workdir {workdir}: no checkpoint in {checkpoint_dir(workdir)}")
-    return epochs[-1]
-
-
-Restore = Callable[[Config, Path, str], tuple[dict[str, np.ndarray], int]]
-
-
-def load_weights(
-    cfg: Config, weights: str | None, workdir: str | None, restore: Restore
-) -> tuple[dict[str, np.ndarray], str]:
-    """Canonical weights from the ``.npz`` file ``weights``, or those the run in ``workdir`` evaluated
-    (:func:`run_weights`: with ``ema_decay`` the weight average, which its checkpoints do not hold),
-    else its latest checkpoint through a framework's ``restore(run_cfg, checkpoints_folder, workdir) ->
-    (canonical weights, epoch)``; and their description, naming which.
-
-    Raises:
-        UserError: a missing or mismatched weights file, no checkpoint, a checkpoint of another config,
-            weights holding NaN or inf (:func:`shared_data.model.unet_spec.check_finite_weights`).
-    """
-    if weights:
-        return unet_spec.load_weights(weights, cfg), describe_weights(weights, None)
-    directory = checkpoint_dir(workdir)
-    run_cfg = checkpoint_config(cfg, workdir)
-    evaluated = run_weights(workdir)
-    if evaluated is not None:
-        what = "the weight average it evaluated" if run_cfg.ema_decay else "its final weights"
-        return unet_spec.load_weights(evaluated, cfg), f"the run's {evaluated.absolute()} ({what})"
-    canonical, epoch = restore(run_cfg, directory, workdir)
-    if run_cfg.ema_decay:
-        log.warning(
-            "the run in %s evaluated a weight average (ema_decay %g) and left no current weights.npz: its "
-            "checkpoint holds the trained weights, not that average",
-            workdir,
-            run_cfg.ema_decay,
-        )
-    unet_spec.check_finite_weights(canonical, f"the checkpoint of epoch {epoch} in {directory}")
-    return canonical, describe_weights(None, workdir, epoch)
-
-
-def run_weights(workdir: str | Path) -> Path | None:
-    """``<workdir>/weights.npz`` when the run's end wrote it after its newest checkpoint (the weights
-    the run evaluated: the trainer writes them there at its end for a run with a weight average or a
-    quality target, or with ``--save_weights`` into the run folder), else None."""
-    path = Path(workdir) / "weights.npz"
-    if not path.is_file():
-        return None
-    saved = [f.stat().st_mtime for f in (Path(workdir) / "checkpoints").rglob("*") if f.is_file()]
-    return path if not saved or max(saved) <= path.stat().st_mtime else None
-
-
-# --- the command line ----------------------------------------------------------------------------
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -386,17 +152,6 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="XLA compilation of TF's forward pass, as the trainers' flag (JAX always compiles)",
-    )
-
-
-def add_weights_args(parser: argparse.ArgumentParser) -> None:
-    """``--weights`` (a canonical ``.npz``) or ``--workdir`` (a run folder: :func:`load_weights`), one required."""
-    g = parser.add_argument_group("weights").add_mutually_exclusive_group(required=True)
-    g.add_argument("--weights", help="canonical weights file (.npz), e.g. the trainer's --save_weights")
-    g.add_argument(
-        "--workdir",
-        help="a training run folder: the weights it evaluated (its weights.npz, written at the run's end), "
-        "else its latest checkpoint",
     )
 
 
@@ -427,19 +182,11 @@ def build_parser(framework: str) -> argparse.ArgumentParser:
     g.add_argument(
         "--memory_gb",
         type=float,
-        default=DEFAULT_MEMORY_GB,
+        default=tiling.DEFAULT_MEMORY_GB,
         help="activation budget that picks whole-volume vs tiles when --tile is not given (default: %(default)s)",
     )
     g.add_argument("--validate", metavar="DIR", help="then validate against the input's Hydro into DIR")
     return p
-
-
-def weights_inputs(args: argparse.Namespace) -> dict[str, str | Path | None]:
-    """The files ``predict`` and ``export`` read their weights from: ``--weights``, or the run
-    folder's ``run.json``, ``checkpoints`` and ``weights.npz`` of ``--workdir``."""
-    if args.weights:
-        return {"--weights": args.weights}
-    return {f"--workdir's {name}": Path(args.workdir) / name for name in ("run.json", "checkpoints", "weights.npz")}
 
 
 def prediction_outputs(args: argparse.Namespace) -> dict[str, str | Path | None]:
@@ -483,7 +230,7 @@ def main(
     *,
     banner: str,
     load_weights: Callable[[Config, str | None, str | None], tuple[dict, str]],
-    make_apply: Callable[[Config, dict], Apply],
+    make_apply: Callable[[Config, dict], tiling.Apply],
     versions: Callable[[], dict],
 ) -> int:
     """The ``predict`` command of both frameworks: parse, load the weights (``load_weights(cfg,
@@ -492,13 +239,13 @@ def main(
     args = build_parser(framework).parse_args(argv)
     setup_logging()
     cfg = prediction_config(config_from_args(args), args.precision)
-    align, margin = alignment(cfg), unet_spec.receptive_margin(cfg)
+    align, margin = tiling.alignment(cfg), unet_spec.receptive_margin(cfg)
     check_args(args, margin)
     overlap = margin if args.overlap is None else args.overlap
     x, attrs = read_input(args.input, cfg.N_in_channels)
     side = x.shape[0]
-    size = padded_side(side, align)
-    window = choose_window(cfg, size, args.tile, overlap, args.precision, args.memory_gb)
+    size = tiling.padded_side(side, align)
+    window = tiling.choose_window(cfg, size, args.tile, overlap, args.precision, args.memory_gb)
     memory.check_address_space(
         framework,
         "predict",
@@ -538,7 +285,7 @@ def main(
             )
     apply = make_apply(cfg, weights)
     t0 = time.perf_counter()
-    hydro, tiles = predict_volume(
+    hydro, tiles = tiling.predict_volume(
         x, apply, cfg.N_out_channels, window, overlap, align, args.batch_size, progress=window < size
     )
     seconds = time.perf_counter() - t0
@@ -572,26 +319,3 @@ def main(
 
         validate.validate_files(args.out, args.input, args.validate)
     return 0
-
-
-def check_prediction(hydro: np.ndarray, source: str) -> None:
-    """Check a prediction (L, L, L, N_out) before it is written: the network ends in tanh, so a
-    NaN or inf comes from weights or an input the network overflowed on.
-
-    Raises:
-        UserError: the first non-finite voxel and channel, and how many there are; nothing is written.
-    """
-    bad = dataset.first_bad(hydro, np.inf)
-    if bad is not None:
-        count = int((~np.isfinite(hydro)).sum())
-        raise UserError(
-            f"the prediction with {source} holds {hydro[bad]} at voxel {bad[:3]}, channel {bad[3]} "
-            f"({count} of {hydro.size} values not finite): the network overflowed; nothing was written"
-        )
-
-
-def describe_weights(weights: str | None, workdir: str | None, epoch: int | None = None) -> str:
-    """The one-phrase description of where weights come from, as logged and recorded."""
-    if weights:
-        return f"weights {Path(weights).absolute()}"
-    return f"checkpoint {Path(workdir).absolute() / 'checkpoints'} epoch {epoch}"

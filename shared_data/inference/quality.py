@@ -5,8 +5,8 @@
 MLPerf-HPC style (its rules time a run from its start to the evaluation that reaches the target): with
 ``quality_every_epochs: N`` (> 0) the trainer predicts the whole validation volume (``val_path``)
 after every N-th epoch with the model as it stands (its weight average when ``ema_decay`` is on),
-through the full-volume code path of ``predict`` (:func:`shared_data.inference.predict.predict_volume`,
-seamless windows, float32 compute), scores it with :func:`shared_data.inference.validate.compute_metrics`
+through the full-volume code path of ``predict`` (:func:`shared_data.inference.tiling.predict_volume`,
+seamless windows, float32 compute), scores it with :func:`shared_data.inference.metrics.compute_metrics`
 and tests the target of :class:`Target`:
 
 * for gas density and gas temperature, in every k bin (centre k <= ``quality_k_max`` h/Mpc, at least
@@ -16,7 +16,7 @@ and tests the target of :class:`Target`:
 * with ``quality_beat_baseline``: temperature r(k) >= the dark-matter baseline's r(k) in those bins;
 * with ``quality_beat_non_ml``: gas density and temperature r(k) >= the non-ML baseline's r(k) (the
   Jeans-filtered dark matter with the mean temperature-density relation,
-  :func:`shared_data.inference.validate.non_ml_channels`) in every one of those bins.
+  :func:`shared_data.inference.metrics.non_ml_channels`) in every one of those bins.
 
 The absolute thresholds (``quality_r_min``, ``quality_ratio_tol``, ``quality_k_max``) are the ones
 chosen on the ``filtered`` gas; on the default ``nonlinear`` gas they are to be re-chosen from what
@@ -70,13 +70,15 @@ from shared_data.core.config import Config
 from shared_data.core.errors import ConfigError, UserError
 from shared_data.core.files import write_atomic
 from shared_data.inference import predict as predict_mod
-from shared_data.inference import validate
+from shared_data.inference import tiling
+from shared_data.inference.metrics import compute_metrics, to_json
+from shared_data.inference.units import DENSITY, QUANTITIES, TEMPERATURE, read_volume, units_from_files
 from shared_data.model import unet_spec
 from shared_data.runtime.records import read_run_info
 
 log = logging.getLogger("dlas")
 
-CHANNELS = (validate.DENSITY, validate.TEMPERATURE)
+CHANNELS = (DENSITY, TEMPERATURE)
 RECORD = "quality.jsonl"
 
 
@@ -110,7 +112,7 @@ class Target:
 
     def thresholds(self, name: str) -> tuple[float, float]:
         """(r_min, ratio_tol) of channel ``name``: the temperature's own where set, else the shared ones."""
-        if name == validate.TEMPERATURE:
+        if name == TEMPERATURE:
             return (
                 self.r_min if self.temperature_r_min is None else self.temperature_r_min,
                 self.ratio_tol if self.temperature_ratio_tol is None else self.temperature_ratio_tol,
@@ -119,7 +121,7 @@ class Target:
 
     def describe(self) -> str:
         """The thresholds in words, as the trainers log them."""
-        rho, temp = self.thresholds(validate.DENSITY), self.thresholds(validate.TEMPERATURE)
+        rho, temp = self.thresholds(DENSITY), self.thresholds(TEMPERATURE)
         if rho == temp:
             text = f"r >= {rho[0]:g}, |P ratio - 1| <= {rho[1]:g}"
             text += f" up to k = {self.k_max:g} h/Mpc for gas density and temperature"
@@ -136,7 +138,7 @@ class Target:
 
 
 def check(metrics: dict, target: Target) -> dict:
-    """Test ``target`` on ``metrics`` (:func:`shared_data.inference.validate.compute_metrics`' result).
+    """Test ``target`` on ``metrics`` (:func:`shared_data.inference.metrics.compute_metrics`' result).
 
     Returns ``{"met": bool, "shortfall": float, "channels": {name: {...}}}``, per channel the bins
     tested (``k``, ``r``, ``ratio``, ``r_baseline``, ``r_non_ml`` as lists) and ``r_worst``,
@@ -163,7 +165,7 @@ def check(metrics: dict, target: Target) -> dict:
         dev = np.abs(ratio - 1.0)
         parts = [(r_min - r) / margin, (dev - ratio_tol) / max(ratio_tol, 1e-12)]
         base = None
-        if name == validate.TEMPERATURE and target.beat_baseline and "r_baseline" in s:
+        if name == TEMPERATURE and target.beat_baseline and "r_baseline" in s:
             base = np.asarray(s["r_baseline"], np.float64)[sel]
             parts.append((base - r) / margin)
         non_ml = None
@@ -271,7 +273,7 @@ class Monitor:
         UserError: a resumed run's kept evaluation has no finite, non-negative times to continue the
             clock from.
         DatasetError: the validation file breaks the dataset contract or lacks the attributes the
-            metrics need (:func:`shared_data.inference.validate.units_from_files`).
+            metrics need (:func:`shared_data.inference.units.units_from_files`).
         ConfigError: ``quality_k_max`` lies below the volume's first k bin or above its Nyquist
             wavenumber ``pi / voxel size``, or ``quality_beat_non_ml`` is on and the volume lacks what
             the non-ML baseline needs.
@@ -295,10 +297,10 @@ class Monitor:
         keep = [r for r in read_records(run.workdir) if r["epoch"] <= start_epoch] if start_epoch else []
         self._restore(keep, start_epoch)
         path = run.cfg.data_file("val")
-        self.truth, attrs = validate.read_volume(path, "Hydro")
-        self.nbody, _ = validate.read_volume(path, "Nbody")
+        self.truth, attrs = read_volume(path, "Hydro")
+        self.nbody, _ = read_volume(path, "Nbody")
         side = self.truth.shape[1]
-        self.units = validate.units_from_files({path: attrs}, side, {}, flags_given=False)
+        self.units = units_from_files({path: attrs}, side, {}, flags_given=False)
         first_k = 2 * np.pi / (side * self.units.voxel_size)
         nyquist = np.pi / self.units.voxel_size
         if self.target.k_max > nyquist:
@@ -314,14 +316,14 @@ class Monitor:
         missing = [k for k in ("k_jeans", "igm_gamma") if getattr(self.units, k) is None]
         if self.target.beat_non_ml and missing:
             raise ConfigError(
-                f"quality_beat_non_ml: {path} has no {' or '.join(validate.QUANTITIES[k][0] for k in missing)} "
+                f"quality_beat_non_ml: {path} has no {' or '.join(QUANTITIES[k][0] for k in missing)} "
                 "attribute, which the non-ML baseline needs; set quality_beat_non_ml=false"
             )
-        self.align = predict_mod.alignment(self.predict_cfg)
+        self.align = tiling.alignment(self.predict_cfg)
         self.overlap = unet_spec.receptive_margin(self.predict_cfg)
-        self.size = predict_mod.padded_side(side, self.align)
-        self.window = predict_mod.choose_window(
-            self.predict_cfg, self.size, None, self.overlap, "float32", predict_mod.DEFAULT_MEMORY_GB
+        self.size = tiling.padded_side(side, self.align)
+        self.window = tiling.choose_window(
+            self.predict_cfg, self.size, None, self.overlap, "float32", tiling.DEFAULT_MEMORY_GB
         )
         x = np.ascontiguousarray(np.moveaxis(self.nbody, 0, -1))
         self.x = np.pad(x, [(0, self.size - side)] * 3 + [(0, 0)])
@@ -390,16 +392,14 @@ class Monitor:
         evaluation it keeps."""
         return self.clock_offset + time.perf_counter() - self.run.started
 
-    def evaluate(self, epoch: int, step: int, apply: predict_mod.Apply) -> dict:
+    def evaluate(self, epoch: int, step: int, apply: tiling.Apply) -> dict:
         """Predict the volume with ``apply`` (NDHWC float32 windows -> outputs), score it, record and
         log the evaluation after ``epoch`` epochs (``step`` optimizer steps); return its record."""
         t0 = time.perf_counter()
         side = self.truth.shape[1]
-        hydro, _ = predict_mod.predict_volume(
-            self.x, apply, self.cfg.N_out_channels, self.window, self.overlap, self.align
-        )
+        hydro, _ = tiling.predict_volume(self.x, apply, self.cfg.N_out_channels, self.window, self.overlap, self.align)
         pred = np.ascontiguousarray(np.moveaxis(hydro[:side, :side, :side], -1, 0))
-        result = check(validate.compute_metrics(pred, self.truth, self.nbody, self.units), self.target)
+        result = check(compute_metrics(pred, self.truth, self.nbody, self.units), self.target)
         seconds = time.perf_counter() - t0
         self.eval_total += seconds
         self.evaluations += 1
@@ -415,11 +415,11 @@ class Monitor:
         }
         if self.run.main:
             with open(self.run.workdir / RECORD, "a") as fh:
-                fh.write(json.dumps(validate.to_json(record)) + "\n")
+                fh.write(json.dumps(to_json(record)) + "\n")
             fields = {"quality_time_sec": now, "quality_met": result["met"], "quality_shortfall": result["shortfall"]}
             if result["met"] and self.reached is None:
                 fields.update(time_to_quality_sec=now, framework=self.run.framework, device=self.device)
-            self.metrics.amend_last(validate.to_json(fields))
+            self.metrics.amend_last(to_json(fields))
         log.info(summary_line(epoch, now, result))
         if self.best is None or result["shortfall"] < self.best["shortfall"]:
             self.best = record
@@ -494,6 +494,6 @@ class Monitor:
             )
         if self.run.main:
             info = read_run_info(self.run.workdir)
-            info["time_to_quality"] = validate.to_json(summary)
+            info["time_to_quality"] = to_json(summary)
             write_atomic(self.run.workdir / "run.json", json.dumps(info, indent=1))
-        return validate.to_json(fields)
+        return to_json(fields)

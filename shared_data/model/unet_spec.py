@@ -125,7 +125,7 @@ def receptive_margin(cfg: Config) -> int:
     levels, 189 for the 6-level net (a 379-voxel window, wider than the 64^3 training crop).
 
     Two computations of an output voxel agree when the input around it agrees within this margin
-    and the inputs are aligned alike to ``2**levels`` (:mod:`shared_data.inference.predict` tiles by it).
+    and the inputs are aligned alike to ``2**levels`` (:mod:`shared_data.inference.tiling` tiles by it).
     """
     period = 2 ** len(encoder_widths(cfg))
     margin = 0
