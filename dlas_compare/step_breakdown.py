@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dlas_compare import peaks
-from dlas_compare.benchmark import waiting
+from dlas_compare.benchmark_timing import waiting
 from shared_data.core import config as config_mod
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError, run_cli
