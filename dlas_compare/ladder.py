@@ -47,7 +47,7 @@ in (:mod:`dlas_compare.ladder_budget`); if even the floor does not fit, the sche
 the budget is expected to stop.
 
 Output: the table on stdout; JSON lines appended to ``--out``, per rung that ran its benchmark
-records (the schema of :func:`dlas_compare.benchmark.run_bench`, plus ``ladder_id``, ``ladder_step``,
+records (the schema of :func:`dlas_compare.benchmark_timing.run_bench`, plus ``ladder_id``, ``ladder_step``,
 ``ladder_rung``, ``ladder_settings``, ``ladder_xla_flags``), and for every rung, skipped ones too, one
 summary record (``"record": "ladder_summary"``, no ``mode`` key), each rung's as soon as it
 finishes; and a figure (``--figure``, :mod:`dlas_compare.ladder_figure`): FULL per rung, one bar per
@@ -74,7 +74,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dlas_compare import ladder_budget as budget_mod
-from dlas_compare.benchmark import FRAMEWORKS, MODES, int_at_least, positive_float
+from dlas_compare.benchmark import MODES, int_at_least, positive_float
+from dlas_compare.benchmark_session import FRAMEWORKS
 from dlas_compare.ladder_figure import write_figure
 from dlas_compare.ladder_rungs import BASELINE_WORKERS, LADDER_KEYS, MORE_WORKERS, plan, probe
 from dlas_compare.ladder_runner import read_resume, read_summaries, run_ladder

@@ -70,13 +70,13 @@ STEP_SEC = {
     "device": (0.02, 0.02),
     "data_parallel": (0.12, 0.05),
 }
-#: input steps a drain costs before an IO or FULL mode's windows (:func:`dlas_compare.benchmark.drain`):
+#: input steps a drain costs before an IO or FULL mode's windows (:func:`dlas_compare.benchmark_timing.drain`):
 #: the call that waits on the loader, and the queue's fast calls or an empty queue's pause, about one
 #: more. A FULL step less than :data:`DRAIN_WAIT_RATIO` times faster than its loader is never seen
 #: waiting: that drain runs to its cap, :data:`DRAIN_CAP_STEPS` (DALI's depth 4 + 4 on one H200)
 DRAIN_STEPS = 2
 DRAIN_CAP_STEPS = 8
-DRAIN_WAIT_RATIO = 3.0  # dlas_compare.benchmark.DRAIN_WAIT_RATIO
+DRAIN_WAIT_RATIO = 3.0  # dlas_compare.benchmark_timing.DRAIN_WAIT_RATIO
 MIN_STEPS = 5  # the fewest steps a timed window holds: several loader workers' batches, not one arrival
 SCALE_RANGE = (0.25, 4.0)  # how far the observed set-up times may rescale the table
 

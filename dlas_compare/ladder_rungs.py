@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from dlas_compare.benchmark import FRAMEWORKS
+from dlas_compare.benchmark_session import FRAMEWORKS
 from shared_data.core.commands import command_name
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
@@ -123,7 +123,7 @@ def probe(framework: str, timeout: int = 180) -> Probe:
     devices it sees and whether DALI's plugin for it imports.
 
     Raises:
-        UserError: ``framework`` is not one of :data:`dlas_compare.benchmark.FRAMEWORKS`.
+        UserError: ``framework`` is not one of :data:`dlas_compare.benchmark_session.FRAMEWORKS`.
     """
     if framework not in _PROBE_CODE:
         raise UserError(f"framework {framework!r}: expected one of {', '.join(FRAMEWORKS)}")

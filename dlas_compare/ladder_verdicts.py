@@ -142,7 +142,7 @@ def lesson_line(summary: dict, step: Step, prev: dict | None) -> str:
 
 
 def replica_line(check: dict) -> str:
-    """The data-parallel rung's loss check (:func:`dlas_compare.benchmark.replica_check`) in words:
+    """The data-parallel rung's loss check (:func:`dlas_compare.benchmark_session.replica_check`) in words:
     the replicas, the global batch, each step's loss on one device and on the replicas, and their
     largest relative difference against the tolerance (float32 sums in another order)."""
     pairs = ", ".join(f"{a:.7g}/{b:.7g}" for a, b in zip(check["losses_one_device"], check["losses_replicas"]))

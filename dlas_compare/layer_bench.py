@@ -26,7 +26,8 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from dlas_compare.benchmark import int_at_least, timed_windows
+from dlas_compare.benchmark import int_at_least
+from dlas_compare.benchmark_timing import timed_windows
 from shared_data.core.commands import make_parser
 from shared_data.core.config_cli import add_config_args, config_from_args
 from shared_data.core.errors import UserError, run_cli

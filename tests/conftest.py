@@ -26,7 +26,7 @@ from shared_data.core.errors import run_cli
 from shared_data.data import generate
 
 REPO_ROOT = config_mod.REPO_ROOT
-#: The fields every benchmark record has (dlas_compare.benchmark.run_bench), ladder rungs' included.
+#: The fields every benchmark record has (dlas_compare.benchmark_timing.run_bench), ladder rungs' included.
 BENCHMARK_KEYS = {
     "label",
     "framework",

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 from conftest import BENCHMARK_KEYS
 
-from dlas_compare import benchmark
+from dlas_compare import benchmark, benchmark_session, benchmark_timing
 from shared_data.core import config as config_mod
 from shared_data.model import unet_spec
 from shared_data.runtime import nvtx
@@ -20,7 +20,7 @@ from shared_data.runtime import nvtx
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_every_mode_writes_the_schema(tiny_cfg, framework, tmp_path):
-    records = benchmark.Session(framework).run(tiny_cfg, benchmark.MODES, warmup=1, steps=2, windows=2)
+    records = benchmark_session.Session(framework).run(tiny_cfg, benchmark.MODES, warmup=1, steps=2, windows=2)
     out = tmp_path / "r.jsonl"
     out.write_text("".join(json.dumps(r) + "\n" for r in records))
     for r, mode in zip(map(json.loads, out.read_text().splitlines()), benchmark.MODES):
@@ -39,7 +39,7 @@ def test_full_takes_over_the_step_and_compiles_it_again_for_the_device_loader(ti
     """FULL after SYNTHETIC takes over the compiled step: a host loader's batch is SYNTHETIC's, so the
     step is reused (``reused`` in the table's compile column); the ``device`` loader's batch holds the
     volume and the crop draws, so the step is compiled again and its seconds are FULL's own."""
-    session = benchmark.Session(framework)
+    session = benchmark_session.Session(framework)
     _, host = session.run(tiny_cfg, ["synthetic", "full"], warmup=1, steps=2, windows=1)
     device_cfg = config_mod.replace(tiny_cfg, data_loader_config="device")
     _, device = session.run(device_cfg, ["synthetic", "full"], warmup=1, steps=2, windows=1)
@@ -71,13 +71,13 @@ def test_window_sec_bounds_windows():
     import time
 
     call = lambda: time.sleep(0.02)
-    warm, per_call, counts = benchmark.timed_windows(call, lambda _: None, 1, 100, 2, window_sec=0.05)
+    warm, per_call, counts = benchmark_timing.timed_windows(call, lambda _: None, 1, 100, 2, window_sec=0.05)
     assert all(1 <= n <= 3 for n in counts) and all(t >= 0.02 for t in per_call) and warm >= 0.02
     pending = []
     sync = lambda _: (time.sleep(0.02 * len(pending)), pending.clear())
-    counts = benchmark.timed_windows(lambda: pending.append(1), sync, 1, 100, 2, window_sec=0.05)[2]
+    counts = benchmark_timing.timed_windows(lambda: pending.append(1), sync, 1, 100, 2, window_sec=0.05)[2]
     assert all(1 <= n <= 3 for n in counts)
-    assert benchmark.timed_windows(lambda: None, lambda _: None, 0, 5, 3)[2] == [5, 5, 5]
+    assert benchmark_timing.timed_windows(lambda: None, lambda _: None, 0, 5, 3)[2] == [5, 5, 5]
 
 
 def test_min_steps_floor_holds_slow_steps_and_steps_caps_it():
@@ -88,10 +88,12 @@ def test_min_steps_floor_holds_slow_steps_and_steps_caps_it():
     import time
 
     call = lambda: time.sleep(0.03)
-    assert benchmark.timed_windows(call, lambda _: None, 0, 40, 2, window_sec=0.01)[2] == [1, 1]
-    warm, per_call, counts = benchmark.timed_windows(call, lambda _: None, 3, 40, 2, window_sec=0.01, min_steps=4)
+    assert benchmark_timing.timed_windows(call, lambda _: None, 0, 40, 2, window_sec=0.01)[2] == [1, 1]
+    warm, per_call, counts = benchmark_timing.timed_windows(
+        call, lambda _: None, 3, 40, 2, window_sec=0.01, min_steps=4
+    )
     assert counts == [4, 4] and all(0.03 <= t < 0.05 for t in per_call) and 0.09 <= warm < 0.15
-    assert benchmark.timed_windows(call, lambda _: None, 0, 3, 2, window_sec=0.01, min_steps=4)[2] == [3, 3]
+    assert benchmark_timing.timed_windows(call, lambda _: None, 0, 3, 2, window_sec=0.01, min_steps=4)[2] == [3, 3]
 
 
 def test_analytic_flops_match_xla_cost_analysis():
@@ -263,8 +265,8 @@ def test_rungs_share_one_process_and_a_failing_one_keeps_the_others_records(tiny
     ]
     caps = [2 + 2 + 4 if r["loader"] == "dali-npy" else r["config_values"]["num_data_workers"] + 1 + 2 + 4
             for r in records]  # fmt: skip
-    assert records[1]["drained_steps"] == 0 and caps[-1] == benchmark.prefetch_depth(
-        config_mod.replace(tiny_cfg, data_loader_config="dali-npy")) + benchmark.DRAIN_EXTRA  # fmt: skip
+    assert records[1]["drained_steps"] == 0 and caps[-1] == benchmark_timing.prefetch_depth(
+        config_mod.replace(tiny_cfg, data_loader_config="dali-npy")) + benchmark_timing.DRAIN_EXTRA  # fmt: skip
     step_rate = records[1]["samples_per_sec"]  # one train step (cpu_tiny) for the three rungs
     io_rate = {r["ladder_step"]: r["samples_per_sec"] for r in records if r["mode"] == "io"}
     drained = [r["drained_steps"] for r in records]
@@ -311,7 +313,7 @@ class _FakeBench:
 
         self.mode = mode
         if mode != "synthetic":
-            depth = benchmark.prefetch_depth(cfg)
+            depth = benchmark_timing.prefetch_depth(cfg)
             self.batches = input_from.batches if input_from else _Producer(self.PERIOD, depth)
             time.sleep(self.PAUSE)
 
@@ -338,13 +340,13 @@ def test_drain_measures_the_loader_not_its_read_ahead(monkeypatch):
     median of 2 windows ~40% over). The drain takes the 8 queued batches and the first waiting
     pull, so both rates are within 10% of 80 and the record says what it drained."""
     cfg = config_mod.load_config("cpu_tiny", overrides={"num_data_workers": 4})
-    monkeypatch.setattr(benchmark, "make_bench", lambda framework, *a, **k: _FakeBench(*a, **k))
-    session = benchmark.Session("jax")
+    monkeypatch.setattr(benchmark_session, "make_bench", lambda framework, *a, **k: _FakeBench(*a, **k))
+    session = benchmark_session.Session("jax")
     io, full = session.run(cfg, ["io", "full"], warmup=2, steps=40, windows=2, window_sec=0.25, min_steps=5)
     true_rate = _FakeBench.global_batch / _FakeBench.PERIOD
     for r in (io, full):
         assert abs(r["samples_per_sec"] / true_rate - 1) < 0.1, (r["mode"], r["samples_per_sec"])
-        assert 7 <= r["drained_steps"] <= benchmark.prefetch_depth(cfg) + benchmark.DRAIN_EXTRA
+        assert 7 <= r["drained_steps"] <= benchmark_timing.prefetch_depth(cfg) + benchmark_timing.DRAIN_EXTRA
 
 
 class _FastLoaderBench(_FakeBench):
@@ -365,8 +367,8 @@ def test_full_is_not_drained_where_its_io_outran_the_step(monkeypatch):
     """FULL after an IO faster than the step's SYNTHETIC in the same session takes no drain (its queue
     cannot lift it above the step); IO is drained, and FULL without this session's IO is too."""
     cfg = config_mod.load_config("cpu_tiny", overrides={"num_data_workers": 1})
-    monkeypatch.setattr(benchmark, "make_bench", lambda framework, *a, **k: _FastLoaderBench(*a, **k))
-    session = benchmark.Session("jax")
+    monkeypatch.setattr(benchmark_session, "make_bench", lambda framework, *a, **k: _FastLoaderBench(*a, **k))
+    session = benchmark_session.Session("jax")
     syn, io, full = session.run(cfg, ["synthetic", "io", "full"], warmup=1, steps=3, windows=1)
     assert io["samples_per_sec"] > syn["samples_per_sec"]
     assert io["drained_steps"] >= 1 and full["drained_steps"] == 0
@@ -383,11 +385,11 @@ def test_drain_stops_at_the_first_wait_and_at_its_cap():
     import time
 
     times = iter([0.02] * 3 + [0.3] * 10)
-    assert benchmark.drain(lambda: time.sleep(next(times)), lambda _: None, 10) == 4
-    assert benchmark.drain(lambda: time.sleep(0.05), lambda _: None, 6) == 6
+    assert benchmark_timing.drain(lambda: time.sleep(next(times)), lambda _: None, 10) == 4
+    assert benchmark_timing.drain(lambda: time.sleep(0.05), lambda _: None, 6) == 6
     times = iter([0.3, 0.02, 0.3, 0.3])
     t0 = time.perf_counter()
-    assert benchmark.drain(lambda: time.sleep(next(times)), lambda _: None, 10) == 2
+    assert benchmark_timing.drain(lambda: time.sleep(next(times)), lambda _: None, 10) == 2
     assert 0.62 <= time.perf_counter() - t0 < 0.9  # a third call would add 0.3 s
 
 
@@ -396,8 +398,10 @@ def test_drain_of_an_empty_queue_costs_two_batches(monkeypatch):
     start, so its queue is empty; the drain ends after its second call (~2 batch periods, 0.1 s)."""
     monkeypatch.setattr(_FakeBench, "PAUSE", 0.0)
     cfg = config_mod.load_config("cpu_tiny", overrides={"num_data_workers": 4})
-    monkeypatch.setattr(benchmark, "make_bench", lambda framework, *a, **k: _FakeBench(*a, **k))
-    (io,) = benchmark.Session("jax").run(cfg, ["io"], warmup=2, steps=40, windows=1, window_sec=0.25, min_steps=5)
+    monkeypatch.setattr(benchmark_session, "make_bench", lambda framework, *a, **k: _FakeBench(*a, **k))
+    (io,) = benchmark_session.Session("jax").run(
+        cfg, ["io"], warmup=2, steps=40, windows=1, window_sec=0.25, min_steps=5
+    )
     assert io["drained_steps"] == 2 and abs(io["samples_per_sec"] / 80 - 1) < 0.1
 
 
@@ -406,7 +410,9 @@ def test_prefetch_depth_counts_the_queues_each_loader_has():
     loader: 5); DALI's numpy reader: no host workers, the transfer queue 2 and DALI's queue (2): 4;
     dali-h5's Python workers read ahead like the host loaders' (9); the device loader: 2."""
     cfg = config_mod.load_config("cpu_tiny", overrides={"num_data_workers": 4, "dali_prefetch_queue_depth": 2})
-    depth = lambda loader, fw="jax": benchmark.prefetch_depth(config_mod.replace(cfg, data_loader_config=loader), fw)
+    depth = lambda loader, fw="jax": benchmark_timing.prefetch_depth(
+        config_mod.replace(cfg, data_loader_config=loader), fw
+    )
     assert (depth("lowmem"), depth("lowmem", "torch"), depth("dali-npy"), depth("dali-h5"), depth("device")) == (
         7,
         5,
@@ -421,7 +427,7 @@ def jax_replica_check(tiny_cfg):
     """Two FULL steps of cpu_tiny from its initial weights on 1 and on 2 CPU devices at a global batch
     of 2 x 4 (the data-parallel rung's)."""
     rung = config_mod.replace(tiny_cfg, local_batch_size=tiny_cfg.global_batch_size)
-    return benchmark.replica_check("jax", rung, 2, 2)
+    return benchmark_session.replica_check("jax", rung, 2, 2)
 
 
 @pytest.mark.slow
@@ -431,7 +437,7 @@ def test_replica_check_compares_one_device_with_the_replicas(jax_replica_check, 
     pairs = list(zip(check["losses_one_device"], check["losses_replicas"]))
     assert len(pairs) == 2 and all(0 < a < 1 and 0 < b < 1 for a, b in pairs)  # L1 of tanh outputs
     assert check["max_rel_diff"] == max(abs(a - b) / a for a, b in pairs)
-    assert check["equal"] == (check["max_rel_diff"] <= benchmark.SAME_LOSS_RTOL == check["rtol"])
+    assert check["equal"] == (check["max_rel_diff"] <= benchmark_session.SAME_LOSS_RTOL == check["rtol"])
     with pytest.raises(SystemExit):  # argparse: --replica_check needs a count >= 1
         benchmark.build_parser().parse_args(["--replica_check", "0"])
     with pytest.raises(benchmark.UserError, match="--replica_check needs --num_devices N with N >= 2"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import run_in_process, run_module
 
-from shared_data.data import cosmology, generate, inspect
+from shared_data.data import cosmology, gas_physics, generate, inspect, linear_field
 from shared_data.data.dataset import npy_paths
 
 
@@ -43,14 +43,14 @@ def test_linear_field_power_matches_input_spectrum():
     sqrt(2 / N_modes), the Gaussian-field sampling error), and the mode-weighted mean within 3%,
     over 2 k_fundamental <= k <= 0.5 k_Nyquist."""
     size, box = 64, 64.0
-    cosmo = cosmology.Cosmology()
+    cosmo = linear_field.Cosmology()
     rng = np.random.default_rng(11)
-    field = cosmology.irfft3(cosmology.gaussian_field_k(size, box, cosmo.linear_power, rng), size)
+    field = linear_field.irfft3(linear_field.gaussian_field_k(size, box, cosmo.linear_power, rng), size)
     k_f, k_nyq = 2 * np.pi / box, np.pi * size / box
     edges = np.arange(2 * k_f, 0.5 * k_nyq, k_f)
-    k, p, n = cosmology.measure_power(field, box, edges)
+    k, p, n = linear_field.measure_power(field, box, edges)
     # compare with the input P averaged over the same modes
-    kx, ky, kz = cosmology.wavenumbers(size, box)
+    kx, ky, kz = linear_field.wavenumbers(size, box)
     kk = np.sqrt(kx**2 + ky**2 + kz**2)
     ref = np.array([cosmo.linear_power(kk[(kk >= lo) & (kk < hi)]).mean() for lo, hi in zip(edges[:-1], edges[1:])])
     ratio = p / ref
@@ -60,7 +60,7 @@ def test_linear_field_power_matches_input_spectrum():
 
 
 def test_sigma8_and_growth():
-    cosmo = cosmology.Cosmology(sigma8=0.8)
+    cosmo = linear_field.Cosmology(sigma8=0.8)
     assert cosmo.sigma_r(8.0) == pytest.approx(0.8, rel=1e-6)
     assert cosmo.growth_factor(0.0) == pytest.approx(1.0)
     # matter domination: D ~ a at high z, so D(9)/D(19) ~ 2 within a few percent
@@ -136,7 +136,7 @@ def test_symmetric_eigenvalues_match_lapack():
     a[0] = 2.5 * np.eye(3)
     a[1] = np.diag([1.0, 1.0, -3.0])
     comps = [a[:, 0, 0], a[:, 1, 1], a[:, 2, 2], a[:, 0, 1], a[:, 0, 2], a[:, 1, 2]]
-    got = cosmology.symmetric_eigenvalues(comps)
+    got = gas_physics.symmetric_eigenvalues(comps)
     np.testing.assert_allclose(got.T, np.linalg.eigvalsh(a)[:, ::-1], atol=1e-9)
 
 
@@ -156,12 +156,12 @@ def test_plane_wave_collapse_deformation_and_shock_temperature():
     psi_k = plane_wave_psi(size, box, amp)
     k = 2 * np.pi / box
     lam = amp * np.cos(k * np.arange(size) * box / size)
-    eig = cosmology.deformation_eigenvalues(psi_k, size, box)
+    eig = gas_physics.deformation_eigenvalues(psi_k, size, box)
     want = np.sort(np.stack([lam, 0 * lam, 0 * lam]), axis=0)[::-1]
     np.testing.assert_allclose(eig[:, :, 3, 5], want, atol=1e-7)  # two equal eigenvalues: sqrt(eps) accuracy
-    assert cosmology.characteristic_wavenumber(psi_k, size, box) == pytest.approx(k, rel=1e-12)
+    assert gas_physics.characteristic_wavenumber(psi_k, size, box) == pytest.approx(k, rel=1e-12)
     vel_factor = 96.0
-    t = cosmology.shock_temperature(eig[0][:, 0, 0], vel_factor, k)
+    t = gas_physics.shock_temperature(eig[0][:, 0, 0], vel_factor, k)
     u = vel_factor * np.sqrt(np.maximum(lam**2 - 1, 0) * (lam > 0)) / k * 1e3  # m/s
     np.testing.assert_allclose(t, 0.59 * 1.67262192e-27 * u**2 / (3 * 1.380649e-23), rtol=1e-12)
     assert t[0] == pytest.approx(0.59 * 1.67262192e-27 * (96e3 * np.sqrt(3) / k) ** 2 / (3 * 1.380649e-23))
@@ -172,8 +172,8 @@ def test_uniform_field_gives_the_photo_heated_gas_at_rest():
     """No perturbation: density 1, velocity 0, T = T0 everywhere (no shock, no scatter); with the He II
     offset m, T = T0 10^m exactly and the same density and velocity (the offset does not smooth)."""
     size = 8
-    for m in (np.zeros((size,) * 3), cosmology.reionization_offset(size, 16.0, 3)):
-        rho, temp, v = cosmology.nonlinear_gas(
+    for m in (np.zeros((size,) * 3), gas_physics.reionization_offset(size, 16.0, 3)):
+        rho, temp, v = gas_physics.nonlinear_gas(
             np.ones((size,) * 3), np.zeros((3, size, size, size)), np.zeros((size,) * 3), np.zeros((size,) * 3), m,
             16.0, 6.0, 1e4, 1.6,
         )  # fmt: skip
@@ -188,15 +188,15 @@ def test_reionization_offset_is_a_smooth_field_independent_of_the_density():
     power falls as exp(-(k R)^2) (the ratio of two shells' mean power within 30% of the form's on a
     64 Mpc/h box); uncorrelated with the same seed's linear density (|r| < 0.15)."""
     size, box = 32, 64.0
-    m = cosmology.reionization_offset(size, box, 5)
-    assert abs(m.mean()) < 1e-12 and m.std() == pytest.approx(cosmology.HE2_DEX, rel=1e-12)
-    np.testing.assert_array_equal(m, cosmology.reionization_offset(size, box, 5))
-    assert not np.allclose(m, cosmology.reionization_offset(size, box, 6))
+    m = gas_physics.reionization_offset(size, box, 5)
+    assert abs(m.mean()) < 1e-12 and m.std() == pytest.approx(gas_physics.HE2_DEX, rel=1e-12)
+    np.testing.assert_array_equal(m, gas_physics.reionization_offset(size, box, 5))
+    assert not np.allclose(m, gas_physics.reionization_offset(size, box, 6))
     edges = np.array([0.09, 0.2, 0.3])
-    k, p, _ = cosmology.measure_power(m, box, edges)
-    shape = np.exp(-((k * cosmology.HE2_RADIUS_MPC_H) ** 2))
+    k, p, _ = linear_field.measure_power(m, box, edges)
+    shape = np.exp(-((k * gas_physics.HE2_RADIUS_MPC_H) ** 2))
     assert p[1] / p[0] == pytest.approx(shape[1] / shape[0], rel=0.3)
-    delta = cosmology.simulate(size, box, 2.0, 5, cosmology.Cosmology(), 6.0, 1e4, 1.6, gas="filtered").delta_linear
+    delta = cosmology.simulate(size, box, 2.0, 5, linear_field.Cosmology(), 6.0, 1e4, 1.6, gas="filtered").delta_linear
     assert abs(np.corrcoef(m.ravel(), delta.ravel())[0, 1]) < 0.15
 
 
@@ -208,9 +208,9 @@ def test_linear_limit_of_the_nonlinear_gas_is_the_filtered_gas():
     temperature excess and over 2% in velocity on this 4 Mpc/h box."""
     args = (16, 4.0, 2.0, 5)
     devs = {}
-    he2 = 10 ** cosmology.reionization_offset(16, 4.0, 5)
+    he2 = 10 ** gas_physics.reionization_offset(16, 4.0, 5)
     for sigma8 in (1e-4, 0.81):
-        cosmo = cosmology.Cosmology(sigma8=sigma8)
+        cosmo = linear_field.Cosmology(sigma8=sigma8)
         nl = cosmology.simulate(*args, cosmo, 6.0, 1e4, 1.6, gas="nonlinear")
         lin = cosmology.simulate(*args, cosmo, 6.0, 1e4, 1.6, gas="filtered")
         pairs = (
@@ -273,16 +273,16 @@ def test_tutorial_layout_file_without_attributes_loads(tmp_path):
 
 def reference_dm_density(size: int, box: float, z: float, seed: int, cosmo, per_side: int = 4) -> np.ndarray:
     """The generator's truncated Zel'dovich dark matter rebuilt independently of its deposit: the same
-    linear field and displacement (module docstring of ``cosmology``, step 4), carried by per_side^3
+    linear field and displacement (module docstring of ``dark_matter``, step 4), carried by per_side^3
     particles per cell (Fourier-shifted displacements), deposited with a triangular-shaped cloud written
     here. With 4^3 particles the lattice's ripple in a void stretched 1.5x per axis is 0.2% of the mean."""
-    delta_k = cosmology.gaussian_field_k(size, box, cosmo.linear_power, np.random.default_rng(seed))
-    k_nl = cosmology.nonlinear_wavenumber(cosmo, z, k_max=np.sqrt(3) * np.pi * size / box)
-    kx, ky, kz = cosmology.wavenumbers(size, box)
+    delta_k = linear_field.gaussian_field_k(size, box, cosmo.linear_power, np.random.default_rng(seed))
+    k_nl = linear_field.nonlinear_wavenumber(cosmo, z, k_max=np.sqrt(3) * np.pi * size / box)
+    kx, ky, kz = linear_field.wavenumbers(size, box)
     k2 = kx**2 + ky**2 + kz**2
     k2[0, 0, 0] = 1.0
     psi_k = [
-        1j * kc / k2 * delta_k * cosmology.Cosmology.growth_factor(cosmo, z) * np.exp(-0.5 * k2 / k_nl**2)
+        1j * kc / k2 * delta_k * linear_field.Cosmology.growth_factor(cosmo, z) * np.exp(-0.5 * k2 / k_nl**2)
         for kc in (kx, ky, kz)
     ]
     cell = box / size
@@ -317,7 +317,7 @@ def test_dark_matter_shows_no_particle_lattice_and_no_floor(data_dir):
     with h5py.File(data_dir / "train_32.h5") as f:
         x_dm, attrs = f["Nbody"][0].astype(np.float64), dict(f.attrs)
     size, box, z = 32, attrs["box_size_mpc_h"], attrs["redshift"]
-    ref = reference_dm_density(size, box, z, int(attrs["seed"]), cosmology.Cosmology(sigma8=0.81))
+    ref = reference_dm_density(size, box, z, int(attrs["seed"]), linear_field.Cosmology(sigma8=0.81))
     assert ref.sum() == pytest.approx(size**3)
     floor = np.log(generate.RHO_FLOOR) / generate.DENSITY_SCALE
     assert int((x_dm <= floor + 1e-6).sum()) == 0
@@ -343,10 +343,10 @@ def test_dark_matter_is_the_linear_field_through_the_tsc_window_at_small_amplitu
     (the 2^3 sub-lattice moves it by 0.65% at k_Nyquist / 4 on the axes; a CIC deposit is 3% off
     there), and keeps the phase. Second order in delta ~ 1e-4 is far below."""
     size, box, z = 32, 8.0, 2.0
-    cosmo = cosmology.Cosmology(sigma8=1e-4)
+    cosmo = linear_field.Cosmology(sigma8=1e-4)
     f = cosmology.simulate(size, box, z, 3, cosmo, 6.0, 1e4, 1.6)
     ratio = np.fft.rfftn(f.rho_dm - 1.0) / (cosmo.growth_factor(z) * np.fft.rfftn(f.delta_linear))
-    kx, ky, kz = cosmology.wavenumbers(size, box)
+    kx, ky, kz = linear_field.wavenumbers(size, box)
     dx = box / size
     window = (np.sinc(kx * dx / (2 * np.pi)) * np.sinc(ky * dx / (2 * np.pi)) * np.sinc(kz * dx / (2 * np.pi))) ** 3
     k = np.sqrt(kx**2 + ky**2 + kz**2)

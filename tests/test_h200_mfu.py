@@ -78,7 +78,7 @@ def test_every_variant_starts_from_the_default_forms_whatever_the_config_holds(l
         seen.append((cfg.upconv, cfg.conv_pad, cfg.kernel_regroup, cfg.pad_out_channels))
         raise RuntimeError("not built in this test")
 
-    monkeypatch.setattr(levers.benchmark, "make_bench", make_bench)
+    monkeypatch.setattr(levers, "make_bench", make_bench)
     forms = ["--set", "upconv=subpixel_crop", "--set", "conv_pad=folded", "--set", "pad_out_channels=8"]
     argv = ["run", "--config", "cpu_tiny", *forms, "--variants", "baseline", "kernel_regroup=transpose"]
     assert levers.main([*argv, "--out", str(tmp_path / "jax.jsonl")]) == 0

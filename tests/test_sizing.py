@@ -56,11 +56,11 @@ def test_host_gflops_is_a_rate():
 
 
 def test_the_timed_windows_report_where_they_are(monkeypatch):
-    from dlas_compare import benchmark
+    from dlas_compare import benchmark_timing
 
-    monkeypatch.setattr(benchmark, "REPORT_SEC", 0.0)
+    monkeypatch.setattr(benchmark_timing, "REPORT_SEC", 0.0)
     said = []
-    warm, per_call, counts = benchmark.timed_windows(lambda: None, lambda _: None, 2, 3, 2, report=said.append)
+    warm, per_call, counts = benchmark_timing.timed_windows(lambda: None, lambda _: None, 2, 3, 2, report=said.append)
     assert counts == [3, 3]
     assert said == [
         "warm-up step 1/2",
@@ -74,17 +74,19 @@ def test_the_timed_windows_say_they_wait_for_a_slow_step(monkeypatch):
     WAIT_REPORT_SEC seconds while it waits, in the warm-up and in each window."""
     import time
 
-    from dlas_compare import benchmark
+    from dlas_compare import benchmark_timing
 
-    monkeypatch.setattr(benchmark, "WAIT_REPORT_SEC", 0.1)
+    monkeypatch.setattr(benchmark_timing, "WAIT_REPORT_SEC", 0.1)
     said = []
-    benchmark.timed_windows(lambda: None, lambda _: time.sleep(0.35), 2, 3, 1, report=said.append)
+    benchmark_timing.timed_windows(lambda: None, lambda _: time.sleep(0.35), 2, 3, 1, report=said.append)
     waits = [line.split(",")[0] for line in said if "waiting" in line]
     warm, window = "warm-up: waiting for its 2 step(s)", "window 1/1: waiting for its 3 step(s)"
     n = waits.count(warm)  # about 3 of each; fewer where a busy machine delays the reporting thread
     assert 0 < n < len(waits) and waits == [warm] * n + [window] * (len(waits) - n), said
     assert said[0].endswith(", 0 s so far")
-    assert benchmark.timed_windows(lambda: None, lambda _: time.sleep(0.25), 0, 1, 1)[2] == [1]  # no report: silent
+    assert benchmark_timing.timed_windows(lambda: None, lambda _: time.sleep(0.25), 0, 1, 1)[2] == [
+        1
+    ]  # no report: silent
 
 
 def test_the_breakdown_says_it_waits_for_a_slow_step(monkeypatch, capsys):
@@ -92,7 +94,7 @@ def test_the_breakdown_says_it_waits_for_a_slow_step(monkeypatch, capsys):
     their sync waits (a GPU-sized step on a CPU: minutes of silence otherwise)."""
     import time
 
-    from dlas_compare import benchmark, step_breakdown
+    from dlas_compare import benchmark_timing, step_breakdown
 
     class Stop(Exception):
         pass
@@ -109,7 +111,7 @@ def test_the_breakdown_says_it_waits_for_a_slow_step(monkeypatch, capsys):
             if self.syncs == 2:  # after the timed steps: the trace is not this test's
                 raise Stop
 
-    monkeypatch.setattr(benchmark, "WAIT_REPORT_SEC", 0.1)
+    monkeypatch.setattr(benchmark_timing, "WAIT_REPORT_SEC", 0.1)
     with pytest.raises(Stop):
         step_breakdown.trace_bench(SlowBench(), 4, 2, Path("unused"))
     said = [line.split(",")[0] for line in capsys.readouterr().err.splitlines() if "so far" in line]

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dlas_compare import step_breakdown
+from dlas_compare import step_breakdown, step_breakdown_hlo
 from shared_data.core import config as config_mod
 from shared_data.model import unet_spec
 
@@ -56,13 +56,13 @@ def test_cpu_trace_of_the_tiny_net(tiny_cfg, tmp_path, capsys):
     result = json.loads((tmp_path / "breakdown.json").read_text())
     assert (tmp_path / "trace.json.gz").stat().st_size > 0 and "ENTRY" in (tmp_path / "hlo.txt").read_text()
     hlo = (tmp_path / "hlo.txt").read_text()
-    instrs = step_breakdown.parse_hlo(hlo)
-    convs = [i for i in instrs.values() if step_breakdown.is_conv(i)]
+    instrs = step_breakdown_hlo.parse_hlo(hlo)
+    convs = [i for i in instrs.values() if step_breakdown_hlo.is_conv(i)]
     want = _forward_flops(cfg, 3)
     got = {}
     for ins in convs:
-        flops, role = step_breakdown.conv_flops_and_role(ins, instrs, 3)
-        layer = step_breakdown.layer_of(ins, list(want))
+        flops, role = step_breakdown_hlo.conv_flops_and_role(ins, instrs, 3)
+        layer = step_breakdown_hlo.layer_of(ins, list(want))
         if role == "fwd":
             got[layer] = got.get(layer, 0) + flops
     assert got == want

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 from conftest import assert_one_error_line
 
-from dlas_compare import benchmark
+from dlas_compare import benchmark_timing
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import UserError
@@ -163,7 +163,7 @@ def test_benchmark_record_has_the_schema_of_the_other_rows(fp32_export, tmp_path
     argv = ["--config", "cpu_tiny", "--no-enable_amp", "--tf_xla_export", str(ex.folder)]
     assert tf_xla.main([*argv, "--warmup", "1", "--steps", "2", "--windows", "2", "--out", str(out)]) == 0
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert set(record) == set(benchmark.run_bench(_NoWork(), ex.cfg, "synthetic", 0, 1, 1))
+    assert set(record) == set(benchmark_timing.run_bench(_NoWork(), ex.cfg, "synthetic", 0, 1, 1))
     assert (record["framework"], record["mode"], record["loader"]) == ("tf-xla", "synthetic", "cached device batch")
     assert record["samples_per_sec"] > 0 and record["compile_sec"] > 0 and record["global_batch"] == 4
     assert record["versions"]["exported_by"]["tensorflow"] == tf.__version__

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from shared_data.core.errors import DatasetError, run_cli
-from shared_data.data import cosmology, generate
+from shared_data.data import generate, linear_field
 from shared_data.inference import validate
 from shared_data.inference.metrics import compute_metrics
 from shared_data.inference.units import DENSITY, TEMPERATURE, linear, read_volume, units_from_files
@@ -48,7 +48,7 @@ def _power(k):
 def fields():
     """rho = 1 + delta (delta a Gaussian field of P(k) = A k^-2), its noisy copy and velocities."""
     rng = np.random.default_rng(7)
-    delta = cosmology.irfft3(cosmology.gaussian_field_k(L, L * VOXEL, _power, rng), L)
+    delta = linear_field.irfft3(linear_field.gaussian_field_k(L, L * VOXEL, _power, rng), L)
     assert 0.05 < delta.std() < 0.2 and delta.min() > -0.9
     noise = NOISE * rng.standard_normal(delta.shape)
     assert (delta + noise).min() > -0.95

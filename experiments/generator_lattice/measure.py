@@ -3,7 +3,7 @@
 ``python experiments/generator_lattice/measure.py --out experiments/generator_lattice/results``
 
 For one realisation (128^3, 0.25 Mpc/h voxels, z = 2, seed 1: the default dataset) the Zel'dovich
-displacement field of :mod:`shared_data.data.cosmology` moves particles that are deposited on the grid
+displacement field of :mod:`shared_data.data.dark_matter` moves particles that are deposited on the grid
 by each scheme below; every scheme sees the same displacement field (Fourier-shifted to sub-lattice
 positions), so the schemes differ only in how mass reaches the grid (a lattice of spacing d cells
 ripples by 2 |W(2 pi / d)| of its mean, W = sinc^2 for CIC, sinc^3 for TSC):
@@ -50,7 +50,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from shared_data.data import cosmology  # noqa: E402
+from shared_data.data import cosmology, gas_physics, linear_field  # noqa: E402
 
 FLOOR = 1e-3
 SIZE, SEED, Z = 128, 1, 2.0
@@ -90,24 +90,24 @@ def deposit(pos: np.ndarray, size: int, values: list[np.ndarray], order: int) ->
 def displacement_k(size: int, box: float, seed: int):
     """Fourier modes of the truncated Zel'dovich displacement (3, rfft layout) and the linear field, as
     :func:`shared_data.data.cosmology.simulate` makes them."""
-    cosmo = cosmology.Cosmology()
+    cosmo = linear_field.Cosmology()
     rng = np.random.default_rng(seed)
-    delta_k = cosmology.gaussian_field_k(size, box, cosmo.linear_power, rng)
+    delta_k = linear_field.gaussian_field_k(size, box, cosmo.linear_power, rng)
     growth = cosmo.growth_factor(Z)
-    k_nl = cosmology.nonlinear_wavenumber(cosmo, Z, k_max=np.sqrt(3) * np.pi * size / box)
-    kx, ky, kz = cosmology.wavenumbers(size, box)
+    k_nl = linear_field.nonlinear_wavenumber(cosmo, Z, k_max=np.sqrt(3) * np.pi * size / box)
+    kx, ky, kz = linear_field.wavenumbers(size, box)
     k2 = kx**2 + ky**2 + kz**2
     k2[0, 0, 0] = 1.0
     trunc = np.exp(-0.5 * k2 / k_nl**2)
     psi_k = np.stack([1j * kc / k2 * delta_k * growth * trunc for kc in (kx, ky, kz)])
-    return psi_k, cosmology.irfft3(delta_k, size), growth
+    return psi_k, linear_field.irfft3(delta_k, size), growth
 
 
 def density(psi_k: np.ndarray, size: int, box: float, order: int, n: int) -> np.ndarray:
     """rho / rho_mean from n^3 particles per cell at offsets ((j + 1/2) / n - 1/2) cells, displaced by
     the Fourier-shifted displacement field, deposited with ``order``."""
     cell = box / size
-    kx, ky, kz = cosmology.wavenumbers(size, box)
+    kx, ky, kz = linear_field.wavenumbers(size, box)
     grid = np.indices((size,) * 3, dtype=np.float64).reshape(3, -1)
     offsets = (np.arange(n) + 0.5) / n - 0.5
     rho = np.zeros((size,) * 3)
@@ -115,7 +115,7 @@ def density(psi_k: np.ndarray, size: int, box: float, order: int, n: int) -> np.
         for oy in offsets:
             for oz in offsets:
                 shift = np.exp(1j * (kx * ox + ky * oy + kz * oz) * cell)
-                psi = np.stack([cosmology.irfft3(p * shift, size) for p in psi_k])
+                psi = np.stack([linear_field.irfft3(p * shift, size) for p in psi_k])
                 o = np.array([ox, oy, oz])[:, None]
                 pos = (grid + o + psi.reshape(3, -1) / cell) % size
                 (m,) = deposit(pos, size, [np.full(size**3, 1.0 / n**3)], order)
@@ -124,7 +124,7 @@ def density(psi_k: np.ndarray, size: int, box: float, order: int, n: int) -> np.
 
 
 def axis_modes(size: int, box: float):
-    kx, ky, kz = cosmology.wavenumbers(size, box)
+    kx, ky, kz = linear_field.wavenumbers(size, box)
     k = np.sqrt(kx**2 + ky**2 + kz**2)
     k_nyq = np.pi * size / box
     shell = (k >= 0.25 * k_nyq) & (k < k_nyq)
@@ -142,9 +142,9 @@ def metrics(rho: np.ndarray, ref: np.ndarray, delta_lin: np.ndarray, growth: flo
     excess = (p[along].sum() / pref[along].sum()) / (p[other].sum() / pref[other].sum())
     k_f = 2 * np.pi / box
     edges = np.arange(0.5 * k_f, 2.0 + 0.5 * k_f, k_f)
-    k, p_rho, n = cosmology.measure_power(rho - 1, box, edges)
-    _, p_lin, _ = cosmology.measure_power(delta_lin * growth, box, edges)
-    _, p_x, _ = cosmology.measure_cross_power(rho - 1, delta_lin, box, edges)
+    k, p_rho, n = linear_field.measure_power(rho - 1, box, edges)
+    _, p_lin, _ = linear_field.measure_power(delta_lin * growth, box, edges)
+    _, p_x, _ = linear_field.measure_cross_power(rho - 1, delta_lin, box, edges)
     ok = n > 0
     return {
         "floor_fraction": float((rho < FLOOR).mean()),
@@ -226,7 +226,7 @@ def main() -> int:
         t = time.perf_counter()
         rho = density(psi_k, args.size, box, order, n)
         seconds = time.perf_counter() - t
-        gas, gas_ref = (np.maximum(cosmology.jeans_filter(r, box, K_JEANS), 0.0) for r in (rho, ref))
+        gas, gas_ref = (np.maximum(gas_physics.jeans_filter(r, box, K_JEANS), 0.0) for r in (rho, ref))
         fields[name] = (rho, gas)
         result["schemes"][name] = {
             "deposit_sec": round(seconds, 2),
@@ -237,11 +237,13 @@ def main() -> int:
     from shared_data.data import generate
 
     ns = generate.build_parser().parse_args(["--out", "x.h5", "--size", str(args.size)])
-    now = cosmology.simulate(args.size, box, Z, SEED, cosmology.Cosmology(), ns.k_jeans, ns.t0, ns.gamma)
+    now = cosmology.simulate(args.size, box, Z, SEED, linear_field.Cosmology(), ns.k_jeans, ns.t0, ns.gamma)
     result["generator_now"] = {
         "version": generate.GENERATOR_VERSION,
         "dm": metrics(now.rho_dm, ref, delta_lin, growth, box),
-        "gas": metrics(now.rho_gas, np.maximum(cosmology.jeans_filter(ref, box, K_JEANS), 0.0), delta_lin, growth, box),
+        "gas": metrics(
+            now.rho_gas, np.maximum(gas_physics.jeans_filter(ref, box, K_JEANS), 0.0), delta_lin, growth, box
+        ),
     }
     with tempfile.TemporaryDirectory() as old:
         archive = subprocess.run(

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shared_data.data.linear_field import wavenumbers
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -45,7 +47,7 @@ def main() -> int:
         old, new = load(Path(old_root), "cosmology_before"), load(REPO, "cosmology_now")
         fo = old.simulate(size, box, 2.0, 1, old.Cosmology(), 6.0, 1e4, 1.6)
     fn = new.simulate(size, box, 2.0, 1, new.Cosmology(), 6.0, 1e4, 1.6)
-    kx, ky, kz = new.wavenumbers(size, box)
+    kx, ky, kz = wavenumbers(size, box)
     k = np.sqrt(kx**2 + ky**2 + kz**2)
     k_nyq = np.pi * size / box
     shell = (k >= 0.25 * k_nyq) & (k < k_nyq)

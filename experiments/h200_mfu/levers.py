@@ -25,7 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-from dlas_compare import benchmark, step_breakdown
+from dlas_compare import step_breakdown
+from dlas_compare.benchmark_session import make_bench
+from dlas_compare.benchmark_timing import run_bench
 from shared_data.core import config as config_mod
 from shared_data.core import config_cli
 from shared_data.core.files import write_atomic
@@ -135,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"[levers] {label}: {over or 'the default forms'}", file=sys.stderr, flush=True)
         bench = None
         try:
-            bench = benchmark.make_bench(args.framework, cfg, "synthetic")
-            rec = benchmark.run_bench(bench, cfg, "synthetic", args.warmup, args.steps, args.windows, label)
+            bench = make_bench(args.framework, cfg, "synthetic")
+            rec = run_bench(bench, cfg, "synthetic", args.warmup, args.steps, args.windows, label)
             rec.update(common, overrides=over, xla_flags=os.environ.get("XLA_FLAGS", ""))
         except Exception as err:  # a lever that fails is a result of this study, and the others still run
             rec = {**common, "overrides": over, "failure": why(err)}

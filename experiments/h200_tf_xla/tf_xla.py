@@ -49,6 +49,7 @@ from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
 
 from dlas_compare import benchmark
+from dlas_compare.benchmark_timing import run_bench
 from shared_data.core import config_cli
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError, run_cli
@@ -228,7 +229,7 @@ def first_step(folder: str | Path, weights: Mapping[str, np.ndarray], batch: Map
 
 
 class Bench:
-    """SYNTHETIC benchmark of an exported TF train step, timed by :func:`dlas_compare.benchmark.run_bench`:
+    """SYNTHETIC benchmark of an exported TF train step, timed by :func:`dlas_compare.benchmark_timing.run_bench`:
     the step on one cached device batch, each step's updated variables (donated) fed back as the next step's inputs.
     ``step()`` dispatches one step, ``sync()`` waits for it; ``global_batch`` samples per step.
 
@@ -294,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     cfg = config_cli.config_from_args(args)
     bench = Bench(cfg, "synthetic", export_dir=args.tf_xla_export)
-    record = benchmark.run_bench(bench, cfg, "synthetic", args.warmup, args.steps, args.windows, args.label)
+    record = run_bench(bench, cfg, "synthetic", args.warmup, args.steps, args.windows, args.label)
     if args.out:
         benchmark.append_records(args.out, [record])
     print(benchmark.table([record]))

@@ -3,7 +3,7 @@ the best (conditional-mean) prediction is.
 
     python experiments/nonlinear_gas/ceiling.py --out /tmp/ceiling [--size 128 --seed 2 --draws 3]
 
-The generator's patchy He II reionization (:func:`shared_data.data.cosmology.reionization_offset`)
+The generator's patchy He II reionization (:func:`shared_data.data.gas_physics.reionization_offset`)
 multiplies the photo-heated temperature by 10^m(x), m drawn from a generator of its own, independent of
 the dark matter. No network given the dark matter can know m, so the temperature has a part that no
 prediction reproduces. This script generates the held-out volume (``--size``, ``--seed``: the GPU
@@ -19,7 +19,7 @@ module function patched here, in this process only), and scores them as ``valida
   reaches (its P ratio is below 1 by the power of N, which no such prediction holds).
 
 The gas density does not depend on m (the smoothing follows the temperature before the late He II
-heating: the module docstring of cosmology, 5e), so its r_12 is 1 and its ceiling 1: a check.
+heating: the module docstring of gas_physics, 5e), so its r_12 is 1 and its ceiling 1: a check.
 Writes ``ceiling.json`` and ``table.txt`` (per k bin up to ``--k_max``, and the worst bins) into
 ``--out``; the generated volumes stay in ``--out`` too (``draw_<size>_<seed>_<j>.h5``, reused by a
 later call with the same size and seed).

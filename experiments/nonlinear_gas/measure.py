@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from shared_data.data import cosmology, generate
+from shared_data.data import generate, linear_field
 from shared_data.inference.metrics import compute_metrics, k_edges
 from shared_data.inference.units import DENSITY, TEMPERATURE, linear, read_volume, units_from_files
 
@@ -105,7 +105,7 @@ def measure(path: Path, k_max: float, overdensity: float) -> dict:
 
 def velocity_power(v: np.ndarray, box: float, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """k and the summed power of the three velocity components ((km/s)^2 (Mpc/h)^3)."""
-    parts = [cosmology.measure_power(c - c.mean(), box, edges) for c in v]
+    parts = [linear_field.measure_power(c - c.mean(), box, edges) for c in v]
     return parts[0][0], sum(p[1] for p in parts)
 
 
@@ -159,7 +159,7 @@ def figure(path: Path, volume: Path, props: dict) -> None:
         ),
     ):
         for tag, f in fields.items():
-            k, p, _ = cosmology.measure_power(f / f.mean() - 1, box, edges)
+            k, p, _ = linear_field.measure_power(f / f.mean() - 1, box, edges)
             ax.loglog(k, p, label=tag)
         ax.set_xlabel("k [h/Mpc]")
         ax.set_ylabel("P(k) of f/<f> - 1 [(Mpc/h)^3]")

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core.files import write_atomic
-from shared_data.data import cosmology
+from shared_data.data import linear_field
 from shared_data.inference.metrics import compute_metrics
 from shared_data.inference.units import TEMPERATURE, linear, read_volume, units_from_files
 
@@ -38,14 +38,14 @@ PREDICTORS = ("median", "mean", "geometric mean")
 def smooth(field: np.ndarray, sigma: float) -> np.ndarray:
     """``field`` (L, L, L) convolved with a periodic Gaussian of ``sigma`` voxels (float64)."""
     n = field.shape[0]
-    kx, ky, kz = cosmology.wavenumbers(n, n)  # a box of n voxels: k in radians per voxel
-    return cosmology.irfft3(np.fft.rfftn(field) * np.exp(-0.5 * sigma**2 * (kx**2 + ky**2 + kz**2)), n)
+    kx, ky, kz = linear_field.wavenumbers(n, n)  # a box of n voxels: k in radians per voxel
+    return linear_field.irfft3(np.fft.rfftn(field) * np.exp(-0.5 * sigma**2 * (kx**2 + ky**2 + kz**2)), n)
 
 
 def divergence(v: np.ndarray) -> np.ndarray:
     """The spectral divergence of ``v`` (3, L, L, L) in units of v per voxel (float64)."""
     n = v.shape[1]
-    return cosmology.irfft3(sum(1j * k * np.fft.rfftn(c) for k, c in zip(cosmology.wavenumbers(n, n), v)), n)
+    return linear_field.irfft3(sum(1j * k * np.fft.rfftn(c) for k, c in zip(linear_field.wavenumbers(n, n), v)), n)
 
 
 def binned_predictions(features: list[np.ndarray], t: np.ndarray, bins: int) -> dict[str, np.ndarray]:

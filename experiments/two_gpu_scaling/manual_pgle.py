@@ -21,6 +21,7 @@ from study_bench import StudyBench
 
 from dlas_compare import benchmark
 from dlas_compare.benchmark import int_at_least
+from dlas_compare.benchmark_timing import run_bench
 from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
 
@@ -75,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (f"jax {args.num_devices} GPUs, manual PGLE", {"fdo_profile": profile}),
     ):
         bench = StudyBench(cfg, args.num_devices, compiler_options=options)
-        records.append(benchmark.run_bench(bench, cfg, "synthetic", 5, args.steps, args.windows, label))
+        records.append(run_bench(bench, cfg, "synthetic", 5, args.steps, args.windows, label))
     print(benchmark.table(records))
     if args.out:
         benchmark.append_records(args.out, records)

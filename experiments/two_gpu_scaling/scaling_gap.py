@@ -26,6 +26,7 @@ from study_bench import StudyBench
 
 from dlas_compare import benchmark
 from dlas_compare.benchmark import int_at_least
+from dlas_compare.benchmark_timing import run_bench
 from jax_impl import distribute
 from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
@@ -65,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "barrier": f"jax {n} devices, sharded barrier",
     }
     records = [
-        benchmark.run_bench(make[v](), cfg, "synthetic", 5, args.steps, args.windows, labels[v] + args.label_suffix)
+        run_bench(make[v](), cfg, "synthetic", 5, args.steps, args.windows, labels[v] + args.label_suffix)
         for v in args.variants
     ]
     print(benchmark.table(records))

@@ -1,6 +1,6 @@
 """The SYNTHETIC bench of this study: the kit's train step or a variant of it, built from the public
 pieces of :mod:`jax_impl.train` (model, optimizer, state, ``loss_fn``), compiled with optional XLA
-compiler options, and timed by :func:`dlas_compare.benchmark.run_bench`.
+compiler options, and timed by :func:`dlas_compare.benchmark_timing.run_bench`.
 
 The variants need what the production step does not offer: the gradients passed through a function
 before the update (an explicit ``lax.pmean`` inside ``shard_map``, or an ``optimization_barrier``),

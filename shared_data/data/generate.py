@@ -30,7 +30,7 @@ import numpy as np
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import DatasetError, UserError, run_cli
 from shared_data.core.files import check_writable, writing
-from shared_data.data import cosmology
+from shared_data.data import cosmology, gas_physics, linear_field
 from shared_data.data.dataset import npy_paths
 
 DENSITY_SCALE = 14.0
@@ -56,7 +56,7 @@ def transform_fields(f: cosmology.Fields, t0: float) -> tuple[np.ndarray, np.nda
     return nbody.astype(np.float32), hydro.astype(np.float32)
 
 
-def attributes(args: argparse.Namespace, cosmo: cosmology.Cosmology, k_nl: float) -> dict:
+def attributes(args: argparse.Namespace, cosmo: linear_field.Cosmology, k_nl: float) -> dict:
     """File attributes describing channels, transforms, units, box, cosmology and generator settings.
 
     The transforms are given as text (``transforms``) and as numbers (``density_scale``,
@@ -106,11 +106,11 @@ def gas_model(gas: str) -> dict:
         "what": "shock heating past shell crossing (Zel'dovich deformation, Rankine-Hugoniot), two-phase "
         "temperature (photo-heated relation with shear scatter + shock heat), Jeans smoothing at "
         "k_J (T/T0)^(-1/2), patchy He II reionization (a large-scale log10 T0 field)",
-        "mu": cosmology.MU,
-        "shear_scatter_dex": cosmology.SHEAR_SCATTER_DEX,
-        "he2_dex": cosmology.HE2_DEX,
-        "he2_radius_mpc_h": cosmology.HE2_RADIUS_MPC_H,
-        "filter_log10_T_over_T0": cosmology.FILTER_LOG_T.tolist(),
+        "mu": gas_physics.MU,
+        "shear_scatter_dex": gas_physics.SHEAR_SCATTER_DEX,
+        "he2_dex": gas_physics.HE2_DEX,
+        "he2_radius_mpc_h": gas_physics.HE2_RADIUS_MPC_H,
+        "filter_log10_T_over_T0": gas_physics.FILTER_LOG_T.tolist(),
     }
 
 
@@ -167,7 +167,7 @@ def generate(args: argparse.Namespace) -> Path:
     ):
         if not ok:
             raise UserError(f"{name} {value}: expected {want}")
-    cosmo = cosmology.Cosmology(sigma8=args.sigma8)
+    cosmo = linear_field.Cosmology(sigma8=args.sigma8)
     t_start = time.perf_counter()
     say = lambda stage: print(f"[generate] {out.name}, {args.size}^3: {stage}", file=sys.stderr, flush=True)
     fields = cosmology.simulate(

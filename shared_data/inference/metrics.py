@@ -8,7 +8,7 @@ and gives:
   physical space, of the overdensities delta = f / <f> - 1 in a periodic box of side L x voxel:
   P_true(k), P_pred(k), the ratio P_pred / P_true and the cross-correlation coefficient
   r(k) = P_xy / sqrt(P_xx P_yy) (the usual emulator metrics, e.g. He et al. 2019, PNAS 116, 13825;
-  the estimator is :func:`shared_data.data.cosmology.measure_cross_power`), per k bin of width k_f = 2 pi /
+  the estimator is :func:`shared_data.data.linear_field.measure_cross_power`), per k bin of width k_f = 2 pi /
   box centred on n k_f, n = 1 .. L/2, the last bin ending at the Nyquist wavenumber pi / voxel;
   summaries: the mode-weighted means of r and of the ratio, and the first k where r < 0.9;
 * one-point PDFs of log10(rho / <rho>) and log10(T / K) on common bins, and their L1 distance to
@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from shared_data.data import cosmology
+from shared_data.data import gas_physics, linear_field
 from shared_data.inference.units import DENSITY, DM_DENSITY, TEMPERATURE, Units, linear
 
 #: Bins of the one-point PDFs (:func:`pdfs`).
@@ -63,14 +63,14 @@ def spectra(truth: np.ndarray, fields: dict[str, np.ndarray | None], box: float,
     skipped; e.g. ``pred``, ``baseline``, ``non_ml``), their ratio to the truth's (``ratio_<tag>``) and
     their cross-correlation coefficient r(k) = P_xy / sqrt(P_xx P_yy) with the truth (``r_<tag>``)."""
     dt = overdensity(truth)
-    k, p_true, n = cosmology.measure_power(dt, box, edges)
+    k, p_true, n = linear_field.measure_power(dt, box, edges)
     out = {"k": k, "n_modes": n, "P_true": p_true}
     for tag, field in fields.items():
         if field is None:
             continue
         field = overdensity(field)
-        _, p, _ = cosmology.measure_power(field, box, edges)
-        _, p_x, _ = cosmology.measure_cross_power(field, dt, box, edges)
+        _, p, _ = linear_field.measure_power(field, box, edges)
+        _, p_x, _ = linear_field.measure_cross_power(field, dt, box, edges)
         with np.errstate(invalid="ignore", divide="ignore"):
             out[f"P_{tag}"] = p
             out[f"ratio_{tag}"] = p / p_true
@@ -130,7 +130,7 @@ def non_ml_channels(nbody: np.ndarray, units: Units) -> dict[str, tuple[np.ndarr
         return {}
     idx = {n: i for i, n in enumerate(units.nbody_channels)}
     box = nbody.shape[1] * units.voxel_size
-    rho = cosmology.jeans_filter(
+    rho = gas_physics.jeans_filter(
         np.exp(units.density_scale * nbody[idx[DM_DENSITY]].astype(np.float64)), box, units.k_jeans
     )
     rho = np.maximum(rho, 0.0)
@@ -144,7 +144,7 @@ def non_ml_channels(nbody: np.ndarray, units: Units) -> dict[str, tuple[np.ndarr
     for name in units.hydro_channels:
         twin = "dm_" + name[4:] if name.startswith("gas_") else None
         if name not in out and twin in idx and "_v" in name:
-            out[name] = (cosmology.jeans_filter(nbody[idx[twin]].astype(np.float64), box, units.k_jeans), what)
+            out[name] = (gas_physics.jeans_filter(nbody[idx[twin]].astype(np.float64), box, units.k_jeans), what)
     return out
 
 
