@@ -31,10 +31,11 @@ log = logging.getLogger(__name__)
 def crop_fns(volumes: dict, device_id, size: int) -> dict:
     """``dali-device`` crop functions by key (the :class:`shared_data.data.dali_pipelines.DeviceCropSource`
     contract): draws of k steps, ``(starts, src, sign)`` (k, B, 3) int32, (k, B, C) int32,
-    (k, B, C) float32 -> k arrays (B, C, s, s, s) float32 with output channel d = ``sign[..., d] *
-    volume[src[..., d]]``. On GPU ``device_id`` the volume is put in that device's memory once and
-    all k steps are cut by one jitted call (``lax.dynamic_slice`` + channel gather per sample, fused
-    by XLA into one pass per output), complete when returned; without a GPU, NumPy."""
+    (k, B, C) float32 -> k DHWC arrays (B, s, s, s, C) float32 with output channel d = ``sign[..., d] *
+    volume[src[..., d]]`` (:func:`shared_data.data.dali_pipelines.numpy_crops`). On GPU ``device_id``
+    the volume is put in that device's memory once and all k steps are cut by one jitted call
+    (``lax.dynamic_slice``, channel gather and the move of the channels last per sample, fused by XLA
+    into one pass per output), complete when returned; without a GPU, NumPy."""
     if device_id is None:
         return {k: functools.partial(dp.numpy_step_crops, v, size=size) for k, v in volumes.items()}
     dev = jax.local_devices()[device_id]
@@ -46,7 +47,7 @@ def crop_fns(volumes: dict, device_id, size: int) -> dict:
 
         def one(st, sr, sg):
             cut = lax.dynamic_slice(volume, (zero, st[0], st[1], st[2]), (c, size, size, size))
-            return cut[sr] * sg[:, None, None, None]
+            return jnp.moveaxis(cut[sr] * sg[:, None, None, None], 0, -1)
 
         return tuple(jax.vmap(one)(starts[k], src[k], sign[k]) for k in range(starts.shape[0]))
 

@@ -82,6 +82,49 @@ def test_every_symmetry_through_dali_ops_is_bit_for_bit_numpy(tiny_cfg, tmp_path
     assert np.array_equal(m, np.ones(48))
 
 
+@pytest.mark.parametrize("crop", [5, 8])
+def test_warp_tables_move_voxels_as_the_symmetry_table(crop):
+    """Each of the 48 warp matrices through ``fn.warp_affine`` (a CPU pipeline, the production call)
+    moves the voxels of a random DHWC cube exactly as ``symmetry.apply_spatial`` does (a float64
+    NumPy reference), every channel alike; odd and even sides."""
+    from nvidia.dali import fn, pipeline_def
+
+    from shared_data.data import symmetry
+
+    cube = np.random.default_rng(7).standard_normal((crop, crop, crop, 2)).astype(np.float32)
+
+    @pipeline_def(batch_size=48, num_threads=1, device_id=None)
+    def pipe():
+        x = fn.external_source(source=lambda: [cube] * 48, layout="DHWC")
+        return dp.move_voxels(fn, x, fn.external_source(source=lambda: list(dp.warp_tables(crop))))
+
+    p = pipe()
+    p.build()
+    (out,) = p.run()
+    for g in range(48):
+        want = symmetry.apply_spatial(cube.astype(np.float64), g)
+        got = np.array(out[g]).astype(np.float64)
+        np.testing.assert_array_equal(got, want, err_msg=f"symmetry {g}")
+
+
+@pytest.mark.parametrize("crop", [5, 64])
+def test_warp_tables_are_exact(crop):
+    """The matrices are the symmetry's signed permutation in DALI's (x, y, z) = (W, H, D) order,
+    entries exactly 0 and +-1, shifts whole numbers (0 or the crop side), and each fixes the
+    cube's centre exactly."""
+    from shared_data.data import symmetry
+
+    table = dp.warp_tables(crop)
+    assert table.shape == (48, 3, 4) and table.dtype == np.float32
+    for g in range(48):
+        rot, shift = table[g, :, :3], table[g, :, 3]
+        assert np.array_equal(rot, symmetry.matrix(g)[::-1, ::-1]), g
+        assert set(np.abs(rot).ravel().tolist()) == {0.0, 1.0}
+        assert set(shift.tolist()) <= {0.0, float(crop)}, shift
+        centre = np.full(3, crop / 2, np.float32)
+        assert np.array_equal(rot @ centre + shift, centre), g
+
+
 @pytest.mark.parametrize(
     "kind, mode",
     [
@@ -201,7 +244,7 @@ def test_tf_dali_dataset_matches_native_loader_and_feeds_a_step(tiny_cfg, kind):
 
 def test_jax_device_crop_fn_equals_numpy_crops():
     """The jitted gather behind JAX's dali-device on a GPU (run here on a CPU device) cuts exactly
-    the NumPy crops with their channels mapped, the edges of the volume included."""
+    the NumPy crops, DHWC with their channels mapped, the edges of the volume included."""
     import jax
 
     from jax_impl.dali import crop_fns
@@ -214,18 +257,18 @@ def test_jax_device_crop_fn_equals_numpy_crops():
     got, second = crop_fns(vol, 0, 5)["Nbody"](
         np.stack([starts, starts[::-1]]), np.stack([src, src]), np.stack([sign, sign])
     )  # two steps in one call
-    assert isinstance(got, jax.Array) and got.shape == (3, 4, 5, 5, 5)
+    assert isinstance(got, jax.Array) and got.shape == (3, 5, 5, 5, 4)
     np.testing.assert_array_equal(np.asarray(second), dp.numpy_crops(vol["Nbody"], starts[::-1], src, sign, size=5))
     want = dp.numpy_crops(vol["Nbody"], starts, src, sign, size=5)
     np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
-    np.testing.assert_array_equal(np.asarray(got)[0], vol["Nbody"][:, 0:5, 0:5, 0:5])
-    np.testing.assert_array_equal(np.asarray(got)[1][1], -vol["Nbody"][3, 7:12, 3:8, 5:10])
+    np.testing.assert_array_equal(np.asarray(got)[0], np.moveaxis(vol["Nbody"][:, 0:5, 0:5, 0:5], 0, -1))
+    np.testing.assert_array_equal(np.asarray(got)[1][..., 1], -vol["Nbody"][3, 7:12, 3:8, 5:10])
 
 
 def test_tf_device_crop_fn_equals_numpy_crops():
     """The XLA gather behind TF's dali-device on a GPU (run here on the CPU device) cuts exactly the
-    NumPy crops with their channels mapped, the volume's edges included, and hands them over as
-    DLPack capsules."""
+    NumPy crops, DHWC with their channels mapped, the volume's edges included, and hands them over
+    as DLPack capsules."""
     import tensorflow as tf
 
     from tf_impl.dali import crop_fns
@@ -239,12 +282,12 @@ def test_tf_device_crop_fn_equals_numpy_crops():
         np.stack([starts, starts[::-1]]), np.stack([src, src]), np.stack([sign, sign])
     )  # two steps in one call
     got, second = (tf.experimental.dlpack.from_dlpack(c).numpy() for c in capsules)
-    assert got.shape == (3, 4, 5, 5, 5)
+    assert got.shape == (3, 5, 5, 5, 4)
     np.testing.assert_array_equal(second, dp.numpy_crops(vol["Nbody"], starts[::-1], src, sign, size=5))
     want = dp.numpy_crops(vol["Nbody"], starts, src, sign, size=5)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
-    np.testing.assert_array_equal(got[0], vol["Nbody"][:, 0:5, 0:5, 0:5])
-    np.testing.assert_array_equal(got[1][1], -vol["Nbody"][3, 7:12, 3:8, 5:10])
+    np.testing.assert_array_equal(got[0], np.moveaxis(vol["Nbody"][:, 0:5, 0:5, 0:5], 0, -1))
+    np.testing.assert_array_equal(got[1][..., 1], -vol["Nbody"][3, 7:12, 3:8, 5:10])
 
 
 def test_tf_pipelines_run_from_python_match_native_loader(tiny_cfg):

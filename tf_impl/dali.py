@@ -104,9 +104,10 @@ class DaliInput:
         return distribute.replica_batches(self.strategy, self.shards, iters, self.steps - first)
 
     def _crop_inputs(self, plan, gpu: str | None) -> dict:
-        """``Nbody``/``Hydro`` input datasets: each step's channel-first crops read by the shared
-        reader (``dali-h5``) or sliced from the loaded volumes (``dali-device``) in a parallel
-        ``tf.data`` map on the CPU. For a dataset on ``gpu`` the crops are copied there
+        """``Nbody``/``Hydro`` input datasets: each step's crops, channel-first as the shared reader
+        reads them (``dali-h5``) or DHWC with their channels mapped as :func:`shared_data.data.
+        dali_pipelines.numpy_crops` slices them from the loaded volumes (``dali-device``), in a
+        parallel ``tf.data`` map on the CPU. For a dataset on ``gpu`` the crops are copied there
         (``copy_to_device``, as DALI's plugin does with its own callback inputs): a map instantiated
         inside the GPU-placed ``DALIDataset`` fails with CUDA_ERROR_INVALID_VALUE."""
         cfg, s = self.cfg, self.cfg.crop_size
@@ -138,25 +139,25 @@ class DaliInput:
 
 
 def cut_crops(volume: tf.Tensor, starts: tf.Tensor, src: tf.Tensor, sign: tf.Tensor, *, size: int, crop: int):
-    """Channel-first crops with their channels mapped, from a channels-last volume on the device.
+    """DHWC crops with their channels mapped, from a channels-last volume on the device.
 
     ``volume`` float32 (L^3 * C,) flattened from (L, L, L, C); ``starts`` int32 (n, 3); ``src``
-    int32 (n, C); ``sign`` float32 (n, C); returns float32 (n, C, s, s, s) with channel d of crop
+    int32 (n, C); ``sign`` float32 (n, C); returns float32 (n, s, s, s, C) with channel d of crop
     i equal to ``sign[i, d] * volume[start + (x, y, z), src[i, d]]`` (:func:`shared_data.data.
     dali_pipelines.numpy_crops`), one flat-index gather per output value."""
     channels = src.shape[-1]
     y = tf.range(crop, dtype=tf.int32)
     st = [starts[:, i, None] + y[None] for i in range(3)]  # (n, s) each
     row = (st[0][:, :, None, None] * size + st[1][:, None, :, None]) * size + st[2][:, None, None, :]
-    idx = row[:, None] * channels + src[:, :, None, None, None]  # (n, C, s, s, s)
-    return tf.gather(volume, idx) * sign[:, :, None, None, None]
+    idx = row[..., None] * channels + src[:, None, None, None, :]  # (n, s, s, s, C)
+    return tf.gather(volume, idx) * sign[:, None, None, None, :]
 
 
 def crop_fns(volumes: dict, device: str | None, size: int) -> dict:
     """``dali-device`` crop functions by key (the :class:`shared_data.data.dali_pipelines.
     DeviceCropSource` contract; TF twin of :func:`jax_impl.dali.crop_fns`): draws of k steps,
-    ``(starts, src, sign)`` (k, B, 3) int32, (k, B, C) int32, (k, B, C) float32 -> k batches
-    (B, C, s, s, s) float32. On ``device`` (a TF GPU) the volume is put in its memory once, all k
+    ``(starts, src, sign)`` (k, B, 3) int32, (k, B, C) int32, (k, B, C) float32 -> k DHWC batches
+    (B, s, s, s, C) float32. On ``device`` (a TF GPU) the volume is put in its memory once, all k
     steps are cut by one XLA call, complete when returned, and handed over as DLPack capsules;
     without a device, NumPy."""
     if device is None:
@@ -174,7 +175,7 @@ def crop_fns(volumes: dict, device: str | None, size: int) -> dict:
             out = cut(
                 flat, tf.reshape(starts, (-1, 3)), tf.reshape(src, (-1, channels)), tf.reshape(sign, (-1, channels))
             )
-            return tuple(tf.unstack(tf.reshape(out, (k, b, channels, size, size, size))))
+            return tuple(tf.unstack(tf.reshape(out, (k, b, size, size, size, channels))))
 
         def run(starts, src, sign):
             with tf.device(device):

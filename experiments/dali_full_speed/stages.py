@@ -17,12 +17,16 @@ Runs on a CPU too (CPU-only pipelines, NumPy crops) for the smoke test.
 """
 
 import argparse
+import functools
+import itertools
 import json
 import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jax_impl import dali as jdali
 from jax_impl import distribute
@@ -30,10 +34,95 @@ from shared_data.core import config as config_mod
 from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
 from shared_data.data import dali_pipelines as dp
-from shared_data.data import dataset
+from shared_data.data import dataset, symmetry
 from shared_data.data.sampler import TRAIN
 
 STAGES = ("cut", "layout", "axes", "flips", "channels")
+
+# Below: a local copy of the dali-device pipeline this study measured (conditional transposes, flips).
+AXIS_ORDERS = tuple(itertools.permutations(range(3)))  # spatial axis orders; index = ``axis_order``
+AXIS_PARAMS = ("axis_order", "flip_d", "flip_h", "flip_w")
+
+
+@functools.cache
+def _axis_tables():
+    perms, signs = symmetry.gather_tables(1, ())[:2]
+    order = np.array([AXIS_ORDERS.index(tuple(p)) for p in perms], np.int32)
+    return order, (signs < 0).astype(np.int32)  # (48,), (48, 3): flip output axis D, H, W
+
+
+class StageParams(dp.PlanSource):
+    """:class:`shared_data.data.dali_pipelines.PlanSource` that also gives ``axis_order`` (index in
+    :data:`AXIS_ORDERS`) and ``flip_d``, ``flip_h``, ``flip_w`` int32 (B,) of each step."""
+
+    def __call__(self, info):
+        plan = self.plans(info.epoch_idx)
+        if info.iteration >= len(plan):
+            raise StopIteration
+        draws = plan.draws[info.iteration]
+        p = dp.step_params(draws, plan.masks[info.iteration], self.plans.cfg)
+        order, flips = _axis_tables()
+        g = draws.symmetries
+        p.update(axis_order=order[g], flip_d=flips[g, 0], flip_h=flips[g, 1], flip_w=flips[g, 2])
+        return tuple(p[k] for k in self.names)
+
+
+def permute_axes(fn, x, order, channel_first: bool):
+    """``x`` (CDHW if ``channel_first``, else DHWC) with its spatial axes in the per-sample order
+    ``order`` (an index into :data:`AXIS_ORDERS`), as DHWC: one ``fn.transpose`` per branch of DALI's
+    conditional execution, each run on just the samples of its order."""
+    c, first = (0, 1) if channel_first else (3, 0)
+    perms = [[first + a for a in axes] + [c] for axes in AXIS_ORDERS]
+    # DALI's conditionals turn ``if`` statements on per-sample predicates into a split and merge of
+    # the batch, so the six orders are written out as six branches
+    if order == 0:
+        out = fn.transpose(x, perm=perms[0], output_layout="DHWC")
+    elif order == 1:
+        out = fn.transpose(x, perm=perms[1], output_layout="DHWC")
+    elif order == 2:
+        out = fn.transpose(x, perm=perms[2], output_layout="DHWC")
+    elif order == 3:
+        out = fn.transpose(x, perm=perms[3], output_layout="DHWC")
+    elif order == 4:
+        out = fn.transpose(x, perm=perms[4], output_layout="DHWC")
+    else:
+        out = fn.transpose(x, perm=perms[5], output_layout="DHWC")
+    return out
+
+
+def crop_fns(volumes: dict, device_id, size: int) -> dict:
+    """Crop functions of the :class:`shared_data.data.dali_pipelines.DeviceCropSource` contract
+    returning channel-first (B, C, s, s, s) crops with their channels mapped: on a GPU one jitted
+    gather per call, without one NumPy."""
+    if device_id is None:
+
+        def host(volume):
+            return lambda starts, src, sign: [
+                np.ascontiguousarray(np.moveaxis(c, -1, 1))
+                for c in dp.numpy_step_crops(volume, starts, src, sign, size=size)
+            ]
+
+        return {k: host(v) for k, v in volumes.items()}
+    dev = jax.local_devices()[device_id]
+
+    @jax.jit
+    def crop(volume, starts, src, sign):
+        c = volume.shape[0]
+        zero = jnp.zeros((), starts.dtype)
+
+        def one(st, sr, sg):
+            cut = lax.dynamic_slice(volume, (zero, st[0], st[1], st[2]), (c, size, size, size))
+            return cut[sr] * sg[:, None, None, None]
+
+        return tuple(jax.vmap(one)(starts[k], src[k], sign[k]) for k in range(starts.shape[0]))
+
+    def make(volume):
+        on_dev = jax.device_put(volume, dev)
+        return lambda starts, src, sign: jax.block_until_ready(
+            crop(on_dev, *(jax.device_put(a, dev) for a in (starts, src, sign)))
+        )
+
+    return {k: make(v) for k, v in volumes.items()}
 
 
 class Unmapped:
@@ -54,7 +143,8 @@ def pipeline(cfg, stage: str, plans, fns, device_id):
     device = "gpu" if device_id is not None else "cpu"
     fns = {k: Unmapped(f) for k, f in fns.items()} if stage == "channels" else fns
     sources = dp.device_crop_sources(plans, fns, cfg)
-    names = dp.param_names("dali-h5") if stage == "channels" else dp.param_names("dali-device")
+    kind = "dali-h5" if stage == "channels" else "dali-device"
+    names = AXIS_PARAMS + tuple(n for n in dp.param_names(kind) if n != "warp")
 
     @pipeline_def(
         enable_conditionals=True,
@@ -65,9 +155,7 @@ def pipeline(cfg, stage: str, plans, fns, device_id):
         exec_dynamic=True,
     )
     def pipe():
-        outs = fn.external_source(
-            source=dp.PlanSource(plans, names), num_outputs=len(names), batch=True, batch_info=True
-        )
+        outs = fn.external_source(source=StageParams(plans, names), num_outputs=len(names), batch=True, batch_info=True)
         params = dict(zip(names, outs))
         result = []
         for key, io in (("Nbody", "in"), ("Hydro", "out")):
@@ -77,7 +165,7 @@ def pipeline(cfg, stage: str, plans, fns, device_id):
             else:
                 if stage == "channels":
                     x = dp.map_channels(fn, x, params[f"src_{io}"], params[f"sign_{io}"])
-                x = dp.permute_axes(fn, x, params["axis_order"], channel_first=True)
+                x = permute_axes(fn, x, params["axis_order"], channel_first=True)
                 if stage in ("flips", "channels"):
                     x = fn.flip(x, depthwise=params["flip_d"], vertical=params["flip_h"], horizontal=params["flip_w"])
             result.append(x)
@@ -91,7 +179,7 @@ def time_stage(cfg, stage: str, steps: int, device_id, bench=None) -> dict:
     path = cfg.data_file("train")
     size = dataset.validate(path, cfg.N_in_channels, cfg.N_out_channels, cfg.crop_size).size
     plans = dp.EpochPlans(cfg, TRAIN, [0], 1, size)
-    fns = jdali.crop_fns(dp.load_volumes(path, cfg), device_id, cfg.crop_size)
+    fns = crop_fns(dp.load_volumes(path, cfg), device_id, cfg.crop_size)
     if stage == "cut":
         src = {k: dp.channel_tables(cfg, k) for k in dataset.KEYS}
 

@@ -7,7 +7,7 @@
 #   CPU smoke test: OUT=/tmp/o SIDE=64 CONFIG=cpu_tiny bash experiments/dali_iterators/run.sh
 set -uo pipefail
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.6
-SIDE=${SIDE:-256} CONFIG=${CONFIG:-short_opt} STEPS=${STEPS:-40} DEPTHS=${DEPTHS:-2 3} VARIANTS=${VARIANTS:-conditional warp warp_cl passthrough gather}
+SIDE=${SIDE:-256} CONFIG=${CONFIG:-short_opt} STEPS=${STEPS:-40} DEPTHS=${DEPTHS:-2 3} VARIANTS=${VARIANTS:-production warp warp_cl passthrough gather}
 mkdir -p "$OUT" data
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no GPU"
   python3 -c "import jax, flax, numpy, nvidia.dali as d; print('jax', jax.__version__, 'flax', flax.__version__, 'numpy', numpy.__version__, 'dali', d.__version__)"

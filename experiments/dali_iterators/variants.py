@@ -3,11 +3,12 @@ crops through DALI's JAX iterator (``DALIGenericIterator``, zero-copy under ``ex
 the symmetry done in different places, each timed alone (IO) and feeding the kit's compiled train
 step (FULL).
 
-    conditional  the production ``dali-device`` pipeline: JAX cuts channel-first crops with the
-                 channel part applied; DALI: six conditional transposes (the axis order) + flips
-    warp         JAX cuts DHWC crops with the channel part applied; DALI: one ``fn.warp_affine``
-                 per volume, nearest neighbour, a per-sample signed-permutation matrix (axis order
-                 and flips in one pass; exact, the coordinates are integers + 0.5)
+    production   the production ``dali-device`` pipeline (``dali_pipelines.build_pipeline``): JAX
+                 cuts DHWC crops with the channel part applied (``jax_impl.dali.crop_fns``); DALI:
+                 one ``fn.warp_affine`` per volume (``dali_pipelines.warp_tables``)
+    warp         the same crops and warp in a pipeline of this script's own (the matrices from a
+                 callback of their own): nearest neighbour, a per-sample signed-permutation matrix
+                 (axis order and flips in one pass; exact, the coordinates are integers + 0.5)
     warp_cl      as warp, but the volumes are held channels-last (L, L, L, C), so the cut is a copy of
                  contiguous rows with the channel part, no transpose
     passthrough  JAX cuts DHWC crops with the whole symmetry (the ``device`` loader's gather,
@@ -21,10 +22,13 @@ step (FULL).
 
 ``--check N`` compares N batches of every variant with the NumPy reader's (bit for bit, all symmetries of
 the plan) before timing. Runs on a CPU too (CPU-only pipelines, NumPy crops) for the smoke test.
+
+The records in ``results/call1_h100`` and ``results/call2_h100`` name ``conditional`` the production
+pipeline they measured: channel-first crops, six transposes under DALI's conditional execution (the
+axis order) and per-sample flips.
 """
 
 import argparse
-import functools
 import json
 import sys
 import time
@@ -41,42 +45,22 @@ from jax_impl import distribute
 from shared_data.core import config as config_mod
 from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
-from shared_data.data import crop_readers, dataset, host_batches, symmetry
+from shared_data.data import crop_readers, dataset, host_batches
 from shared_data.data import dali_pipelines as dp
 from shared_data.data.sampler import TRAIN
 
-VARIANTS = ("conditional", "warp", "warp_cl", "passthrough", "gather")
-
-
-@functools.cache
-def warp_tables(crop: int) -> np.ndarray:
-    """(48, 3, 4) float32: for each symmetry the affine map that DALI's ``warp_affine`` (with
-    ``inverse_map=False``) applies to a DHWC crop of side ``crop``. Output voxel y (D, H, W order)
-    reads input voxel w with ``w[perm[i]] = y_i``, or ``crop - 1 - y_i`` where ``sign[i] < 0``
-    (:mod:`shared_data.data.symmetry`), i.e. at voxel centres (index + 0.5)
-    ``w_c[perm[i]] = sign[i] * y_c_i + (crop if sign[i] < 0 else 0)``. DALI's coordinates are
-    (x, y, z) = (W, H, D), and it takes the matrix the other way round (source to destination):
-    the inverse of that map, exact (a signed permutation and whole-number shifts)."""
-    perms, signs = symmetry.gather_tables(1, ())[:2]
-    out = np.zeros((len(perms), 3, 4), np.float32)
-    r = lambda axis: 2 - axis  # D, H, W -> DALI's z, y, x
-    for g, (perm, sign) in enumerate(zip(perms, signs)):
-        m = np.eye(4)
-        m[:3, :3] = 0
-        for i in range(3):
-            m[r(perm[i]), r(i)] = sign[i]
-            m[r(perm[i]), 3] = crop if sign[i] < 0 else 0
-        out[g] = np.linalg.inv(m)[:3]
-    return out
+VARIANTS = ("production", "warp", "warp_cl", "passthrough", "gather")
 
 
 def cut_fn(volume: np.ndarray, device_id, crop: int, whole: bool, cfg, key: str | None, channels_last=False):
     """A :class:`shared_data.data.dali_pipelines.DeviceCropSource` crop function returning DHWC crops.
 
     ``whole=False``: ``volume`` channel-first (C, L, L, L) of ``key``; crops with the channel part
-    applied (the warp variant). ``whole=True``: ``volume`` the ``device`` loader's (L^3, C) array;
-    crops with the whole symmetry, inputs and targets (the passthrough variant; ``src``/``sign`` are
-    then the symmetry index per sample in ``src[..., 0]``)."""
+    applied: the production crop function (:func:`jax_impl.dali.crop_fns`, the warp variant) or,
+    ``channels_last``, a cut of the volume held (L, L, L, C) (the warp_cl variant). ``whole=True``:
+    ``volume`` the ``device`` loader's (L^3, C) array; crops with the whole symmetry, inputs and
+    targets (the passthrough variant; ``src``/``sign`` are then the symmetry index per sample in
+    ``src[..., 0]``)."""
     if whole:
         static = host_batches.gather_statics(cfg, host_batches.volume_side(volume.shape[0]))
 
@@ -101,25 +85,23 @@ def cut_fn(volume: np.ndarray, device_id, crop: int, whole: bool, cfg, key: str 
             cut(on_dev, *(jax.device_put(a, dev) for a in (starts, syms)))
         )
 
-    if channels_last:
-        volume = np.ascontiguousarray(np.moveaxis(volume, 0, -1))
+    if not channels_last:
+        return jdali.crop_fns({key: volume}, device_id, crop)[key]
+    volume = np.ascontiguousarray(np.moveaxis(volume, 0, -1))
     if device_id is None:
 
-        def numpy_cut(starts, src, sign):
-            if channels_last:  # a fancy index on the last axis leaves a strided array: pack it for DALI
-                return [
-                    np.ascontiguousarray(
-                        np.stack(
-                            [
-                                volume[x : x + crop, y : y + crop, z : z + crop][..., r] * g
-                                for (x, y, z), r, g in zip(st, sr, sg)
-                            ]
-                        )
+        def numpy_cut(starts, src, sign):  # a fancy index on the last axis leaves a strided array: pack it
+            return [
+                np.ascontiguousarray(
+                    np.stack(
+                        [
+                            volume[x : x + crop, y : y + crop, z : z + crop][..., r] * g
+                            for (x, y, z), r, g in zip(st, sr, sg)
+                        ]
                     )
-                    for st, sr, sg in zip(starts, src, sign)
-                ]
-            crops = dp.numpy_step_crops(volume, starts, src, sign, size=crop)
-            return [np.ascontiguousarray(np.moveaxis(c, 1, -1)) for c in crops]
+                )
+                for st, sr, sg in zip(starts, src, sign)
+            ]
 
         return numpy_cut
     dev = jax.local_devices()[device_id]
@@ -130,11 +112,8 @@ def cut_fn(volume: np.ndarray, device_id, crop: int, whole: bool, cfg, key: str 
         zero = jnp.zeros((), starts.dtype)
 
         def one(st, sr, sg):
-            if channels_last:
-                piece = lax.dynamic_slice(vol, (st[0], st[1], st[2], zero), (crop, crop, crop, vol.shape[-1]))
-                return piece[..., sr] * sg
-            piece = lax.dynamic_slice(vol, (zero, st[0], st[1], st[2]), (vol.shape[0], crop, crop, crop))
-            return jnp.moveaxis(piece[sr] * sg[:, None, None, None], 0, -1)
+            piece = lax.dynamic_slice(vol, (st[0], st[1], st[2], zero), (crop, crop, crop, vol.shape[-1]))
+            return piece[..., sr] * sg
 
         return tuple(jax.vmap(one)(starts[k], src[k], sign[k]) for k in range(starts.shape[0]))
 
@@ -168,10 +147,11 @@ class WholeSource:
 
 
 class WarpSource:
-    """The per-sample warp matrices of a step ((B, 3, 4) float32, from :func:`warp_tables`)."""
+    """The per-sample warp matrices of a step ((B, 3, 4) float32, from
+    :func:`shared_data.data.dali_pipelines.warp_tables`)."""
 
     def __init__(self, plans, crop: int):
-        self.plans, self.table = plans, warp_tables(crop)
+        self.plans, self.table = plans, dp.warp_tables(crop)
 
     def __call__(self, info):
         plan = self.plans(info.epoch_idx)
@@ -187,15 +167,11 @@ def pipeline(cfg, variant: str, plans, device_id, depth: int):
     device = "gpu" if device_id is not None else "cpu"
     path = cfg.data_file("train")
     ring = depth + 2
-    if variant == "conditional":
+    if variant == "production":
         fns = jdali.crop_fns(dp.load_volumes(path, cfg), device_id, cfg.crop_size)
+        deep = config_mod.replace(cfg, dali_prefetch_queue_depth=depth)  # the crops' ring follows the depth
         return dp.build_pipeline(
-            config_mod.replace(cfg, dali_prefetch_queue_depth=depth),
-            "train",
-            cfg.global_batch_size,
-            device_id,
-            plans,
-            dp.device_crop_sources(plans, fns, cfg),
+            deep, "train", cfg.global_batch_size, device_id, plans, dp.device_crop_sources(plans, fns, deep)
         )
     kw = dict(batch_size=cfg.global_batch_size, num_threads=cfg.dali_threads, device_id=device_id)
 

@@ -5,27 +5,29 @@ Both produce, per step, ``inputs`` (B, s, s, s, N_in), ``targets`` (B, s, s, s, 
 and ``mask`` (B,), exactly the samples of the NumPy reader (:func:`shared_data.data.crop_readers.make_batch`)
 for the same plan: crops start where :mod:`shared_data.data.sampler` says and the symmetry comes from the
 one table in :mod:`shared_data.data.symmetry`, applied by DALI operators on the pipeline's device
-(GPU when there is one) as what it is, a signed permutation of the channels, an axis permutation
-and flips, each value copied or negated exactly (bit for bit, signed zeros included):
+(GPU when there is one) as what it is, a signed permutation of the channels and one of the voxels,
+each value copied or negated exactly (bit for bit, signed zeros included):
 
     channels (channel-first): fn.sequence_rearrange (per-sample channel order, the vector components
-    turning with the grid)  ->  x * sign (per-sample, per-channel +-1)
-    axes: fn.transpose (one of the six axis orders per sample, picked by DALI's conditional
-    execution; the same pass makes channel-first data DHWC)  ->  fn.flip (per-sample depthwise /
-    vertical / horizontal).
+    turning with the grid)  ->  x * sign (per-sample, per-channel +-1)  ->  fn.transpose to DHWC
+    voxels (DHWC): fn.warp_affine, nearest neighbour, with a per-sample 3 x 4 matrix
+    (:func:`warp_tables`) that takes every voxel centre to a voxel centre: the symmetry's axis order
+    and flips in one pass.
 
-For ``dali-device`` the framework's crop function applies the channel part while it cuts (a gather of
-the source channels times their signs, no extra pass), and DALI does the axes.
+DALI's per-sample channel gather reorders the outermost axis only, so the numpy reader's DHWC ROIs
+are made channel-first for the channel part and DHWC again for the warp. For ``dali-device`` the
+framework's crop function applies the channel part while it cuts (a gather of the source channels
+times their signs, written DHWC in the same pass), and DALI only warps.
 
-Per-step symmetry parameters and crop starts enter through named external sources (``PARAMS``). The
-JAX side attaches a Python callback (:class:`PlanSource`); the TF side feeds the same names from
-``tf.data`` datasets (``DALIDatasetWithInputs``), because the TF plugin runs callbacks only as
-non-parallel generators.
+Per-step parameters (crop starts, warp matrices, channel tables) enter through named external
+sources (``PARAMS``). The JAX side attaches a Python callback (:class:`PlanSource`); the TF side
+feeds the same names from ``tf.data`` datasets (``DALIDatasetWithInputs``), because the TF plugin
+runs callbacks only as non-parallel generators.
 
 * ``dali-npy``: ``fn.readers.numpy`` reads just the ROI of the DHWC ``.npy`` files
   (``python -m shared_data.data.convert``).
-* ``dali-h5``: ``fn.external_source`` reads crops straight from the HDF5 file, channel-first, and
-  ``fn.transpose`` makes them DHWC. ``dali_h5_mode`` chooses how:
+* ``dali-h5``: ``fn.external_source`` reads crops straight from the HDF5 file, channel-first.
+  ``dali_h5_mode`` chooses how:
   ``parallel`` (per-sample callback in ``py_num_workers`` spawned worker processes, each opening the
   file once; DALI passes the shared-memory buffers without a copy), ``prefetch`` (batch callback in
   this process, a ``concurrent.futures`` thread reading the next batch while DALI works on this one,
@@ -34,19 +36,18 @@ non-parallel generators.
 * ``dali-device``: the two volumes are read once into the memory of the pipeline's device (GPU
   memory on a GPU, host memory otherwise; channel-first as in the HDF5 file) and the framework cuts
   each step's crops there (a jitted gather in JAX; NumPy slicing for CPU pipelines and in TF, whose
-  crops then move to the GPU like ``dali-h5``'s), handing DALI one (B, C, s, s, s) array per volume
-  and step through ``fn.external_source(device=..., no_copy=True)``; DALI then transposes and
-  augments as for ``dali-h5``. With JAX on a GPU the host does no per-voxel work. Memory: the whole
-  volume per device (38.6 GB for the tutorial's 1024^3 x 9 channels, which fits an H200).
+  crops then move to the GPU like ``dali-h5``'s), handing DALI one (B, s, s, s, C) DHWC array per
+  volume and step, channels mapped, through ``fn.external_source(device=..., no_copy=True)``; DALI
+  then warps it. With JAX on a GPU the host does no per-voxel work. Memory: the whole volume per
+  device (38.6 GB for the tutorial's 1024^3 x 9 channels, which fits an H200).
   (Feeding DALI the whole volume once per sample and cutting with ``fn.slice`` does not work on a
-  GPU: DALI packs GPU input batches contiguously, B copies of the volume: measured, experiments/perf_notes.md.)
+  GPU: DALI packs GPU input batches contiguously, B copies of the volume: experiments/perf_notes.md.)
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
-import itertools
 import logging
 import os
 from collections.abc import Sequence
@@ -63,8 +64,7 @@ from shared_data.data.crop_readers import H5LowMemReader
 
 log = logging.getLogger(__name__)
 
-PARAMS = ("roi_start", "axis_order", "flip_d", "flip_h", "flip_w", "src_in", "sign_in", "src_out", "sign_out", "mask")
-AXIS_ORDERS = tuple(itertools.permutations(range(3)))  # spatial axis orders; index = ``axis_order``
+PARAMS = ("roi_start", "warp", "src_in", "sign_in", "src_out", "sign_out", "mask")
 OUTPUTS = ("inputs", "targets", "mask")
 H5_MODES = CHOICES["dali_h5_mode"]
 
@@ -91,12 +91,37 @@ def require_dali():
 
 
 @functools.cache
-def _symmetry_tables(n_in: int, n_out: int, vec_in: tuple, vec_out: tuple):
-    perms, signs, src_in, sign_in = symmetry.gather_tables(n_in, vec_in)
-    _, _, src_out, sign_out = symmetry.gather_tables(n_out, vec_out)
-    order = np.array([AXIS_ORDERS.index(tuple(p)) for p in perms], np.int32)
-    flips = (signs < 0).astype(np.int32)  # (48, 3): flip output axis D, H, W
-    return order, flips, src_in, sign_in, src_out, sign_out
+def warp_tables(crop: int) -> np.ndarray:
+    """(48, 3, 4) float32: for each symmetry the affine map that ``fn.warp_affine`` (with
+    ``inverse_map=False``) applies to a DHWC crop of side ``crop``.
+
+    From the table of :mod:`shared_data.data.symmetry` (``perm``, ``sign``): output voxel y (D, H, W
+    order) reads input voxel w with ``w[perm[i]] = y_i``, or ``crop - 1 - y_i`` where ``sign[i] < 0``,
+    i.e. at voxel centres (index + 0.5) ``w_c[perm[i]] = sign[i] * y_c_i + (crop if sign[i] < 0 else
+    0)``. DALI's coordinates are (x, y, z) = (W, H, D), the reverse of the array's axes, and with
+    ``inverse_map=False`` it takes the map from source to destination, so the table holds the inverse
+    of that destination-to-source map: exact, a signed permutation and whole-number shifts, and every
+    output centre lands on an input centre, which nearest-neighbour sampling copies unchanged."""
+    perms, signs = symmetry.gather_tables(1, ())[:2]
+    out = np.zeros((len(perms), 3, 4), np.float32)
+    r = lambda axis: 2 - axis  # D, H, W -> DALI's z, y, x
+    for g, (perm, sign) in enumerate(zip(perms, signs)):
+        m = np.eye(4)
+        m[:3, :3] = 0
+        for i in range(3):
+            m[r(perm[i]), r(i)] = sign[i]
+            m[r(perm[i]), 3] = crop if sign[i] < 0 else 0
+        out[g] = np.linalg.inv(m)[:3]
+    out.setflags(write=False)
+    return out
+
+
+@functools.cache
+def _channel_tables(n: int, vectors: tuple) -> tuple[np.ndarray, np.ndarray]:
+    src, sign = symmetry.gather_tables(n, vectors)[2:]
+    src.setflags(write=False)
+    sign.setflags(write=False)
+    return src, sign
 
 
 def channel_tables(cfg: Config, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -108,26 +133,19 @@ def channel_tables(cfg: Config, key: str) -> tuple[np.ndarray, np.ndarray]:
         if key == "Nbody"
         else (cfg.N_out_channels, cfg.hydro_vector_channels)
     )
-    return symmetry.gather_tables(n, vectors)[2:]
+    return _channel_tables(n, vectors)
 
 
 def step_params(draws, mask: np.ndarray, cfg: Config) -> dict[str, np.ndarray]:
-    """Per-sample pipeline inputs of one step: ``roi_start`` int32 (B, 3); ``axis_order`` int32 (B,),
-    the index in :data:`AXIS_ORDERS` of the symmetry's axis permutation (output axis i is input
-    spatial axis ``perm[i]``); ``flip_d``, ``flip_h``, ``flip_w`` int32 (B,), 1 where that output
-    axis is reversed (``sign[i] < 0``); ``src_in`` int32 (B, N_in) and ``sign_in`` float32
-    (B, N_in) (and ``src_out``, ``sign_out`` for N_out): each output channel's source channel and
-    sign (:func:`channel_tables`); ``mask`` float32 (B,)."""
-    order, flips, src_in, sign_in, src_out, sign_out = _symmetry_tables(
-        cfg.N_in_channels, cfg.N_out_channels, cfg.nbody_vector_channels, cfg.hydro_vector_channels
-    )
+    """Per-sample pipeline inputs of one step: ``roi_start`` int32 (B, 3); ``warp`` float32
+    (B, 3, 4), the symmetry's voxel map for ``fn.warp_affine`` (:func:`warp_tables`); ``src_in``
+    int32 (B, N_in) and ``sign_in`` float32 (B, N_in) (and ``src_out``, ``sign_out`` for N_out):
+    each output channel's source channel and sign (:func:`channel_tables`); ``mask`` float32 (B,)."""
+    (src_in, sign_in), (src_out, sign_out) = (channel_tables(cfg, key) for key in dataset.KEYS)
     g = draws.symmetries
     return {
         "roi_start": draws.starts.astype(np.int32),
-        "axis_order": order[g],
-        "flip_d": flips[g, 0],
-        "flip_h": flips[g, 1],
-        "flip_w": flips[g, 2],
+        "warp": warp_tables(cfg.crop_size)[g],
         "src_in": src_in[g],
         "sign_in": sign_in[g],
         "src_out": src_out[g],
@@ -278,46 +296,31 @@ def _param_nodes(fn, kind: str, plans: EpochPlans | None) -> dict:
     return dict(zip(names, outs))
 
 
-def permute_axes(fn, x, order, channel_first: bool):
-    """``x`` (CDHW if ``channel_first``, else DHWC) with its spatial axes in the per-sample order
-    ``order`` (an index into :data:`AXIS_ORDERS`), as DHWC: one ``fn.transpose`` per branch of DALI's
-    conditional execution, each run on just the samples of its order."""
-    c, first = (0, 1) if channel_first else (3, 0)
-    perms = [[first + a for a in axes] + [c] for axes in AXIS_ORDERS]
-    # DALI's conditionals turn ``if`` statements on per-sample predicates into a split and merge of
-    # the batch, so the six orders are written out as six branches
-    if order == 0:
-        out = fn.transpose(x, perm=perms[0], output_layout="DHWC")
-    elif order == 1:
-        out = fn.transpose(x, perm=perms[1], output_layout="DHWC")
-    elif order == 2:
-        out = fn.transpose(x, perm=perms[2], output_layout="DHWC")
-    elif order == 3:
-        out = fn.transpose(x, perm=perms[3], output_layout="DHWC")
-    elif order == 4:
-        out = fn.transpose(x, perm=perms[4], output_layout="DHWC")
-    else:
-        out = fn.transpose(x, perm=perms[5], output_layout="DHWC")
-    return out
-
-
 def map_channels(fn, x, src, sign):
     """Channel-first ``x`` with output channel d = ``sign[d] * x[src[d]]`` per sample (exact)."""
     sign = fn.reshape(sign, shape=[-1, 1, 1, 1])  # (C,) -> (C, 1, 1, 1): broadcast over the voxels
     return fn.sequence_rearrange(fn.reshape(x, layout="FDHW"), new_order=src) * sign
 
 
-def _augment(fn, x, params: dict, key: str, layout: str):
-    """The symmetry of each sample on ``x``, as DHWC. ``layout``: ``"DHWC"`` (the numpy reader's ROIs),
-    ``"CDHW"`` (crops made outside DALI) or ``"CDHW mapped"`` (crops whose channels the crop
-    function has already mapped)."""
-    if layout == "DHWC":
-        x = fn.transpose(x, perm=[3, 0, 1, 2])
-    if layout != "CDHW mapped":
+def move_voxels(fn, x, matrix):
+    """DHWC ``x`` with each sample's voxels moved by its ``matrix`` (3, 4), a row of
+    :func:`warp_tables`: nearest neighbour at voxel centres, each value copied (exact)."""
+    from nvidia.dali import types
+
+    return fn.warp_affine(x, matrix=matrix, inverse_map=False, interp_type=types.INTERP_NN)
+
+
+def _augment(fn, x, params: dict, key: str, layout: str, mapped: bool):
+    """The symmetry of each sample on ``x``, as DHWC. ``layout``: ``"DHWC"`` (the numpy reader's ROIs,
+    ``dali-device``'s crops) or ``"CDHW"`` (the HDF5 crops); ``mapped``: the crop function has
+    applied the channel part (``dali-device``)."""
+    if not mapped:
+        if layout == "DHWC":  # the channel gather reorders the outermost axis only
+            x = fn.transpose(x, perm=[3, 0, 1, 2])
         io = "in" if key == "Nbody" else "out"
         x = map_channels(fn, x, params[f"src_{io}"], params[f"sign_{io}"])
-    x = permute_axes(fn, x, params["axis_order"], channel_first=True)
-    return fn.flip(x, depthwise=params["flip_d"], vertical=params["flip_h"], horizontal=params["flip_w"])
+        x = fn.transpose(x, perm=[1, 2, 3, 0], output_layout="DHWC")
+    return move_voxels(fn, x, params["warp"])
 
 
 def build_pipeline(
@@ -334,8 +337,8 @@ def build_pipeline(
 
     ``plans`` given: parameters come from a callback; else from named inputs (TF). For ``dali-h5`` and
     ``dali-device`` ``crop_sources`` maps ``Nbody``/``Hydro`` to batch callbacks giving each step's
-    channel-first crops (:class:`H5CropSource`, :class:`DeviceCropSource`; for ``dali-device`` arrays
-    on the pipeline's device), or is None for named inputs ``Nbody``/``Hydro`` (TF).
+    crops (:class:`H5CropSource`: channel-first; :class:`DeviceCropSource`: DHWC, channels mapped,
+    arrays on the pipeline's device), or is None for named inputs ``Nbody``/``Hydro`` (TF).
     Outputs: ``inputs``, ``targets`` (DHWC), ``mask``.
 
     Raises:
@@ -356,11 +359,14 @@ def build_pipeline(
     )
     if parallel:
         kwargs.update(py_num_workers=cfg.num_data_workers, py_start_method="spawn")
-    npy = cfg.npy_files(split) if loader_kinds.loader_kind(kind).reads_npy else None
-    on_device = loader_kinds.loader_kind(kind).device_volumes and crop_sources is not None
+    loader = loader_kinds.loader_kind(kind)
+    npy = cfg.npy_files(split) if loader.reads_npy else None
+    on_device = loader.device_volumes and crop_sources is not None
     source_device = device if on_device else "cpu"  # where the crops are
+    layout = "CDHW" if loader.crops_outside_dali and not loader.device_volumes else "DHWC"  # as DALI gets them
+    mapped = loader.device_volumes  # dali-device's crop functions apply the channel part
 
-    @dali.pipeline_def(enable_conditionals=True, **kwargs)
+    @dali.pipeline_def(**kwargs)
     def pipeline():
         params = _param_nodes(fn, kind, plans)
         if npy:
@@ -375,12 +381,12 @@ def build_pipeline(
             nb = fn.readers.numpy(files=[str(npy[0])], name="nbody_reader", **roi)
             hy = fn.readers.numpy(files=[str(npy[1])], name="hydro_reader", **roi)
         else:  # crops made outside DALI: on the host, or on the pipeline's device by dali-device callbacks
-            nb, hy = (_crop_node(fn, crop_sources, key, parallel, source_device) for key in dataset.KEYS)
+            nb, hy = (_crop_node(fn, crop_sources, key, parallel, source_device, layout) for key in dataset.KEYS)
         if device == "gpu" and source_device == "cpu":
             nb, hy = nb.gpu(), hy.gpu()
         mask = params["mask"].gpu() if device == "gpu" else params["mask"]  # all outputs on one device
-        layout = "DHWC" if npy else "CDHW mapped" if loader_kinds.loader_kind(kind).device_volumes else "CDHW"
-        return _augment(fn, nb, params, "Nbody", layout), _augment(fn, hy, params, "Hydro", layout), mask
+        nb, hy = (_augment(fn, x, params, key, layout, mapped) for x, key in zip((nb, hy), dataset.KEYS))
+        return nb, hy, mask
 
     pipe = pipeline()
     if parallel:  # the workers start here, with the run's signals blocked (crop_workers.workers_started)
@@ -400,28 +406,23 @@ def load_volumes(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
     return dict(zip(dataset.KEYS, reader.volumes()))
 
 
-def numpy_crops(
-    volume: np.ndarray,
-    starts: np.ndarray,
-    src: np.ndarray | None = None,
-    sign: np.ndarray | None = None,
-    *,
-    size: int,
-) -> np.ndarray:
-    """(B, C, s, s, s) crops of a channel-first (C, L, L, L) ``volume`` at ``starts`` (B, 3); with
-    ``src`` int (B, C) and ``sign`` float32 (B, C), output channel d of sample b is
-    ``sign[b, d] * volume[src[b, d]]`` (the channel part of the symmetry, exact). The host form of
-    a ``dali-device`` crop function."""
-    crops = np.stack([volume[:, x : x + size, y : y + size, z : z + size] for x, y, z in np.asarray(starts)])
-    if src is None:
-        return crops
-    mapped = np.take_along_axis(crops, np.asarray(src)[:, :, None, None, None], axis=1)
-    return mapped * np.asarray(sign, np.float32)[:, :, None, None, None]
+def numpy_crops(volume: np.ndarray, starts: np.ndarray, src: np.ndarray, sign: np.ndarray, *, size: int) -> np.ndarray:
+    """(B, s, s, s, C) DHWC crops of a channel-first (C, L, L, L) ``volume`` at ``starts`` (B, 3), with
+    the channel part of the symmetry: output channel d of sample b is ``sign[b, d] *
+    volume[src[b, d]]`` (``src`` int (B, C), ``sign`` float32 (B, C); exact). The host form of a
+    ``dali-device`` crop function; C-contiguous, as DALI takes no strided arrays."""
+    out = np.empty((len(starts), size, size, size, volume.shape[0]), volume.dtype)
+    sign = np.asarray(sign, volume.dtype)
+    for b, ((x, y, z), sr) in enumerate(zip(np.asarray(starts), np.asarray(src))):
+        crop = volume[sr, x : x + size, y : y + size, z : z + size]  # (C, s, s, s), channels gathered
+        np.multiply(np.moveaxis(crop, 0, -1), sign[b], out=out[b])
+    return out
 
 
 class DeviceCropSource:
-    """``dali-device`` batch callback (``batch_info=True``) for one volume: the step's (B, C, s, s, s)
-    crops with their channels mapped (:func:`numpy_crops`), arrays on the pipeline's device.
+    """``dali-device`` batch callback (``batch_info=True``) for one volume: the step's (B, s, s, s, C)
+    DHWC crops with their channels mapped (:func:`numpy_crops`), arrays on the pipeline's device,
+    ready for the warp.
 
     ``crop_fn(starts, src, sign)`` takes the draws of ``k`` steps at once ((k, B, 3), (k, B, C),
     (k, B, C)) and returns ``k`` arrays that are complete when returned: the crops of
@@ -458,7 +459,7 @@ class DeviceCropSource:
 
 def numpy_step_crops(volume: np.ndarray, starts: np.ndarray, src: np.ndarray, sign: np.ndarray, *, size: int) -> list:
     """:func:`numpy_crops` of ``k`` steps at once (the host form of a :class:`DeviceCropSource` crop
-    function): ``starts`` (k, B, 3), ``src`` (k, B, C), ``sign`` (k, B, C) -> ``k`` (B, C, s, s, s) arrays."""
+    function): ``starts`` (k, B, 3), ``src`` (k, B, C), ``sign`` (k, B, C) -> ``k`` (B, s, s, s, C) arrays."""
     return [numpy_crops(volume, st, sr, sg, size=size) for st, sr, sg in zip(starts, src, sign)]
 
 
@@ -468,16 +469,18 @@ def device_crop_sources(plans: EpochPlans, crop_fns: dict, cfg: Config) -> dict:
     return {key: DeviceCropSource(plans, crop_fns[key], ring, key, cfg.dali_device_cut_steps) for key in dataset.KEYS}
 
 
-def _crop_node(fn, crop_sources: dict | None, key: str, parallel: bool, device: str):
-    """The external source of ``key``'s crops: a named input (``crop_sources`` None, TF; copied into
-    DALI's memory like the parameters, see :func:`_param_nodes`), per-sample parallel workers, or a
-    batch callback on ``device``, without a copy where the source says so."""
+def _crop_node(fn, crop_sources: dict | None, key: str, parallel: bool, device: str, layout: str):
+    """The external source of ``key``'s crops, of ``layout``: a named input (``crop_sources`` None,
+    TF; copied into DALI's memory like the parameters, see :func:`_param_nodes`), per-sample
+    parallel workers, or a batch callback on ``device``, without a copy where the source says so."""
     if crop_sources is None:
-        return fn.copy(fn.external_source(name=key))
+        return fn.copy(fn.external_source(name=key, layout=layout))
     src = crop_sources[key]
     if parallel:
-        return fn.external_source(source=src, batch=False, parallel=True)
-    return fn.external_source(source=src, batch=True, batch_info=True, no_copy=src.no_copy, device=device)
+        return fn.external_source(source=src, batch=False, parallel=True, layout=layout)
+    return fn.external_source(
+        source=src, batch=True, batch_info=True, no_copy=src.no_copy, device=device, layout=layout
+    )
 
 
 def crop_sources(plans: EpochPlans, path: str | Path, cfg: Config) -> dict:

@@ -12,9 +12,10 @@ A scalar field only moves: ``B(x') = A(x)``. A vector field also turns with the 
 they transform correctly.) The 24 proper rotations have ``det M = +1``; the other 24 add a
 reflection (``det M = -1``) and are the central inversion ``-I`` followed by a rotation.
 
-The DALI pipelines (:mod:`shared_data.data.dali_pipelines`) and the device loaders apply the same
-elements from :func:`gather_tables`: axis order, flips, and each output channel's source channel
-and sign.
+The device loaders apply the same elements from :func:`gather_tables`: axis order, flips, and each
+output channel's source channel and sign. The DALI pipelines (:mod:`shared_data.data.dali_pipelines`)
+take the channel part from it and the axis order and flips as one affine map per symmetry
+(:func:`shared_data.data.dali_pipelines.warp_tables`).
 """
 
 from __future__ import annotations
