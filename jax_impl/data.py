@@ -1,8 +1,10 @@
-"""Input pipelines for JAX: native NumPy loaders (``synthetic``, ``inmem``, ``lowmem``) and DALI.
+"""Input pipelines for JAX: the shared NumPy crop reader (``synthetic``, ``inmem``, ``lowmem``), the
+device-resident ``device`` loader, and DALI (:mod:`jax_impl.dali`). The counterpart of :mod:`tf_impl.data`.
 
 ``make_input(cfg, split, mesh)`` returns an :class:`Input` whose ``epoch(e)`` iterates that epoch's
-batches as global ``jax.Array``s sharded over the mesh's ``data`` axis, one batch prefetched to
-the devices ahead of the step that consumes it.
+batches as global ``jax.Array``s sharded over the mesh's ``data`` axis, one batch prefetched to the
+devices ahead of the step that consumes it. The crop and symmetry logic is the shared one
+(:func:`shared_data.data.host_batches.NumpyLoader.load`; for ``lowmem`` in worker processes).
 """
 
 from __future__ import annotations
@@ -40,18 +42,23 @@ class Input:
         if self.workers is not None:
             self.workers.close()
 
-    def plan(self, epoch: int, first_step: int = 0) -> host_batches.EpochPlan:
+    def plan(self, epoch: int, first_step: int = 0, shards: list[int] | None = None) -> host_batches.EpochPlan:
+        """The crops of ``epoch`` from ``first_step`` on for ``shards`` (default: this process's)."""
         return host_batches.make_plan(
-            self.cfg, self.split, epoch, self.shards, self.replicas, self.reader.size, first_step
+            self.cfg, self.split, epoch, shards or self.shards, self.replicas, self.reader.size, first_step
         )
 
+    def dataset(self, epoch: int) -> Iterator[dict]:
+        """This process's batches of ``epoch`` from its :meth:`EpochCursor.first_step` on, on the host:
+        (B_process, s, s, s, C) dicts, read by the shared loader."""
+        plan = self.plan(epoch, self.cursor.first_step(epoch))
+        return iter(host_batches.NumpyLoader(self.reader, plan, self.cfg, workers=self.workers))
+
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
-        """Batches of ``epoch`` from its :meth:`EpochCursor.first_step` on. The loader starts at the
+        """Batches of ``epoch``: global arrays split over the mesh's devices. The loader starts at the
         first batch, so inside :func:`shared_data.runtime.steps.epoch_steps` (a stop signal during its
         start stops the run at the epoch's first step boundary)."""
-        plan = self.plan(epoch, self.cursor.first_step(epoch))
-        host = iter(host_batches.NumpyLoader(self.reader, plan, self.cfg, workers=self.workers))
-        yield from prefetch_to_mesh(host, self.mesh)
+        yield from prefetch_to_mesh(self.dataset(epoch), self.mesh)
 
 
 def prefetch_to_mesh(batches: Iterator[dict], mesh: Mesh, depth: int = 2) -> Iterator[dict[str, jax.Array]]:
@@ -80,18 +87,6 @@ def make_input(cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0, first_
     return Input(cfg, split, mesh, first_epoch, first_step)
 
 
-def batch_spec(cfg: Config, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
-    """Shapes, dtypes and shardings of a global batch (what the steps are compiled for)."""
-    global_bs, _ = batch_sizes(cfg, distribute.num_replicas(mesh))
-    s, sharding = cfg.crop_size, distribute.batch_sharding(mesh)
-    shapes = {
-        "inputs": (global_bs, s, s, s, cfg.N_in_channels),
-        "targets": (global_bs, s, s, s, cfg.N_out_channels),
-        "mask": (global_bs,),
-    }
-    return {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding) for k, v in shapes.items()}
-
-
 def gather_batch(
     volume: jax.Array,
     starts: jax.Array,
@@ -106,7 +101,8 @@ def gather_batch(
     src: np.ndarray,
     chan_sign: np.ndarray,
 ) -> dict:
-    """Crop and transform a batch from a device-resident volume, inside one jitted function.
+    """Crop and transform a batch from a device-resident volume, inside one compiled function (the
+    same result as :func:`tf_impl.data.gather_batch`, bit for bit).
 
     ``volume`` (L^3, C) float32, channels last, C = N_in + N_out; ``starts`` int32 (B, 3);
     ``syms`` int32 (B,). Output voxel y of a sample reads the volume at ``start + w`` with
@@ -181,3 +177,15 @@ def crops(batch: dict, cfg: Config) -> dict:
 def input_spec(inp, cfg: Config, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
     """Shapes, dtypes and shardings of a global batch of the input ``inp`` (what its steps compile for)."""
     return inp.spec() if isinstance(inp, DeviceInput) else batch_spec(cfg, mesh)
+
+
+def batch_spec(cfg: Config, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes, dtypes and shardings of a global batch (what the steps are compiled for)."""
+    global_bs, _ = batch_sizes(cfg, distribute.num_replicas(mesh))
+    s, sharding = cfg.crop_size, distribute.batch_sharding(mesh)
+    shapes = {
+        "inputs": (global_bs, s, s, s, cfg.N_in_channels),
+        "targets": (global_bs, s, s, s, cfg.N_out_channels),
+        "mask": (global_bs,),
+    }
+    return {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding) for k, v in shapes.items()}

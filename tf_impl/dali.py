@@ -58,16 +58,19 @@ class DaliInput:
         kind = loader_kinds.loader_kind(cfg)
         self.volumes = dp.load_volumes(self.path, cfg) if kind.device_volumes else None
         self.crops_outside = kind.crops_outside_dali
-        self.steps = len(self.plan(0, self.shards))
+        self.steps = len(self.plan(0, 0, self.shards))
         self.cursor = host_batches.EpochCursor(self.split, first_epoch, first_step)
 
-    def plan(self, epoch: int, shards: list[int], first_step: int = 0) -> host_batches.EpochPlan:
-        return host_batches.make_plan(self.cfg, self.split, epoch, shards, self.replicas, self.reader.size, first_step)
+    def plan(self, epoch: int, first_step: int = 0, shards: list[int] | None = None) -> host_batches.EpochPlan:
+        """The crops of ``epoch`` from ``first_step`` on for ``shards`` (default: this process's)."""
+        return host_batches.make_plan(
+            self.cfg, self.split, epoch, shards or self.shards, self.replicas, self.reader.size, first_step
+        )
 
     def dataset(self, epoch: int, shard: int, first_step: int = 0) -> Iterator[dict]:
         """One replica's batches of ``epoch`` from step ``first_step``, from a DALI pipeline fed by its plan."""
         cfg, s = self.cfg, self.cfg.crop_size
-        plan = self.plan(epoch, [shard], first_step)
+        plan = self.plan(epoch, first_step, [shard])
         params = dp.plan_params(plan, cfg)
         inputs = {
             k: self.dali_tf.experimental.Input(tf.data.Dataset.from_tensor_slices(v), batch=True)

@@ -1,10 +1,12 @@
-"""Input pipelines for TensorFlow: ``tf.data`` over the shared NumPy crop reader, the
-device-resident ``device`` loader, and DALI.
+"""Input pipelines for TensorFlow: the shared NumPy crop reader (``synthetic``, ``inmem``, ``lowmem``) in
+``tf.data``, the device-resident ``device`` loader, and DALI (:mod:`tf_impl.dali`). The counterpart of
+:mod:`jax_impl.data`.
 
 ``make_input(cfg, split, strategy)`` returns an :class:`Input` whose ``epoch(e)`` iterates that
-epoch's batches, distributed over the strategy's replicas. The crop and symmetry logic is the
-shared one (:func:`shared_data.data.host_batches.NumpyLoader.load`), run in parallel by ``tf.data``'s map
-(for ``lowmem``, each map call hands its batch to a worker process, as in JAX).
+epoch's batches, distributed over the strategy's replicas, each replica's ``tf.data`` pipeline
+prefetching ahead of the step that consumes it. The crop and symmetry logic is the shared one
+(:func:`shared_data.data.host_batches.NumpyLoader.load`, run in parallel by ``tf.data``'s map; for
+``lowmem`` in worker processes).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class Input:
         if self.workers is not None:
             self.workers.close()
 
-    def plan(self, epoch: int, shards: list[int] | None = None, first_step: int = 0) -> host_batches.EpochPlan:
+    def plan(self, epoch: int, first_step: int = 0, shards: list[int] | None = None) -> host_batches.EpochPlan:
+        """The crops of ``epoch`` from ``first_step`` on for ``shards`` (default: this process's)."""
         return host_batches.make_plan(
             self.cfg, self.split, epoch, shards or self.shards, self.replicas, self.reader.size, first_step
         )
@@ -48,7 +51,7 @@ class Input:
     def dataset(self, epoch: int, shard: int) -> tf.data.Dataset:
         """One replica's batches of ``epoch`` from its :meth:`EpochCursor.first_step` on: (B_local, s, s,
         s, C) dicts, read in parallel, prefetched."""
-        plan = self.plan(epoch, [shard], self.cursor.first_step(epoch))
+        plan = self.plan(epoch, self.cursor.first_step(epoch), [shard])
         source = host_batches.NumpyLoader(self.reader, plan, self.cfg, workers=self.workers)
         cfg, s = self.cfg, self.cfg.crop_size
 
@@ -87,16 +90,15 @@ def make_input(cfg: Config, split: str, strategy: tf.distribute.Strategy, first_
     ``first_epoch`` and ``first_step`` are where a resumed run starts (the input protocol,
     :class:`shared_data.data.host_batches.EpochCursor`)."""
     kind = loader_kinds.loader_kind(cfg)
-    resume_at = (first_epoch, first_step)
     if kind.dali:
-        from tf_impl import dali
+        from tf_impl.dali import DaliDeviceInput, DaliInput
 
         if kind.device_volumes and tf.config.list_logical_devices("GPU"):
-            return dali.DaliDeviceInput(cfg, split, strategy, *resume_at)
-        return dali.DaliInput(cfg, split, strategy, *resume_at)
+            return DaliDeviceInput(cfg, split, strategy, first_epoch, first_step)
+        return DaliInput(cfg, split, strategy, first_epoch, first_step)
     if kind.device_volumes:
-        return DeviceInput(cfg, split, strategy, *resume_at)
-    return Input(cfg, split, strategy, *resume_at)
+        return DeviceInput(cfg, split, strategy, first_epoch, first_step)
+    return Input(cfg, split, strategy, first_epoch, first_step)
 
 
 def gather_batch(
@@ -113,13 +115,16 @@ def gather_batch(
     src: np.ndarray,
     chan_sign: np.ndarray,
 ) -> dict:
-    """Crop and transform a batch from a device-resident volume (TF twin of
-    :func:`jax_impl.data.gather_batch`; same arguments, same result bit for bit).
+    """Crop and transform a batch from a device-resident volume, inside one compiled function (the
+    same result as :func:`jax_impl.data.gather_batch`, bit for bit).
 
-    ``volume`` (L^3, C) float32, channels last; ``starts`` int32 (B, 3); ``syms`` int32 (B,).
-    Output voxel y of a sample reads the volume at ``start + w`` with ``w[perm[i]] = y_i`` (or
-    ``crop - 1 - y_i`` where ``sign[i] < 0``); output channel d is ``chan_sign[g, d] *
-    volume[..., src[g, d]]``, one ``gather_nd`` for the inputs and one for the targets.
+    ``volume`` (L^3, C) float32, channels last, C = N_in + N_out; ``starts`` int32 (B, 3);
+    ``syms`` int32 (B,). Output voxel y of a sample reads the volume at ``start + w`` with
+    ``w[perm[i]] = y_i`` (or ``crop - 1 - y_i`` where ``sign[i] < 0``), the gather form of
+    :func:`shared_data.data.symmetry.apply_spatial`; output channel d is ``chan_sign[g, d] *
+    volume[..., src[g, d]]`` (:func:`shared_data.data.symmetry.gather_tables`), so the channel turn is
+    folded into the same gather (one element per output value, values copied exactly), and inputs
+    and targets are gathered separately, so each is written once.
     """
     p, sg = tf.gather(perms, syms), tf.gather(signs, syms)  # (B, 3)
     y = tf.range(crop, dtype=tf.int32)[None]
@@ -155,7 +160,7 @@ class DeviceInput(Input):
     ):
         super().__init__(cfg, split, strategy, first_epoch, first_step)
         host = host_batches.device_volume(self.reader)
-        self.devices = list(strategy.extended.worker_devices) if self.replicas > 1 else [_default_device()]
+        self.devices = list(strategy.extended.worker_devices) if self.replicas > 1 else [distribute.default_device()]
         self.volumes = []
         for d in self.devices:
             with tf.device(d):
@@ -170,7 +175,7 @@ class DeviceInput(Input):
     def dataset(self, epoch: int, shard: int) -> Iterator[dict]:
         """One replica's batches of ``epoch`` (the :meth:`Input.epoch` contract: an iterable of
         elements), each ``{"volume", "draws", "mask"}`` on that replica's device."""
-        plan, i = self.plan(epoch, [shard], self.cursor.first_step(epoch)), shard - self.shards[0]
+        plan, i = self.plan(epoch, self.cursor.first_step(epoch), [shard]), shard - self.shards[0]
         draws = np.stack([np.concatenate([d.starts, d.symmetries[:, None]], 1) for d in plan.draws]).astype(np.float32)
         with tf.device(self.devices[i]):
             steps = tf.unstack(tf.identity(tf.constant(draws)))
@@ -196,11 +201,6 @@ def crops(batch: dict, cfg: Config) -> dict:
 def input_spec(inp, cfg: Config, strategy: tf.distribute.Strategy) -> dict[str, tf.TensorSpec]:
     """Shapes and dtypes of one replica's batch of the input ``inp`` (what its steps compile for)."""
     return inp.spec() if isinstance(inp, DeviceInput) else batch_spec(cfg, strategy)
-
-
-def _default_device() -> str:
-    """The device a single replica runs on: the first GPU, else the CPU."""
-    return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
 
 
 def batch_spec(cfg: Config, strategy: tf.distribute.Strategy) -> dict[str, tf.TensorSpec]:

@@ -222,6 +222,11 @@ def replica_batches(
         )
 
 
+def default_device() -> str:
+    """The device a single replica runs on: the first GPU, else the CPU."""
+    return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
+
+
 def sync_devices(strategy: tf.distribute.Strategy) -> None:
     """Return once every op dispatched to this worker's devices has run: TensorFlow's
     ``tf.test.experimental.sync_devices`` over this worker's devices alone. TF's own visits every
