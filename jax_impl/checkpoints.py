@@ -6,6 +6,7 @@ and :meth:`Checkpoints.restore`; the trainer calls :meth:`Checkpoints.save` afte
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -72,18 +73,18 @@ class Checkpoints:
         """Write ``state`` as the checkpoint of ``epoch``, wait until it is on disk and record its
         checksums (:mod:`shared_data.runtime.checksums`); a save that fails (a full disk) leaves no
         partial folder."""
-        _quiet_closed_loop()
-        try:
-            self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
-            self.manager.wait_until_finished()
-        except Exception as err:  # orbax wraps the OSError of a full disk, or tensorstore's error
-            reason = write_failure(err)
-            if reason is None:
-                raise
-            self._failed = True
-            EXIT_AFTER_ATEXIT.append(str(self.directory))  # TensorStore's late callbacks: see there
-            saves.remove_partial_saves(self.directory, (f"{epoch}.orbax-checkpoint-tmp*",), say=False)
-            raise saves.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
+        with _closed_loop_quiet() as quiet:
+            try:
+                self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
+                self.manager.wait_until_finished()
+            except Exception as err:  # orbax wraps the OSError of a full disk, or tensorstore's error
+                reason = write_failure(err)
+                if reason is None:
+                    raise
+                self._failed, quiet.keep = True, True
+                EXIT_AFTER_ATEXIT.append(str(self.directory))  # TensorStore's late callbacks: see there
+                saves.remove_partial_saves(self.directory, (f"{epoch}.orbax-checkpoint-tmp*",), say=False)
+                raise saves.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
         if distribute.is_main_process():
             checksums.record(self.directory, epoch, self._files(epoch), self.epochs())
 
@@ -169,27 +170,38 @@ def _remove_late_partial_saves(directory: Path, settle_s: float = 0.5, limit_s: 
             quiet_since = time.monotonic()
 
 
-def _quiet_closed_loop() -> None:
-    """Install (once) a ``sys.unraisablehook`` and a ``sys.excepthook`` that drop "Event loop is
-    closed" and pass every other report on: when a save fails (a full disk) tensorstore's remaining
-    writes fail one by one and call back into orbax's event loop, which closed with the first
-    failure; each would print a traceback around the run's one error line, as an unraisable
-    exception or, from a native thread, through ``PyErr_Print`` (which calls ``sys.excepthook``).
-    Installed before the first save, as the first of them can come before orbax raises."""
-    if getattr(sys.unraisablehook, "quiet_closed_loop", False):
-        return
-    unraisable_hook, excepthook = sys.unraisablehook, sys.excepthook
+class _closed_loop_quiet(contextlib.AbstractContextManager):
+    """For one save: a ``sys.unraisablehook`` and a ``sys.excepthook`` that drop "Event loop is closed"
+    and pass every other report on, the previous hooks back after the save. When a save fails (a full
+    disk) tensorstore's remaining writes fail one by one and call back into orbax's event loop, which
+    closed with the first failure; each would print a traceback around the run's one error line, as
+    an unraisable exception or, from a native thread, through ``PyErr_Print`` (which calls
+    ``sys.excepthook``). They start before orbax raises, so the hooks are in place from the save's
+    start; after a failed save (``keep`` set) they stay, since those callbacks go on until the process,
+    which stops on that failure, exits."""
 
-    def on_unraisable(unraisable) -> None:
-        if not _closed_loop(unraisable.exc_value):
-            unraisable_hook(unraisable)
+    def __init__(self):
+        self.keep = False
 
-    def on_exception(exc_type, exc, tb) -> None:
-        if not _closed_loop(exc):
-            excepthook(exc_type, exc, tb)
+    def __enter__(self):
+        self._hooks = sys.unraisablehook, sys.excepthook
+        unraisable_hook, excepthook = self._hooks
 
-    on_unraisable.quiet_closed_loop = True
-    sys.unraisablehook, sys.excepthook = on_unraisable, on_exception
+        def on_unraisable(unraisable) -> None:
+            if not _closed_loop(unraisable.exc_value):
+                unraisable_hook(unraisable)
+
+        def on_exception(exc_type, exc, tb) -> None:
+            if not _closed_loop(exc):
+                excepthook(exc_type, exc, tb)
+
+        self._ours = on_unraisable, on_exception
+        sys.unraisablehook, sys.excepthook = self._ours
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.keep and (sys.unraisablehook, sys.excepthook) == self._ours:
+            sys.unraisablehook, sys.excepthook = self._hooks
 
 
 def _closed_loop(exc: BaseException | None) -> bool:

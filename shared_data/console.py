@@ -66,4 +66,5 @@ def _entry(name: str) -> Callable[[], int]:
     export_jax,
     export_tf,
     validate,
+    side_by_side,
 ) = (_entry(n) for n in COMMANDS)

@@ -355,14 +355,19 @@ def test_memory_that_runs_out_names_the_kits_frame_that_asked():
 def test_a_closed_event_loop_reported_by_a_native_thread_is_dropped(monkeypatch):
     """tensorstore's late write callbacks into orbax's closed event loop reach ``sys.excepthook``
     through ``PyErr_Print`` (a native thread) or ``sys.unraisablehook``: the save's hooks drop "Event
-    loop is closed" in both, and every other exception is still printed."""
+    loop is closed" in both, and every other exception is still printed. The hooks are the save's
+    alone: the process's own come back after a save, and stay replaced only after a failed one."""
     from jax_impl import checkpoints
 
     printed, unraisable = [], []
     monkeypatch.setattr(sys, "excepthook", lambda t, e, tb: printed.append(e))
     monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(u.exc_value))
-    checkpoints._quiet_closed_loop()
-    checkpoints._quiet_closed_loop()  # once: a second call wraps nothing again
+    before = sys.excepthook, sys.unraisablehook
+    with checkpoints._closed_loop_quiet():
+        assert (sys.excepthook, sys.unraisablehook) != before
+    assert (sys.excepthook, sys.unraisablehook) == before  # a save that went well leaves nothing behind
+    with checkpoints._closed_loop_quiet() as quiet:
+        quiet.keep = True  # a failed save
     hook = sys.excepthook
     hook(RuntimeError, RuntimeError("Event loop is closed"), None)
     other = RuntimeError("Event loop is closing")

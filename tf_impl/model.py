@@ -23,9 +23,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-# XLA's convolution with explicit padding (XlaConvV2) and its dimension numbers: TensorFlow's own XLA
-# bridge, not part of TF's public API; it runs compiled, in tf.function graphs and eagerly (compiled on
-# demand).
+# Private TF modules, because no public API does this: no public TF op takes a 3-D convolution's explicit
+# padding (tf.nn.conv3d: SAME or VALID), and tf.raw_ops.XlaConvV2 needs the dimension-numbers proto these define.
 from tensorflow.compiler.tf2xla.python import xla as tf_xla
 from tensorflow.compiler.xla import xla_data_pb2
 

@@ -34,6 +34,7 @@ COMMANDS = {
     "export_jax": ("jax_impl.export", "jax", "jax"),
     "export_tf": ("tf_impl.export", "tensorflow", "tf"),
     "validate": ("shared_data.inference.validate", None, None),
+    "side_by_side": ("dlas_compare.side_by_side", None, None),
 }
 
 #: module -> its console script (``jax_impl.train`` -> ``dlas-train-jax``)
