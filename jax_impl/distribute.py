@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 CLUSTER_VARIABLE = "DLAS_JAX_CLUSTER"
 
 
+# --- joining a multi-process run -----------------------------------------------------------------
+
+
 def initialize() -> str | None:
     """Join a multi-process run when the environment describes one and return the line that says
     where this process stands (``None`` alone).
@@ -127,6 +130,9 @@ def slurm_coordinator(env) -> str:
     return f"{launch.expand_hostlist(env['SLURM_STEP_NODELIST'])[0]}:{port}"
 
 
+# --- replicas and processes -------------------------------------------------------------------
+
+
 def make_mesh(num_devices: int | None = None) -> Mesh:
     """A 1-D mesh named ``data`` over the first ``num_devices`` devices (all by default).
 
@@ -142,11 +148,16 @@ def make_mesh(num_devices: int | None = None) -> Mesh:
 
 
 def num_replicas(mesh: Mesh) -> int:
+    """Data-parallel replicas of the run, over all its processes: one per device.
+
+    JAX: the mesh's devices."""
     return mesh.size
 
 
 def local_shards(mesh: Mesh) -> list[int]:
-    """Replica indices (data shards) whose devices belong to this process, in mesh order."""
+    """Replica indices (data shards) of this process's devices, in replica order.
+
+    JAX: the mesh's devices that belong to this process."""
     return [i for i, d in enumerate(mesh.devices.flat) if d.process_index == jax.process_index()]
 
 
@@ -160,7 +171,9 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def process_index() -> int:
-    """This process's rank in a multi-process run (0 alone)."""
+    """This process's rank in a multi-process run (0 alone).
+
+    JAX: ``jax.process_index()``."""
     return jax.process_index()
 
 
@@ -170,7 +183,9 @@ def is_main_process() -> bool:
 
 
 def main_process_flag(flag: bool) -> bool:
-    """Process 0's ``flag`` on every process (a broadcast), so all processes take the same branch."""
+    """Process 0's ``flag`` on every process, so all processes take the same branch.
+
+    JAX: a broadcast from process 0."""
     if jax.process_count() == 1:
         return bool(flag)
     from jax.experimental import multihost_utils
@@ -179,13 +194,18 @@ def main_process_flag(flag: bool) -> bool:
 
 
 def any_process(flag: bool) -> bool:
-    """Whether ``flag`` is True on any process: a one-integer all-gather over the processes (every
-    process must call it at the same point), the flag itself in a one-process run."""
+    """Whether ``flag`` is True on any process (every process must call it at the same point); the
+    flag itself in a one-process run.
+
+    JAX: a one-integer all-gather over the processes."""
     if jax.process_count() == 1:
         return flag
     from jax.experimental import multihost_utils
 
     return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
+
+
+# --- batches on the devices ----------------------------------------------------------------------
 
 
 def put_replicated(host: np.ndarray, mesh: Mesh) -> jax.Array:
@@ -233,12 +253,14 @@ def configure_xla(cfg: Config) -> dict:
 
 
 def banner() -> str:
-    """The first log line's framework, version and backend."""
+    """The first log line's framework and version (with JAX, its backend)."""
     return f"JAX {jax.__version__} on {jax.default_backend()}"
 
 
 def device_kind() -> str:
-    """The first device's name as the backend reports it (``NVIDIA H200``), else its platform (``cpu``)."""
+    """The first accelerator's name as its driver reports it (``NVIDIA H200``), else the platform.
+
+    JAX: the first device's ``device_kind`` (``cpu`` without one)."""
     d = jax.devices()[0]
     return getattr(d, "device_kind", d.platform)
 
@@ -258,6 +280,6 @@ def versions() -> dict:
 
 
 def peak_memory_bytes() -> int | None:
-    """Peak bytes in use on the first local device, if the backend reports it (GPU)."""
+    """Peak bytes in use on the first accelerator, where the framework reports it (a GPU), else None."""
     stats = jax.local_devices()[0].memory_stats() or {}
     return stats.get("peak_bytes_in_use")

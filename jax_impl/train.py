@@ -78,7 +78,7 @@ def create_train_state(cfg: Config, params: dict, tx: optax.GradientTransformati
         dyn = DynamicScale(
             growth_interval=cfg.loss_scale_period - 1, scale=jnp.float32(cfg.loss_scale_init), fin_steps=jnp.int32(0)
         )
-    average = jax.tree.map(jnp.copy, params) if cfg.ema_decay else None
+    average = ema.initial(params, cfg.ema_decay)
     return TrainState(jnp.int32(0), params, tx.init(params), dyn, average)
 
 
@@ -142,7 +142,8 @@ def compile_steps(cfg: Config, model, tx, state: TrainState, batch: dict, eval_b
     t_trace = time.perf_counter() - t0
     train_c = lowered.compile()
     t_train = time.perf_counter() - t0
-    eval_c = eval_fn.lower(distribute.abstract(ema.weights(state)), eval_batch or batch).compile()
+    with ema.averaged(state) as weights:  # what the run evaluates
+        eval_c = eval_fn.lower(distribute.abstract(weights), eval_batch or batch).compile()
     log.info(logs.compile_line(t_train, t_trace, time.perf_counter() - t0 - t_train))
     return train_c, eval_c, t_train
 

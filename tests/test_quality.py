@@ -288,7 +288,7 @@ def test_keras_ema_matches_numpy_and_swaps_back():
     model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
     opt = keras.optimizers.Adam(0.1, **ema.optimizer_options(0.7))
     opt.build(model.trainable_variables)
-    state = TrainState(model, opt, ema.backup_variables(model, opt, tf.distribute.get_strategy()))
+    state = TrainState(model, opt, ema.initial(model, opt, tf.distribute.get_strategy()))
     rng = np.random.default_rng(2)
     history = []
     for _ in range(4):

@@ -27,6 +27,13 @@ from shared_data.runtime import launch, signals, xla_flags
 log = logging.getLogger(__name__)
 
 
+#: ``DLAS_TF_PORT``: the first worker port of a SLURM step (each task of a node takes the next one).
+PORT_VARIABLE = "DLAS_TF_PORT"
+
+
+# --- joining a multi-process run -----------------------------------------------------------------
+
+
 def initialize() -> str | None:
     """Say where this process stands in a multi-worker run (``TF_CONFIG`` or a SLURM step of several
     tasks) and keep its own GPUs visible; ``None`` alone. The strategy joins the cluster
@@ -80,10 +87,6 @@ def slurm_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
     )
 
 
-#: ``DLAS_TF_PORT``: the first worker port of a SLURM step (each task of a node takes the next one).
-PORT_VARIABLE = "DLAS_TF_PORT"
-
-
 def slurm_port_base(env) -> int:
     """The first worker port of a SLURM step: ``DLAS_TF_PORT``, else 40000 + 8 x (job id mod 2048), so two
     jobs on one node seldom collide (the resolver's own default, 8888, is every job's).
@@ -97,6 +100,9 @@ def slurm_port_base(env) -> int:
             raise UserError(f"{PORT_VARIABLE}={value!r}: expected a port number in 1024-65000")
         return int(value)
     return 40000 + 8 * (launch.env_int(env, "SLURM_JOB_ID", 0) % 2048)
+
+
+# --- replicas and processes -------------------------------------------------------------------
 
 
 def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
@@ -138,20 +144,17 @@ def join_workers() -> tf.distribute.MultiWorkerMirroredStrategy:
     return strategy
 
 
-def device_kind() -> str:
-    """The first accelerator's name as its driver reports it (``NVIDIA H200``), else ``CPU``."""
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return "CPU"
-    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
-
-
 def num_replicas(strategy: tf.distribute.Strategy) -> int:
+    """Data-parallel replicas of the run, over all its processes: one per device.
+
+    TensorFlow: the strategy's replicas in sync."""
     return strategy.num_replicas_in_sync
 
 
 def local_shards(strategy: tf.distribute.Strategy) -> list[int]:
-    """Replica indices (data shards) of this worker's devices."""
+    """Replica indices (data shards) of this process's devices, in replica order.
+
+    TensorFlow: this worker's devices, after the other workers' (task index x local devices)."""
     if strategy.num_replicas_in_sync == 1:
         return [0]
     local = len(strategy.extended.worker_devices)
@@ -160,8 +163,10 @@ def local_shards(strategy: tf.distribute.Strategy) -> list[int]:
 
 
 def process_index() -> int:
-    """This worker's rank: the task index of ``TF_CONFIG``, else ``SLURM_PROCID`` in a SLURM step of
-    several tasks, else 0."""
+    """This process's rank in a multi-process run (0 alone).
+
+    TensorFlow: the task index of ``TF_CONFIG``, else ``SLURM_PROCID`` in a SLURM step of several
+    tasks."""
     config = os.environ.get("TF_CONFIG")
     if config:
         try:
@@ -174,13 +179,14 @@ def process_index() -> int:
 
 
 def is_main_process() -> bool:
-    """True on worker 0 (the chief), which alone writes logs, metrics and weights files."""
+    """True on process 0, which alone writes logs, metrics and weights files."""
     return process_index() == 0
 
 
 def main_process_flag(strategy: tf.distribute.Strategy, flag: bool) -> bool:
-    """Process 0's ``flag`` on every worker (replica 0's value summed over the replicas), so all workers
-    take the same branch."""
+    """Process 0's ``flag`` on every process, so all processes take the same branch.
+
+    TensorFlow: replica 0's value summed over the replicas."""
     if strategy.num_replicas_in_sync == 1:
         return bool(flag)
     values = strategy.experimental_distribute_values_from_function(
@@ -190,13 +196,18 @@ def main_process_flag(strategy: tf.distribute.Strategy, flag: bool) -> bool:
 
 
 def any_process(strategy: tf.distribute.Strategy, flag: bool) -> bool:
-    """Whether ``flag`` is True on any worker: a sum over the replicas of the workers' flags (every
-    worker must call it at the same point), the flag itself in a one-worker run."""
+    """Whether ``flag`` is True on any process (every process must call it at the same point); the
+    flag itself in a one-process run.
+
+    TensorFlow: a sum over the replicas of the workers' flags."""
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or len(resolver.cluster_spec().as_dict().get("worker", [])) <= 1:
         return flag
     value = per_replica(strategy, lambda: tf.constant(int(flag), tf.int32))
     return int(strategy.reduce("SUM", value, axis=None)) > 0
+
+
+# --- batches on the devices ----------------------------------------------------------------------
 
 
 def per_replica(strategy: tf.distribute.Strategy, make: Callable[[], dict]):
@@ -315,8 +326,18 @@ def configure_xla(cfg: Config) -> dict:
 
 
 def banner() -> str:
-    """The first log line's framework and version."""
+    """The first log line's framework and version (with JAX, its backend)."""
     return f"TensorFlow {tf.__version__} (Keras {keras.__version__})"
+
+
+def device_kind() -> str:
+    """The first accelerator's name as its driver reports it (``NVIDIA H200``), else the platform.
+
+    TensorFlow: the first GPU's ``device_name`` (``CPU`` without one)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "CPU"
+    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
 
 
 def versions() -> dict:
@@ -330,7 +351,7 @@ def versions() -> dict:
 
 
 def peak_memory_bytes() -> int | None:
-    """Peak bytes in use on the first GPU, if there is one."""
+    """Peak bytes in use on the first accelerator, where the framework reports it (a GPU), else None."""
     if not tf.config.list_logical_devices("GPU"):
         return None
     return tf.config.experimental.get_memory_info("GPU:0")["peak"]

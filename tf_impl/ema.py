@@ -7,7 +7,7 @@ saves with ``--save_weights``: inside :func:`averaged` the trainer reads it.
 
 TensorFlow: Keras' optimizer keeps the average in its own variables (so checkpoints hold it) and updates
 it after each step (:func:`optimizer_options`); :func:`averaged` swaps it into the model and the trained
-weights back afterwards, through variables made once (:func:`backup_variables`).
+weights back afterwards, through variables made once (:func:`initial`).
 """
 
 from __future__ import annotations
@@ -20,13 +20,18 @@ import tensorflow as tf
 
 
 def optimizer_options(decay: float) -> dict:
-    """Keras optimizer arguments that keep the weight average of ``decay`` (none when 0: off)."""
+    """How the average follows the optimizer's steps.
+
+    TensorFlow: the Keras optimizer arguments that keep the average of ``decay`` (none when 0: off)."""
     return dict(use_ema=True, ema_momentum=decay) if decay else {}
 
 
-def backup_variables(model: keras.Model, optimizer, strategy: tf.distribute.Strategy) -> list | None:
-    """Variables that hold the trained weights while :func:`averaged` shows the average (made under
-    ``strategy``'s scope, so placed as the model's are); None when ``optimizer`` keeps no average."""
+def initial(model: keras.Model, optimizer, strategy: tf.distribute.Strategy) -> list | None:
+    """What the weight average needs at the run's start, kept in the train state (None: off).
+
+    TensorFlow: variables (``ema_backup``) that hold the trained weights while :func:`averaged` shows
+    the average, made under ``strategy``'s scope (placed as the model's are), when ``optimizer`` keeps
+    an average."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's Adam
     if not getattr(inner, "use_ema", False):
         return None
@@ -36,8 +41,10 @@ def backup_variables(model: keras.Model, optimizer, strategy: tf.distribute.Stra
 
 @contextlib.contextmanager
 def averaged(state) -> Iterator[keras.Model]:
-    """``with averaged(state) as model``: the model holding the weight average, its trained weights
-    again after the block (the model unchanged without ``ema_decay``)."""
+    """``with averaged(state) as weights``: the weights a run evaluates and saves, the average with
+    ``ema_decay``, else the trained ones.
+
+    TensorFlow: the model, the average swapped into its variables, the trained ones back after."""
     model, backup = state.model, state.ema_backup
     if backup is None:
         yield model

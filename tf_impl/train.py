@@ -245,7 +245,7 @@ def initial_state(cfg: Config, lr_table: np.ndarray, init_weights: str | None, s
         model, optimizer = model_mod.build_model(cfg), make_optimizer(cfg, lr_table)
         model_mod.params_from_canonical(model, unet_spec.starting_weights(cfg, init_weights))
         optimizer.build(model.trainable_variables)
-    return model, optimizer, TrainState(model, optimizer, ema.backup_variables(model, optimizer, strategy))
+    return model, optimizer, TrainState(model, optimizer, ema.initial(model, optimizer, strategy))
 
 
 def capture_window(cfg: Config, folder: RunFolder) -> nvtx.CaptureWindow:
