@@ -83,15 +83,15 @@ LESSONS: dict[str, Lesson] = {
     "precision": Lesson(
         "Mixed precision: the compute dtype of the layers, float32 parameters, fp16's dynamic loss scale",
         (
-            ("tf_impl/train.py:make_optimizer", "jax_impl/train.py:create_train_state"),
-            ("tf_impl/train.py:replica_gradients", "jax_impl/train.py:train_step"),
+            ("tf_impl/step.py:make_optimizer", "jax_impl/step.py:create_train_state"),
+            ("tf_impl/step.py:replica_gradients", "jax_impl/step.py:train_step"),
             _twin("model.py:build_model"),
         ),
         ("shared_data/core/config_schema.py:Config.precision",),
     ),
     "compile": Lesson(
         "Compilation: the steps compiled once by XLA, ahead of the first epoch; XLA's flags set in one place",
-        (_twin("train.py:compile_steps"), _twin("distribute.py:configure_xla")),
+        (_twin("step.py:compile_steps"), _twin("distribute.py:configure_xla")),
         ("shared_data/runtime/xla_flags.py:apply_default_xla_flags",),
     ),
     "scale": Lesson(

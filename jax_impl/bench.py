@@ -13,7 +13,7 @@ import jax
 from jax_impl import data as data_mod
 from jax_impl import distribute
 from jax_impl import model as model_mod
-from jax_impl import train as train_mod
+from jax_impl import step as step_mod
 from shared_data.core.config import Config, batch_sizes
 from shared_data.data import host_batches
 from shared_data.model import schedule, unet_spec
@@ -54,16 +54,16 @@ class Bench:
                 step_from.tx,
             )
             if "draws" in spec:  # the same step on a device loader's crop plans: compiled for that batch
-                self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, self.model, self.tx, self.state, spec)
+                self.train_fn, _, self.compile_sec = step_mod.compile_steps(cfg, self.model, self.tx, self.state, spec)
                 self.compiled_step = True
         elif mode in ("synthetic", "full"):
-            self.tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6), cfg.adam_update)
+            self.tx = step_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6), cfg.adam_update)
             params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))
             self.state = jax.device_put(
-                train_mod.create_train_state(cfg, params, self.tx), distribute.replicated(self.mesh)
+                step_mod.create_train_state(cfg, params, self.tx), distribute.replicated(self.mesh)
             )
             self.model = model_mod.build_model(cfg)
-            self.train_fn, _, self.compile_sec = train_mod.compile_steps(cfg, self.model, self.tx, self.state, spec)
+            self.train_fn, _, self.compile_sec = step_mod.compile_steps(cfg, self.model, self.tx, self.state, spec)
             self.compiled_step = True
         if mode == "synthetic":
             host = host_batches.synthetic_batch(cfg, self.global_batch)

@@ -128,7 +128,7 @@ def main(_):
         from tf_impl import model
         from tf_impl.checkpoints import Checkpoints
 
-        from tf_impl.train import TrainState
+        from tf_impl.step import TrainState
 
         ckpt = Checkpoints(work / "checkpoints", 2, TrainState(model.build_model(cfg)))
         save = lambda: ckpt.save(1)

@@ -214,13 +214,13 @@ def test_jax_dali_iterator_matches_native_loader_and_feeds_a_step(tiny_cfg, kind
     from jax_impl import data as data_mod
     from jax_impl import distribute
     from jax_impl import model as model_mod
-    from jax_impl import train as train_mod
+    from jax_impl import step as step_mod
 
     cfg = _cfg(tiny_cfg, kind)
     batch = _dali_matches_native(data_mod.make_input, cfg, distribute.make_mesh(1), np.asarray)
-    tx = train_mod.make_optimizer(np.full(4, 1e-3, np.float32))
-    state = train_mod.create_train_state(cfg, model_mod.init_params(cfg, 0), tx)
-    step = jax.jit(functools.partial(train_mod.train_step, model=model_mod.build_model(cfg), tx=tx, cfg=cfg))
+    tx = step_mod.make_optimizer(np.full(4, 1e-3, np.float32))
+    state = step_mod.create_train_state(cfg, model_mod.init_params(cfg, 0), tx)
+    step = jax.jit(functools.partial(step_mod.train_step, model=model_mod.build_model(cfg), tx=tx, cfg=cfg))
     _, m = step(state, batch)
     assert np.isfinite(float(m["loss"]))
 
@@ -233,12 +233,12 @@ def test_tf_dali_dataset_matches_native_loader_and_feeds_a_step(tiny_cfg, kind):
     from tf_impl import data as data_mod
     from tf_impl import distribute
     from tf_impl import model as model_mod
-    from tf_impl import train as train_mod
+    from tf_impl import step as step_mod
 
     cfg = _cfg(tiny_cfg, kind)
     batch = _dali_matches_native(data_mod.make_input, cfg, distribute.make_strategy(), lambda t: t.numpy())
-    model, opt = model_mod.build_model(cfg), train_mod.make_optimizer(cfg, np.full(4, 1e-3, np.float32))
-    m = tf.function(lambda b: train_mod.train_step(model, opt, b, cfg, 1))(batch)
+    model, opt = model_mod.build_model(cfg), step_mod.make_optimizer(cfg, np.full(4, 1e-3, np.float32))
+    m = tf.function(lambda b: step_mod.train_step(model, opt, b, cfg, 1))(batch)
     assert np.isfinite(float(m["loss"]))
 
 

@@ -121,10 +121,10 @@ batches = [host_batches.NumpyLoader(r, plan, cfg).load(i) for i in range(3)]
 def run(strategy, cfg):
     n = strategy.num_replicas_in_sync
     with strategy.scope():
-        model, opt = model_mod.build_model(cfg), train_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
+        model, opt = model_mod.build_model(cfg), step_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
         model_mod.params_from_canonical(model, unet_spec.init_weights(cfg, 0))
-    train_fn, _, _ = train_mod.compile_steps(
-        cfg, strategy, train_mod.TrainState(model, opt), data_mod.batch_spec(cfg, strategy)
+    train_fn, _, _ = step_mod.compile_steps(
+        cfg, strategy, step_mod.TrainState(model, opt), data_mod.batch_spec(cfg, strategy)
     )
     for b in batches:
         if n == 1:
@@ -187,6 +187,7 @@ import numpy as np
 from tf_impl import distribute
 distribute.split_cpu(2)
 from shared_data.runtime.records import read_metrics
+from tf_impl import step as step_mod
 from tf_impl import train as train_mod
 args = ["--config", "cpu_tiny", "--set", "train_path=" + sys.argv[1], "--set", "val_path=" + sys.argv[2],
         "--num_epochs", "2", "--data_loader_config", "device"]

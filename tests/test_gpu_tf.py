@@ -113,7 +113,7 @@ def test_train_step_on_gpu_equals_cpu(tiny_cfg):
     """One XLA-compiled fp32 train step on the GPU and on the CPU: the same loss and updates."""
     from tf_impl import distribute
     from tf_impl import model as model_mod
-    from tf_impl import train as train_mod
+    from tf_impl import step as step_mod
 
     batch = {
         "inputs": RNG.uniform(-1, 1, (4, 16, 16, 16, 4)).astype(np.float32),
@@ -126,9 +126,9 @@ def test_train_step_on_gpu_equals_cpu(tiny_cfg):
             model = model_mod.params_from_canonical(
                 model_mod.build_model(tiny_cfg), unet_spec.init_weights(tiny_cfg, 0)
             )
-            opt = train_mod.make_optimizer(tiny_cfg, np.full(4, 1e-3, np.float32))
+            opt = step_mod.make_optimizer(tiny_cfg, np.full(4, 1e-3, np.float32))
             opt.build(model.trainable_variables)
-            train, _ = train_mod.step_functions(tiny_cfg, distribute.make_strategy(), model, opt, jit=True)
+            train, _ = step_mod.step_functions(tiny_cfg, distribute.make_strategy(), model, opt, jit=True)
             loss = float(train({k: tf.constant(v) for k, v in batch.items()})["loss"])
             result[device] = loss, model_mod.params_to_canonical(model)
     (loss_cpu, w_cpu), (loss_gpu, w_gpu) = result["/CPU:0"], result["/GPU:0"]
@@ -192,9 +192,9 @@ global_batches = [
 one_replica = distribute.make_strategy(1)
 def run(strategy, batches, spec):
     with strategy.scope():
-        model, opt = model_mod.build_model(cfg), train_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
+        model, opt = model_mod.build_model(cfg), step_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
         model_mod.params_from_canonical(model, unet_spec.init_weights(cfg, 0))
-    train_fn, _, _ = train_mod.compile_steps(cfg, strategy, train_mod.TrainState(model, opt), spec)
+    train_fn, _, _ = step_mod.compile_steps(cfg, strategy, step_mod.TrainState(model, opt), spec)
     return [float(train_fn(b)["loss"]) for b in batches], model_mod.params_to_canonical(model)
 one, w1 = run(one_replica, global_batches, data_mod.batch_spec(cfg, one_replica))
 two, w2 = run(mirrored, per_replica, data_mod.input_spec(inp, cfg, mirrored))

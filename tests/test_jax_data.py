@@ -43,19 +43,19 @@ def test_the_jitted_step_cuts_the_device_loaders_crops(tiny_cfg):
     """The jitted train and eval steps fed a ``device`` loader's crop plan (volume, draws, mask) give
     the loss and weights of the same steps fed the crops cut outside them (by ``data.crops``)."""
     from jax_impl import model as model_mod
-    from jax_impl import train as train_mod
+    from jax_impl import step as step_mod
 
     cfg = config_mod.replace(tiny_cfg, data_loader_config="device", Nsamples=12, Nsamples_val=6)
     mesh = distribute.make_mesh(1)
     train_in, val_in = (data_mod.make_input(cfg, split, mesh) for split in ("train", "val"))
     plan, val_plan = next(iter(train_in.epoch(0))), next(iter(val_in.epoch(0)))
     assert set(plan) == {"volume", "draws", "mask"} and plan["volume"].shape == (32**3, 9)
-    model, tx = model_mod.build_model(cfg), train_mod.make_optimizer(np.full(8, 1e-3, np.float32))
+    model, tx = model_mod.build_model(cfg), step_mod.make_optimizer(np.full(8, 1e-3, np.float32))
     results = []
     for train_batch, val_batch in ((plan, val_plan), (data_mod.crops(plan, cfg), data_mod.crops(val_plan, cfg))):
-        state = train_mod.create_train_state(cfg, model_mod.init_params(cfg, 0), tx)
+        state = step_mod.create_train_state(cfg, model_mod.init_params(cfg, 0), tx)
         specs = [distribute.abstract(b) for b in (train_batch, val_batch)]
-        train_fn, eval_fn, _ = train_mod.compile_steps(cfg, model, tx, state, *specs)
+        train_fn, eval_fn, _ = step_mod.compile_steps(cfg, model, tx, state, *specs)
         val = float(eval_fn(state.params, val_batch)["loss_sum"])
         state, metrics = train_fn(state, train_batch)
         results.append((float(metrics["loss"]), val, model_mod.params_to_canonical(jax.device_get(state.params))))

@@ -15,6 +15,7 @@ import pytest
 from conftest import assert_tensorboard_record, run_in_process, train_with_signal_at
 
 from jax_impl import model as model_mod
+from jax_impl import step as step_mod
 from jax_impl import train as train_mod
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
@@ -85,9 +86,9 @@ def test_a_stop_signal_saves_mid_epoch_and_the_resumed_run_is_exact(straight, tm
 
 
 def _step_fn(cfg):
-    model, tx = model_mod.build_model(cfg), train_mod.make_optimizer(np.full(8, 1e-3, np.float32))
-    state = train_mod.create_train_state(cfg, model_mod.init_params(cfg, 0), tx)
-    return state, jax.jit(functools.partial(train_mod.train_step, model=model, tx=tx, cfg=cfg))
+    model, tx = model_mod.build_model(cfg), step_mod.make_optimizer(np.full(8, 1e-3, np.float32))
+    state = step_mod.create_train_state(cfg, model_mod.init_params(cfg, 0), tx)
+    return state, jax.jit(functools.partial(step_mod.train_step, model=model, tx=tx, cfg=cfg))
 
 
 def _batch(bad=False):

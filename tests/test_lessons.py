@@ -74,7 +74,7 @@ def test_a_reference_that_does_not_resolve_is_one_line():
 def test_source_of_cuts_out_the_definition():
     lines = side_by_side.source_of("jax_impl/ema.py:averaged")
     assert lines[0] == "@contextlib.contextmanager" and lines[1].startswith("def averaged(state)")
-    assert lines[-1].strip() == "yield weights(state)"
+    assert lines[-1].strip() == "yield state.params if state.ema_params is None else state.ema_params"
     method = side_by_side.source_of("shared_data/runtime/position.py:Position.kept")
     assert method[0].strip().startswith("def kept(self)") and len(method) == 5
 

@@ -282,7 +282,7 @@ def test_keras_ema_matches_numpy_and_swaps_back():
     import tensorflow as tf
 
     from tf_impl import ema
-    from tf_impl.train import TrainState
+    from tf_impl.step import TrainState
 
     inputs = keras.Input((3,))
     model = keras.Model(inputs, keras.layers.Dense(2)(inputs))

@@ -37,7 +37,7 @@ def test_the_compiled_step_cuts_the_device_loaders_crops(tiny_cfg):
     loss and weights of the same steps fed the crops cut outside them (eagerly, by ``data.crops``)."""
     from shared_data.model import unet_spec
     from tf_impl import model as model_mod
-    from tf_impl import train as train_mod
+    from tf_impl import step as step_mod
 
     cfg = config_mod.replace(tiny_cfg, data_loader_config="device", Nsamples=12, Nsamples_val=6)
     strategy = distribute.make_strategy()
@@ -47,10 +47,10 @@ def test_the_compiled_step_cuts_the_device_loaders_crops(tiny_cfg):
     results = []
     for train_batch, val_batch in ((plan, val_plan), (data_mod.crops(plan, cfg), data_mod.crops(val_plan, cfg))):
         model = model_mod.build_model(cfg)
-        opt = train_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
+        opt = step_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
         model_mod.params_from_canonical(model, unet_spec.init_weights(cfg, 0))
         specs = [{k: tf.TensorSpec(v.shape, v.dtype) for k, v in b.items()} for b in (train_batch, val_batch)]
-        train_fn, eval_fn, _ = train_mod.compile_steps(cfg, strategy, train_mod.TrainState(model, opt), *specs)
+        train_fn, eval_fn, _ = step_mod.compile_steps(cfg, strategy, step_mod.TrainState(model, opt), *specs)
         loss = float(train_fn(train_batch)["loss"])
         results.append((loss, float(eval_fn(val_batch)["loss_sum"]), model_mod.params_to_canonical(model)))
     (loss, val, weights), (want_loss, want_val, want_weights) = results

@@ -203,8 +203,8 @@ def test_folded_pad_gradients_compiled_equal_separate_pad_and_survive_saving(tin
 def test_flat_adam_is_refused_in_one_line(tiny_cfg):
     """``adam_update: flat`` is JAX's (optax.flatten); TF's trainer refuses it, naming the key and value."""
     from shared_data.core.errors import UserError
-    from tf_impl import train as train_mod
+    from tf_impl import step as step_mod
 
     with pytest.raises(UserError, match=r"'adam_update': TensorFlow has only per_tensor, got 'flat'"):
-        train_mod.make_optimizer(config_mod.replace(tiny_cfg, adam_update="flat"), np.array([1e-3]))
-    assert train_mod.make_optimizer(tiny_cfg, np.array([1e-3])).beta_1 == 0.9
+        step_mod.make_optimizer(config_mod.replace(tiny_cfg, adam_update="flat"), np.array([1e-3]))
+    assert step_mod.make_optimizer(tiny_cfg, np.array([1e-3])).beta_1 == 0.9

@@ -17,6 +17,7 @@ from shared_data.core.config import REPO_ROOT
 from shared_data.model import unet_spec
 from shared_data.runtime.records import read_metrics
 from tf_impl import model as model_mod
+from tf_impl import step as step_mod
 from tf_impl import train as train_mod
 
 
@@ -75,10 +76,10 @@ def test_a_stop_signal_saves_mid_epoch_and_the_resumed_run_is_exact(straight, tm
 
 
 def _setup(cfg, weights):
-    model, opt = model_mod.build_model(cfg), train_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
+    model, opt = model_mod.build_model(cfg), step_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
     model_mod.params_from_canonical(model, weights)
     opt.build(model.trainable_variables)
-    return model, opt, tf.function(lambda b: train_mod.train_step(model, opt, b, cfg, 1))
+    return model, opt, tf.function(lambda b: step_mod.train_step(model, opt, b, cfg, 1))
 
 
 def _batch(bad=False, seed=0):

@@ -15,7 +15,7 @@ from shared_data.model import schedule, unet_spec
 from tf_impl import data as data_mod
 from tf_impl import distribute
 from tf_impl import model as model_mod
-from tf_impl import train as train_mod
+from tf_impl import step as step_mod
 
 
 class Bench:
@@ -58,13 +58,13 @@ class Bench:
             else:
                 with self.strategy.scope():
                     self.model = model_mod.build_model(cfg)
-                    self.optimizer = train_mod.make_optimizer(cfg, schedule.lr_table(cfg, self.global_batch, 10**6))
+                    self.optimizer = step_mod.make_optimizer(cfg, schedule.lr_table(cfg, self.global_batch, 10**6))
                     model_mod.params_from_canonical(self.model, unet_spec.init_weights(cfg, cfg.seed))
                     self.optimizer.build(self.model.trainable_variables)
             # a step of its own, or the same step on a device loader's crop plans: compiled for that batch
             if step_from is None or "draws" in spec:
-                self.train_fn, _, self.compile_sec = train_mod.compile_steps(
-                    cfg, self.strategy, train_mod.TrainState(self.model, self.optimizer), spec
+                self.train_fn, _, self.compile_sec = step_mod.compile_steps(
+                    cfg, self.strategy, step_mod.TrainState(self.model, self.optimizer), spec
                 )
                 self.compiled_step = True
         if mode == "synthetic":

@@ -27,7 +27,7 @@ class Checkpoints:
     scale and weight average) and the epoch, one per epoch, written atomically: a checkpoint becomes
     visible only once its index file is written, so a crash leaves the last complete one. What a
     killed save leaves behind (``*_temp`` folders, ``checkpoint.tmp*``) is removed at start.
-    ``state`` is a :class:`tf_impl.train.TrainState` whose variables :meth:`save` writes and
+    ``state`` is a :class:`tf_impl.step.TrainState` whose variables :meth:`save` writes and
     :meth:`restore` loads (in place); without it only :meth:`restore_params` restores. ``read_only``
     (inference) creates and removes nothing, so a run that is saving meanwhile is left alone."""
 

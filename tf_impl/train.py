@@ -1,18 +1,21 @@
 """Train the U-Net with TensorFlow: ``python -m tf_impl.train --config cpu_default [overrides]``.
 
-Mirrors :mod:`jax_impl.train`: ``train_step`` and ``eval_step`` are ``tf.function``s compiled with
-XLA (``jit_compile=enable_jit``), run per replica by the ``tf.distribute`` strategy;
-:func:`train_and_evaluate` is the same loop in the same order, and what is not TensorFlow (run
-folder, resume rule, log lines, metrics, TensorBoard, the command line) is :mod:`shared_data.runtime`.
-TensorFlow's GPU path follows TF's and DALI's documentation and runs on CPU in this kit's tests.
+TensorFlow's side of the kit's training loop. :func:`train_and_evaluate` is the whole loop, the same in both
+frameworks and in the same order: open the run, build the state, resume, the input pipelines,
+compile the steps, then per epoch train (:func:`train_epoch`) over ``Nsamples`` crops, validate on
+``Nsamples_val``, checkpoint and judge the time to quality. What is not framework code (run folder,
+resume rule, log lines, metrics, TensorBoard, the command line) is :mod:`shared_data.runtime`.
+
+TensorFlow: the step updates the model's and optimizer's variables in place (``metrics =
+train_fn(batch)``); the weight average is swapped into the model to be read; a device queue is
+drained with ``distribute.sync_devices``. The steps themselves (what XLA compiles) are
+:mod:`tf_impl.step`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,10 +24,10 @@ import numpy as np
 import tensorflow as tf
 
 from shared_data.core.config import Config
-from shared_data.core.errors import UserError, run_cli
+from shared_data.core.errors import run_cli
 from shared_data.inference import quality
 from shared_data.model import unet_spec
-from shared_data.runtime import cli, logs, nvtx, preemption, saves, signals
+from shared_data.runtime import cli, nvtx, preemption, saves, signals
 from shared_data.runtime import resume as resume_mod
 from shared_data.runtime.epoch_report import EpochReport
 from shared_data.runtime.nvtx import nvtx_range
@@ -34,154 +37,15 @@ from tf_impl import data as data_mod
 from tf_impl import distribute, ema, predict
 from tf_impl import model as model_mod
 from tf_impl.checkpoints import Checkpoints
-from tf_impl.loss import loss_fn
+from tf_impl.step import TrainState, compile_steps, make_optimizer
 
 log = logging.getLogger("dlas.tf")
 FRAMEWORK = "tf"
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainState:
-    """Everything a step changes, held by TensorFlow in variables the step updates in place: the model's
-    weights and the optimizer's (Adam's moments, its step count, fp16's loss scale, the weight average
-    of ``ema_decay``), and the variables that keep the trained weights while the average is read
-    (:func:`tf_impl.ema.averaged`). The counterpart of :class:`jax_impl.train.TrainState`."""
-
-    model: keras.Model
-    optimizer: keras.optimizers.Optimizer | None = None  # None: the model alone (inference)
-    ema_backup: list | None = None
-
-
-class TableSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """The shared LR table indexed by the optimizer's step count, clamped to the last entry."""
-
-    def __init__(self, table: np.ndarray):
-        self.table = np.asarray(table, np.float32)
-
-    def __call__(self, step):
-        idx = tf.minimum(tf.cast(step, tf.int32), len(self.table) - 1)
-        return tf.gather(tf.constant(self.table), idx)
-
-    def get_config(self):
-        return {"table": self.table.tolist()}
-
-
-def make_optimizer(cfg: Config, lr_table: np.ndarray) -> keras.optimizers.Optimizer:
-    """Adam (betas 0.9/0.999, eps 1e-8, as JAX) on the shared LR table, with the weight average of
-    ``ema_decay`` (:mod:`tf_impl.ema`); in Keras' ``LossScaleOptimizer`` for float16. Keras applies eps as
-    ``m / (sqrt(v) + eps)`` on uncorrected moments, optax as ``m_hat / (sqrt(v_hat) + eps)``: the
-    effective eps differs by 1 / sqrt(1 - beta_2^t), negligible unless gradients are ~1e-7."""
-    if cfg.adam_update != "per_tensor":  # Keras' Adam updates each variable; JAX's flat form is optax.flatten
-        raise UserError(f"config key 'adam_update': TensorFlow has only per_tensor, got {cfg.adam_update!r}")
-    averaging = ema.optimizer_options(cfg.ema_decay)
-    opt = keras.optimizers.Adam(TableSchedule(lr_table), beta_1=0.9, beta_2=0.999, epsilon=1e-8, **averaging)
-    if cfg.precision == "float16":
-        opt = keras.optimizers.LossScaleOptimizer(
-            opt, initial_scale=cfg.loss_scale_init, dynamic_growth_steps=cfg.loss_scale_period
-        )
-    return opt
-
-
-def replica_gradients(model: keras.Model, optimizer, batch: dict, cfg: Config, replicas: int):
-    """One replica's loss and the gradients of its loss / replicas (scaled by the fp16 loss scale),
-    so the summed gradients are those of the global-batch mean. With ``grad_allreduce_dtype:
-    bfloat16`` the gradients are summed over replicas in bfloat16 (PyTorch DDP's
-    ``bf16_compress_hook``); Keras' Adam casts them back to float32. A ``device`` loader's batch is
-    cut into crops here (:func:`tf_impl.data.crops`)."""
-    batch = data_mod.crops(batch, cfg)
-    with tf.GradientTape() as tape:
-        loss = loss_fn(model(batch["inputs"], training=True), batch, cfg)
-        scaled = optimizer.scale_loss(loss / replicas)
-    grads = tape.gradient(scaled, model.trainable_variables)
-    if cfg.grad_allreduce_dtype == "bfloat16":  # Keras sums the replicas' gradients in this dtype
-        grads = [tf.cast(g, tf.bfloat16) for g in grads]
-    return loss, grads
-
-
-def apply_gradients(model: keras.Model, optimizer, loss: tf.Tensor, grads: list) -> dict:
-    """Sum the replicas' gradients and update (with fp16 a non-finite gradient skips the update)."""
-    optimizer.apply(grads, model.trainable_variables)
-    metrics = {"loss": loss}
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        metrics["loss_scale"] = tf.identity(optimizer.dynamic_scale)
-    return metrics
-
-
-def train_step(model: keras.Model, optimizer, batch: dict, cfg: Config, replicas: int) -> dict:
-    """One replica's part of an optimizer step: :func:`replica_gradients`, then
-    :func:`apply_gradients`."""
-    loss, grads = replica_gradients(model, optimizer, batch, cfg, replicas)
-    return apply_gradients(model, optimizer, loss, grads)
-
-
-def eval_step(model: keras.Model, batch: dict, cfg: Config) -> dict:
-    """Masked loss sum and sample count of one replica's validation batch."""
-    batch = data_mod.crops(batch, cfg)
-    n = tf.reduce_sum(batch["mask"])
-    return {"loss_sum": loss_fn(model(batch["inputs"], training=False), batch, cfg) * n, "count": n}
-
-
-def step_functions(cfg: Config, strategy, model, optimizer, jit: bool | None = None):
-    """The per-replica ``tf.function``s of :func:`train_step` and :func:`eval_step`, XLA-compiled when
-    ``jit`` (default: ``cfg.enable_jit``, except over several logical CPU devices, where XLA cannot
-    reach another replica's variables and the replicas run without it)."""
-    replicas = distribute.num_replicas(strategy)
-    if jit is None:
-        jit = cfg.enable_jit and (replicas == 1 or bool(tf.config.list_logical_devices("GPU")))
-        if cfg.enable_jit and not jit:
-            log.info("XLA off: %d replicas on CPU devices", replicas)
-    evaluate = tf.function(lambda b: eval_step(model, b, cfg), jit_compile=jit)
-    if jit and replicas > 1:
-        # The gradient sum is a cross-replica merge, which an XLA function nested in strategy.run
-        # cannot hold: XLA compiles each replica's forward and backward, the update runs outside it.
-        grads = tf.function(lambda b: replica_gradients(model, optimizer, b, cfg, replicas), jit_compile=True)
-        return (lambda b: apply_gradients(model, optimizer, *grads(b))), evaluate
-    train = tf.function(lambda b: train_step(model, optimizer, b, cfg, replicas), jit_compile=jit)
-    return train, evaluate
-
-
-def compile_steps(cfg: Config, strategy, state: TrainState, spec: dict, eval_spec: dict | None = None):
-    """Build the distributed, XLA-compiled step functions of ``state`` (its model and optimizer) and
-    compile them by running each once on a
-    batch of zeros of ``spec`` (the train step) and ``eval_spec`` (the eval step; default ``spec``)
-    (``data.input_spec``), then restore every variable, so training starts from the same state as with
-    JAX's ahead-of-time compilation; return ``(train_fn, eval_fn, seconds)``, seconds being the train
-    step's trace + compile (+ one run) time."""
-    model, optimizer = state.model, state.optimizer
-    replica_train, replica_eval = step_functions(cfg, strategy, model, optimizer)
-
-    @tf.function
-    def train_fn(batch):
-        out = strategy.run(replica_train, args=(batch,))
-        return {k: strategy.reduce("MEAN", v, axis=None) for k, v in out.items()}
-
-    @tf.function
-    def eval_fn(batch):
-        out = strategy.run(replica_eval, args=(batch,))
-        return {k: strategy.reduce("SUM", v, axis=None) for k, v in out.items()}
-
-    if not optimizer.built:
-        with strategy.scope():
-            optimizer.build(model.trainable_variables)
-    zeros = lambda s: distribute.per_replica(strategy, lambda: {k: tf.zeros(v.shape, v.dtype) for k, v in s.items()})
-    batch = zeros(spec)
-    variables = list(model.variables) + list(optimizer.variables)
-    saved = [v.numpy() for v in variables]
-    t0 = time.perf_counter()
-    with logs.native_lines_filtered():  # a hit of TF's persistent XLA cache logs false errors
-        train_fn.get_concrete_function(batch)
-        t_trace = time.perf_counter() - t0
-        np.asarray(train_fn(batch)["loss"])
-        t_train = time.perf_counter() - t0
-        np.asarray(eval_fn(zeros(eval_spec or spec))["count"])
-    log.info(logs.compile_line(t_train, t_trace, time.perf_counter() - t0 - t_train))
-    for v, value in zip(variables, saved):
-        v.assign(value)
-    return train_fn, eval_fn, t_train
-
-
 def evaluate(eval_fn, val_in) -> float:
-    """Mean validation loss over ``Nsamples_val`` crops."""
+    """Mean validation loss over ``Nsamples_val`` crops (the loss sums and sample counts of the
+    batches, summed on the host)."""
     loss_sum, count = 0.0, 0.0
     for batch in val_in.epoch(0):
         out = eval_fn(batch)

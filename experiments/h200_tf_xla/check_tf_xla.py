@@ -60,7 +60,7 @@ import xla_export as fmt
 
 from dlas_compare.benchmark import append_records
 from jax_impl import model as model_mod
-from jax_impl import train as train_mod
+from jax_impl import step as step_mod
 from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
 from shared_data.data import host_batches
@@ -90,11 +90,11 @@ def rel(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def jax_first_step(cfg, weights: dict, batch: dict, lr_table: np.ndarray) -> dict:
-    """JAX's train step (:func:`jax_impl.train.train_step`) once from ``weights`` and a fresh Adam:
+    """JAX's train step (:func:`jax_impl.step.train_step`) once from ``weights`` and a fresh Adam:
     ``{"loss", "weights", "adam_m"}`` (canonical float32 arrays)."""
-    model, tx = model_mod.build_model(cfg), train_mod.make_optimizer(lr_table)
-    state = train_mod.create_train_state(cfg, model_mod.params_from_canonical(weights), tx)
-    step = jax.jit(functools.partial(train_mod.train_step, model=model, tx=tx, cfg=cfg))
+    model, tx = model_mod.build_model(cfg), step_mod.make_optimizer(lr_table)
+    state = step_mod.create_train_state(cfg, model_mod.params_from_canonical(weights), tx)
+    step = jax.jit(functools.partial(step_mod.train_step, model=model, tx=tx, cfg=cfg))
     state, metrics = step(state, {k: jax.device_put(v) for k, v in batch.items()})
     mu = optax.tree_utils.tree_get(state.opt_state, "mu")
     return {

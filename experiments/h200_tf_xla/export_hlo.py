@@ -1,7 +1,7 @@
 """Export TensorFlow's train and eval steps as StableHLO, for XLA without TensorFlow (the GPU machine):
 ``python experiments/h200_tf_xla/export_hlo.py --config short_opt [--enable_amp] [--global_batch_size 64] [--out DIR]``.
 
-The steps are the trainer's own (:func:`tf_impl.train.step_functions` with ``jit=True``: the
+The steps are the trainer's own (:func:`tf_impl.step.step_functions` with ``jit=True``: the
 ``tf.function(jit_compile=True)`` that XLA compiles when TF trains), on the model and optimizer
 built as :func:`tf_impl.train.train_and_evaluate` builds them, for one replica's batch of the config
 (:func:`tf_impl.data.batch_spec`, one replica: the global batch). TF lowers each to the XLA program
@@ -34,7 +34,7 @@ from shared_data.core.files import atomic_path, write_atomic
 from shared_data.model import schedule, unet_spec
 from tf_impl import data as data_mod
 from tf_impl import model as model_mod
-from tf_impl import train as train_mod
+from tf_impl import step as step_mod
 
 # Variables of no known role are shipped in values.npz up to this size; the model's and
 # optimizer's own variables all have roles, so this only guards against shipping weights.
@@ -51,10 +51,10 @@ def build_steps(cfg: Config):
     global_batch, _ = batch_sizes(cfg, 1)
     lr_table = schedule.lr_table(cfg, global_batch, steps_per_epoch(cfg) * cfg.num_epochs)
     with strategy.scope():
-        model, optimizer = model_mod.build_model(cfg), train_mod.make_optimizer(cfg, lr_table)
+        model, optimizer = model_mod.build_model(cfg), step_mod.make_optimizer(cfg, lr_table)
         model_mod.params_from_canonical(model, unet_spec.init_weights(cfg, cfg.seed))
         optimizer.build(model.trainable_variables)
-    train_fn, eval_fn = train_mod.step_functions(cfg, strategy, model, optimizer, jit=True)
+    train_fn, eval_fn = step_mod.step_functions(cfg, strategy, model, optimizer, jit=True)
     batch = {k: tf.zeros(s.shape, s.dtype) for k, s in data_mod.batch_spec(cfg, strategy).items()}
     return model, optimizer, train_fn, eval_fn, batch
 
@@ -178,7 +178,7 @@ def export(cfg: Config, out: str | Path, built: tuple | None = None) -> dict:
     manifest = {
         "format": fmt.FORMAT,
         "what": (
-            "TensorFlow's XLA-compiled train and eval steps (tf_impl.train.step_functions, jit_compile=True) "
+            "TensorFlow's XLA-compiled train and eval steps (tf_impl.step.step_functions, jit_compile=True) "
             "as the StableHLO TensorFlow hands to XLA; variable values not included"
         ),
         "config": cfg.name,

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 from jax_impl import data as data_mod
 from jax_impl import distribute
 from jax_impl import model as model_mod
-from jax_impl import train as train_mod
+from jax_impl import step as step_mod
 from shared_data.core.config import Config, batch_sizes
 from shared_data.data import host_batches
 from shared_data.model import schedule, unet_spec
@@ -29,11 +29,11 @@ def step_with(cfg: Config, model, tx, sync: Callable | None):
     """``(state, batch) -> (state, metrics)``: the kit's step with ``sync((loss, grads))`` applied
     before Adam (None: the production step itself)."""
     if sync is None:
-        return functools.partial(train_mod.train_step, model=model, tx=tx, cfg=cfg)
+        return functools.partial(step_mod.train_step, model=model, tx=tx, cfg=cfg)
 
     def step(state, batch):
         def compute_loss(params):
-            return train_mod.loss_fn(model.apply({"params": params}, batch["inputs"]), batch, cfg)
+            return step_mod.loss_fn(model.apply({"params": params}, batch["inputs"]), batch, cfg)
 
         loss, grads = sync(jax.value_and_grad(compute_loss)(state.params))
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -55,10 +55,10 @@ class StudyBench:
         self.mesh = distribute.make_mesh(num_devices)
         self.replicas = distribute.num_replicas(self.mesh)
         self.global_batch, _ = batch_sizes(cfg, self.replicas)
-        tx = train_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6))
+        tx = step_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6))
         model = model_mod.build_model(cfg)
         params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))
-        self.state = jax.device_put(train_mod.create_train_state(cfg, params, tx), distribute.replicated(self.mesh))
+        self.state = jax.device_put(step_mod.create_train_state(cfg, params, tx), distribute.replicated(self.mesh))
         spec = data_mod.batch_spec(cfg, self.mesh)
         sync = {
             "pmean": lambda tree: jax.lax.pmean(tree, "data"),
