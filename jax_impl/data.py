@@ -26,7 +26,9 @@ from shared_data.runtime.nvtx import nvtx_range
 
 
 class Input:
-    """Batches of one split for this process: ``steps`` per epoch, ``epoch(e)`` an iterator."""
+    """Batches of one split for this process: ``steps`` per epoch, ``epoch(e)`` an iterator of them.
+
+    JAX: global arrays split over the mesh's devices."""
 
     def __init__(self, cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0, first_step: int = 0):
         self.cfg, self.split, self.mesh = cfg, SPLITS[split], mesh
@@ -49,15 +51,18 @@ class Input:
         )
 
     def dataset(self, epoch: int) -> Iterator[dict]:
-        """This process's batches of ``epoch`` from its :meth:`EpochCursor.first_step` on, on the host:
-        (B_process, s, s, s, C) dicts, read by the shared loader."""
+        """The batches of ``epoch`` from its :meth:`EpochCursor.first_step` on, read by the shared loader.
+
+        JAX: this process's part of each global batch (B_process, s, s, s, C), on the host."""
         plan = self.plan(epoch, self.cursor.first_step(epoch))
         return iter(host_batches.NumpyLoader(self.reader, plan, self.cfg, workers=self.workers))
 
     def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
-        """Batches of ``epoch``: global arrays split over the mesh's devices. The loader starts at the
-        first batch, so inside :func:`shared_data.runtime.steps.epoch_steps` (a stop signal during its
-        start stops the run at the epoch's first step boundary)."""
+        """Batches of ``epoch``, on the devices. The loaders start at the first batch, so inside
+        :func:`shared_data.runtime.steps.epoch_steps` (a stop signal during their start stops the run at the
+        epoch's first step boundary).
+
+        JAX: global arrays split over the mesh's devices, one batch put ahead."""
         yield from prefetch_to_mesh(self.dataset(epoch), self.mesh)
 
 
@@ -129,18 +134,21 @@ def gather_batch(
 
 
 class DeviceInput(Input):
-    """The ``device`` loader: both volumes in device memory (replicated), each batch a crop plan that
-    the step cuts from the volume (:func:`crops`, inside the jitted step, where XLA fuses the gather
-    with what reads the crops), so the host only sends crop starts and symmetry indices (a few
-    hundred bytes per step)."""
+    """The ``device`` loader: both volumes in device memory, each batch a crop plan that the step cuts
+    from the volume (:func:`crops`, inside the compiled step, where XLA fuses the gather with what reads
+    the crops), so the host sends crop starts and symmetry indices, not crops.
+
+    JAX: the volume replicated over the mesh; each step's draws (a few hundred bytes) put on the devices."""
 
     def __init__(self, cfg: Config, split: str, mesh: Mesh, first_epoch: int = 0, first_step: int = 0):
         super().__init__(cfg, split, mesh, first_epoch, first_step)
         self.volume = distribute.put_replicated(host_batches.device_volume(self.reader), mesh)
 
     def spec(self) -> dict[str, jax.ShapeDtypeStruct]:
-        """Shapes, dtypes and shardings of a global batch: ``volume`` (L^3, C) float32 replicated,
-        ``draws`` (B, 4) int32 and ``mask`` (B,) float32 split on the batch axis."""
+        """Shapes and dtypes of a batch as the steps compile for it: ``volume`` (L^3, C), ``draws``
+        (B, 4), ``mask`` (B,).
+
+        JAX: the global batch, with its shardings (the volume replicated; draws int32)."""
         global_bs, _ = batch_sizes(self.cfg, distribute.num_replicas(self.mesh))
         sharding = distribute.batch_sharding(self.mesh)
         return {
@@ -149,17 +157,18 @@ class DeviceInput(Input):
             "mask": jax.ShapeDtypeStruct((global_bs,), jnp.float32, sharding=sharding),
         }
 
-    def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
-        """Batches of ``epoch``: ``{"volume", "draws", "mask"}``, the draws (crop start, symmetry
-        index) and mask split on the batch axis."""
+    def dataset(self, epoch: int) -> Iterator[dict]:
+        """The batches of ``epoch`` from its :meth:`EpochCursor.first_step` on: the draws (crop start,
+        symmetry index) and mask of this process's part of each step, on the host."""
         plan = self.plan(epoch, self.cursor.first_step(epoch))
         for draws, mask in zip(plan.draws, plan.masks):
-            with nvtx_range("draws to device", "green"):
-                host = {
-                    "draws": np.concatenate([draws.starts, draws.symmetries[:, None]], 1).astype(np.int32),
-                    "mask": mask,
-                }
-                yield {"volume": self.volume, **distribute.put_batch(host, self.mesh)}
+            yield {"draws": np.concatenate([draws.starts, draws.symmetries[:, None]], 1).astype(np.int32), "mask": mask}
+
+    def epoch(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
+        """Batches of ``epoch``: ``{"volume", "draws", "mask"}``, the draws and mask split on the batch
+        axis, put on the devices one step ahead."""
+        for batch in prefetch_to_mesh(self.dataset(epoch), self.mesh):
+            yield {"volume": self.volume, **batch}
 
 
 def crops(batch: dict, cfg: Config) -> dict:
@@ -175,12 +184,14 @@ def crops(batch: dict, cfg: Config) -> dict:
 
 
 def input_spec(inp, cfg: Config, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
-    """Shapes, dtypes and shardings of a global batch of the input ``inp`` (what its steps compile for)."""
+    """Shapes and dtypes of a batch of the input ``inp`` as its steps compile for it."""
     return inp.spec() if isinstance(inp, DeviceInput) else batch_spec(cfg, mesh)
 
 
 def batch_spec(cfg: Config, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
-    """Shapes, dtypes and shardings of a global batch (what the steps are compiled for)."""
+    """Shapes and dtypes of a batch of crops as the steps compile for it.
+
+    JAX: the global batch, with its shardings."""
     global_bs, _ = batch_sizes(cfg, distribute.num_replicas(mesh))
     s, sharding = cfg.crop_size, distribute.batch_sharding(mesh)
     shapes = {

@@ -1,12 +1,16 @@
-"""Data parallelism in JAX: one device mesh, the batch sharded over its ``data`` axis, parameters
-replicated, all inside the one jitted step (XLA inserts the gradient all-reduce).
+"""Data parallelism in JAX: one device mesh, the batch sharded over its ``data`` axis.
 
-Replica ``r`` of the mesh is data shard ``r``; a process loads the shards of its own devices
-(:func:`local_shards`) and :func:`put_batch` assembles the global array from process-local data.
+Replica ``r`` of the run is data shard ``r``: a process loads the shards of its own devices
+(:func:`local_shards`), one run on any world size is the same experiment, and every process agrees on
+a stop or a verdict through one collective (:func:`any_process`, :func:`main_process_flag`).
 
 The devices' other business lives here too: :func:`configure_xla`, the one place that sets XLA
 options, and the facts a record carries about the devices (:func:`banner`, :func:`versions`,
-:func:`peak_memory_bytes`), as in :mod:`tf_impl.distribute`.
+:func:`peak_memory_bytes`).
+
+JAX: parameters replicated, all inside the one jitted step (XLA inserts the gradient all-reduce);
+processes join through ``jax.distributed`` (:func:`initialize`) and :func:`put_batch` assembles the
+global array from process-local data.
 """
 
 from __future__ import annotations
@@ -39,19 +43,18 @@ CLUSTER_VARIABLE = "DLAS_JAX_CLUSTER"
 
 def initialize() -> str | None:
     """Join a multi-process run when the environment describes one and return the line that says
-    where this process stands (``None`` alone).
+    where this process stands (``None`` alone). Under a SLURM step the GPUs each task drives come from
+    :func:`shared_data.runtime.launch.task_gpus` (right for ``--gpus-per-task`` too).
 
-    Explicit variables: ``JAX_COORDINATOR_ADDRESS`` (host:port of process 0), ``JAX_NUM_PROCESSES``,
-    ``JAX_PROCESS_ID`` (and optionally ``JAX_LOCAL_DEVICE_IDS``), for several processes on one host or
-    a launcher JAX does not know. Under a SLURM step the GPUs each task drives come from
-    :func:`shared_data.runtime.launch.task_gpus` (right for ``--gpus-per-task`` too); JAX detects the
-    rest (coordinator, process count and index). See :data:`CLUSTER_VARIABLE` for other launchers.
+    JAX: ``jax.distributed.initialize`` with what :func:`join_arguments` reads: ``JAX_COORDINATOR_ADDRESS``
+    (host:port of process 0), ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID`` (and optionally
+    ``JAX_LOCAL_DEVICE_IDS``), for several processes on one host or a launcher JAX does not know; else
+    JAX's own detection (SLURM, Open MPI; :data:`CLUSTER_VARIABLE` for others).
 
     Raises:
         UserError: ``JAX_COORDINATOR_ADDRESS`` without ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, one
-            that is not an integer in range (:func:`shared_data.runtime.launch.env_int`), or an
-            unknown ``DLAS_JAX_CLUSTER``.
-    """
+            that is not an integer in range (:func:`shared_data.runtime.launch.env_int`), or an unknown
+            ``DLAS_JAX_CLUSTER``."""
     if jax.distributed.is_initialized():
         return None
     env = os.environ

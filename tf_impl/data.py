@@ -24,7 +24,9 @@ from tf_impl import distribute
 
 
 class Input:
-    """Batches of one split for this process: ``steps`` per epoch, ``epoch(e)`` an iterator."""
+    """Batches of one split for this process: ``steps`` per epoch, ``epoch(e)`` an iterator of them.
+
+    TensorFlow: one ``tf.data`` pipeline per local replica, their batches distributed by the strategy."""
 
     def __init__(
         self, cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0, first_step: int = 0
@@ -49,8 +51,9 @@ class Input:
         )
 
     def dataset(self, epoch: int, shard: int) -> tf.data.Dataset:
-        """One replica's batches of ``epoch`` from its :meth:`EpochCursor.first_step` on: (B_local, s, s,
-        s, C) dicts, read in parallel, prefetched."""
+        """The batches of ``epoch`` from its :meth:`EpochCursor.first_step` on, read by the shared loader.
+
+        TensorFlow: replica ``shard``'s (B_local, s, s, s, C), read in parallel by ``tf.data``, prefetched."""
         plan = self.plan(epoch, self.cursor.first_step(epoch), [shard])
         source = host_batches.NumpyLoader(self.reader, plan, self.cfg, workers=self.workers)
         cfg, s = self.cfg, self.cfg.crop_size
@@ -75,10 +78,12 @@ class Input:
         return ds.map(to_dict).prefetch(tf.data.AUTOTUNE)
 
     def epoch(self, epoch: int) -> Iterator:
-        """Batches of ``epoch``: plain dicts with one replica, per-replica values with several
-        (replica ``r`` gets shard ``r``'s batch, as in JAX). The pipelines start at the first batch, so
-        inside :func:`shared_data.runtime.steps.epoch_steps` (a stop signal during their start stops the
-        run at the epoch's first step boundary)."""
+        """Batches of ``epoch``, on the devices. The loaders start at the first batch, so inside
+        :func:`shared_data.runtime.steps.epoch_steps` (a stop signal during their start stops the run at the
+        epoch's first step boundary).
+
+        TensorFlow: plain dicts with one replica, per-replica values with several (replica ``r`` gets shard
+        ``r``'s batch)."""
         iters = [iter(self.dataset(epoch, r)) for r in self.shards]
         yield from distribute.replica_batches(
             self.strategy, self.shards, iters, self.steps - self.cursor.first_step(epoch)
@@ -145,15 +150,15 @@ def gather_batch(
 
 
 class DeviceInput(Input):
-    """The ``device`` loader: both volumes on every replica's device, each replica's batch a crop plan
-    that the step cuts from its volume (:func:`crops`, inside the compiled step when ``enable_jit``,
-    where XLA fuses the gather with what reads the crops).
+    """The ``device`` loader: both volumes in device memory, each batch a crop plan that the step cuts
+    from the volume (:func:`crops`, inside the compiled step, where XLA fuses the gather with what reads
+    the crops), so the host sends crop starts and symmetry indices, not crops.
 
-    The host sends each replica its epoch's draws once, at the epoch's start, as one float32 tensor
-    (steps, B, 4) of crop starts and symmetry indices (exact: both are below 2^24) and one (steps,
-    B) mask, sliced into per-step device tensors there: a step then takes no host input at all.
-    A host tensor fed to a GPU function every step would make TensorFlow copy it while the previous
-    step still runs, and the host would wait for the device each step."""
+    TensorFlow: a volume on every replica's device; each replica's epoch of draws goes there once, at the
+    epoch's start, as one float32 tensor (steps, B, 4) of crop starts and symmetry indices (exact: both
+    are below 2^24) and one (steps, B) mask, sliced into per-step device tensors: a step takes no host
+    input. A host tensor fed to a GPU function every step would make TensorFlow copy it while the
+    previous step still runs, and the host would wait for the device each step."""
 
     def __init__(
         self, cfg: Config, split: str, strategy: tf.distribute.Strategy, first_epoch: int = 0, first_step: int = 0
@@ -167,7 +172,10 @@ class DeviceInput(Input):
                 self.volumes.append(tf.identity(tf.constant(host)))
 
     def spec(self) -> dict[str, tf.TensorSpec]:
-        """Shapes and dtypes of one replica's batch: ``volume`` (L^3, C), ``draws`` (B, 4), ``mask`` (B,)."""
+        """Shapes and dtypes of a batch as the steps compile for it: ``volume`` (L^3, C), ``draws``
+        (B, 4), ``mask`` (B,).
+
+        TensorFlow: one replica's batch, all float32."""
         _, local_bs = batch_sizes(self.cfg, self.replicas)
         shapes = {"volume": self.volumes[0].shape, "draws": (local_bs, 4), "mask": (local_bs,)}
         return {k: tf.TensorSpec(v, tf.float32) for k, v in shapes.items()}
@@ -199,12 +207,14 @@ def crops(batch: dict, cfg: Config) -> dict:
 
 
 def input_spec(inp, cfg: Config, strategy: tf.distribute.Strategy) -> dict[str, tf.TensorSpec]:
-    """Shapes and dtypes of one replica's batch of the input ``inp`` (what its steps compile for)."""
+    """Shapes and dtypes of a batch of the input ``inp`` as its steps compile for it."""
     return inp.spec() if isinstance(inp, DeviceInput) else batch_spec(cfg, strategy)
 
 
 def batch_spec(cfg: Config, strategy: tf.distribute.Strategy) -> dict[str, tf.TensorSpec]:
-    """Shapes and dtypes of one replica's batch (what the steps are compiled for)."""
+    """Shapes and dtypes of a batch of crops as the steps compile for it.
+
+    TensorFlow: one replica's batch."""
     _, local_bs = batch_sizes(cfg, distribute.num_replicas(strategy))
     s = cfg.crop_size
     shapes = {

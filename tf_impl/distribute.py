@@ -1,13 +1,16 @@
 """Data parallelism in TensorFlow: ``tf.distribute`` strategies.
 
-One host: ``MirroredStrategy`` over its GPUs (or logical CPU devices for tests). Several hosts:
-``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` or the SLURM cluster resolver. A single device
-uses the default strategy, so the same loop runs everywhere. Replica ``r`` of the strategy is data
-shard ``r``, as in :mod:`jax_impl.distribute`.
+Replica ``r`` of the run is data shard ``r``: a process loads the shards of its own devices
+(:func:`local_shards`), one run on any world size is the same experiment, and every process agrees on
+a stop or a verdict through one collective (:func:`any_process`, :func:`main_process_flag`).
 
 The devices' other business lives here too: :func:`configure_xla`, the one place that sets XLA
 options, and the facts a record carries about the devices (:func:`banner`, :func:`versions`,
-:func:`peak_memory_bytes`), as in :mod:`jax_impl.distribute`.
+:func:`peak_memory_bytes`).
+
+TensorFlow: ``MirroredStrategy`` over one host's GPUs (or logical CPU devices for tests),
+``MultiWorkerMirroredStrategy`` across processes from ``TF_CONFIG`` or the SLURM cluster resolver; a
+single device uses the default strategy, so the same loop runs everywhere.
 """
 
 from __future__ import annotations
@@ -35,14 +38,12 @@ PORT_VARIABLE = "DLAS_TF_PORT"
 
 
 def initialize() -> str | None:
-    """Say where this process stands in a multi-worker run (``TF_CONFIG`` or a SLURM step of several
-    tasks) and keep its own GPUs visible; ``None`` alone. The strategy joins the cluster
-    (:func:`make_strategy`).
+    """Join a multi-process run when the environment describes one and return the line that says
+    where this process stands (``None`` alone). Under a SLURM step the GPUs each task drives come from
+    :func:`shared_data.runtime.launch.task_gpus` (right for ``--gpus-per-task`` too).
 
-    Under a SLURM step the GPUs each task drives come from
-    :func:`shared_data.runtime.launch.task_gpus`, as in :func:`jax_impl.distribute.initialize`
-    (right for ``--gpus-per-task`` too); TensorFlow then sees those alone.
-    """
+    TensorFlow: ``TF_CONFIG`` or a SLURM step of several tasks; this keeps the task's own GPUs visible,
+    and the strategy joins the cluster (:func:`make_strategy`)."""
     env = os.environ
     if env.get("TF_CONFIG"):
         worker = process_index()  # a TF_CONFIG that is not JSON fails here, in one line
