@@ -20,6 +20,7 @@ from processes import SIGNAL_AT, cpu_xla_flags
 
 from jax_impl import distribute as jax_distribute
 from jax_impl import model as jax_model
+from jax_impl import step as jax_step
 from jax_impl import train as jax_train
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
@@ -77,7 +78,7 @@ def test_jax_two_devices_match_one(tiny_cfg, reduce_dtype):
     with the gradients summed in bfloat16 against one device's bfloat16-compute step."""
     assert jax.device_count() >= 2  # conftest: --xla_force_host_platform_device_count=2
     batches = _global_batches(tiny_cfg)
-    tx = jax_train.make_optimizer(np.full(8, 1e-3, np.float32))
+    tx = jax_step.make_optimizer(np.full(8, 1e-3, np.float32))
     result = {}
     amp = reduce_dtype == "bfloat16"
     for n, dtype in ((1, "float32"), (2, reduce_dtype)):
@@ -85,9 +86,9 @@ def test_jax_two_devices_match_one(tiny_cfg, reduce_dtype):
         model = jax_model.build_model(cfg)
         mesh = jax_distribute.make_mesh(n)
         state = jax.device_put(
-            jax_train.create_train_state(cfg, jax_model.init_params(cfg, 0), tx), jax_distribute.replicated(mesh)
+            jax_step.create_train_state(cfg, jax_model.init_params(cfg, 0), tx), jax_distribute.replicated(mesh)
         )
-        step = jax.jit(lambda s, b: jax_train.train_step(s, b, model=model, tx=tx, cfg=cfg))
+        step = jax.jit(lambda s, b: jax_step.train_step(s, b, model=model, tx=tx, cfg=cfg))
         for b in batches:
             state, _ = step(state, jax_distribute.put_batch(b, mesh))
         assert len(state.params["down1"]["kernel"].sharding.device_set) == n
@@ -112,7 +113,7 @@ from shared_data.core import config as config_mod
 from shared_data.data import host_batches
 from shared_data.data import crop_readers
 from shared_data.model import unet_spec
-from tf_impl import data as data_mod, model as model_mod, train as train_mod
+from tf_impl import data as data_mod, model as model_mod, step as step_mod
 base = config_mod.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1], val_path=sys.argv[2]))
 cfg = base
 r = crop_readers.make_reader(cfg)

@@ -137,7 +137,7 @@ def test_study_pmean_step_in_shard_map_matches_one_device(tiny_cfg):
 
     from jax_impl import distribute as jax_distribute
     from jax_impl import model as jax_model
-    from jax_impl import train as jax_train
+    from jax_impl import step as jax_step
     from shared_data.data import crop_readers, host_batches
     from shared_data.data.sampler import TRAIN
 
@@ -147,13 +147,13 @@ def test_study_pmean_step_in_shard_map_matches_one_device(tiny_cfg):
     r = crop_readers.make_reader(tiny_cfg)
     plan = host_batches.make_plan(tiny_cfg, TRAIN, 0, [0, 1], 2, r.size)
     batches = [host_batches.NumpyLoader(r, plan, tiny_cfg).load(i) for i in range(3)]
-    tx = jax_train.make_optimizer(np.full(8, 1e-3, np.float32))
+    tx = jax_step.make_optimizer(np.full(8, 1e-3, np.float32))
     model = jax_model.build_model(tiny_cfg)
     result = {}
     for n, sync in ((1, None), (2, lambda t: jax.lax.pmean(t, "data")), ("local", lambda t: t)):
         mesh = jax_distribute.make_mesh(1 if n == 1 else 2)
         state = jax.device_put(
-            jax_train.create_train_state(tiny_cfg, jax_model.init_params(tiny_cfg, 0), tx),
+            jax_step.create_train_state(tiny_cfg, jax_model.init_params(tiny_cfg, 0), tx),
             jax_distribute.replicated(mesh),
         )
         step = step_with(tiny_cfg, model, tx, sync)

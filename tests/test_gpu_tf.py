@@ -174,7 +174,7 @@ import tensorflow as tf
 import numpy as np
 from shared_data.core import config as config_mod
 from shared_data.model import unet_spec
-from tf_impl import data as data_mod, model as model_mod, train as train_mod
+from tf_impl import data as data_mod, model as model_mod, step as step_mod
 tf.config.experimental.enable_tensor_float_32_execution(False)
 base = config_mod.load_config("cpu_tiny", overrides=dict(train_path=sys.argv[1], val_path=sys.argv[2], Nsamples=12))
 cfg = config_mod.replace(base, data_loader_config=sys.argv[3])

@@ -121,7 +121,7 @@ def test_one_fp32_step_matches_jax(tiny_cfg):
     import jax.numpy as jnp
 
     from jax_impl import model as jax_model
-    from jax_impl import train as jax_train
+    from jax_impl import step as jax_step
 
     lr, eps, b2 = 1e-3, 1e-8, 0.999
     weights = unet_spec.init_weights(tiny_cfg, 5)
@@ -130,14 +130,14 @@ def test_one_fp32_step_matches_jax(tiny_cfg):
     loss_tf = float(step(batch)["loss"])
     new_tf = model_mod.params_to_canonical(model)
     jmodel = jax_model.build_model(tiny_cfg)
-    tx = jax_train.make_optimizer(np.full(8, lr, np.float32))
+    tx = jax_step.make_optimizer(np.full(8, lr, np.float32))
     params = jax_model.params_from_canonical(weights)
-    state = jax_train.create_train_state(tiny_cfg, params, tx)
+    state = jax_step.create_train_state(tiny_cfg, params, tx)
     jbatch = {k: jnp.asarray(v.numpy()) for k, v in batch.items()}
-    state, m = jax.jit(lambda s, b: jax_train.train_step(s, b, model=jmodel, tx=tx, cfg=tiny_cfg))(state, jbatch)
+    state, m = jax.jit(lambda s, b: jax_step.train_step(s, b, model=jmodel, tx=tx, cfg=tiny_cfg))(state, jbatch)
     new_jax = jax_model.params_to_canonical(jax.device_get(state.params))
     grads = jax_model.params_to_canonical(
-        jax.grad(lambda p: jax_train.loss_fn(jmodel.apply({"params": p}, jbatch["inputs"]), jbatch, tiny_cfg))(params)
+        jax.grad(lambda p: jax_step.loss_fn(jmodel.apply({"params": p}, jbatch["inputs"]), jbatch, tiny_cfg))(params)
     )
     assert abs(loss_tf - float(m["loss"])) < 1e-5 * abs(loss_tf)
     for k, g in grads.items():
