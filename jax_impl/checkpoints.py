@@ -1,7 +1,11 @@
-"""Orbax checkpoints of the JAX train state, one per epoch: the counterpart of :mod:`tf_impl.checkpoints`.
+"""Checkpoints of the train state, one per epoch: the counterpart of :mod:`tf_impl.checkpoints`.
 
 The run's resume rule (:func:`shared_data.runtime.resume.resume`) calls :meth:`Checkpoints.epochs`
-and :meth:`Checkpoints.restore`; the trainer calls :meth:`Checkpoints.save` after each epoch.
+and :meth:`Checkpoints.restore`; the trainer calls :meth:`Checkpoints.save` after each epoch, inside
+:func:`shared_data.runtime.saves.saving`; inference calls :meth:`Checkpoints.restore_params`.
+
+JAX: orbax's ``CheckpointManager``, and the reports orbax and TensorStore make of a failed write
+(a full disk), kept to the run's one line.
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ from shared_data.runtime import checksums, saves
 
 
 class Checkpoints:
-    """Orbax checkpoints of the train state, one per epoch (``step`` = epochs done), written atomically
-    (orbax renames a finished temporary folder; unfinished ones are removed at start). ``state`` is a
-    train state of this config (its arrays' shapes, dtypes and shardings are the restore template);
-    without it only :meth:`restore_params` restores. ``read_only`` (inference) creates and removes nothing, so
-    a run that is saving meanwhile is left alone."""
+    """Checkpoints of the train state, one per epoch (numbered by the epochs done), written atomically: a
+    save cut by a crash is never listed, and what a killed save left is removed at start. ``state`` is a
+    train state of this config, the template a checkpoint restores into; without it only
+    :meth:`restore_params` restores. ``read_only`` (inference) creates and removes nothing, so a run that
+    is saving meanwhile is left alone.
+
+    JAX: orbax's ``CheckpointManager``, which renames a finished temporary folder; the state's arrays'
+    shapes, dtypes and shardings are the restore template."""
 
     def __init__(self, directory: Path, keep: int, state=None, read_only: bool = False):
         import orbax.checkpoint as ocp
@@ -43,10 +50,11 @@ class Checkpoints:
         )
 
     def close(self) -> None:
-        """Wait for orbax's background work and stop its threads: a run that ends early (an error, a
-        signal) must do this before the interpreter shuts down, or orbax's thread prints "cannot
-        schedule new futures after interpreter shutdown". After a failed save, what its writes left
-        is removed once they have stopped."""
+        """Wait for the checkpointer's background work and stop it; a run that ends early (an error, a
+        signal) does this before the interpreter shuts down.
+
+        JAX: orbax's thread otherwise prints "cannot schedule new futures after interpreter shutdown". After a
+        failed save, what its writes left is removed once they have stopped."""
         try:
             self.manager.close()
         except Exception as err:  # a save that failed (a full disk) is reported already
@@ -70,9 +78,11 @@ class Checkpoints:
         return sorted(self.manager.all_steps())
 
     def save(self, epoch: int, state) -> None:
-        """Write ``state`` as the checkpoint of ``epoch``, wait until it is on disk and record its
-        checksums (:mod:`shared_data.runtime.checksums`); a save that fails (a full disk) leaves no
-        partial folder."""
+        """Write the train state as the checkpoint of ``epoch``, wait until it is on disk and record its
+        checksums (:mod:`shared_data.runtime.checksums`); a save that fails (a full disk) leaves no partial
+        file and raises the line of :func:`shared_data.runtime.saves.checkpoint_write_error`.
+
+        JAX: ``state`` is written (orbax saves values)."""
         with _closed_loop_quiet() as quiet:
             try:
                 self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
@@ -92,24 +102,24 @@ class Checkpoints:
         return [p for p in (self.directory / str(epoch)).rglob("*") if p.is_file()]
 
     def restore(self, epoch: int):
-        """The state saved after ``epoch``. Its files' checksums and the stored arrays' shapes and dtypes
-        are compared with those recorded at its save and with this config's state first, so a damaged
-        checkpoint or a checkpoint of another net is refused before orbax starts its
-        (threaded) restore.
+        """The train state saved after ``epoch``. Its files' checksums are compared with those recorded at
+        its save first, so a damaged checkpoint is refused before the framework reads it.
+
+        JAX: a new state; the stored arrays' shapes and dtypes are checked against this config's first.
 
         Raises:
-            UserError: the checkpoint is damaged or holds another config's state.
-        """
+            UserError: the checkpoint is damaged or holds another config's state."""
         self._check(epoch, lambda stored: stored, self._like)
         return self._restore(epoch, self._ocp.args.StandardRestore(self._like))
 
     def restore_params(self, epoch: int, like_params) -> dict:
-        """Only the parameters saved after ``epoch`` (inference needs no optimizer for a template),
-        checked against ``like_params`` (arrays or ``jax.ShapeDtypeStruct``s of this config's params).
+        """Only the model's parameters saved after ``epoch`` (inference needs no optimizer), checked against
+        ``like_params``, this config's.
+
+        JAX: ``like_params`` arrays or ``jax.ShapeDtypeStruct``s; the parameters are returned.
 
         Raises:
-            UserError: the checkpoint is damaged or holds another config's parameters.
-        """
+            UserError: the checkpoint is damaged or holds another config's parameters."""
         self._check(epoch, lambda stored: stored["params"], like_params)
         return self._restore(epoch, self._ocp.args.StandardRestore())["params"]
 

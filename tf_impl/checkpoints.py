@@ -1,8 +1,10 @@
-"""``tf.train.CheckpointManager`` checkpoints of model, optimizer and epoch: the counterpart of
-:mod:`jax_impl.checkpoints`.
+"""Checkpoints of the train state, one per epoch: the counterpart of :mod:`jax_impl.checkpoints`.
 
 The run's resume rule (:func:`shared_data.runtime.resume.resume`) calls :meth:`Checkpoints.epochs`
-and :meth:`Checkpoints.restore`; the trainer calls :meth:`Checkpoints.save` after each epoch.
+and :meth:`Checkpoints.restore`; the trainer calls :meth:`Checkpoints.save` after each epoch, inside
+:func:`shared_data.runtime.saves.saving`; inference calls :meth:`Checkpoints.restore_params`.
+
+TensorFlow: ``tf.train.CheckpointManager``.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ log = logging.getLogger("dlas.tf")
 
 
 class Checkpoints:
-    """``tf.train.CheckpointManager`` checkpoints of the train state (model, optimizer with its loss
-    scale and weight average) and the epoch, one per epoch, written atomically: a checkpoint becomes
-    visible only once its index file is written, so a crash leaves the last complete one. What a
-    killed save leaves behind (``*_temp`` folders, ``checkpoint.tmp*``) is removed at start.
-    ``state`` is a :class:`tf_impl.step.TrainState` whose variables :meth:`save` writes and
-    :meth:`restore` loads (in place); without it only :meth:`restore_params` restores. ``read_only``
-    (inference) creates and removes nothing, so a run that is saving meanwhile is left alone."""
+    """Checkpoints of the train state, one per epoch (numbered by the epochs done), written atomically: a
+    save cut by a crash is never listed, and what a killed save left is removed at start. ``state`` is a
+    train state of this config, the template a checkpoint restores into; without it only
+    :meth:`restore_params` restores. ``read_only`` (inference) creates and removes nothing, so a run that
+    is saving meanwhile is left alone.
+
+    TensorFlow: ``tf.train.CheckpointManager`` of the model, the optimizer (with its loss scale and
+    weight average) and the epoch; a checkpoint is listed once its index file is written, and a killed
+    save leaves ``*_temp`` folders and ``checkpoint.tmp*``. The state's variables are what it writes and
+    loads (in place)."""
 
     def __init__(self, directory: Path, keep: int, state=None, read_only: bool = False):
         self.directory, self.state = directory, state
@@ -57,8 +62,10 @@ class Checkpoints:
         return tf.train.Checkpoint(**parts)
 
     def close(self) -> None:
-        """Nothing to stop (``tf.train.CheckpointManager`` saves in the caller's thread); the same
-        protocol as :meth:`jax_impl.checkpoints.Checkpoints.close`."""
+        """Wait for the checkpointer's background work and stop it; a run that ends early (an error, a
+        signal) does this before the interpreter shuts down.
+
+        TensorFlow: nothing to stop, ``tf.train.CheckpointManager`` saves in the caller's thread."""
 
     def __enter__(self) -> Checkpoints:
         return self
@@ -67,13 +74,18 @@ class Checkpoints:
         self.close()
 
     def epochs(self) -> list[int]:
+        """The epochs with a finished checkpoint, oldest first."""
         if not self.directory.is_dir():
             return []
         return sorted(int(p.name[5:-6]) for p in self.directory.glob("ckpt-*.index") if p.name[5:-6].isdigit())
 
     def save(self, epoch: int) -> None:
-        """Write the checkpoint of ``epoch`` and record its checksums (:mod:`shared_data.runtime.checksums`);
-        a save that fails (a full disk) leaves no partial file."""
+        """Write the train state as the checkpoint of ``epoch``, wait until it is on disk and record its
+        checksums (:mod:`shared_data.runtime.checksums`); a save that fails (a full disk) leaves no partial
+        file and raises the line of :func:`shared_data.runtime.saves.checkpoint_write_error`.
+
+        TensorFlow: the constructor's state's variables are written; every worker of a multi-worker strategy
+        saves (TensorFlow's rule: a save may hold collectives), the chief alone into the run's folder."""
         self.epoch.assign(epoch)
         try:
             self.manager.save(checkpoint_number=epoch)
@@ -90,23 +102,24 @@ class Checkpoints:
         return list(self.directory.glob(f"ckpt-{epoch}.*"))
 
     def restore(self, epoch: int):
-        """The train state saved after ``epoch``: its variables loaded into the constructor's ``state``
-        (in place), which is returned.
+        """The train state saved after ``epoch``. Its files' checksums are compared with those recorded at
+        its save first, so a damaged checkpoint is refused before the framework reads it.
+
+        TensorFlow: the variables are loaded into the constructor's state (in place), which is returned.
 
         Raises:
-            UserError: the checkpoint's files differ from the checksums recorded at its save, or it
-                holds another config's variables.
-        """
+            UserError: the checkpoint is damaged or holds another config's state."""
         self._restore(epoch, self.ckpt, partial=False)
         return self.state
 
     def restore_params(self, epoch: int, like_params: keras.Model) -> keras.Model:
-        """Only the model's weights saved after ``epoch`` (inference needs no optimizer), loaded into the
-        model ``like_params`` of this config, which is returned.
+        """Only the model's parameters saved after ``epoch`` (inference needs no optimizer), checked against
+        ``like_params``, this config's.
+
+        TensorFlow: ``like_params`` a model of this config, loaded in place and returned.
 
         Raises:
-            UserError: the checkpoint is damaged or holds another config's weights.
-        """
+            UserError: the checkpoint is damaged or holds another config's parameters."""
         self._restore(epoch, self._checkpoint(like_params), partial=True)
         return like_params
 
