@@ -90,16 +90,25 @@ LESSONS: dict[str, Lesson] = {
         ("shared_data/core/config_schema.py:Config.precision",),
     ),
     "compile": Lesson(
-        "Compilation: the steps compiled once by XLA, ahead of the first epoch; XLA's flags set in one place",
-        (_twin("step.py:compile_steps"), _twin("distribute.py:configure_xla")),
+        "Compilation: the steps compiled once by XLA, ahead of the first epoch; XLA's options set in one place",
+        (
+            _twin("step.py:compile_steps"),
+            ("tf_impl/step.py:step_functions", "jax_impl/step.py:train_step"),
+            _twin("distribute.py:configure_xla"),
+        ),
         ("shared_data/runtime/xla_flags.py:apply_default_xla_flags",),
     ),
     "scale": Lesson(
-        "Scale out: processes joined, replicas over devices, the global batch, a stop agreed by every rank",
-        (_twin("distribute.py:initialize"), _twin("distribute.py:num_replicas"), _twin("distribute.py:any_process")),
+        "Scale out: processes joined, replicas over devices, the gradients summed, a stop agreed by every rank",
         (
-            "shared_data/data/sampler.py:global_batch_draws",
-            "shared_data/model/schedule.py:lr_table",
+            _twin("distribute.py:initialize"),
+            ("tf_impl/distribute.py:make_strategy", "jax_impl/distribute.py:make_mesh"),
+            ("tf_impl/step.py:replica_gradients", "jax_impl/distribute.py:batch_sharding"),
+            _twin("distribute.py:any_process"),
+        ),
+        (
+            "shared_data/data/sampler.py:epoch_draws",
+            "shared_data/model/schedule.py:initial_lr",
             "shared_data/runtime/preemption.py:stop_agreed",
         ),
     ),
@@ -166,6 +175,7 @@ def page(title: str, pairs: Sequence[tuple[str, str]], shared: Sequence[str] = (
         )
         parts.append(f"<h2>Shared by both frameworks</h2><ul>{items}</ul>")
     head = differ.make_file([], []).split("<body>")[0]  # HtmlDiff's page head: the styles of its tables
+    head = head.replace("<title></title>", f"<title>{html.escape(title)}</title>")
     return f"{head}<body>\n" + "\n<br>\n".join(parts) + "\n</body>\n</html>\n"
 
 

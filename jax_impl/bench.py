@@ -57,7 +57,7 @@ class Bench:
                 self.train_fn, _, self.compile_sec = step_mod.compile_steps(cfg, self.model, self.tx, self.state, spec)
                 self.compiled_step = True
         elif mode in ("synthetic", "full"):
-            self.tx = step_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6), cfg.adam_update)
+            self.tx = step_mod.make_optimizer(cfg, schedule.lr_table(cfg, self.global_batch, 10**6))
             params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))
             self.state = jax.device_put(
                 step_mod.create_train_state(cfg, params, self.tx), distribute.replicated(self.mesh)

@@ -44,14 +44,14 @@ class TrainState(struct.PyTreeNode):
     ema_params: Any = None
 
 
-def make_optimizer(lr_table: np.ndarray, adam_update: str = "per_tensor") -> optax.GradientTransformation:
+def make_optimizer(cfg: Config, lr_table: np.ndarray) -> optax.GradientTransformation:
     """Adam (PyTorch defaults: betas 0.9/0.999, eps 1e-8) with the shared LR table indexed by the
     optimizer's step count, clamped to the last entry. ``adam_update: flat`` wraps it in
     ``optax.flatten``: gradients, moments and updates are one vector, so the update is one elementwise
     pass over all parameters (the same arithmetic; the moments are then stored as one vector)."""
     table = jnp.asarray(lr_table, jnp.float32)
     tx = optax.adam(lambda count: table[jnp.minimum(count, table.shape[0] - 1)], b1=0.9, b2=0.999, eps=1e-8)
-    return optax.flatten(tx) if adam_update == "flat" else tx
+    return optax.flatten(tx) if cfg.adam_update == "flat" else tx
 
 
 def create_train_state(cfg: Config, params: dict, tx: optax.GradientTransformation) -> TrainState:

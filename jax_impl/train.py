@@ -94,7 +94,7 @@ def open_run(cfg: Config, workdir: Path, num_devices: int | None, overwrite: boo
 def initial_state(cfg: Config, lr_table: np.ndarray, init_weights: str | None, mesh: Mesh):
     """The model (its precision policy: ``cfg.precision``), Adam on ``lr_table`` and the train state
     from ``init_weights`` (or the contract's init), replicated over ``mesh``: ``(model, tx, state)``."""
-    model, tx = model_mod.build_model(cfg), make_optimizer(lr_table, cfg.adam_update)
+    model, tx = model_mod.build_model(cfg), make_optimizer(cfg, lr_table)
     params = model_mod.params_from_canonical(unet_spec.starting_weights(cfg, init_weights))
     return model, tx, jax.device_put(create_train_state(cfg, params, tx), distribute.replicated(mesh))
 

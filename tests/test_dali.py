@@ -218,7 +218,7 @@ def test_jax_dali_iterator_matches_native_loader_and_feeds_a_step(tiny_cfg, kind
 
     cfg = _cfg(tiny_cfg, kind)
     batch = _dali_matches_native(data_mod.make_input, cfg, distribute.make_mesh(1), np.asarray)
-    tx = step_mod.make_optimizer(np.full(4, 1e-3, np.float32))
+    tx = step_mod.make_optimizer(cfg, np.full(4, 1e-3, np.float32))
     state = step_mod.create_train_state(cfg, model_mod.init_params(cfg, 0), tx)
     step = jax.jit(functools.partial(step_mod.train_step, model=model_mod.build_model(cfg), tx=tx, cfg=cfg))
     _, m = step(state, batch)

@@ -78,7 +78,7 @@ def test_jax_two_devices_match_one(tiny_cfg, reduce_dtype):
     with the gradients summed in bfloat16 against one device's bfloat16-compute step."""
     assert jax.device_count() >= 2  # conftest: --xla_force_host_platform_device_count=2
     batches = _global_batches(tiny_cfg)
-    tx = jax_step.make_optimizer(np.full(8, 1e-3, np.float32))
+    tx = jax_step.make_optimizer(tiny_cfg, np.full(8, 1e-3, np.float32))
     result = {}
     amp = reduce_dtype == "bfloat16"
     for n, dtype in ((1, "float32"), (2, reduce_dtype)):

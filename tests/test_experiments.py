@@ -147,7 +147,7 @@ def test_study_pmean_step_in_shard_map_matches_one_device(tiny_cfg):
     r = crop_readers.make_reader(tiny_cfg)
     plan = host_batches.make_plan(tiny_cfg, TRAIN, 0, [0, 1], 2, r.size)
     batches = [host_batches.NumpyLoader(r, plan, tiny_cfg).load(i) for i in range(3)]
-    tx = jax_step.make_optimizer(np.full(8, 1e-3, np.float32))
+    tx = jax_step.make_optimizer(tiny_cfg, np.full(8, 1e-3, np.float32))
     model = jax_model.build_model(tiny_cfg)
     result = {}
     for n, sync in ((1, None), (2, lambda t: jax.lax.pmean(t, "data")), ("local", lambda t: t)):

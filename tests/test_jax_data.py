@@ -50,7 +50,7 @@ def test_the_jitted_step_cuts_the_device_loaders_crops(tiny_cfg):
     train_in, val_in = (data_mod.make_input(cfg, split, mesh) for split in ("train", "val"))
     plan, val_plan = next(iter(train_in.epoch(0))), next(iter(val_in.epoch(0)))
     assert set(plan) == {"volume", "draws", "mask"} and plan["volume"].shape == (32**3, 9)
-    model, tx = model_mod.build_model(cfg), step_mod.make_optimizer(np.full(8, 1e-3, np.float32))
+    model, tx = model_mod.build_model(cfg), step_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
     results = []
     for train_batch, val_batch in ((plan, val_plan), (data_mod.crops(plan, cfg), data_mod.crops(val_plan, cfg))):
         state = step_mod.create_train_state(cfg, model_mod.init_params(cfg, 0), tx)

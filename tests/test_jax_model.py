@@ -264,7 +264,7 @@ def test_tiny_net_levers_give_the_same_outputs_and_gradients(tiny_cfg, levers):
             assert rel_err(got_g[key][leaf], np.asarray(ref_g[key][leaf], np.float64)) < 1e-4, (key, leaf)
 
 
-def test_flat_adam_equals_float64_adam():
+def test_flat_adam_equals_float64_adam(tiny_cfg):
     """``adam_update: flat`` (optax.flatten) and the per-tensor Adam against Adam written out in float64
     (Kingma & Ba 2015, Algorithm 1, PyTorch's eps placement) over three steps of a two-leaf tree."""
     from jax_impl import step as step_mod
@@ -282,7 +282,7 @@ def test_flat_adam_equals_float64_adam():
             mhat, vhat = m[k] / (1 - 0.9**t), v2[k] / (1 - 0.999**t)
             ref[k] = ref[k] - lrs[t - 1] * mhat / (np.sqrt(vhat) + 1e-8)
     for mode in ("per_tensor", "flat"):
-        tx = step_mod.make_optimizer(lrs, mode)
+        tx = step_mod.make_optimizer(config_mod.replace(tiny_cfg, adam_update=mode), lrs)
         p = {k: jnp.asarray(v) for k, v in params.items()}
         state = tx.init(p)
         for g in grads:
@@ -290,5 +290,5 @@ def test_flat_adam_equals_float64_adam():
             p = optax.apply_updates(p, updates)
         for k in ref:
             assert rel_err(p[k], ref[k]) < 1e-6, (mode, k)
-    flat_state = step_mod.make_optimizer(lrs, "flat").init(params)
+    flat_state = step_mod.make_optimizer(config_mod.replace(tiny_cfg, adam_update="flat"), lrs).init(params)
     assert {leaf.shape for leaf in jax.tree.leaves(flat_state) if leaf.ndim} == {(17,)}  # one vector per moment

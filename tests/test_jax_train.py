@@ -86,7 +86,7 @@ def test_a_stop_signal_saves_mid_epoch_and_the_resumed_run_is_exact(straight, tm
 
 
 def _step_fn(cfg):
-    model, tx = model_mod.build_model(cfg), step_mod.make_optimizer(np.full(8, 1e-3, np.float32))
+    model, tx = model_mod.build_model(cfg), step_mod.make_optimizer(cfg, np.full(8, 1e-3, np.float32))
     state = step_mod.create_train_state(cfg, model_mod.init_params(cfg, 0), tx)
     return state, jax.jit(functools.partial(step_mod.train_step, model=model, tx=tx, cfg=cfg))
 

@@ -130,7 +130,7 @@ def test_one_fp32_step_matches_jax(tiny_cfg):
     loss_tf = float(step(batch)["loss"])
     new_tf = model_mod.params_to_canonical(model)
     jmodel = jax_model.build_model(tiny_cfg)
-    tx = jax_step.make_optimizer(np.full(8, lr, np.float32))
+    tx = jax_step.make_optimizer(tiny_cfg, np.full(8, lr, np.float32))
     params = jax_model.params_from_canonical(weights)
     state = jax_step.create_train_state(tiny_cfg, params, tx)
     jbatch = {k: jnp.asarray(v.numpy()) for k, v in batch.items()}

@@ -46,12 +46,9 @@ FRAMEWORK = "tf"
 def evaluate(eval_fn, val_in) -> float:
     """Mean validation loss over ``Nsamples_val`` crops (the loss sums and sample counts of the
     batches, summed on the host)."""
-    loss_sum, count = 0.0, 0.0
-    for batch in val_in.epoch(0):
-        out = eval_fn(batch)
-        loss_sum += float(out["loss_sum"])
-        count += float(out["count"])
-    return loss_sum / max(count, 1.0)
+    sums = [eval_fn(batch) for batch in val_in.epoch(0)]
+    totals = {k: float(tf.reduce_sum(tf.stack([s[k] for s in sums]))) for k in ("loss_sum", "count")}
+    return float(totals["loss_sum"] / max(float(totals["count"]), 1.0))
 
 
 def train_epoch(strategy, train_fn, batches, epoch: int, start, folder: RunFolder, report, mid_epoch, window):

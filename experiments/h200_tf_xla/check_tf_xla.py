@@ -92,7 +92,7 @@ def rel(a: np.ndarray, b: np.ndarray) -> float:
 def jax_first_step(cfg, weights: dict, batch: dict, lr_table: np.ndarray) -> dict:
     """JAX's train step (:func:`jax_impl.step.train_step`) once from ``weights`` and a fresh Adam:
     ``{"loss", "weights", "adam_m"}`` (canonical float32 arrays)."""
-    model, tx = model_mod.build_model(cfg), step_mod.make_optimizer(lr_table)
+    model, tx = model_mod.build_model(cfg), step_mod.make_optimizer(cfg, lr_table)
     state = step_mod.create_train_state(cfg, model_mod.params_from_canonical(weights), tx)
     step = jax.jit(functools.partial(step_mod.train_step, model=model, tx=tx, cfg=cfg))
     state, metrics = step(state, {k: jax.device_put(v) for k, v in batch.items()})

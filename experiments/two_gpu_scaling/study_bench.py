@@ -55,7 +55,7 @@ class StudyBench:
         self.mesh = distribute.make_mesh(num_devices)
         self.replicas = distribute.num_replicas(self.mesh)
         self.global_batch, _ = batch_sizes(cfg, self.replicas)
-        tx = step_mod.make_optimizer(schedule.lr_table(cfg, self.global_batch, 10**6))
+        tx = step_mod.make_optimizer(cfg, schedule.lr_table(cfg, self.global_batch, 10**6))
         model = model_mod.build_model(cfg)
         params = model_mod.params_from_canonical(unet_spec.init_weights(cfg, cfg.seed))
         self.state = jax.device_put(step_mod.create_train_state(cfg, params, tx), distribute.replicated(self.mesh))
