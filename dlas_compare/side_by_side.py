@@ -134,8 +134,8 @@ def _node(tree: ast.Module, name: str) -> ast.AST | None:
     return found
 
 
-def source_of(ref: str, root: Path = ROOT) -> list[str]:
-    """The source lines of ``ref`` (``path/to/file.py:name``, relative to ``root``), decorators included.
+def _resolve(ref: str, root: Path) -> tuple[ast.AST, list[str]]:
+    """The definition ``ref`` names and the lines of its file.
 
     Raises:
         UserError: the reference is malformed, its file is missing, or the file defines no ``name``.
@@ -150,16 +150,24 @@ def source_of(ref: str, root: Path = ROOT) -> list[str]:
     node = _node(ast.parse(text, str(path)), name)
     if node is None:
         raise UserError(f"reference {ref!r}: {path_text} defines no {name}")
+    return node, text.splitlines()
+
+
+def source_of(ref: str, root: Path = ROOT) -> list[str]:
+    """The source lines of ``ref`` (``path/to/file.py:name``, relative to ``root``), decorators included.
+
+    Raises:
+        UserError: the reference is malformed, its file is missing, or the file defines no ``name``.
+    """
+    node, lines = _resolve(ref, root)
     first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    return text.splitlines()[first - 1 : node.end_lineno]
+    return lines[first - 1 : node.end_lineno]
 
 
 def summary(ref: str, root: Path = ROOT) -> str:
     """The first paragraph of ``ref``'s docstring (raises as :func:`source_of` for a reference that does
     not resolve)."""
-    source_of(ref, root)
-    path_text, _, name = ref.partition(":")
-    doc = ast.get_docstring(_node(ast.parse((root / path_text).read_text()), name)) or ""
+    doc = ast.get_docstring(_resolve(ref, root)[0]) or ""
     return " ".join(doc.split("\n\n")[0].split())
 
 

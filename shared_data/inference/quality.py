@@ -280,12 +280,11 @@ class Monitor:
     """
 
     def __init__(self, folder, metrics, device: str, start_epoch: int = 0, agree: Callable[[bool], bool] = bool):
-        self.run, self.metrics, self.cfg, self.device = folder, metrics, folder.cfg, device
-        run = folder
+        self.folder, self.metrics, self.cfg, self.device = folder, metrics, folder.cfg, device
         self.agree = agree  # process 0's decision on every process, so all stop after the same epoch
-        self.enabled = run.cfg.quality_every_epochs > 0
-        self.predict_cfg = predict_mod.prediction_config(run.cfg, "float32")
-        self.target = Target.from_config(run.cfg)
+        self.enabled = folder.cfg.quality_every_epochs > 0
+        self.predict_cfg = predict_mod.prediction_config(folder.cfg, "float32")
+        self.target = Target.from_config(folder.cfg)
         self.evaluations, self.best, self.reached = 0, None, None
         self.eval_total, self.stopped, self.clock_offset = 0.0, "num_epochs trained", 0.0
         self._over, self._met = False, None  # after an epoch: the budget spent, the evaluation's verdict
@@ -294,9 +293,9 @@ class Monitor:
         # A fresh or resumed run keeps the curve up to the epoch it starts from (process 0 rewrites the file
         # once the checks below have passed); a resumed one continues its clock from the last evaluation
         # kept and keeps the verdicts of those judged against this target.
-        keep = [r for r in read_records(run.workdir) if r["epoch"] <= start_epoch] if start_epoch else []
+        keep = [r for r in read_records(folder.workdir) if r["epoch"] <= start_epoch] if start_epoch else []
         self._restore(keep, start_epoch)
-        path = run.cfg.data_file("val")
+        path = folder.cfg.data_file("val")
         self.truth, attrs = read_volume(path, "Hydro")
         self.nbody, _ = read_volume(path, "Nbody")
         side = self.truth.shape[1]
@@ -327,15 +326,15 @@ class Monitor:
         )
         x = np.ascontiguousarray(np.moveaxis(self.nbody, 0, -1))
         self.x = np.pad(x, [(0, self.size - side)] * 3 + [(0, 0)])
-        if run.main:
-            write_atomic(run.workdir / RECORD, "".join(json.dumps(r) + "\n" for r in keep))
+        if folder.main:
+            write_atomic(folder.workdir / RECORD, "".join(json.dumps(r) + "\n" for r in keep))
         log.info(
             "time to quality: the whole %s (%d^3) every %d epoch(s); target %s%s",
             path.name,
             side,
-            run.cfg.quality_every_epochs,
+            folder.cfg.quality_every_epochs,
             self.target.describe(),
-            f"; budget {run.cfg.quality_budget_sec:g} s" if run.cfg.quality_budget_sec else "",
+            f"; budget {folder.cfg.quality_budget_sec:g} s" if folder.cfg.quality_budget_sec else "",
         )
 
     def _restore(self, keep: list[dict], start_epoch: int) -> None:
@@ -352,14 +351,14 @@ class Monitor:
                     "time to quality: resumed at epoch %d with no evaluation kept in %s: the clock starts at 0 "
                     "(the time before this invocation is not counted)",
                     start_epoch,
-                    self.run.workdir / RECORD,
+                    self.folder.workdir / RECORD,
                 )
             return
         kept = [_restored(r) for r in keep]
         bad = next((r for r, k in zip(keep, kept) if k is None), None)
         if bad is not None:
             raise UserError(
-                f"{self.run.workdir / RECORD}: the evaluation of epoch {bad['epoch']} has no finite, non-negative "
+                f"{self.folder.workdir / RECORD}: the evaluation of epoch {bad['epoch']} has no finite, non-negative "
                 "time_sec and train_time_sec, which the resumed clock continues from; remove that line (or the "
                 "file, to restart the clock at 0) and resume again"
             )
@@ -390,7 +389,7 @@ class Monitor:
         """Seconds of the run's clock: since this invocation started
         (:attr:`shared_data.runtime.run_folder.RunFolder.started`), plus, in a resumed run, the clock of the last
         evaluation it keeps."""
-        return self.clock_offset + time.perf_counter() - self.run.started
+        return self.clock_offset + time.perf_counter() - self.folder.started
 
     def evaluate(self, epoch: int, step: int, apply: tiling.Apply) -> dict:
         """Predict the volume with ``apply`` (NDHWC float32 windows -> outputs), score it, record and
@@ -413,12 +412,12 @@ class Monitor:
             "target": dataclasses.asdict(self.target),
             **result,
         }
-        if self.run.main:
-            with open(self.run.workdir / RECORD, "a") as fh:
+        if self.folder.main:
+            with open(self.folder.workdir / RECORD, "a") as fh:
                 fh.write(json.dumps(to_json(record)) + "\n")
             fields = {"quality_time_sec": now, "quality_met": result["met"], "quality_shortfall": result["shortfall"]}
             if result["met"] and self.reached is None:
-                fields.update(time_to_quality_sec=now, framework=self.run.framework, device=self.device)
+                fields.update(time_to_quality_sec=now, framework=self.folder.framework, device=self.device)
             self.metrics.amend_last(to_json(fields))
         log.info(summary_line(epoch, now, result))
         if self.best is None or result["shortfall"] < self.best["shortfall"]:
@@ -464,7 +463,7 @@ class Monitor:
             "train_sec_to_quality": None if reached is None else reached["train_time_sec"],
             "quality_met": reached is not None,
             "quality_shortfall": best.get("shortfall"),
-            "framework": self.run.framework,
+            "framework": self.folder.framework,
             "device": self.device,
         }
         summary = {
@@ -481,7 +480,7 @@ class Monitor:
                 reached["time_sec"],
                 reached["train_time_sec"],
                 reached["epoch"],
-                self.run.framework,
+                self.folder.framework,
                 self.device,
             )
         elif best:
@@ -492,8 +491,8 @@ class Monitor:
                 best["shortfall"],
                 best["epoch"],
             )
-        if self.run.main:
-            info = read_run_info(self.run.workdir)
+        if self.folder.main:
+            info = read_run_info(self.folder.workdir)
             info["time_to_quality"] = to_json(summary)
-            write_atomic(self.run.workdir / "run.json", json.dumps(info, indent=1))
+            write_atomic(self.folder.workdir / "run.json", json.dumps(info, indent=1))
         return to_json(fields)

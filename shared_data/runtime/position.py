@@ -16,12 +16,11 @@ class Position:
 
     Args:
         steps_per_epoch: steps of one epoch (for "step i of n").
-        saved: the epoch of the newest checkpoint (0: none).
     """
 
-    def __init__(self, steps_per_epoch: int, saved: int = 0):
+    def __init__(self, steps_per_epoch: int):
         self.steps_per_epoch = steps_per_epoch
-        self.saved_epoch = saved  # the newest checkpoint's epoch
+        self.saved_epoch = 0  # the newest checkpoint's epoch (0: none)
         self.running: int | None = None  # the epoch being trained, until its checkpoint is written
         self.step = 0  # the step of :attr:`running` being taken (0-based)
         signals.set_describe(self.where)

@@ -38,13 +38,10 @@ def epoch_steps(folder: RunFolder, epoch: int, first: int = 0) -> Iterator[int]:
     position.start_epoch(epoch)
     started = said = time.perf_counter()
     for i in progress(range(first, n), n - first, f"epoch {epoch + 1}", folder.cfg.progress_bar):
-        if (
-            i > first and time.perf_counter() - said >= PROGRESS_SEC and folder.main
-        ):  # slow steps: not minutes of silence
-            log.info(
-                "epoch %d: step %d/%d, %.1f s per step", epoch + 1, i, n, (time.perf_counter() - started) / (i - first)
-            )
-            said = time.perf_counter()
+        now = time.perf_counter()
+        if i > first and now - said >= PROGRESS_SEC and folder.main:  # slow steps: not minutes of silence
+            log.info("epoch %d: step %d/%d, %.1f s per step", epoch + 1, i, n, (now - started) / (i - first))
+            said = now
         position.at_step(i)
         signals.raise_pending()
         yield i
