@@ -2,15 +2,18 @@
 
 The run's resume rule (:func:`shared_data.runtime.resume.resume`) calls :meth:`Checkpoints.epochs`
 and :meth:`Checkpoints.restore`; the trainer calls :meth:`Checkpoints.save` after each epoch, inside
-:func:`shared_data.runtime.saves.saving`; inference calls :meth:`Checkpoints.restore_params`.
+:func:`shared_data.runtime.saves.saving`, which joins the previous save (:meth:`Checkpoints.wait`);
+inference calls :meth:`Checkpoints.restore_params`.
 
-JAX: orbax's ``CheckpointManager``, and the reports orbax and TensorStore make of a failed write
-(a full disk), kept to the run's one line.
+JAX: orbax's asynchronous ``CheckpointManager`` (its save returns once the arrays are on the host),
+and the reports orbax and TensorStore make of a failed write (a full disk), kept to the run's one
+line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import time
@@ -42,7 +45,8 @@ class Checkpoints:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only, read_only=read_only
         )
-        self._quiet, self._failed = _OrbaxWriteFailures(), False
+        self._quiet, self._failed, self._hooks = _OrbaxWriteFailures(), False, None
+        self._in_flight = saves.InFlight(f"save-{directory.name}")
         for name in _OrbaxWriteFailures.LOGGERS:
             logging.getLogger(name).addFilter(self._quiet)
         self.manager = ocp.CheckpointManager(
@@ -50,17 +54,21 @@ class Checkpoints:
         )
 
     def close(self) -> None:
-        """Wait for the checkpointer's background work and stop it; a run that ends early (an error, a
-        signal) does this before the interpreter shuts down.
+        """Wait for the save in flight and the checkpointer's background work, and stop them; a run that
+        ends early (an error, a signal) does this before the interpreter shuts down, so no exit skips
+        the wait. A failed save is raised here unless another exception is propagating, which the
+        failure's line is then logged beside.
 
         JAX: orbax's thread otherwise prints "cannot schedule new futures after interpreter shutdown". After a
         failed save, what its writes left is removed once they have stopped."""
         try:
+            saves.wait_at_close(self)
             self.manager.close()
         except Exception as err:  # a save that failed (a full disk) is reported already
             if write_failure(err) is None:
                 raise
         finally:
+            self._in_flight.close()
             if self._failed:  # TensorStore's writes still under way at the save's removal may have left a folder
                 _remove_late_partial_saves(self.directory)
             else:  # after a failed save, asyncio reports orbax's unread futures until they are freed
@@ -78,37 +86,63 @@ class Checkpoints:
         return sorted(self.manager.all_steps())
 
     def save(self, epoch: int, state) -> None:
-        """Write the train state as the checkpoint of ``epoch``, wait until it is on disk and record its
-        checksums (:mod:`shared_data.runtime.checksums`); a save that fails (a full disk) leaves no partial
-        file and raises the line of :func:`shared_data.runtime.saves.checkpoint_write_error`.
+        """Start writing the train state as the checkpoint of ``epoch``; return once it is copied to the
+        host, the write, its checksums (:mod:`shared_data.runtime.checksums`) and the removal of old
+        checkpoints going on in the background until :meth:`wait`. A save that fails (a full disk)
+        leaves no partial file and raises, here or at :meth:`wait`, the line of
+        :func:`shared_data.runtime.saves.checkpoint_write_error`. The previous save is joined first.
 
-        JAX: ``state`` is written (orbax saves values)."""
-        with _closed_loop_quiet() as quiet:
-            try:
-                self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
-                self.manager.wait_until_finished()
-            except Exception as err:  # orbax wraps the OSError of a full disk, or tensorstore's error
-                reason = write_failure(err)
-                if reason is None:
-                    raise
-                self._failed, quiet.keep = True, True
-                EXIT_AFTER_ATEXIT.append(str(self.directory))  # TensorStore's late callbacks: see there
-                saves.remove_partial_saves(self.directory, (f"{epoch}.orbax-checkpoint-tmp*",), say=False)
-                raise saves.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
+        JAX: ``state`` is copied to the host before this returns, so the step may donate its buffers."""
+        self.wait()
+        self._hooks = _closed_loop_quiet().__enter__()  # from the start: see there
+        try:
+            self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
+        except Exception as err:  # orbax wraps the OSError of a full disk, or tensorstore's error
+            self._write_failed(epoch, err)
+        self._in_flight.start(epoch, functools.partial(self._complete, epoch))
+
+    def wait(self) -> tuple[int, float] | None:
+        """Block until the save in flight is complete: its epoch and the seconds from its start, or None
+        where none is in flight.
+
+        Raises:
+            UserError: the save failed (:func:`shared_data.runtime.saves.checkpoint_write_error`)."""
+        done = self._in_flight.wait()
+        if done is not None and not self._failed:
+            self._hooks.__exit__(None, None, None)
+        return done
+
+    def _complete(self, epoch: int) -> None:
+        """The background half of :meth:`save`: orbax's write finished, then the checksums."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as err:
+            self._write_failed(epoch, err)
         if distribute.is_main_process():
             checksums.record(self.directory, epoch, self._files(epoch), self.epochs())
+
+    def _write_failed(self, epoch: int, err: Exception):
+        reason = write_failure(err)
+        if reason is None:
+            raise err
+        self._failed, self._hooks.keep = True, True
+        EXIT_AFTER_ATEXIT.append(str(self.directory))  # TensorStore's late callbacks: see there
+        saves.remove_partial_saves(self.directory, (f"{epoch}.orbax-checkpoint-tmp*",), say=False)
+        raise saves.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
 
     def _files(self, epoch: int) -> list[Path]:
         return [p for p in (self.directory / str(epoch)).rglob("*") if p.is_file()]
 
     def restore(self, epoch: int):
-        """The train state saved after ``epoch``. Its files' checksums are compared with those recorded at
-        its save first, so a damaged checkpoint is refused before the framework reads it.
+        """The train state saved after ``epoch``. A save in flight is waited for first; the files'
+        checksums are compared with those recorded at the save, so a damaged checkpoint is refused
+        before the framework reads it.
 
         JAX: a new state; the stored arrays' shapes and dtypes are checked against this config's first.
 
         Raises:
-            UserError: the checkpoint is damaged or holds another config's state."""
+            UserError: the checkpoint is damaged or holds another config's state, or the save in flight
+                failed (:func:`shared_data.runtime.saves.checkpoint_write_error`)."""
         self._check(epoch, lambda stored: stored, self._like)
         return self._restore(epoch, self._ocp.args.StandardRestore(self._like))
 
@@ -124,6 +158,7 @@ class Checkpoints:
         return self._restore(epoch, self._ocp.args.StandardRestore())["params"]
 
     def _check(self, epoch: int, part, like) -> None:
+        self.wait()  # a save in flight is complete first
         where = f"checkpoint {self.directory}/{epoch}"
         checksums.verify(self.directory, epoch, self._files(epoch), where)
         try:

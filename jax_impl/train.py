@@ -63,6 +63,7 @@ def train_epoch(state, train_fn, batches, epoch: int, start, folder: RunFolder, 
             if preemption.stop_agreed(distribute.any_process(preemption.stop_requested())):
                 with mid_epoch() as mid, preemption.stopping(folder, report, epoch, i, jax.device_get(losses)) as step:
                     mid.save(step, state)
+                    mid.wait()  # a stop's save is written before the run stops
             window.before_step(epoch * n + i)  # the profiler's capture window (profile_steps)
             with nvtx.step_range(folder.cfg.enable_manual_profiling, epoch * n + i):
                 # --- input: the host's wait for the batch (a sampled step drains the device queue first) ---
@@ -155,8 +156,8 @@ def train_and_evaluate(
                     val_loss = evaluate(eval_fn, weights, val_in)
                 step = int(state.step)
                 report.epoch(epoch, timing, losses, val_loss, step, metrics.get("loss_scale"))
-                # --- checkpoint ---
-                with saves.saving(folder, epoch + 1):
+                # --- checkpoint: written in the background while the next epoch trains ---
+                with saves.saving(folder, epoch + 1, ckpt):
                     ckpt.save(epoch + 1, state)
                 # --- time to quality: judge the whole validation volume; stop at the target ---
                 if monitor.due(epoch):
@@ -164,6 +165,7 @@ def train_and_evaluate(
                         monitor.evaluate(epoch + 1, step, forward(weights))
                 if monitor.stops(epoch):
                     break
+            saves.written(folder, ckpt)  # the last checkpoint complete, or its failure raised
         if save_weights:  # the weights the run evaluated: the average with ema_decay
             with ema.averaged(state) as weights:
                 weights = model_mod.params_to_canonical(jax.device_get(weights))

@@ -64,10 +64,12 @@ def test_orbax_reports_of_a_full_disk_stay_behind_the_runs_line(tmp_path, leave_
     try:
         with small_filesystem(tmp_path / "small", "4m") as small, Checkpoints(small / "ckpt", 2, state) as ckpt:
             ckpt.save(1, state)
+            ckpt.wait()
             st = os.statvfs(small)
             (small / "fill").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - (leave_kib << 10)))
+            ckpt.save(2, state)  # returns with the arrays on the host; the write fails in the background
             with pytest.raises(UserError) as failed:
-                ckpt.save(2, state)
+                ckpt.wait()
             assert ckpt.epochs() == [1]
             gc.collect()  # orbax's unread futures are reported when they are freed
     finally:
@@ -134,8 +136,10 @@ def main(_):
         save = lambda: ckpt.save(1)
     size = next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]
     resource.setrlimit(resource.RLIMIT_AS, (int(size) * 1024 + margin * 2**20, resource.RLIM_INFINITY))
-    with ckpt, saves.saving(folder, 1):
-        save()
+    with ckpt:
+        with saves.saving(folder, 1, ckpt):
+            save()
+        saves.written(folder, ckpt)
     print("saved", ckpt.epochs())
 
 raise SystemExit(run_cli(main))

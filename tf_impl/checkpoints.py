@@ -2,13 +2,17 @@
 
 The run's resume rule (:func:`shared_data.runtime.resume.resume`) calls :meth:`Checkpoints.epochs`
 and :meth:`Checkpoints.restore`; the trainer calls :meth:`Checkpoints.save` after each epoch, inside
-:func:`shared_data.runtime.saves.saving`; inference calls :meth:`Checkpoints.restore_params`.
+:func:`shared_data.runtime.saves.saving`, which joins the previous save (:meth:`Checkpoints.wait`);
+inference calls :meth:`Checkpoints.restore_params`.
 
-TensorFlow: ``tf.train.CheckpointManager``.
+TensorFlow: ``tf.train.CheckpointManager`` with TensorFlow's asynchronous checkpoint option (its save
+returns once the variables are copied to the host).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import shutil
 from pathlib import Path
@@ -37,7 +41,8 @@ class Checkpoints:
     loads (in place)."""
 
     def __init__(self, directory: Path, keep: int, state=None, read_only: bool = False):
-        self.directory, self.state = directory, state
+        self.directory, self.state, self.keep = directory, state, keep
+        self._in_flight = saves.InFlight(f"save-{directory.name}")
         rank = distribute.process_index()
         # Every worker of a multi-worker strategy saves (TensorFlow's rule: a save may hold collectives),
         # the chief into the run's folder, each other worker into a folder of its own, removed after each
@@ -50,22 +55,30 @@ class Checkpoints:
             return
         if distribute.is_main_process():
             saves.remove_partial_saves(directory, ("ckpt-*_temp*", "checkpoint.tmp*", "worker-*.tmp"))
+        # The old checkpoints are removed once a new one is complete (:meth:`_complete`): the manager's
+        # max_to_keep would remove them when the asynchronous write starts.
         try:
-            self.manager = tf.train.CheckpointManager(self.ckpt, str(self.write_dir), max_to_keep=keep)
+            self.manager = tf.train.CheckpointManager(self.ckpt, str(self.write_dir), max_to_keep=None)
         except Exception:
             log.warning("%s/checkpoint is damaged: the list of checkpoints is rebuilt from the ckpt-N files", directory)
             (directory / "checkpoint").unlink()
-            self.manager = tf.train.CheckpointManager(self.ckpt, str(directory), max_to_keep=keep)
+            self.manager = tf.train.CheckpointManager(self.ckpt, str(directory), max_to_keep=None)
 
     def _checkpoint(self, model, optimizer=None) -> tf.train.Checkpoint:
         parts = {"model": model, "epoch": self.epoch} | ({"optimizer": optimizer} if optimizer is not None else {})
         return tf.train.Checkpoint(**parts)
 
     def close(self) -> None:
-        """Wait for the checkpointer's background work and stop it; a run that ends early (an error, a
-        signal) does this before the interpreter shuts down.
+        """Wait for the save in flight and the checkpointer's background work, and stop them; a run that
+        ends early (an error, a signal) does this before the interpreter shuts down, so no exit skips
+        the wait. A failed save is raised here unless another exception is propagating, which the
+        failure's line is then logged beside.
 
-        TensorFlow: nothing to stop, ``tf.train.CheckpointManager`` saves in the caller's thread."""
+        TensorFlow: the asynchronous writer's thread is TensorFlow's, joined at the interpreter's exit."""
+        try:
+            saves.wait_at_close(self)
+        finally:
+            self._in_flight.close()
 
     def __enter__(self) -> Checkpoints:
         return self
@@ -80,35 +93,67 @@ class Checkpoints:
         return sorted(int(p.name[5:-6]) for p in self.directory.glob("ckpt-*.index") if p.name[5:-6].isdigit())
 
     def save(self, epoch: int) -> None:
-        """Write the train state as the checkpoint of ``epoch``, wait until it is on disk and record its
-        checksums (:mod:`shared_data.runtime.checksums`); a save that fails (a full disk) leaves no partial
-        file and raises the line of :func:`shared_data.runtime.saves.checkpoint_write_error`.
+        """Start writing the train state as the checkpoint of ``epoch``; return once it is copied to the
+        host, the write, its checksums (:mod:`shared_data.runtime.checksums`) and the removal of old
+        checkpoints going on in the background until :meth:`wait`. A save that fails (a full disk)
+        leaves no partial file and raises, here or at :meth:`wait`, the line of
+        :func:`shared_data.runtime.saves.checkpoint_write_error`. The previous save is joined first.
 
         TensorFlow: the constructor's state's variables are written; every worker of a multi-worker strategy
         saves (TensorFlow's rule: a save may hold collectives), the chief alone into the run's folder."""
+        self.wait()
         self.epoch.assign(epoch)
+        options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
         try:
-            self.manager.save(checkpoint_number=epoch)
+            with _keras_variables_copied_in_place():
+                self.manager.save(checkpoint_number=epoch, options=options)
         except (OSError, tf.errors.OpError) as err:  # TF reports a full disk as an OpError
-            reason = write_failure(err) or str(err).splitlines()[0][:200]
-            saves.remove_partial_saves(self.write_dir, (f"ckpt-{epoch}_temp*", "checkpoint.tmp*"), say=False)
-            raise saves.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
+            self._write_failed(epoch, err)
+        self._in_flight.start(epoch, functools.partial(self._complete, epoch))
+
+    def wait(self) -> tuple[int, float] | None:
+        """Block until the save in flight is complete: its epoch and the seconds from its start, or None
+        where none is in flight.
+
+        Raises:
+            UserError: the save failed (:func:`shared_data.runtime.saves.checkpoint_write_error`)."""
+        return self._in_flight.wait()
+
+    def _complete(self, epoch: int) -> None:
+        """The background half of :meth:`save`: TensorFlow's writer done (its error, which it would
+        raise again at the next save and at exit, taken from it), the old checkpoints removed, then
+        the checksums."""
+        self.ckpt.sync()
+        writer = self.ckpt._async_checkpointer_impl  # TensorFlow keeps the writer's error here alone
+        err, writer._async_error = writer._async_error, None
+        if err is not None or not (self.write_dir / f"ckpt-{epoch}.index").exists():
+            self._write_failed(epoch, err or OSError(f"ckpt-{epoch}.index was not written"))
         if self.write_dir != self.directory:
             shutil.rmtree(self.write_dir, ignore_errors=True)
-        else:
-            checksums.record(self.directory, epoch, self._files(epoch), self.epochs())
+            return
+        for old in self.epochs()[: -self.keep]:
+            for path in self.directory.glob(f"ckpt-{old}.*"):
+                path.unlink(missing_ok=True)
+        checksums.record(self.directory, epoch, self._files(epoch), self.epochs())
+
+    def _write_failed(self, epoch: int, err: Exception):
+        reason = write_failure(err) or str(err).splitlines()[0][:200]
+        saves.remove_partial_saves(self.write_dir, (f"ckpt-{epoch}_temp*", "checkpoint.tmp*"), say=False)
+        raise saves.checkpoint_write_error(self.directory, epoch, reason, self.epochs()) from None
 
     def _files(self, epoch: int) -> list[Path]:
         return list(self.directory.glob(f"ckpt-{epoch}.*"))
 
     def restore(self, epoch: int):
-        """The train state saved after ``epoch``. Its files' checksums are compared with those recorded at
-        its save first, so a damaged checkpoint is refused before the framework reads it.
+        """The train state saved after ``epoch``. A save in flight is waited for first; the files'
+        checksums are compared with those recorded at the save, so a damaged checkpoint is refused
+        before the framework reads it.
 
         TensorFlow: the variables are loaded into the constructor's state (in place), which is returned.
 
         Raises:
-            UserError: the checkpoint is damaged or holds another config's state."""
+            UserError: the checkpoint is damaged or holds another config's state, or the save in flight
+                failed (:func:`shared_data.runtime.saves.checkpoint_write_error`)."""
         self._restore(epoch, self.ckpt, partial=False)
         return self.state
 
@@ -124,6 +169,7 @@ class Checkpoints:
         return like_params
 
     def _restore(self, epoch: int, ckpt: tf.train.Checkpoint, partial: bool) -> None:
+        self.wait()  # a save in flight is complete first
         where = f"checkpoint {self.directory}/ckpt-{epoch}"
         checksums.verify(self.directory, epoch, self._files(epoch), where)
         try:
@@ -135,3 +181,28 @@ class Checkpoints:
                 f"{where} does not match this config or is damaged "
                 f"({str(err).splitlines()[0][:200]}); use another --workdir or --overwrite"
             ) from None
+
+
+@contextlib.contextmanager
+def _keras_variables_copied_in_place():
+    """Around an asynchronous ``tf.train.CheckpointManager.save`` of Keras 3 variables: each Keras
+    variable's host copy is assigned in place after the first save. Keras' own
+    ``Variable._copy_trackable_to_cpu`` creates a new ``tf.Variable`` at every save, inside the
+    ``tf.function`` TensorFlow's asynchronous writer traces once, so a second save fails with
+    "tf.function only supports singleton tf.Variables created on the first call"."""
+    from keras.src.backend.tensorflow.core import Variable
+
+    keras_copy = Variable._copy_trackable_to_cpu
+
+    def copy_in_place(self, object_map):
+        self.value._copy_trackable_to_cpu(object_map)  # the tf.Variable's own host copy
+        if self in object_map:
+            object_map[self].assign(object_map[self.value])
+        else:
+            object_map[self] = tf.Variable(object_map[self.value])
+
+    Variable._copy_trackable_to_cpu = copy_in_place
+    try:
+        yield
+    finally:
+        Variable._copy_trackable_to_cpu = keras_copy

@@ -241,7 +241,8 @@ def epoch_lines(
 
 
 def checkpoint_line(seconds: float) -> str:
-    """The line after an epoch's checkpoint is written: its seconds (the write and its checksums)."""
+    """The line after an epoch's checkpoint save has started: its seconds on the training path (the
+    wait for the previous save, the copy of the state to the host, the write's start)."""
     return f"  Checkpoint time: {seconds:.1f} sec"
 
 

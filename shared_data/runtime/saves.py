@@ -2,10 +2,14 @@
 SIGTERM or Ctrl-C during it waits until it is written, memory too short for it is one line naming the
 checkpoint kept, and a save that fails says which checkpoint ``--resume`` continues from.
 
-The trainer wraps each epoch's save in :func:`saving` and a stop's mid-epoch save in
-:func:`save_memory`; both frameworks' ``checkpoints`` modules word their errors with
-:func:`checkpoint_write_error` and :func:`checkpoint_restore_memory_error` and clear what a killed
-save left with :func:`remove_partial_saves`.
+An epoch's save is asynchronous: only the copy of the state to the host is on the training path; the
+write, its checksums and the removal of old checkpoints run on a background thread while the next epoch
+trains (:class:`InFlight`, at most one save in flight). The trainer wraps each epoch's save in
+:func:`saving`, which first waits for the previous save (:func:`written`), and waits for the last one
+before the run ends; a stop's mid-epoch save waits for its write at once. Both frameworks'
+``checkpoints`` modules word their errors with :func:`checkpoint_write_error` and
+:func:`checkpoint_restore_memory_error` and clear what a killed save left with
+:func:`remove_partial_saves`.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from shared_data.core.errors import UserError, address_space_limit, cap_malloc_arenas, out_of_memory, out_of_memory_in
@@ -30,20 +36,103 @@ log = logging.getLogger("dlas")
 
 
 @contextlib.contextmanager
-def saving(folder: RunFolder, epoch: int):
-    """Around the checkpoint save of ``epoch`` (epochs done): a SIGTERM or Ctrl-C waits until it is
-    written, then stops; memory that is short for it is one line (:func:`save_memory`). The save's
-    seconds (its write and checksums) are logged after the epoch's lines; the run's position then
-    holds the new checkpoint, and a stop's mid-epoch save, which it supersedes, is removed."""
-    t0 = time.perf_counter()
+def saving(folder: RunFolder, epoch: int, ckpt):
+    """Around the start of the checkpoint save of ``epoch`` (epochs done) in ``ckpt`` (a framework's
+    ``Checkpoints``): the previous epoch's save is waited for first (:func:`written`, which raises
+    its failure), a SIGTERM or Ctrl-C waits until the state is copied to the host and the write has
+    started, then stops (the run's exit waits for the write); memory that is short for it is one line
+    (:func:`save_memory`). The seconds on the training path (the copy to the host) are logged after
+    the epoch's lines; the write goes on in the background."""
     with signals.deferred(), save_memory(folder, f"the checkpoint of epoch {epoch}"):
+        written(folder, ckpt)
+        t0 = time.perf_counter()
         yield
         folder.position.saved(epoch)
         if folder.main:
             log.info(checkpoint_line(time.perf_counter() - t0))
-            if folder.mid_epoch_dir.exists():  # an epoch checkpoint supersedes a mid-epoch one
-                shutil.rmtree(folder.mid_epoch_dir, ignore_errors=True)
     signals.raise_pending()
+
+
+def written(folder: RunFolder, ckpt) -> None:
+    """Wait for the save in flight of ``ckpt`` (a framework's ``Checkpoints``), if any; once it is
+    complete, log the seconds its write took in the background, and remove a stop's mid-epoch save,
+    which an epoch checkpoint supersedes. The trainer calls it before the run ends; :func:`saving`
+    before each save.
+
+    Raises:
+        UserError: the save failed (:func:`checkpoint_write_error`: the checkpoint kept)."""
+    done = ckpt.wait()
+    if done is None or not folder.main:
+        return
+    epoch, seconds = done
+    log.info("checkpoint of epoch %d written in the background in %.2f s", epoch, seconds)
+    if folder.mid_epoch_dir.exists():
+        shutil.rmtree(folder.mid_epoch_dir, ignore_errors=True)
+
+
+def wait_at_close(ckpt) -> None:
+    """At the close of ``ckpt`` (a framework's ``Checkpoints``): wait for its save in flight. A failed
+    save is raised where the run ends normally; where another exception is propagating (an error, a
+    stop signal) the failure's line is logged and that exception goes on.
+
+    Raises:
+        UserError: the save failed and nothing else is propagating."""
+    propagating = sys.exc_info()[1]
+    try:
+        ckpt.wait()
+    except UserError as err:
+        if propagating is None:
+            raise
+        log.error("%s", err)
+
+
+class InFlight:
+    """The one checkpoint save in flight of a ``Checkpoints``: :meth:`start` runs what completes it (the
+    framework's wait for its writer, the checksums, the removal of old checkpoints) on a background
+    thread; :meth:`wait` joins it. A save is started only after the previous one is joined, so at
+    most one is written at a time.
+
+    Args:
+        name: the thread's name prefix (the checkpoint folder's kind, for a traceback or a profile).
+    """
+
+    def __init__(self, name: str):
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._future: Future | None = None
+        self._epoch = 0
+
+    def start(self, epoch: int, complete: Callable[[], None]) -> None:
+        """Run ``complete`` (which raises the save's failure) in the background for the save of
+        ``epoch``; the previous save must be joined (:meth:`wait`) first.
+
+        Raises:
+            RuntimeError: a save is still in flight (a programming error)."""
+        if self._future is not None:
+            raise RuntimeError(f"the checkpoint of epoch {self._epoch} is still in flight")
+        t0 = time.perf_counter()
+
+        def timed() -> float:
+            complete()
+            return time.perf_counter() - t0
+
+        self._epoch, self._future = epoch, self._pool.submit(timed)
+
+    @property
+    def pending(self) -> bool:
+        """Whether a save has been started and not yet joined."""
+        return self._future is not None
+
+    def wait(self) -> tuple[int, float] | None:
+        """Block until the save in flight is complete; its epoch and its seconds from start to complete,
+        or None where none was started since the last wait. Raises what ``complete`` raised."""
+        if self._future is None:
+            return None
+        future, self._future = self._future, None
+        return self._epoch, future.result()
+
+    def close(self) -> None:
+        """Stop the background thread (after :meth:`wait`)."""
+        self._pool.shutdown(wait=True)
 
 
 @contextlib.contextmanager
