@@ -5,7 +5,9 @@ this process; :data:`SIGNAL_AT` runs a trainer as a process with it,
 ``SIGNAL_AT + [BATCH, ACTION, "-m", "FRAMEWORK_impl.train", *trainer_argv]`` (the kit sees the
 command ``python -m FRAMEWORK_impl.train``), where ACTION is a signal's name (``SIGUSR1``: the
 process sends it to itself) or ``wait:PATH`` (the process creates the file PATH and waits for a
-signal from outside: a test that signals a process group, a SLURM requeue); :func:`interpreter` is
+signal from outside: a test that signals a process group, a SLURM requeue) or ``hold-save:EPOCH:PATH``
+(BATCH unused: the background half of the checkpoint save of EPOCH creates PATH and waits, for a
+kill during an asynchronous write: :func:`hold_save`); :func:`interpreter` is
 the same as an interpreter for a launch script's ``PY``."""
 
 from __future__ import annotations
@@ -96,6 +98,25 @@ def wait_for_signal(marker: Path) -> Callable[[], None]:
     return wait
 
 
+def hold_save(checkpoints_class, epoch: int, marker: Path) -> None:
+    """Make ``checkpoints_class`` (a framework's ``Checkpoints``) hold the background half of the save of
+    ``epoch`` at its start: it creates ``marker`` and waits while the framework's writer goes on (a test
+    kills or signals the process there: during an asynchronous write), until the test creates
+    ``marker`` with the suffix ``.release`` or :data:`WAIT_SEC` pass."""
+    complete = checkpoints_class._complete
+    release = marker.with_name(marker.name + ".release")
+
+    def held(self, saved: int) -> None:
+        if saved == epoch:
+            marker.touch()
+            end = time.monotonic() + WAIT_SEC
+            while not release.exists() and time.monotonic() < end:
+                time.sleep(0.01)
+        complete(self, saved)
+
+    checkpoints_class._complete = held
+
+
 def interpreter(folder: Path, batch: int, action: str) -> Path:
     """An executable ``folder/python`` that runs ``python -m MODULE ARGS`` as :data:`SIGNAL_AT` does,
     with ``action`` at training batch ``batch``: the ``PY`` of a launch script."""
@@ -112,6 +133,10 @@ def main() -> None:
     batch, action, dash_m, module, *argv = sys.argv[1:]
     assert dash_m == "-m", sys.argv
     train = importlib.import_module(module)
-    act = wait_for_signal(Path(action[5:])) if action.startswith("wait:") else send(signal.Signals[action])
-    train.data_mod.make_input = at_batch(train.data_mod.make_input, int(batch), act)
+    if action.startswith("hold-save:"):
+        epoch, marker = action.split(":", 2)[1:]
+        hold_save(train.Checkpoints, int(epoch), Path(marker))
+    else:
+        act = wait_for_signal(Path(action[5:])) if action.startswith("wait:") else send(signal.Signals[action])
+        train.data_mod.make_input = at_batch(train.data_mod.make_input, int(batch), act)
     raise SystemExit(run_cli(train.main, argv))

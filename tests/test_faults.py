@@ -798,3 +798,72 @@ def test_a_real_full_disk_loses_nothing(framework, tmp_path, tiny_argv):
         assert [json.loads(line)["epoch"] for line in (work / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_kill_9_during_asynchronous_writes_then_a_resume_ends_as_the_uninterrupted_run(framework, tmp_path, tiny_argv):
+    """kill -9 while the checkpoint of epoch 1 is written in the background, then, resumed, while that
+    of epoch 2 is (the background half held open: ``processes.hold_save``), then a last ``--resume``:
+    the run ends with the per-epoch losses of an uninterrupted run, bit for bit, and a complete
+    checkpoint of every epoch."""
+    argv = [*tiny_argv, *RUN_OF_3_EPOCHS, "--num_devices", "1"]
+    straight = run_module(f"{framework}_impl.train", *argv, "--workdir", str(tmp_path / "straight"))
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    work = tmp_path / "killed"
+    for epoch, resume in ((1, []), (2, ["--resume"])):
+        held = tmp_path / f"held_{epoch}"
+        cmd = [*SIGNAL_AT, "-1", f"hold-save:{epoch}:{held}", "-m", f"{framework}_impl.train", *argv]
+        proc = subprocess.Popen(
+            [*cmd, "--workdir", str(work), *resume],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO_ROOT,
+            start_new_session=True,
+        )
+        end = time.monotonic() + 300
+        while not held.exists() and proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.05)
+        assert held.exists(), proc.stderr.read()[-2000:] if proc.poll() is not None else "no save held in 300 s"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL
+    res = run_module(f"{framework}_impl.train", *argv, "--workdir", str(work), "--resume")
+    assert res.returncode == 0, res.stderr[-2000:]
+    losses = [(h["epoch"], h["train_loss"], h["val_loss"]) for h in records.read_metrics(work)]
+    assert losses == [(h["epoch"], h["train_loss"], h["val_loss"]) for h in records.read_metrics(tmp_path / "straight")]
+    assert checkpoint_epochs(work / "checkpoints") == [1, 2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_sigterm_during_the_last_asynchronous_save_waits_for_it(framework, tmp_path, tiny_argv):
+    """SIGTERM while the last epoch's checkpoint is written in the background: the process waits for
+    the write before it exits, its stop line says nothing is lost, the checkpoint is complete (its
+    checksums recorded) and a resume has nothing left to train."""
+    argv = [*tiny_argv, "--num_epochs", "2", "--num_devices", "1", "--workdir", str(tmp_path / "w")]
+    held = tmp_path / "held"
+    proc = subprocess.Popen(
+        [*SIGNAL_AT, "-1", f"hold-save:2:{held}", "-m", f"{framework}_impl.train", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    end = time.monotonic() + 300
+    while not held.exists() and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.05)
+    assert held.exists(), "no save held"
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    assert proc.poll() is None  # still waiting for the write
+    held.with_name("held.release").touch()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("stopped by SIGTERM between epochs: nothing is lost"), err[-2000:]
+    assert checkpoint_epochs(tmp_path / "w" / "checkpoints")[-1] == 2
+    assert (tmp_path / "w" / "checksums" / "2.json").is_file()
+    res = run_module(f"{framework}_impl.train", *argv, "--resume")
+    assert res.returncode == 0 and [h["epoch"] for h in records.read_metrics(tmp_path / "w")] == [1, 2], res.stderr

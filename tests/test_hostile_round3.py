@@ -291,11 +291,11 @@ def test_quality_target_is_checked_against_the_validation_volume(tiny_cfg, data_
     import h5py
 
     from shared_data.core.errors import ConfigError, DatasetError
-    from shared_data.inference import quality
+    from shared_data.inference import quality_check
 
     def monitor(**overrides):
         cfg = config_mod.replace(tiny_cfg, quality_every_epochs=1, **overrides)
-        return quality.Monitor(types.SimpleNamespace(cfg=cfg, main=False, workdir=tmp_path), None, "cpu")
+        return quality_check.Monitor(types.SimpleNamespace(cfg=cfg, main=False, workdir=tmp_path), None, "cpu")
 
     # val_24.h5: 24 voxels in a 6 Mpc/h box, voxels of 0.25 Mpc/h, Nyquist pi / 0.25 = 12.566 h/Mpc
     assert monitor(quality_k_max=12.5).target.k_max == 12.5

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 import tarfile
 import time
+import types
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ import pytest
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import ConfigError, UserError
-from shared_data.inference import metrics, quality
+from shared_data.inference import metrics, quality, quality_check
 from shared_data.inference.units import DENSITY, TEMPERATURE
 from shared_data.runtime.records import MetricsLog, read_metrics, read_run_info
 
@@ -355,17 +357,93 @@ def test_a_reachable_target_stops_the_run_and_is_timed(tiny_cfg, tmp_path, frame
     assert "time_to_quality_sec" not in hist[-1]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_the_run_ends_with_the_model_that_met_the_target(tiny_cfg, tmp_path, framework, caplog):
+    """A target met by the verdict on epoch 1, scored on a host thread while epoch 2 trains: the run ends
+    at that verdict, epoch 2's steps dropped: the metrics and the newest checkpoint stop at epoch 1, the
+    weights written at the end are epoch 1's checkpoint (what ``predict --workdir`` reads), the time to
+    quality is the verdict's (after epoch 1's prediction), and epoch 1's wall time is logged in parts
+    that add up to it."""
+    import importlib
+
+    train = _trainer(framework)
+    predict = importlib.import_module(f"{framework}_impl.predict")
+    cfg = config_mod.replace(tiny_cfg, num_epochs=3, start_lr=5e-3, **REACHABLE)
+    run = tmp_path / "run"
+    with caplog.at_level(logging.INFO, logger="dlas"):
+        train.train_and_evaluate(cfg, run, save_weights=str(tmp_path / "w.npz"))
+    hist = read_metrics(run)
+    assert [h["epoch"] for h in hist] == [1] and hist[0]["quality_met"]
+    saved, epoch = predict.restore_checkpoint(cfg, run / "checkpoints", str(run))
+    assert epoch == 1
+    with np.load(tmp_path / "w.npz") as written:
+        assert sorted(written.files) == sorted(saved)
+        for name in saved:
+            np.testing.assert_array_equal(written[name], saved[name])
+    curve = quality.read_records(run)
+    info = read_run_info(run)["time_to_quality"]
+    assert info["stopped"] == "target met after epoch 1" and info["definition"] == quality_check.TIME_TO_QUALITY
+    assert info["time_to_quality_sec"] == curve[0]["time_sec"] == hist[0]["time_to_quality_sec"]
+    assert curve[0]["eval_sec"] > 0 and curve[0]["score_sec"] > 0
+    assert curve[0]["train_time_sec"] == pytest.approx(curve[0]["time_sec"] - curve[0]["eval_sec"])
+    # epoch 1's parts: the prediction is the quality check on the path, and the parts add up to the wall
+    parts = hist[0]
+    assert parts["quality_check_sec"] >= curve[0]["eval_sec"] and parts["checkpoint_sec"] > 0
+    on_path = parts["epoch_sec"] + parts["val_sec"] + parts["checkpoint_sec"] + parts["quality_check_sec"]
+    assert parts["wall_sec"] == pytest.approx(on_path + parts["other_sec"], abs=1e-6)
+    log_text = caplog.text
+    assert f"epoch 1 on the training path: {parts['wall_sec']:.2f} s = steps {parts['epoch_sec']:.2f} s" in log_text
+    assert "the run ends with the model of epoch 1" in log_text
+
+
+def test_the_verdict_is_polled_without_waiting_and_agreed_by_process_0(tiny_cfg, tmp_path, monkeypatch):
+    """The scoring of an evaluation runs on the host thread: before it is done, the step loop's poll
+    (``target_met()``) says no without waiting; once done, the verdict counts as process 0 gives it
+    (``agree``), and once met it stays met with the judged epoch; the curve and the epoch's record
+    get it when collected."""
+    import threading
+
+    cfg = config_mod.replace(tiny_cfg, **REACHABLE)
+    run = tmp_path / "run"
+    run.mkdir()
+    metrics_log = MetricsLog(run)
+    metrics_log.append({"epoch": 1})
+    folder = types.SimpleNamespace(cfg=cfg, workdir=run, main=True, started=time.perf_counter(), framework="jax")
+    asked = []
+
+    def process_0_says(flag):
+        asked.append(flag)
+        return flag
+
+    monitor = quality_check.Monitor(folder, metrics_log, "cpu", 0, process_0_says)
+    release = threading.Event()
+    score = monitor._score
+    monkeypatch.setattr(monitor, "_score", lambda *a: release.wait(60) and score(*a))
+    ones = lambda x: np.zeros(x.shape[:-1] + (cfg.N_out_channels,), np.float32) + x[..., :1]
+    assert monitor.evaluate(1, 4, ones) > 0
+    assert not monitor.target_met() and asked == [False]  # not scored yet: no wait
+    assert quality.read_records(run) == [] and monitor.judged_epoch() is None
+    release.set()
+    assert monitor.target_met(wait=True) and monitor.judged_epoch() == 1
+    assert asked == [False, True]  # the verdict agreed: met
+    assert monitor.target_met() and asked == [False, True]  # met stays met, no further agreement
+    assert [r["epoch"] for r in quality.read_records(run)] == [1]
+    assert read_metrics(run)[0]["quality_met"] is True
+    assert monitor.finish()["quality_met"] is True
+
+
 def test_a_kept_evaluation_restores_its_times_and_a_null_shortfall_as_inf():
     """The resumed clock reads the kept record's times; a non-finite shortfall (written as null) ranks
     last; a record without a time, or with a non-number one, gives no clock (None)."""
     record = {"epoch": 2, "time_sec": 41, "train_time_sec": 37.5, "shortfall": None, "met": False}
-    restored = quality._restored(record)
+    restored = quality.restored(record)
     assert restored["time_sec"] == 41.0 and restored["train_time_sec"] == 37.5
     assert restored["shortfall"] == float("inf") and restored["epoch"] == 2
-    assert quality._restored({**record, "shortfall": 0.25})["shortfall"] == 0.25
-    assert quality._restored({"epoch": 2, "time_sec": 41.0}) is None
-    assert quality._restored({**record, "train_time_sec": "37.5"}) is None
-    assert quality._restored({**record, "time_sec": True}) is None
+    assert quality.restored({**record, "shortfall": 0.25})["shortfall"] == 0.25
+    assert quality.restored({"epoch": 2, "time_sec": 41.0}) is None
+    assert quality.restored({**record, "train_time_sec": "37.5"}) is None
+    assert quality.restored({**record, "time_sec": True}) is None
 
 
 def _monitor_over(tmp_path, cfg, records, start_epoch):
@@ -374,7 +452,7 @@ def _monitor_over(tmp_path, cfg, records, start_epoch):
 
     (tmp_path / quality.RECORD).write_text("".join(json.dumps(r) + "\n" for r in records))
     folder = SimpleNamespace(cfg=cfg, workdir=tmp_path, main=True, started=time.perf_counter(), framework="jax")
-    return quality.Monitor(folder, MetricsLog(tmp_path), "cpu", start_epoch)
+    return quality_check.Monitor(folder, MetricsLog(tmp_path), "cpu", start_epoch)
 
 
 def test_a_resumed_monitor_restores_the_clock_and_the_verdicts_of_its_target(tiny_cfg, tmp_path, caplog):

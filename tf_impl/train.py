@@ -3,7 +3,8 @@
 TensorFlow's side of the kit's training loop. :func:`train_and_evaluate` is the whole loop, the same in both
 frameworks and in the same order: open the run, build the state, resume, the input pipelines,
 compile the steps, then per epoch train (:func:`train_epoch`) over ``Nsamples`` crops, validate on
-``Nsamples_val``, checkpoint and judge the time to quality. What is not framework code (run folder,
+``Nsamples_val``, checkpoint and predict for the quality check (scored
+while the next epoch trains). What is not framework code (run folder,
 resume rule, log lines, metrics, TensorBoard, the command line) is :mod:`shared_data.runtime`.
 
 TensorFlow: the step updates the model's and optimizer's variables in place (``metrics =
@@ -25,7 +26,7 @@ import tensorflow as tf
 
 from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
-from shared_data.inference import quality
+from shared_data.inference import quality_check
 from shared_data.model import unet_spec
 from shared_data.runtime import cli, nvtx, preemption, saves, signals
 from shared_data.runtime import resume as resume_mod
@@ -51,15 +52,17 @@ def evaluate(eval_fn, val_in) -> float:
     return float(totals["loss_sum"] / max(float(totals["count"]), 1.0))
 
 
-def train_epoch(strategy, train_fn, batches, epoch: int, start, folder: RunFolder, report, mid_epoch, window):
+def train_epoch(strategy, train_fn, batches, epoch: int, start, folder: RunFolder, report, mid_epoch, window, monitor):
     """The steps of ``epoch`` (from ``start``'s data cursor in a run resumed mid-epoch); returns the
     epoch's losses on the host, the last step's metrics and the epoch's clock. A stop signal saves the
-    model and optimizer at the next step boundary (``mid_epoch()``'s checkpoints) and stops the run."""
+    model and optimizer at the next step boundary (``mid_epoch()``'s checkpoints) and stops the run; a
+    quality verdict that met the target (``monitor``'s, scored on a host thread) ends the steps."""
     losses, timing = start.losses_before(epoch), EpochTiming(folder.steps_per_epoch, start.first_step(epoch))
     metrics, n = {}, folder.steps_per_epoch
     with signals.stoppable():  # SIGTERM / SIGUSR1 ask for a stop at the next step boundary
         for i in epoch_steps(folder, epoch, timing.first):  # the progress bar; the run's place for a signal's line
-            # --- the stop check: a signal to any process stops every process here, after a save ---
+            # --- the stop checks: a signal to any process stops every process here, after a save; a quality
+            #     verdict that met the target ends the run here, with the epoch it judged ---
             if preemption.stop_agreed(distribute.any_process(strategy, preemption.stop_requested())):
                 with (
                     mid_epoch() as mid,
@@ -67,6 +70,8 @@ def train_epoch(strategy, train_fn, batches, epoch: int, start, folder: RunFolde
                 ):
                     mid.save(step)
                     mid.wait()  # a stop's save is written before the run stops
+            if monitor.target_met():
+                break
             window.before_step(epoch * n + i)  # the profiler's capture window (profile_steps)
             with nvtx.step_range(folder.cfg.enable_manual_profiling, epoch * n + i):
                 # --- input: the host's wait for the batch (a sampled step drains the device queue first) ---
@@ -152,14 +157,16 @@ def train_and_evaluate(
             with ema.averaged(state):  # the model holds the weight average inside
                 report.step0(evaluate(eval_fn, val_in))
         agree, device = functools.partial(distribute.main_process_flag, strategy), distribute.device_kind()
-        monitor = quality.Monitor(folder, report.metrics, device, start.epoch, agree)
+        monitor = quality_check.Monitor(folder, report.metrics, device, start.epoch, agree)
         forward = predict.forward_fn(monitor.predict_cfg)  # compiled at the first evaluation
         with capture_window(cfg, folder) as window, signals.deferred():  # a signal stops the run between steps
             for epoch in monitor.remaining(folder.epochs(start.epoch, stop_after_epoch)):
                 # --- train: the epoch's steps ---
                 losses, metrics, timing = train_epoch(
-                    strategy, train_fn, train_in.epoch(epoch), epoch, start, folder, report, mid_epoch, window
+                    strategy, train_fn, train_in.epoch(epoch), epoch, start, folder, report, mid_epoch, window, monitor
                 )
+                if monitor.target_met(wait=True):  # the verdict on an earlier epoch, scored while this one trained
+                    break  # met: this epoch's steps are dropped
                 report.check_finite(epoch, losses)
                 # --- validate: Nsamples_val crops of the validation volume ---
                 with report.validating(), ema.averaged(state):
@@ -167,15 +174,18 @@ def train_and_evaluate(
                 step = int(optimizer.iterations.numpy())
                 report.epoch(epoch, timing, losses, val_loss, step, metrics.get("loss_scale"))
                 # --- checkpoint: written in the background while the next epoch trains ---
-                with saves.saving(folder, epoch + 1, ckpt):
+                with report.on_path("checkpoint"), saves.saving(folder, epoch + 1, ckpt):
                     ckpt.save(epoch + 1)
-                # --- time to quality: judge the whole validation volume; stop at the target ---
+                # --- time to quality: predict the whole validation volume; scored while the next epoch trains ---
                 if monitor.due(epoch):
-                    with ema.averaged(state) as weights:
+                    with report.on_path("quality check"), ema.averaged(state) as weights:
                         monitor.evaluate(epoch + 1, step, forward(weights))
-                if monitor.stops(epoch):
+                report.parts(epoch, timing)  # the epoch's wall time: steps, validation, checkpoint, quality check
+                if monitor.stops(epoch):  # the budget is spent
                     break
             saves.written(folder, ckpt)  # the last checkpoint complete, or its failure raised
+            if monitor.judged_epoch() is not None:  # the model that met the target, not the steps after it
+                state = ckpt.restore(monitor.judged_epoch())
         if save_weights:  # the weights the run evaluated: the average with ema_decay
             with ema.averaged(state) as weights:
                 weights = model_mod.params_to_canonical(weights)

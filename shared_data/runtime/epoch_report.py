@@ -5,7 +5,9 @@ memory line.
 
 The trainer calls :meth:`EpochReport.begin` once its steps are compiled, then per epoch
 :meth:`EpochReport.check_finite` (before validating), :meth:`EpochReport.validating` around the
-validation pass and :meth:`EpochReport.epoch`; :meth:`EpochReport.finish` at the end. Only the main
+validation pass, :meth:`EpochReport.epoch`, :meth:`EpochReport.on_path` around the checkpoint and the
+quality check and :meth:`EpochReport.parts` (the epoch's wall time in parts); :meth:`EpochReport.finish`
+at the end. Only the main
 process writes files.
 """
 
@@ -39,6 +41,7 @@ class EpochReport:
         self.writer: ScalarWriter | None = None
         self.last: dict = {}
         self.val_sec = 0.0
+        self._parts: dict[str, float] = {}  # an epoch end's parts on the training path (on_path)
         self._said_input_bound = False
 
     def begin(self, start_epoch: int, versions: dict) -> bool:
@@ -98,6 +101,32 @@ class EpochReport:
         with signals.signal_first():
             yield
         self.val_sec = time.perf_counter() - t0
+
+    @contextlib.contextmanager
+    def on_path(self, part: str):
+        """Around a part of an epoch's end on the training path after its lines (``part``: "checkpoint",
+        "quality check"): its seconds for :meth:`parts`."""
+        t0 = time.perf_counter()
+        yield
+        self._parts[part] = time.perf_counter() - t0
+
+    def parts(self, epoch: int, timing: EpochTiming) -> dict:
+        """Log epoch ``epoch``'s (0-based) wall time, from its first step to now, and its parts: the steps
+        (``timing``), the validation, what :meth:`on_path` timed and the rest; add them to the epoch's
+        record (``wall_sec``, ``checkpoint_sec``, ``quality_check_sec``, ``other_sec``) and return them."""
+        wall = time.perf_counter() - timing.start
+        parts = {"steps": timing.seconds, "validation": self.val_sec, **self._parts}
+        parts["other"] = max(wall - sum(parts.values()), 0.0)
+        self._parts = {}
+        fields = {"wall_sec": wall, **{f"{k.replace(' ', '_')}_sec": sec for k, sec in parts.items()}}
+        del fields["steps_sec"], fields["validation_sec"]  # the record's epoch_sec and val_sec
+        self.last.update(fields)
+        if self.folder.main:
+            text = " + ".join(f"{name} {sec:.2f} s" for name, sec in parts.items())
+            log.info("epoch %d on the training path: %.2f s = %s", epoch + 1, wall, text)
+            with self.writing(self.metrics.path):
+                self.metrics.amend(epoch + 1, fields)
+        return parts
 
     def epoch(self, epoch: int, timing: EpochTiming, train_losses, val_loss: float, step: int, loss_scale=None) -> dict:
         """Close epoch ``epoch`` (0-based): log the tutorial's lines, record and return the epoch's metrics

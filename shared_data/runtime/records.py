@@ -97,13 +97,16 @@ class MetricsLog:
             with open(self.path, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
 
-    def amend_last(self, fields: dict) -> None:
-        """Add ``fields`` to the last epoch record (an atomic rewrite of the file)."""
+    def amend(self, epoch: int, fields: dict) -> None:
+        """Add ``fields`` to the record of ``epoch`` (epochs done; an atomic rewrite of the file); nothing
+        when no record has that epoch."""
         if self.enabled and self.path.exists():
             records = read_metrics(self.path.parent)
-            if records:
-                records[-1].update(fields)
-                write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in records))
+            for record in records:
+                if record["epoch"] == epoch:
+                    record.update(fields)
+                    write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in records))
+                    return
 
     def truncate_after(self, epoch: int) -> None:
         """Keep the records of epochs <= ``epoch`` (and drop a torn last line)."""
