@@ -57,7 +57,7 @@ LESSONS: dict[str, Lesson] = {
             "shared_data/runtime/steps.py:epoch_steps",
             "shared_data/runtime/epoch_report.py:EpochReport",
             "shared_data/runtime/saves.py:saving",
-            "shared_data/inference/quality.py:Monitor",
+            "shared_data/inference/quality_check.py:Monitor",
         ),
     ),
     "profile": Lesson(

@@ -666,3 +666,36 @@ def test_the_recorded_two_minute_runs_trained_config_quality(folder, framework, 
     assert sorted(info["config_values"]["seed"] for info in infos) == [0, 1, 2]
     times = sorted(info["time_to_quality"]["time_to_quality_sec"] for info in infos)
     assert times[1] <= target
+
+
+@pytest.mark.slow
+@pytest.mark.study
+def test_the_h200_seeds_recipe_runs_on_cpu_with_a_tiny_config(tmp_path):
+    """``experiments/ttq_two_minutes/levers.sh`` with two seeds, each from an empty cache (``COLD=all``),
+    on ``cpu_tiny``: the GPU call's recipe for the three seeds, smoke-tested. Each run's records hold
+    each epoch's parts, which add up to its wall time, and the table ends with them."""
+    import os
+    import subprocess
+
+    env = dict(
+        os.environ,
+        OUT=str(tmp_path / "out"),
+        CONFIG="cpu_tiny",
+        PY=sys.executable,
+        WORK=str(tmp_path / "w"),
+        LEVERS="seed=0;seed=1",
+        COLD="all",
+    )
+    res = subprocess.run(
+        ["bash", "experiments/ttq_two_minutes/levers.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    for seed in ("seed-0", "seed-1"):
+        hist = read_metrics(tmp_path / "w" / "records" / seed)
+        assert [h["epoch"] for h in hist] == [1, 2]
+        for h in hist:
+            on_path = h["epoch_sec"] + h["val_sec"] + h["checkpoint_sec"] + h["quality_check_sec"] + h["other_sec"]
+            assert h["wall_sec"] == pytest.approx(on_path, abs=1e-6)
+    table = (tmp_path / "out" / "table.txt").read_text()
+    assert "| seed-0 |" in table and "| seed-1 |" in table
+    assert "| run | epoch | wall s | steps s | validation s | checkpoint s | quality check s | other s |" in table

@@ -7,13 +7,17 @@ the smallest r minus the non-ML baseline's r of both channels where the target t
 the time from the start, the best shortfall and when it was reached, and the time to quality when the
 target was met. ``--plot`` draws the shortfall (<= 0: target met) of every run against time;
 ``--spectra`` draws, per run, the binned P_pred/P_true and r(k) of the evaluation that met the target
-(or of the best one) against the target's band and floor.
+(or of the best one) against the target's band and floor. After the table: the median time to
+quality of the runs that met the target, and each epoch's wall time in parts (steps, validation,
+checkpoint and quality check on the training path, the rest) where the runs' ``metrics.jsonl`` hold
+them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -54,6 +58,40 @@ def table(found: dict) -> str:
             f"| {'not met' if ttq is None else f'{ttq:.0f}'} |"
         )
     return "\n".join(lines)
+
+
+def median_line(found: dict) -> str:
+    """The median time to quality (and without the evaluations) over the runs that met the target, with
+    how many did; "" where none did."""
+    met = [info for _, info in found.values() if info.get("time_to_quality_sec") is not None]
+    if not met:
+        return ""
+    ttq = statistics.median(i["time_to_quality_sec"] for i in met)
+    train = statistics.median(i["train_sec_to_quality"] for i in met)
+    return (
+        f"median time to quality {ttq:.1f} s ({train:.1f} s without the evaluations), "
+        f"{len(met)} of {len(found)} runs met"
+    )
+
+
+def parts_table(out: Path, found: dict) -> str:
+    """Per run and epoch, the epoch's wall time on the training path and its parts, from the run's
+    ``metrics.jsonl`` (records that have them: ``wall_sec``); "" where none has."""
+    lines = [
+        "| run | epoch | wall s | steps s | validation s | checkpoint s | quality check s | other s |",
+        "|" + "---|" * 8,
+    ]
+    for name in found:
+        path = out / name / "metrics.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        for r in records:
+            if "wall_sec" in r:
+                lines.append(
+                    f"| {name} | {r['epoch']} | {r['wall_sec']:.2f} | {r['epoch_sec']:.2f} | {r['val_sec']:.2f} "
+                    f"| {r.get('checkpoint_sec', 0.0):.2f} | {r.get('quality_check_sec', 0.0):.2f} "
+                    f"| {r['other_sec']:.2f} |"
+                )
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def _f4(x) -> str:
@@ -163,6 +201,9 @@ def main() -> int:
     if args.spectra:
         spectra(found).savefig(args.spectra, dpi=90)
     print(table(found))
+    for extra in (median_line(found), parts_table(args.out, found)):
+        if extra:
+            print("\n" + extra)
     return 0
 
 

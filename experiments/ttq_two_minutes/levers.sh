@@ -17,7 +17,10 @@
 #   bash experiments/ttq_two_minutes/levers.sh
 # The same on CPU with a tiny config (a smoke test, ~2 min on 2 cores):
 #   OUT=/tmp/out CONFIG=cpu_tiny bash experiments/ttq_two_minutes/levers.sh
-# TensorFlow's three seeds from an empty cache (the next measurement):
+# The time to quality of config `quality` with asynchronous saves and the overlapped quality check: three
+# seeds, each from an empty cache, one call per framework (the table ends with their median and each
+# epoch's parts: steps, validation, checkpoint and quality check on the training path):
+#   LEVERS="seed=0;seed=1;seed=2" COLD=all BUDGET=600 TIMEOUT=185 bash experiments/ttq_two_minutes/levers.sh
 #   FRAMEWORK=tf LEVERS="seed=0;seed=1;seed=2" COLD=all BUDGET=600 TIMEOUT=185 bash experiments/ttq_two_minutes/levers.sh
 set -uo pipefail
 source experiments/time_to_quality/setup.sh
