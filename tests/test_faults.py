@@ -135,9 +135,7 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, start_new_session=True
     )
-    end = time.monotonic() + 300
-    while not waiting.exists() and proc.poll() is None and time.monotonic() < end:
-        time.sleep(0.05)
+    _until_created(waiting, proc)
     workers = _descendants(proc.pid)
     os.killpg(proc.pid, signum)
     _, err = proc.communicate(timeout=120)
@@ -169,6 +167,14 @@ def test_a_signal_mid_epoch_ends_in_one_line_and_resume_continues(
     assert epochs == [1, 2]
     if signum == signal.SIGTERM:
         assert f"resumed from {workdir / 'mid_epoch'} at epoch 2, step {cursor['step'] + 1}" in res.stdout
+
+
+def _until_created(marker, proc, seconds: float = 300) -> None:
+    """Wait until ``proc`` creates ``marker`` (``processes.SIGNAL_AT``'s actions do), ends, or
+    ``seconds`` pass."""
+    end = time.monotonic() + seconds
+    while not marker.exists() and proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.05)
 
 
 def _flip_bytes(path, at: float = 0.5, count: int = 4) -> None:
@@ -822,9 +828,7 @@ def test_kill_9_during_asynchronous_writes_then_a_resume_ends_as_the_uninterrupt
             cwd=REPO_ROOT,
             start_new_session=True,
         )
-        end = time.monotonic() + 300
-        while not held.exists() and proc.poll() is None and time.monotonic() < end:
-            time.sleep(0.05)
+        _until_created(held, proc)
         assert held.exists(), proc.stderr.read()[-2000:] if proc.poll() is not None else "no save held in 300 s"
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)
@@ -851,9 +855,7 @@ def test_sigterm_during_the_last_asynchronous_save_waits_for_it(framework, tmp_p
         text=True,
         cwd=REPO_ROOT,
     )
-    end = time.monotonic() + 300
-    while not held.exists() and proc.poll() is None and time.monotonic() < end:
-        time.sleep(0.05)
+    _until_created(held, proc)
     assert held.exists(), "no save held"
     proc.send_signal(signal.SIGTERM)
     time.sleep(1.0)

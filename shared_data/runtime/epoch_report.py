@@ -115,11 +115,11 @@ class EpochReport:
         (``timing``), the validation, what :meth:`on_path` timed and the rest; add them to the epoch's
         record (``wall_sec``, ``checkpoint_sec``, ``quality_check_sec``, ``other_sec``) and return them."""
         wall = time.perf_counter() - timing.start
-        parts = {"steps": timing.seconds, "validation": self.val_sec, **self._parts}
+        on_path, self._parts = self._parts, {}
+        parts = {"steps": timing.seconds, "validation": self.val_sec, **on_path}
         parts["other"] = max(wall - sum(parts.values()), 0.0)
-        self._parts = {}
-        fields = {"wall_sec": wall, **{f"{k.replace(' ', '_')}_sec": sec for k, sec in parts.items()}}
-        del fields["steps_sec"], fields["validation_sec"]  # the record's epoch_sec and val_sec
+        # the steps and the validation are in the record already (epoch_sec, val_sec)
+        fields = {"wall_sec": wall, **{f"{k.replace(' ', '_')}_sec": parts[k] for k in [*on_path, "other"]}}
         self.last.update(fields)
         if self.folder.main:
             text = " + ".join(f"{name} {sec:.2f} s" for name, sec in parts.items())

@@ -117,11 +117,6 @@ class InFlight:
 
         self._epoch, self._future = epoch, self._pool.submit(timed)
 
-    @property
-    def pending(self) -> bool:
-        """Whether a save has been started and not yet joined."""
-        return self._future is not None
-
     def wait(self) -> tuple[int, float] | None:
         """Block until the save in flight is complete; its epoch and its seconds from start to complete,
         or None where none was started since the last wait. Raises what ``complete`` raised."""
