@@ -8,7 +8,7 @@
 # so that an epoch's save (127 MB in JAX: the parameters and Adam's two moments; 191 MB in TF) is large next
 # to its steps (about 2.5 s an epoch on 2 cores).
 #
-#   PY=$(which python) bash experiments/async_saves/run.sh         (~6 minutes on 2 cores)
+#   PY=$(which python) bash experiments/async_saves/run.sh         (~2 minutes on 2 cores)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=${PY:-python3}
