@@ -62,7 +62,12 @@ class Checkpoints:
         JAX: orbax's thread otherwise prints "cannot schedule new futures after interpreter shutdown". After a
         failed save, what its writes left is removed once they have stopped."""
         try:
-            saves.wait_at_close(self)
+            saves.wait_at_close(self)  # raises a failed save's line, which the manager's close must not hide
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        try:
             self.manager.close()
         except Exception as err:  # a save that failed (a full disk) is reported already
             if write_failure(err) is None:

@@ -153,6 +153,34 @@ def test_a_checkpoint_save_says_its_seconds(tiny_cfg, tmp_path, monkeypatch, cap
     ]
 
 
+class _FailedSave:
+    """A ``Checkpoints`` whose save in flight failed."""
+
+    def wait(self):
+        raise UserError("cannot write the checkpoint of epoch 2 (No space left on device); epoch 1 is kept")
+
+
+def test_a_failed_background_save_is_the_error_a_run_ends_with(caplog):
+    """At close: with nothing propagating, the failed save is raised; in place of a user error that a full
+    disk caused after the save began (a record's write), the save is raised and that error logged;
+    a stop signal goes on, the save's line logged."""
+    with pytest.raises(UserError, match="checkpoint of epoch 2"):
+        saves.wait_at_close(_FailedSave())
+    with pytest.raises(UserError, match="checkpoint of epoch 2"), caplog.at_level(logging.ERROR, logger="dlas"):
+        try:
+            raise UserError("cannot write metrics.jsonl (No space left on device)")
+        except UserError:
+            saves.wait_at_close(_FailedSave())
+    assert "cannot write metrics.jsonl" in caplog.text
+    with pytest.raises(KeyboardInterrupt, match="stop"):
+        try:
+            raise KeyboardInterrupt("stop")
+        except KeyboardInterrupt:
+            saves.wait_at_close(_FailedSave())  # returns: the signal goes on, as out of a with block's exit
+            raise
+    assert caplog.text.count("checkpoint of epoch 2") == 1
+
+
 def test_input_wait_leaves_out_the_steps_queued_before_the_batch(tiny_cfg, tmp_path, monkeypatch):
     """64 steps of 10 ms on an asynchronous device and a loader whose instant batch waits behind the queued
     step (as a gather on the GPU does): the host's plain wait calls 63 of the 64 steps input (the first

@@ -72,17 +72,22 @@ def written(folder: RunFolder, ckpt) -> None:
 
 def wait_at_close(ckpt) -> None:
     """At the close of ``ckpt`` (a framework's ``Checkpoints``): wait for its save in flight. A failed
-    save is raised where the run ends normally; where another exception is propagating (an error, a
-    stop signal) the failure's line is logged and that exception goes on.
+    save is raised where the run ends normally, and in place of a user error that stops the run while
+    the save is in flight (a full disk fails the background write first, then the records written
+    after it: the save is the cause; that error's line is logged). Where another exception is
+    propagating (a stop signal, a bug) the failure's line is logged and that exception goes on.
 
     Raises:
-        UserError: the save failed and nothing else is propagating."""
+        UserError: the save failed and nothing, or only a user error, is propagating."""
     propagating = sys.exc_info()[1]
     try:
         ckpt.wait()
     except UserError as err:
         if propagating is None:
             raise
+        if isinstance(propagating, UserError):
+            log.error("%s", propagating)
+            raise err from None
         log.error("%s", err)
 
 
