@@ -98,8 +98,15 @@ def test_two_trainers_started_together_one_refuses(tmp_path, tiny_argv):
 
 
 def _descendants(pid: int) -> list[int]:
-    """The processes ``pid`` started, and theirs (a lowmem loader's forkserver and workers), from /proc."""
-    children = [int(c) for t in os.scandir(f"/proc/{pid}/task") for c in open(f"{t.path}/children").read().split()]
+    """The processes ``pid`` started, and theirs (a lowmem loader's forkserver and workers), from /proc.
+    A thread that ends while it is read (a checkpoint writer's, say) has no children left to list."""
+    children = []
+    for task in os.scandir(f"/proc/{pid}/task"):
+        try:
+            with open(f"{task.path}/children") as fh:
+                children += [int(c) for c in fh.read().split()]
+        except FileNotFoundError:
+            continue
     return [p for c in children for p in (c, *_descendants(c))]
 
 
