@@ -44,10 +44,12 @@ log = logging.getLogger("dlas.tf")
 FRAMEWORK = "tf"
 
 
-def evaluate(eval_fn, val_in) -> float:
-    """Mean validation loss over ``Nsamples_val`` crops (the loss sums and sample counts of the
-    batches, summed on the host)."""
-    sums = [eval_fn(batch) for batch in val_in.epoch(0)]
+def evaluate(eval_fn, state, val_in) -> float:
+    """Mean validation loss of the weights the run evaluates (the average with ``ema_decay``,
+    :func:`tf_impl.ema.averaged`) over ``Nsamples_val`` crops: the batches' loss sums and sample
+    counts, summed on the host."""
+    with ema.averaged(state):  # the model holds the weight average inside
+        sums = [eval_fn(batch) for batch in val_in.epoch(0)]
     totals = {k: float(tf.reduce_sum(tf.stack([s[k] for s in sums]))) for k in ("loss_sum", "count")}
     return float(totals["loss_sum"] / max(float(totals["count"]), 1.0))
 
@@ -126,6 +128,26 @@ def capture_window(cfg: Config, folder: RunFolder) -> nvtx.CaptureWindow:
     )
 
 
+def quality_monitor(folder: RunFolder, report: EpochReport, first_epoch: int, strategy: tf.distribute.Strategy):
+    """The time-to-quality monitor (:class:`shared_data.inference.quality_check.Monitor`; off unless
+    ``quality_target`` is set), its verdicts agreed on process 0's, and the forward pass it evaluates
+    (compiled at the first evaluation): ``(monitor, forward)``."""
+    agree = functools.partial(distribute.main_process_flag, strategy)
+    monitor = quality_check.Monitor(folder, report.metrics, distribute.device_kind(), first_epoch, agree)
+    return monitor, predict.forward_fn(monitor.predict_cfg)
+
+
+def write_weights(state, path: str | None) -> None:
+    """Write the weights the run evaluated (the average with ``ema_decay``) to ``path`` in the
+    canonical layout (:func:`shared_data.runtime.saves.save_final_weights`; process 0 alone); nothing
+    where ``path`` is None or empty."""
+    if not path:
+        return
+    with ema.averaged(state) as weights:
+        weights = model_mod.params_to_canonical(weights)
+    saves.save_final_weights(path, weights, distribute.is_main_process())
+
+
 def train_and_evaluate(
     cfg: Config,
     workdir: Path,
@@ -154,11 +176,8 @@ def train_and_evaluate(
         train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, state, *specs) if compiled else (None, None, 0.0)
         report = EpochReport(folder, compile_s)
         if report.begin(start.epoch, distribute.versions()):  # a fresh run: TensorBoard's step-0 loss
-            with ema.averaged(state):  # the model holds the weight average inside
-                report.step0(evaluate(eval_fn, val_in))
-        agree, device = functools.partial(distribute.main_process_flag, strategy), distribute.device_kind()
-        monitor = quality_check.Monitor(folder, report.metrics, device, start.epoch, agree)
-        forward = predict.forward_fn(monitor.predict_cfg)  # compiled at the first evaluation
+            report.step0(evaluate(eval_fn, state, val_in))
+        monitor, forward = quality_monitor(folder, report, start.epoch, strategy)
         with capture_window(cfg, folder) as window, signals.deferred():  # a signal stops the run between steps
             for epoch in monitor.remaining(folder.epochs(start.epoch, stop_after_epoch)):
                 # --- train: the epoch's steps ---
@@ -169,8 +188,8 @@ def train_and_evaluate(
                     break  # met: this epoch's steps are dropped
                 report.check_finite(epoch, losses)
                 # --- validate: Nsamples_val crops of the validation volume ---
-                with report.validating(), ema.averaged(state):
-                    val_loss = evaluate(eval_fn, val_in)
+                with report.validating():
+                    val_loss = evaluate(eval_fn, state, val_in)
                 step = int(optimizer.iterations.numpy())
                 report.epoch(epoch, timing, losses, val_loss, step, metrics.get("loss_scale"))
                 # --- checkpoint: written in the background while the next epoch trains ---
@@ -186,10 +205,7 @@ def train_and_evaluate(
             saves.written(folder, ckpt)  # the last checkpoint complete, or its failure raised
             if monitor.judged_epoch() is not None:  # the model that met the target, not the steps after it
                 state = ckpt.restore(monitor.judged_epoch())
-        if save_weights:  # the weights the run evaluated: the average with ema_decay
-            with ema.averaged(state) as weights:
-                weights = model_mod.params_to_canonical(weights)
-            saves.save_final_weights(save_weights, weights, distribute.is_main_process())
+        write_weights(state, save_weights)  # --save_weights: the weights the run evaluated
         reached = monitor.finish()
         return model, {**report.finish(distribute.peak_memory_bytes()), **reached}
 
