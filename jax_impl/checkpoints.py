@@ -186,6 +186,19 @@ class Checkpoints:
             raise _restore_error(f"checkpoint {self.directory}/{epoch}", err) from None
 
 
+def _restore_error(where: str, err: BaseException) -> UserError:
+    """The line for a checkpoint that did not restore: memory that ran out while orbax read it
+    (:func:`shared_data.runtime.saves.checkpoint_restore_memory_error`), else the checkpoint named as
+    damaged (a checkpoint of another config is refused before, by its arrays' shapes and dtypes)."""
+    return saves.checkpoint_restore_memory_error(where, err) or UserError(
+        f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite"
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    return " ".join(str(err).split(". ")[0].split())[:200]
+
+
 class _OrbaxWriteFailures(logging.Filter):
     """Drops orbax's own reports of a write that failed (a full disk, a read-only or vanished folder:
     :func:`shared_data.core.files.write_failure`), each with a traceback, from every background thread
@@ -256,16 +269,3 @@ class _closed_loop_quiet(contextlib.AbstractContextManager):
 
 def _closed_loop(exc: BaseException | None) -> bool:
     return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
-
-
-def _restore_error(where: str, err: BaseException) -> UserError:
-    """The line for a checkpoint that did not restore: memory that ran out while orbax read it
-    (:func:`shared_data.runtime.saves.checkpoint_restore_memory_error`), else the checkpoint named as
-    damaged."""
-    return saves.checkpoint_restore_memory_error(where, err) or UserError(
-        f"{where} is damaged ({_first_line(err)}); use another --workdir or --overwrite"
-    )
-
-
-def _first_line(err: BaseException) -> str:
-    return " ".join(str(err).split(". ")[0].split())[:200]

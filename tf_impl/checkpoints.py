@@ -154,6 +154,7 @@ class Checkpoints:
         Raises:
             UserError: the checkpoint is damaged or holds another config's state, or the save in flight
                 failed (:func:`shared_data.runtime.saves.checkpoint_write_error`)."""
+        self._check(epoch)
         self._restore(epoch, self.ckpt, partial=False)
         return self.state
 
@@ -165,22 +166,35 @@ class Checkpoints:
 
         Raises:
             UserError: the checkpoint is damaged or holds another config's parameters."""
+        self._check(epoch)
         self._restore(epoch, self._checkpoint(like_params), partial=True)
         return like_params
 
-    def _restore(self, epoch: int, ckpt: tf.train.Checkpoint, partial: bool) -> None:
+    def _check(self, epoch: int) -> None:
         self.wait()  # a save in flight is complete first
         where = f"checkpoint {self.directory}/ckpt-{epoch}"
         checksums.verify(self.directory, epoch, self._files(epoch), where)
+
+    def _restore(self, epoch: int, ckpt: tf.train.Checkpoint, partial: bool) -> None:
         try:
             status = ckpt.restore(str(self.directory / f"ckpt-{epoch}")).assert_existing_objects_matched()
             if partial:
                 status.expect_partial()  # the optimizer's slots stay in the file
         except Exception as err:  # TF raises many kinds for damaged or foreign files
-            raise saves.checkpoint_restore_memory_error(where, err) or UserError(
-                f"{where} does not match this config or is damaged "
-                f"({str(err).splitlines()[0][:200]}); use another --workdir or --overwrite"
-            ) from None
+            raise _restore_error(f"checkpoint {self.directory}/ckpt-{epoch}", err) from None
+
+
+def _restore_error(where: str, err: BaseException) -> UserError:
+    """The line for a checkpoint that did not restore: memory that ran out while TensorFlow read it
+    (:func:`shared_data.runtime.saves.checkpoint_restore_memory_error`), else the checkpoint named as
+    damaged or another config's (TensorFlow's matching of the stored objects fails alike for both)."""
+    return saves.checkpoint_restore_memory_error(where, err) or UserError(
+        f"{where} does not match this config or is damaged ({_first_line(err)}); use another --workdir or --overwrite"
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).splitlines()[0][:200] if str(err) else type(err).__name__
 
 
 @contextlib.contextmanager
