@@ -74,8 +74,8 @@ def initialize() -> str | None:
     # JAX's own time-out aborts the process with a C++ trace: the watchdog of launch.joining ends it first
     kwargs["initialization_timeout"] = int(launch.start_timeout(env)) + 30
     try:
-        with wait:
-            jax.distributed.initialize(**kwargs)
+        with wait:  # on a thread, so SIGTERM and Ctrl-C end a process that waits for its peers
+            launch.interruptible(jax.distributed.initialize, **kwargs)
     except ValueError as err:  # JAX found no environment to join
         raise UserError(f"jax.distributed ({how}): {err}") from None
     return (

@@ -344,3 +344,60 @@ def test_a_lone_process_says_whom_it_waits_for_and_names_the_missing_one(framewo
     line = f"error: process {rank} of 2 waited 3 s (DLAS_START_TIMEOUT) at {where}: {missing} is not listening"
     assert errors == [line], res.stderr[-3000:]
     assert "Traceback" not in res.stderr and not (tmp_path / "run").exists()
+
+
+def test_start_timeout_refuses_values_no_wait_can_take():
+    """``DLAS_START_TIMEOUT`` of inf, nan, 1e12 or below zero is one error naming the variable and the
+    bound (a day); a day itself is taken."""
+    for value in ("inf", "nan", "1e12", "86401", "0", "-3", "soon"):
+        with pytest.raises(UserError, match=r"DLAS_START_TIMEOUT=.*above 0 and at most 86400"):
+            launch.start_timeout({"DLAS_START_TIMEOUT": value})
+    assert launch.start_timeout({"DLAS_START_TIMEOUT": "86400"}) == 86400.0
+    assert launch.start_timeout({}) == launch.DEFAULT_START_TIMEOUT
+
+
+def test_interruptible_returns_and_raises_what_the_join_does():
+    assert launch.interruptible(lambda a, b: a + b, a=2, b=3) == 5
+    with pytest.raises(ValueError, match="no environment"):
+        launch.interruptible(lambda: (_ for _ in ()).throw(ValueError("no environment")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework, signum", [("jax", "TERM"), ("jax", "INT"), ("tf", "INT")])
+def test_a_lone_process_waiting_for_its_peer_stops_on_a_signal(framework, signum, tiny_argv, tmp_path):
+    """A process of two whose peer never comes, with a start time-out of 10 minutes: SIGTERM or Ctrl-C
+    (SIGINT) while it waits ends it within seconds, not at the time-out, in one line without a
+    traceback; no run folder is left. (TF's SIGTERM there is its coordination service's, which records
+    it and goes on waiting: not tested.)"""
+    import signal
+    import time
+
+    ports = [_free_port(), _free_port()]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "OMPI_", "TF_CONFIG"))}
+    env.update(DLAS_START_TIMEOUT="600", JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    if framework == "jax":
+        env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{ports[0]}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="1")
+    else:
+        workers = [f"localhost:{p}" for p in ports]
+        env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": 0}})
+    cmd = [sys.executable, "-m", f"{framework}_impl.train", *tiny_argv, "--workdir", str(tmp_path / "run")]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    for line in proc.stdout:  # the waiting line comes once the process waits
+        seen += line
+        if ": waiting for process" in line:
+            break
+    time.sleep(2)  # well inside the wait
+    sent = time.monotonic()
+    proc.send_signal(getattr(signal, f"SIG{signum}"))
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - sent
+    assert ": waiting for process" in seen, seen + err[-2000:]
+    number = getattr(signal, f"SIG{signum}")
+    # TF's start holds the interpreter: SIGINT's C handler there is _exit, whose code is SIGINT's number
+    codes = (2,) if framework == "tf" else (128 + number, -number)
+    assert proc.returncode in codes, (proc.returncode, err[-2000:])
+    assert took < 10, took
+    assert "Traceback" not in err, err[-3000:]
+    assert f"stopped by SIG{signum}" in err or (framework == "tf" and "stopped by a signal while" in err), err[-2000:]
+    assert not (tmp_path / "run").exists()

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from shared_data.core.errors import UserError
 from shared_data.runtime import logs
@@ -43,6 +43,8 @@ log = logging.getLogger("dlas")
 #: ``DLAS_START_TIMEOUT``: seconds a process of a multi-process run waits for the others to join.
 START_TIMEOUT_VARIABLE = "DLAS_START_TIMEOUT"
 DEFAULT_START_TIMEOUT = 300.0
+#: The longest ``DLAS_START_TIMEOUT`` taken, in seconds (a day).
+MAX_START_TIMEOUT = 86400.0
 
 
 def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, below: int | None = None) -> int:
@@ -175,7 +177,8 @@ def start_timeout(env: Mapping[str, str]) -> float:
     """Seconds to wait for the other processes: ``DLAS_START_TIMEOUT``, else 300.
 
     Raises:
-        UserError: the variable is not a positive number.
+        UserError: the variable is not a number of seconds above 0 and at most :data:`MAX_START_TIMEOUT`
+            (a day: the frameworks take whole seconds in a C integer, and no start waits that long).
     """
     value = env.get(START_TIMEOUT_VARIABLE, "")
     if not value:
@@ -184,9 +187,38 @@ def start_timeout(env: Mapping[str, str]) -> float:
         seconds = float(value)
     except ValueError:
         seconds = -1.0
-    if not seconds > 0:
-        raise UserError(f"{START_TIMEOUT_VARIABLE}={value!r}: expected a number of seconds above 0")
+    if not 0 < seconds <= MAX_START_TIMEOUT:  # also refuses nan and inf
+        raise UserError(
+            f"{START_TIMEOUT_VARIABLE}={value[:40]!r}: expected a number of seconds above 0 and at most "
+            f"{MAX_START_TIMEOUT:g}"
+        )
     return seconds
+
+
+def interruptible(join: Callable[..., object], **kwargs) -> object:
+    """``join(**kwargs)`` (a framework's blocking start of a multi-process run, e.g.
+    ``jax.distributed.initialize``) on a thread of its own while the main thread waits for it, so a
+    signal's Python handler runs during the wait: Python runs handlers only in the main thread, between
+    bytecodes, and a C call that blocks there would hold SIGTERM and Ctrl-C until its own time-out.
+    Returns what ``join`` returns and raises what it raises; a signal's exception
+    (:class:`shared_data.runtime.signals.Interrupted`) propagates from the wait, with the join left
+    running on its daemon thread (the command's exit ends it:
+    :func:`shared_data.core.errors.run_cli`)."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = join(**kwargs)
+        except BaseException as err:  # handed to the main thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name="join-run", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
 
 
 def _listening(address: str) -> bool:
@@ -266,19 +298,24 @@ def joining(
 
 @contextlib.contextmanager
 def _exit_on_sigint():
-    """Inside the block SIGINT ends the process at once with exit code 2, even while a C call holds the
-    interpreter: the C handler of SIGINT is libc's ``_exit``, which the kernel calls with the signal's
-    number, and SIGINT's is 2. (A Ctrl-C there ends it the same way.) The previous C handler (Python's)
-    returns after the block."""
+    """Inside the block SIGINT ends the process at once with exit code 2, and SIGTERM and SIGUSR1 end
+    it as their default actions do (killed by the signal: 143 and 138 in a shell), even while a C call
+    holds the interpreter: the C handler of SIGINT is libc's ``_exit``, which the kernel calls with the
+    signal's number, and SIGINT's is 2; those of SIGTERM and SIGUSR1 are the defaults. (A Ctrl-C there
+    ends it the same way; the watchdog process says so: :func:`watch`.) The previous C handlers
+    (Python's) return after the block."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.signal.restype, libc.signal.argtypes = ctypes.c_void_p, [ctypes.c_int, ctypes.c_void_p]
-    previous = libc.signal(signal.SIGINT, ctypes.cast(libc._exit, ctypes.c_void_p))
+    handlers = {signal.SIGINT: ctypes.cast(libc._exit, ctypes.c_void_p).value}
+    handlers.update({s: int(signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGUSR1)})
+    previous = {s: libc.signal(s, h) for s, h in handlers.items()}
     try:
         yield
     finally:
-        libc.signal(signal.SIGINT, previous)
+        for s, h in previous.items():
+            libc.signal(s, h)
 
 
 def timeout_message(args: str) -> str:
@@ -291,9 +328,22 @@ def timeout_message(args: str) -> str:
 def watch(parent: str, args: str) -> None:
     """The watchdog process of :func:`joining`: at the time-out, if process ``parent`` still waits (it
     kills this one once joined), print the time-out line and end it with exit code 2 (SIGINT, whose C
-    handler there is ``_exit``). A Ctrl-C of the terminal is the parent's, not this process's."""
+    handler there is ``_exit``); if ``parent`` ends before (a signal, which it cannot report while the
+    start holds its interpreter), say so in one line. A Ctrl-C of the terminal is the parent's, not
+    this process's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    time.sleep(json.loads(args)[-1])
+    rank, size, where, _, timeout = json.loads(args)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+        if os.getppid() != int(parent):
+            print(
+                f"stopped by a signal while process {rank} of {size} waited for the others at {where}: "
+                "nothing is lost",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
     if os.getppid() == int(parent):
         print(f"error: {timeout_message(args)}", file=sys.stderr, flush=True)
         os.kill(int(parent), signal.SIGINT)
