@@ -208,6 +208,18 @@ def any_process(flag: bool) -> bool:
     return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
 
 
+def process_rows(row: np.ndarray) -> np.ndarray:
+    """Every process's ``row`` (one shape and dtype on all), stacked in process order: shape
+    ``(processes, *row.shape)`` on every process (every process must call it at the same point).
+
+    JAX: an all-gather over the processes."""
+    if jax.process_count() == 1:
+        return np.asarray(row)[None]
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(np.asarray(row)))
+
+
 # --- batches on the devices ----------------------------------------------------------------------
 
 

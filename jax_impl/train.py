@@ -33,7 +33,7 @@ from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
 from shared_data.inference import quality_check
 from shared_data.model import unet_spec
-from shared_data.runtime import cli, nvtx, preemption, saves, signals
+from shared_data.runtime import agreement, cli, nvtx, preemption, saves, signals
 from shared_data.runtime import resume as resume_mod
 from shared_data.runtime.epoch_report import EpochReport
 from shared_data.runtime.nvtx import nvtx_range
@@ -91,10 +91,13 @@ def train_epoch(state, train_fn, batches, epoch: int, start, folder: RunFolder, 
 
 
 def open_run(cfg: Config, workdir: Path, num_devices: int | None, overwrite: bool) -> tuple[Mesh, RunFolder]:
-    """XLA's settings (before the first device query), the device mesh, then the run folder."""
+    """XLA's settings (before the first device query), the device mesh, the processes' agreement on the
+    experiment (:mod:`shared_data.runtime.agreement`), then the run folder."""
     settings = distribute.configure_xla(cfg)
     mesh = distribute.make_mesh(num_devices)
     replicas, rank = distribute.num_replicas(mesh), distribute.process_index()
+    names, texts, row = agreement.fingerprint(cfg)  # every process trains one experiment, or none
+    agreement.check(names, texts, distribute.process_rows(row), rank)
     banner = distribute.banner()
     return mesh, RunFolder(cfg, workdir, FRAMEWORK, banner, settings, replicas, process_index=rank, overwrite=overwrite)
 

@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from shared_data.core.config import Config
@@ -206,6 +207,25 @@ def any_process(strategy: tf.distribute.Strategy, flag: bool) -> bool:
         return flag
     value = per_replica(strategy, lambda: tf.constant(int(flag), tf.int32))
     return int(strategy.reduce("SUM", value, axis=None)) > 0
+
+
+def process_rows(strategy: tf.distribute.Strategy, row: np.ndarray) -> np.ndarray:
+    """Every process's ``row`` (one shape and dtype on all), stacked in process order: shape
+    ``(processes, *row.shape)`` on every process (every process must call it at the same point).
+
+    TensorFlow: a sum over the replicas of a table that holds the row in this worker's line, given by
+    the worker's first replica alone."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    workers = 0 if resolver is None else len(resolver.cluster_spec().as_dict().get("worker", []))
+    if workers <= 1:
+        return np.asarray(row)[None]
+    table = np.zeros((workers, *np.shape(row)), np.asarray(row).dtype)
+    table[process_index()] = row
+    first = local_shards(strategy)[0]
+    value = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(table if ctx.replica_id_in_sync_group == first else np.zeros_like(table))
+    )
+    return strategy.reduce("SUM", value, axis=None).numpy()
 
 
 # --- batches on the devices ----------------------------------------------------------------------

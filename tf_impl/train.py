@@ -28,7 +28,7 @@ from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
 from shared_data.inference import quality_check
 from shared_data.model import unet_spec
-from shared_data.runtime import cli, nvtx, preemption, saves, signals
+from shared_data.runtime import agreement, cli, nvtx, preemption, saves, signals
 from shared_data.runtime import resume as resume_mod
 from shared_data.runtime.epoch_report import EpochReport
 from shared_data.runtime.nvtx import nvtx_range
@@ -97,10 +97,13 @@ def open_run(
     cfg: Config, workdir: Path, num_devices: int | None, overwrite: bool
 ) -> tuple[tf.distribute.Strategy, RunFolder]:
     """XLA's settings (before the first device query reads ``TF_XLA_FLAGS``), the distribution strategy,
-    then the run folder."""
+    the processes' agreement on the experiment (:mod:`shared_data.runtime.agreement`), then the run
+    folder."""
     settings = distribute.configure_xla(cfg)
     strategy = distribute.make_strategy(num_devices)
     replicas, rank = distribute.num_replicas(strategy), distribute.process_index()
+    names, texts, row = agreement.fingerprint(cfg)  # every process trains one experiment, or none
+    agreement.check(names, texts, distribute.process_rows(strategy, row), rank)
     banner = distribute.banner()
     return strategy, RunFolder(
         cfg, workdir, FRAMEWORK, banner, settings, replicas, process_index=rank, overwrite=overwrite
