@@ -106,6 +106,8 @@ def join_arguments(env, choice: str) -> tuple[str, dict, contextlib.AbstractCont
         count = launch.env_int(env, "JAX_NUM_PROCESSES", 1, 1)
         kwargs.update(num_processes=count, process_id=launch.env_int(env, "JAX_PROCESS_ID", 0, 0, count))
         address = env["JAX_COORDINATOR_ADDRESS"]
+        if kwargs["process_id"] == 0:
+            launch.claim_port(address, "JAX_COORDINATOR_ADDRESS")
         wait = launch.joining(kwargs["process_id"], kwargs["num_processes"], address, {0: address}, env)
         return "JAX_COORDINATOR_ADDRESS", kwargs, wait
     if choice and choice != "auto":
@@ -117,6 +119,8 @@ def join_arguments(env, choice: str) -> tuple[str, dict, contextlib.AbstractCont
         address = kwargs["coordinator_address"] = slurm_coordinator(env)
         size = launch.env_int(env, "SLURM_STEP_NUM_TASKS", 1, 1)
         rank = launch.env_int(env, "SLURM_PROCID", 0, 0, size)
+        if rank == 0:
+            launch.claim_port(address, "the SLURM step's coordinator")
         wait = launch.joining(rank, size, address, {0: address}, env)
     return how, kwargs, wait
 

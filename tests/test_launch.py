@@ -401,3 +401,45 @@ def test_a_lone_process_waiting_for_its_peer_stops_on_a_signal(framework, signum
     assert "Traceback" not in err, err[-3000:]
     assert f"stopped by SIG{signum}" in err or (framework == "tf" and "stopped by a signal while" in err), err[-2000:]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_a_port_held_by_another_program_is_one_line(framework, tiny_argv, tmp_path):
+    """Process 0's port already listened on by another program: one error line naming the address and
+    the port, exit code 2, no segmentation fault or traceback, no run folder."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "OMPI_", "TF_CONFIG"))}
+    env.update(DLAS_START_TIMEOUT="30", JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        if framework == "jax":
+            env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="0")
+        else:
+            workers = [f"localhost:{port}", f"localhost:{_free_port()}"]
+            env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": 0}})
+        cmd = [sys.executable, "-m", f"{framework}_impl.train", *tiny_argv, "--workdir", str(tmp_path / "run")]
+        res = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 2, (res.returncode, res.stderr[-3000:])
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"port {port} is in use" in errors[0], res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("port", ["65535", "80", "12a", "-1"])
+def test_single_host_refuses_a_port_the_processes_cannot_take(port):
+    """NPROC=2 uses PORT and PORT + 1: PORT 65535 (the second would be 65536), a privileged or
+    malformed port end in one line before any process starts."""
+    env = dict(os.environ, NPROC="2", PORT=port)
+    res = subprocess.run(
+        ["bash", "scripts/launch/single_host.sh", "jax", "cpu_tiny"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert res.returncode == 2 and res.stderr.strip() == (
+        f"error: PORT={port}: expected a port number in 1024-65534 (process i listens on PORT + i)"
+    ), res.stderr

@@ -136,6 +136,7 @@ def join_workers() -> tf.distribute.MultiWorkerMirroredStrategy:
     )
     spec = resolver.cluster_spec()
     workers = [address for job in spec.jobs for address in spec.job_tasks(job)]
+    launch.claim_port(workers[process_index()], f"worker {process_index()}'s address")
     with launch.joining(
         process_index(), len(workers), ", ".join(workers), dict(enumerate(workers)), holds_interpreter=True
     ):

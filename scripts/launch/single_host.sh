@@ -27,6 +27,10 @@ if [[ $NPROC -le 1 ]]; then
   exec $PY -m ${fw}_impl.train --config "$cfg" "$@"
 fi
 PORT=${PORT:-12355}
+if ! [[ $PORT =~ ^[0-9]+$ ]] || (( 10#$PORT < 1024 || 10#$PORT + NPROC - 1 > 65535 )); then
+  echo "error: PORT=$PORT: expected a port number in 1024-$(( 65536 - NPROC )) (process i listens on PORT + i)" >&2; exit 2
+fi
+PORT=$(( 10#$PORT ))
 gpus=$( (nvidia-smi --list-gpus 2>/dev/null || true) | grep -c '^GPU ' || true)
 if (( gpus > 0 && gpus % NPROC )); then
   echo "error: $gpus GPUs do not divide over NPROC=$NPROC processes" >&2; exit 2

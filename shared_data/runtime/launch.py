@@ -221,6 +221,30 @@ def interruptible(join: Callable[..., object], **kwargs) -> object:
     return outcome.get("value")
 
 
+def claim_port(address: str, role: str) -> None:
+    """Check that this process can serve ``address`` (``host:port``, the port it is about to listen on
+    as ``role``, e.g. "process 0's coordinator") before its framework tries: a port held by another
+    program fails JAX's coordinator with a segmentation fault and TensorFlow's server with a traceback,
+    while the other processes wait until their time-out. A port left in TIME_WAIT by an earlier run
+    is free (``SO_REUSEADDR``, as the frameworks' servers bind).
+
+    Raises:
+        UserError: the port is not a number in 1-65535, or another program listens on it.
+    """
+    _, _, text = address.rpartition(":")
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise UserError(f"{role} {address}: expected a port number in 1-65535")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", int(text)))
+        except OSError as err:
+            raise UserError(
+                f"{role} {address}: port {text} is in use on {platform.node()} ({err.strerror or err}); "
+                "choose a free port (PORT for scripts/launch/single_host.sh)"
+            ) from None
+
+
 def _listening(address: str) -> bool:
     host, _, port = address.rpartition(":")
     try:
@@ -338,8 +362,7 @@ def watch(parent: str, args: str) -> None:
         time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
         if os.getppid() != int(parent):
             print(
-                f"stopped by a signal while process {rank} of {size} waited for the others at {where}: "
-                "nothing is lost",
+                f"stopped by a signal while process {rank} of {size} waited for the others at {where}: nothing is lost",
                 file=sys.stderr,
                 flush=True,
             )
