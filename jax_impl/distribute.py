@@ -15,6 +15,7 @@ global array from process-local data.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -222,6 +223,26 @@ def process_rows(row: np.ndarray) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(np.asarray(row)))
+
+
+def lost_peer(err: BaseException) -> str | None:
+    """What ``err`` says of another process of the run that ended (its collective failed, its heartbeat
+    stopped): ``"process N (of M): <the framework's first line>"`` (N where the world has two
+    processes or the error names it), else None.
+
+    JAX: a ``JaxRuntimeError`` (a ``ValueError`` where the collective runs inside ``jax.jit``'s
+    dispatch) from Gloo's or NCCL's transport, or from the coordination service."""
+    if not isinstance(err, jax.errors.JaxRuntimeError | ValueError):
+        return None
+    text = str(err)
+    if not any(mark in text for mark in ("Gloo ", "NCCL", "heartbeat timeout", "coordination service")):
+        return None
+    # JAX's exit function shuts the distributed runtime down, which waits for the lost process and then
+    # aborts the process: the run ends without it (jax.distributed.shutdown is JAX's own step there)
+    from jax._src import api as jax_api
+
+    atexit.unregister(jax_api.clean_up)
+    return launch.lost_process(text, jax.process_index(), jax.process_count())
 
 
 # --- batches on the devices ----------------------------------------------------------------------

@@ -363,12 +363,13 @@ def test_interruptible_returns_and_raises_what_the_join_does():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework, signum", [("jax", "TERM"), ("jax", "INT"), ("tf", "INT")])
+@pytest.mark.parametrize("framework, signum", [("jax", "TERM"), ("jax", "INT"), ("tf", "INT"), ("tf", "TERM")])
 def test_a_lone_process_waiting_for_its_peer_stops_on_a_signal(framework, signum, tiny_argv, tmp_path):
     """A process of two whose peer never comes, with a start time-out of 10 minutes: SIGTERM or Ctrl-C
     (SIGINT) while it waits ends it within seconds, not at the time-out, in one line without a
-    traceback; no run folder is left. (TF's SIGTERM there is its coordination service's, which records
-    it and goes on waiting: not tested.)"""
+    traceback; no run folder is left. The signal goes to the process group, as SLURM and a terminal
+    send it (TF's coordination service takes SIGTERM in the process and only records it; the start's
+    watchdog process ends the wait)."""
     import signal
     import time
 
@@ -381,7 +382,8 @@ def test_a_lone_process_waiting_for_its_peer_stops_on_a_signal(framework, signum
         workers = [f"localhost:{p}" for p in ports]
         env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": 0}})
     cmd = [sys.executable, "-m", f"{framework}_impl.train", *tiny_argv, "--workdir", str(tmp_path / "run")]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "start_new_session": True}
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, **pipes)
     seen = ""
     for line in proc.stdout:  # the waiting line comes once the process waits
         seen += line
@@ -389,12 +391,17 @@ def test_a_lone_process_waiting_for_its_peer_stops_on_a_signal(framework, signum
             break
     time.sleep(2)  # well inside the wait
     sent = time.monotonic()
-    proc.send_signal(getattr(signal, f"SIG{signum}"))
-    out, err = proc.communicate(timeout=60)
+    os.killpg(proc.pid, getattr(signal, f"SIG{signum}"))
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # a failed test leaves no process behind
+            os.killpg(proc.pid, signal.SIGKILL)
     took = time.monotonic() - sent
     assert ": waiting for process" in seen, seen + err[-2000:]
     number = getattr(signal, f"SIG{signum}")
     # TF's start holds the interpreter: SIGINT's C handler there is _exit, whose code is SIGINT's number
+    # (the watchdog ends a SIGTERM'd wait with that SIGINT)
     codes = (2,) if framework == "tf" else (128 + number, -number)
     assert proc.returncode in codes, (proc.returncode, err[-2000:])
     assert took < 10, took
@@ -443,3 +450,64 @@ def test_single_host_refuses_a_port_the_processes_cannot_take(port):
     assert res.returncode == 2 and res.stderr.strip() == (
         f"error: PORT={port}: expected a port number in 1024-65534 (process i listens on PORT + i)"
     ), res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_a_process_that_dies_ends_the_run_everywhere_in_one_line(framework, tiny_argv, tmp_path):
+    """kill -9 of process 1 while the two train: process 0 ends within 30 s (not at the distributed
+    runtime's heartbeat time-out, then in a native abort) with one error line naming process 1 and
+    what the run keeps, exit code 2, no traceback."""
+    import signal
+    import time
+
+    ports = [_free_port(), _free_port()]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "OMPI_", "TF_CONFIG"))}
+    base.update(DLAS_START_TIMEOUT="120", JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    procs = []
+    for rank in (0, 1):
+        env = dict(base)
+        if framework == "jax":
+            env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{ports[0]}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(rank))
+        else:
+            workers = [f"localhost:{p}" for p in ports]
+            env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
+        cmd = [sys.executable, "-m", f"{framework}_impl.train", *tiny_argv, "--Nsamples", "2048", "--num_epochs", "2"]
+        cmd += ["--workdir", str(tmp_path / "run")]
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        procs.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, **pipes))
+    try:
+        for line in procs[0].stdout:  # training has started once the steps are compiled
+            if "compile: train step" in line:
+                break
+        time.sleep(2)
+        procs[1].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = procs[0].communicate(timeout=120)
+        took = time.monotonic() - killed
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert procs[0].returncode == 2, (procs[0].returncode, err[-3000:])
+    assert took < 30, took
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1, err[-3000:]
+    assert errors[0].startswith("error: process 0 of this run lost process 1 (of 2): "), errors
+    assert "that epoch is abandoned" in errors[0] or "nothing is lost" in errors[0], errors
+    assert "Traceback" not in err and "Check failure" not in err, err[-3000:]
+
+
+def test_lost_process_names_the_other_process_and_the_line_that_says_what_failed():
+    tf_text = (
+        "Graph execution error:\n\nDetected at node CollectiveReduceV2 on /job:worker/replica:0/task:0/device:CPU:0\n"
+        "Collective ops is aborted by: Error reported from /job:worker/task:2: The following tasks are unhealthy"
+    )
+    assert launch.lost_process(tf_text, rank=0, size=4) == (
+        "process 2 (of 4): Collective ops is aborted by: Error reported from /job:worker/task:2: "
+        "The following tasks are unhealthy"
+    )
+    gloo = "UNKNOWN: Gloo AllGather failed: [pair.cc:547] Connection closed by peer [127.0.0.1]:40674"
+    assert launch.lost_process(gloo, rank=1, size=2) == f"process 0 (of 2): {gloo}"
+    assert launch.lost_process(gloo, rank=1, size=3).startswith("a process (of 3): UNKNOWN: Gloo")
+    assert launch.lost_process("", rank=0, size=2) == "process 1 (of 2): no detail"

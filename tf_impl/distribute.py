@@ -229,6 +229,22 @@ def process_rows(strategy: tf.distribute.Strategy, row: np.ndarray) -> np.ndarra
     return strategy.reduce("SUM", value, axis=None).numpy()
 
 
+def lost_peer(err: BaseException) -> str | None:
+    """What ``err`` says of another process of the run that ended (its collective failed, its heartbeat
+    stopped): ``"process N (of M): <the framework's first line>"`` (N where the world has two
+    processes or the error names it), else None.
+
+    TensorFlow: an ``UnavailableError`` or ``AbortedError`` whose collective ops were aborted."""
+    if not isinstance(err, tf.errors.UnavailableError | tf.errors.AbortedError):
+        return None
+    text = str(err)
+    if "Collective ops is aborted" not in text and "unhealthy" not in text:
+        return None
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    workers = len(config.get("cluster", {}).get("worker", [])) or launch.env_int(os.environ, "SLURM_STEP_NUM_TASKS", 1)
+    return launch.lost_process(text, process_index(), workers)
+
+
 # --- batches on the devices ----------------------------------------------------------------------
 
 

@@ -216,7 +216,12 @@ def train_and_evaluate(
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tf_impl.train``: the shared command line (:func:`shared_data.runtime.cli.main`)."""
     return cli.main(
-        FRAMEWORK, train_and_evaluate, argv, initialize=distribute.initialize, process_index=distribute.process_index
+        FRAMEWORK,
+        train_and_evaluate,
+        argv,
+        initialize=distribute.initialize,
+        process_index=distribute.process_index,
+        lost_peer=distribute.lost_peer,
     )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from shared_data.core import config as config_mod
-from shared_data.core import config_cli
+from shared_data.core import config_cli, errors
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import UserError
 from shared_data.core.files import check_not_input, check_writable, first_missing_folder
@@ -259,13 +259,28 @@ def main(
     *,
     initialize: Callable[[], str | None],
     process_index: Callable[[], int],
+    lost_peer: Callable[[BaseException], str | None],
 ) -> int:
     """The trainers' command line: parse, join a multi-process run (``initialize``, whose line every
     rank prints with its tag), set up logging for this rank, train in the run folder, write
     ``--save_weights`` (main process). SIGTERM and Ctrl-C end in one line, exit 143 / 130
-    (:mod:`shared_data.runtime.signals`)."""
+    (:mod:`shared_data.runtime.signals`). A collective that fails because another process of the run
+    ended (``lost_peer``: the framework's reading of its error) ends in one line naming that process
+    and the checkpoint kept, exit code 2, at once: the distributed runtime's shutdown would wait for
+    the lost process, then abort."""
     with signals.handled():
-        return _main(framework, train_and_evaluate, argv, initialize=initialize, process_index=process_index)
+        try:
+            return _main(framework, train_and_evaluate, argv, initialize=initialize, process_index=process_index)
+        except Exception as err:
+            lost = lost_peer(err)
+            if lost is None:
+                raise
+            # the interpreter's finalisation would end in the runtime's shutdown, which waits for the lost
+            # process and then aborts: the process ends after the atexit functions (the loader's workers end there)
+            errors.EXIT_AFTER_ATEXIT.append("a lost process")
+            message = f"process {process_index()} of this run lost {lost}; it stops {signals.where()}"
+            log_to_file_only(logging.ERROR, f"error: {message}")
+            raise UserError(message) from None
 
 
 def resume_requested(resume: bool, overwrite: bool, env=None) -> tuple[bool, bool]:

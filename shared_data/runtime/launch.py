@@ -245,6 +245,25 @@ def claim_port(address: str, role: str) -> None:
             ) from None
 
 
+def lost_process(text: str, rank: int, size: int) -> str:
+    """The words for another process of a run that ended, from a framework's error ``text``: the
+    process the text names other than this one (TensorFlow's ``reported from /job:worker/task:N``,
+    the coordination service's ``Task N``), else the other one in a world of two, else "a process";
+    then the text's line that says what failed (the first where none does; 200 characters at most)."""
+    patterns = (r"reported from /job:\w+/task:(\d+)", r"\bTask (\d+)\b", r"/job:\w+/task:(\d+)")
+    named = [int(n) for pattern in patterns for n in re.findall(pattern, text) if int(n) != rank]
+    if named:
+        lost = f"process {named[0]} (of {size})"
+    elif size == 2:
+        lost = f"process {1 - rank} (of 2)"
+    else:
+        lost = f"a process (of {size})"
+    lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()] or ["no detail"]
+    marks = ("Collective ops is aborted", "unhealthy", "Connection reset", "Connection closed", "Gloo ", "NCCL")
+    telling = next((line for line in lines if any(mark in line for mark in marks)), lines[0])
+    return f"{lost}: {telling[:200]}"
+
+
 def _listening(address: str) -> bool:
     host, _, port = address.rpartition(":")
     try:
@@ -353,10 +372,26 @@ def watch(parent: str, args: str) -> None:
     """The watchdog process of :func:`joining`: at the time-out, if process ``parent`` still waits (it
     kills this one once joined), print the time-out line and end it with exit code 2 (SIGINT, whose C
     handler there is ``_exit``); if ``parent`` ends before (a signal, which it cannot report while the
-    start holds its interpreter), say so in one line. A Ctrl-C of the terminal is the parent's, not
-    this process's."""
+    start holds its interpreter), say so in one line. SIGTERM or SIGUSR1 sent to the process group
+    (SLURM's, ``timeout``'s) ends the parent the same way with the signal's line: TensorFlow's
+    coordination service takes SIGTERM in the parent and records it only. A Ctrl-C of the terminal
+    is the parent's, not this process's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     rank, size, where, _, timeout = json.loads(args)
+
+    def stop(signum: int, frame=None) -> None:  # a signal to the process group: SLURM's, timeout's
+        print(
+            f"stopped by {signal.Signals(signum).name} while process {rank} of {size} waited for the others at "
+            f"{where}: nothing is lost",
+            file=sys.stderr,
+            flush=True,
+        )
+        if os.getppid() == int(parent):
+            os.kill(int(parent), signal.SIGINT)
+        os._exit(0)
+
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, stop)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))

@@ -73,6 +73,11 @@ def set_describe(describe: Callable[[], str]) -> None:
     _state["describe"] = describe
 
 
+def where() -> str:
+    """Where the work stands now, in the words of a signal's line (:func:`set_describe`)."""
+    return _state["describe"]()
+
+
 def _raise(signum: int, frame=None) -> None:
     if signum == signal.SIGUSR1 or (signum in STOP_SIGNALS and _state["stoppable"]):
         _state["stop"] = signum
