@@ -10,7 +10,7 @@ import signal
 import types
 
 import pytest
-from conftest import checkpoint_epochs, run_in_process, train_with_signal_at
+from conftest import RUN_OF_3_EPOCHS, assert_one_error_line, checkpoint_epochs, run_in_process, train_with_signal_at
 
 from shared_data.core import config as config_mod
 from shared_data.runtime import resume as resume_mod
@@ -108,3 +108,32 @@ def test_a_damaged_cursor_resumes_from_the_epoch_checkpoint(framework, tiny_cfg,
     assert [r["epoch"] for r in records] == [1, 2] and checkpoint_epochs(workdir / "checkpoints") == [1, 2]
     again = run_in_process(train.main, [*argv, "--workdir", str(workdir), "--resume"])
     assert again.returncode == 0 and "all 2 epochs of this run are trained" in again.stdout, again.stderr[-2000:]
+
+
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_a_damaged_checksum_record_is_a_damaged_checkpoint(framework, tmp_path, tiny_argv, run_of_3_epochs):
+    """``block_bytes`` 0 in the newest checkpoint's record ended --resume and predict --workdir in
+    ``ZeroDivisionError``: --resume warns naming the record and what is wrong and continues from the
+    checkpoint before; predict and export refuse it in one line, as a checkpoint whose bytes changed."""
+    train = __import__(f"{framework}_impl.train", fromlist=["train"])
+    predict = __import__(f"{framework}_impl.predict", fromlist=["predict"])
+    export = __import__(f"{framework}_impl.export", fromlist=["export"])
+    work = run_of_3_epochs(framework, 2, tmp_path / "w")
+    path = work / "checksums" / "2.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "block_bytes": 0}))
+    damaged = f"its checksum record {path} is damaged (block_bytes is 0, expected a positive integer)"
+    val_path = tiny_argv[tiny_argv.index("--set") + 3].split("=", 1)[1]
+    out = tmp_path / "p.h5"
+    res = run_in_process(
+        predict.main, ["--config", "cpu_tiny", "--workdir", str(work), "--input", val_path, "--out", str(out)]
+    )
+    assert_one_error_line(res, f"checkpoint {work / 'checkpoints'}/", damaged)
+    assert not out.exists()
+    res = run_in_process(export.main, ["--config", "cpu_tiny", "--workdir", str(work), "--out", str(tmp_path / "e")])
+    assert_one_error_line(res, damaged)
+    res = run_in_process(train.main, [*tiny_argv, *RUN_OF_3_EPOCHS, "--workdir", str(work), "--resume"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"checkpoint of epoch 2 does not restore (checkpoint {work / 'checkpoints'}/" in res.stdout
+    assert f"2: {damaged}" in res.stdout
+    assert "resuming from the checkpoint of epoch 1, the newest one that restores" in res.stdout
+    assert [json.loads(line)["epoch"] for line in (work / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
