@@ -6,13 +6,16 @@ line before any work; the study scripts read torn and foreign records in one lin
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import types
 
+import numpy as np
 import pytest
 from conftest import RUN_OF_3_EPOCHS, assert_one_error_line, checkpoint_epochs, run_in_process, train_with_signal_at
 
 from shared_data.core import config as config_mod
+from shared_data.data import dataset
 from shared_data.runtime import resume as resume_mod
 
 STEPS = 4  # steps per epoch of the stopped runs: Nsamples 16, global batch 4
@@ -81,6 +84,7 @@ def test_a_cursor_that_does_not_parse_is_kept_aside(tmp_path, caplog, text):
     assert (tmp_path / "mid_epoch.damaged.2" / "cursor.json").read_text() == "[]"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_a_damaged_cursor_resumes_from_the_epoch_checkpoint(framework, tiny_cfg, tiny_argv, tmp_path, monkeypatch):
     """A stop's cursor with a step beyond the epoch ended the resume in ``UnboundLocalError`` (every
@@ -110,6 +114,7 @@ def test_a_damaged_cursor_resumes_from_the_epoch_checkpoint(framework, tiny_cfg,
     assert again.returncode == 0 and "all 2 epochs of this run are trained" in again.stdout, again.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_a_damaged_checksum_record_is_a_damaged_checkpoint(framework, tmp_path, tiny_argv, run_of_3_epochs):
     """``block_bytes`` 0 in the newest checkpoint's record ended --resume and predict --workdir in
@@ -137,3 +142,117 @@ def test_a_damaged_checksum_record_is_a_damaged_checkpoint(framework, tmp_path, 
     assert f"2: {damaged}" in res.stdout
     assert "resuming from the checkpoint of epoch 1, the newest one that restores" in res.stdout
     assert [json.loads(line)["epoch"] for line in (work / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def _without_attributes(src, dest, hydro=None):
+    """An HDF5 file of ``src``'s Nbody and Hydro (or ``hydro``) without any attribute (a foreign file)."""
+    import h5py
+
+    with h5py.File(src) as f, h5py.File(dest, "w") as g:
+        g["Nbody"] = f["Nbody"][...]
+        g["Hydro"] = f["Hydro"][...] if hydro is None else hydro(f["Hydro"][...])
+    return dest
+
+
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_targets_outside_the_models_output_end_the_run_before_its_first_step(framework, data_dir, tmp_path, tiny_argv):
+    """An attribute-less file with Hydro = 30 everywhere trained to a loss of 30 (rc 0): the model's
+    output is tanh's, so the run ends before its first step naming the file, channel, voxel and value."""
+    train = __import__(f"{framework}_impl.train", fromlist=["train"])
+    bad = _without_attributes(data_dir / "train_32.h5", tmp_path / "h30.h5", lambda h: np.full_like(h, 30.0))
+    res = run_in_process(train.main, [*tiny_argv, "--set", f"train_path={bad}", "--workdir", str(tmp_path / "w")])
+    assert_one_error_line(
+        res,
+        f"{bad}: Hydro channel 0 holds 30 at voxel (0, 0, 0), outside [-1, 1], the range of the model's output (tanh)",
+    )
+    assert not (tmp_path / "w" / "metrics.jsonl").exists()
+
+
+def test_the_target_scan_names_the_first_value_beyond_one_in_the_file_and_its_twin(data_dir, tmp_path):
+    """Every loader: the HDF5 scan (h5 readers) and the Hydro .npy twin's (DALI's numpy reader); the
+    inputs (Nbody) keep only the float16 bound; exactly +-1 passes."""
+    from shared_data.core.errors import DatasetError
+    from shared_data.data import dataset
+    from shared_data.data.convert import convert_to_npy
+
+    def edit(h):
+        h[3, 5, 6, 7] = -1.0
+        h[2, 9, 1, 4] = -793.0
+        return h
+
+    path = _without_attributes(data_dir / "train_32.h5", tmp_path / "t.h5", edit)
+    with pytest.raises(DatasetError) as err:
+        dataset.scan_values(path)
+    assert str(err.value).startswith(f"{path}: Hydro channel 2 holds -793 at voxel (9, 1, 4), outside [-1, 1]")
+    convert_to_npy(path)
+    nbody, hydro = dataset.npy_paths(path)
+    dataset.check_finite_npy(nbody)
+    dataset.check_finite_npy(hydro, targets=False)
+    with pytest.raises(DatasetError) as err:
+        dataset.check_finite_npy(hydro, targets=True)
+    assert str(err.value).startswith(
+        f"{hydro} (DALI's numpy reader reads it): Hydro channel 2 holds -793 at voxel (9, 1, 4), outside [-1, 1]"
+    )
+    edge = _without_attributes(data_dir / "train_32.h5", tmp_path / "edge.h5", lambda h: np.clip(h * 100, -1, 1))
+    dataset.scan_values(edge)
+
+
+def test_validate_scores_any_finite_file(data_dir, tmp_path, caplog):
+    """A truth with Hydro of order 1e3 (exp(14 x) overflows float64) ended validate in ``TypeError:
+    NoneType + NoneType``: every metric is finite; a prediction of an attribute-less volume records
+    the checksum computed from its values, and validate computes the truth's where it has none, so an
+    unrelated attribute-less truth is refused; a file that records none is scored with one warning."""
+    import h5py
+
+    from shared_data.inference import validate
+
+    truth = data_dir / "train_32.h5"
+    big = _without_attributes(truth, tmp_path / "big.h5", lambda h: h * 1e4)
+    flags = {"voxel_size": 0.25}
+    record = validate.validate_files(truth, big, tmp_path / "v", flags, plot=False)
+    for name in ("gas_density", "gas_temperature"):
+        pdf = record["pdf"][name]
+        assert all(e is not None for e in pdf["edges"]) and all(v is not None for v in pdf["l1_distance"].values())
+        assert record["power"][name]["summary"]["model"]["r_mean"] is not None
+    same = validate.validate_files(truth, truth, tmp_path / "s", flags, plot=False)  # the usual path unchanged
+    assert same["pdf"]["gas_density"]["l1_distance"]["pred"] == 0.0
+
+    plain = _without_attributes(truth, tmp_path / "plain.h5")
+    moved = tmp_path / "moved.h5"  # another volume of the same side: the dark matter moved by 3 voxels
+    with h5py.File(truth) as f, h5py.File(moved, "w") as g:
+        g["Nbody"], g["Hydro"] = np.roll(f["Nbody"][...], 3, axis=1), f["Hydro"][...]
+    pred = tmp_path / "pred.h5"
+    with h5py.File(plain) as f, h5py.File(pred, "w") as g:
+        g["Hydro"] = f["Hydro"][...]
+        g.attrs["prediction_input"] = str(plain)
+        g.attrs["prediction_input_Nbody_crc32"] = json.dumps(dataset.channel_crc32(f["Nbody"][...]))
+    validate.validate_files(pred, plain, tmp_path / "p", flags, plot=False)  # its own volume: no attribute needed
+    argv = ["--pred", str(pred), "--truth", str(moved), "--out", str(tmp_path / "m"), "--voxel_size", "0.25"]
+    res = run_in_process(validate.main, argv)
+    assert_one_error_line(res, f"{pred} was predicted from {plain}, whose Nbody checksums differ from {moved}'s")
+    with caplog.at_level(logging.WARNING, logger="dlas"):
+        validate.validate_files(plain, moved, tmp_path / "n", flags, plot=False)
+    assert (
+        f"{plain} records no checksum of the volume it was predicted from (prediction_input_Nbody_crc32): "
+        in caplog.text
+    )
+
+
+def test_predict_records_the_checksum_of_an_attribute_less_input(data_dir, tiny_cfg, tmp_path):
+    """An input without ``Nbody_crc32`` (the tutorial's files) is identified by the checksum computed
+    from its values, the one the generator writes for the same values."""
+    import h5py
+
+    from jax_impl import predict
+    from shared_data.model import unet_spec
+
+    weights = tmp_path / "w.npz"
+    unet_spec.save_weights(weights, unet_spec.init_weights(tiny_cfg, 0))
+    plain = _without_attributes(data_dir / "val_24.h5", tmp_path / "plain.h5")
+    out = tmp_path / "p.h5"
+    res = run_in_process(
+        predict.main, ["--config", "cpu_tiny", "--weights", str(weights), "--input", str(plain), "--out", str(out)]
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    with h5py.File(out) as f, h5py.File(data_dir / "val_24.h5") as g:
+        assert f.attrs["prediction_input_Nbody_crc32"] == g.attrs["Nbody_crc32"]
