@@ -256,3 +256,132 @@ def test_predict_records_the_checksum_of_an_attribute_less_input(data_dir, tiny_
     assert res.returncode == 0, res.stderr[-2000:]
     with h5py.File(out) as f, h5py.File(data_dir / "val_24.h5") as g:
         assert f.attrs["prediction_input_Nbody_crc32"] == g.attrs["Nbody_crc32"]
+
+
+# --- item 4: seeds, symbolic-link loops, nesting, anchor bombs, NaN rates, tutorial keys -------------
+
+
+def _anchor_bomb(levels: int = 7) -> str:
+    """A YAML mapping whose last value is 9**levels integers through anchors (a few hundred characters)."""
+    out, prev = ["&a [4,4,4,4,4,4,4,4,4]"], "a"
+    for name in "bcdefghij"[: levels - 1]:
+        out.append(f"&{name} [{','.join(['*' + prev] * 9)}]")
+        prev = name
+    return "{" + ", ".join(f"k{i}: {o}" for i, o in enumerate(out)) + f", z: *{prev}}}"
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**80), "9" * 4000])
+def test_a_seed_outside_int64_is_one_line_before_the_simulation(tmp_path, seed):
+    """``--seed -1``: NumPy's ValueError; ``--seed 2**80``: simulated, then h5py's TypeError."""
+    from shared_data.data import generate
+
+    out = tmp_path / "g.h5"
+    res = run_in_process(generate.main, ["--out", str(out), "--size", "8", "--seed", seed])
+    assert_one_error_line(res, f"--seed {seed[:18]}", "expected an integer in [0, 9223372036854775807]")
+    assert len(res.stderr) < 200 and "[generate]" not in res.stderr and not out.exists()
+    res = run_in_process(generate.main, ["--out", str(out), "--size", "8", "--seed", "x" * 10**5])
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and len(res.stderr) < 600, res.stderr
+    assert "error: argument --seed: invalid int value: 'xxx" in res.stderr and "characters left out" in res.stderr
+
+
+def test_the_largest_seed_is_written_and_read_back(tmp_path):
+    import h5py
+
+    from shared_data.data import generate
+
+    out = tmp_path / "g.h5"
+    assert run_in_process(generate.main, ["--out", str(out), "--size", "8", "--seed", str(2**63 - 1)]).returncode == 0
+    with h5py.File(out) as f:
+        assert int(f.attrs["seed"]) == 2**63 - 1
+
+
+def test_a_loop_of_symbolic_links_is_one_line(tmp_path, tiny_argv):
+    """``--workdir``, ``--exp_dir`` and ``--out`` through a loop of links ended in ``OSError: [Errno 40]``."""
+    from jax_impl import train
+    from shared_data.core.errors import run_cli
+    from shared_data.data import generate
+
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "back")
+    (tmp_path / "back").symlink_to(loop)
+    where = f"{loop} is a loop of symbolic links (a link that leads back to itself)"
+    res = run_in_process(train.main, [*tiny_argv, "--workdir", str(loop / "run")])
+    assert_one_error_line(res, f"--workdir {loop / 'run'}: {where}")
+    res = run_in_process(train.main, [*tiny_argv, "--set", f"exp_dir={loop}"])
+    assert_one_error_line(res, f"--workdir {loop / 'cpu_tiny' / 'jax'}: {where}")
+    res = run_in_process(generate.main, ["--out", str(loop / "g.h5"), "--size", "8"])
+    assert_one_error_line(res, f"--out {loop / 'g.h5'}: {where}")
+
+    def opens(argv):  # any command whose own checks do not see the loop: run_cli's line
+        open(loop / "x")
+
+    res = run_in_process(lambda argv: run_cli(opens, argv) and None, [])
+    assert res.stderr.strip() == (
+        f"error: {loop / 'x'}: too many levels of symbolic links (a link that leads back to itself); "
+        "expected a real path"
+    )
+
+
+@pytest.mark.parametrize("where", ["set", "yaml"])
+@pytest.mark.parametrize("value", ["[" * 5000 + "1" + "]" * 5000, _anchor_bomb()])
+def test_deep_nesting_and_anchor_bombs_are_one_short_line(tmp_path, tiny_argv, where, value):
+    """A value 5000 lists deep: RecursionError (210 kB of traceback); an anchor bomb as ``unet_widths``:
+    an error line that quoted its 4.8 million integers (2 GB for 9 levels). Both: one line of at most
+    a few hundred characters, at once."""
+    import time
+
+    from jax_impl import train
+
+    if where == "set":
+        argv = [*tiny_argv, "--set", f"unet_widths={value}", "--workdir", str(tmp_path / "w")]
+    else:
+        yaml_path = tmp_path / "c.yaml"
+        yaml_path.write_text(f"c:\n  unet_widths: {value}\n")
+        argv = ["--yaml_config", str(yaml_path), "--config", "c", "--workdir", str(tmp_path / "w")]
+    t0 = time.perf_counter()
+    res = run_in_process(train.main, argv)
+    assert time.perf_counter() - t0 < 10
+    if value.startswith("[["):
+        assert_one_error_line(res, "a value nested deeper than the YAML reader follows")
+    elif where == "set":
+        assert_one_error_line(res, "key 'unet_widths': expected list of integer, got {'k0': [4, 4, 4")
+    else:  # the section lacks the other keys: the first one missing is named
+        assert_one_error_line(res, f"{tmp_path / 'c.yaml'} [c]: missing key")
+    assert len(res.stderr) < 600, len(res.stderr)
+
+
+def test_quoted_never_expands_a_shared_structure():
+    import yaml
+
+    from shared_data.core.errors import quoted
+
+    bomb = yaml.safe_load(_anchor_bomb(9))["z"]  # 9**9 integers through shared lists
+    assert quoted(bomb) == "[[[[[...], [...], [...], [...], [...], [...], [...], [...], [...]], [[...], [...], ..."[:80]
+    assert len(quoted("x" * 10**6)) == 80 and "..." in quoted(2**4000) and len(quoted(2**4000)) <= 40
+
+
+@pytest.mark.parametrize("rate", ["nan", "inf", "-1", "0"])
+def test_scaling_model_refuses_a_rate_that_is_not_a_positive_number(rate):
+    from dlas_compare import scaling_model
+
+    res = run_in_process(scaling_model.main, ["--nic_gbps", rate])
+    assert_one_error_line(res, f"--nic_gbps {float(rate)}: a rate in GB/s is a positive finite number")
+    assert "nan" not in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "text"),
+    [
+        ("data_size=32", "'data_size' is the tutorial's name of this kit's 'crop_size', "),
+        ("data_size=32", "--set takes this kit's keys: --set crop_size=32"),
+        ("lr_schedule.start_lr=0.01", "this kit's 'start_lr', which a tutorial-format YAML section translates"),
+        ("enable_apex=true", "'enable_apex' is a key of the tutorial's YAML that does not apply here (Adam "),
+        ("weight_init=normal", "'weight_init' is a key of the tutorial's YAML, which a tutorial-format YAML section"),
+        ("nmu_epochs=2", "unknown key 'nmu_epochs' (did you mean 'num_epochs'?)"),
+    ],
+)
+def test_a_tutorial_key_in_set_is_named_as_the_tutorials(tiny_argv, override, text):
+    """``--set data_size=32`` said "unknown key" though the YAML takes ``data_size`` in a tutorial section."""
+    from jax_impl import train
+
+    assert_one_error_line(run_in_process(train.main, [*tiny_argv, "--set", override]), f"override '{override}': ", text)

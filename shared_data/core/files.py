@@ -133,6 +133,9 @@ def check_writable(path: str | Path, flag: str, folder: bool = False) -> None:
         raise UserError(f"{flag} {path} is a file, expected a folder")
     if folder and path.is_symlink() and not path.exists():
         raise UserError(f"{flag} {path} is a symbolic link to {os.readlink(path)}, which does not exist")
+    broken = _broken_link_above(path)
+    if broken:
+        raise UserError(f"{flag} {path}: {broken}")
     existing = path if folder and path.is_dir() else path.parent
     while not existing.exists():
         existing = existing.parent
@@ -144,6 +147,23 @@ def check_writable(path: str | Path, flag: str, folder: bool = False) -> None:
         probe.unlink()
     except OSError as err:
         raise UserError(f"{flag} {path}: cannot write in {existing} ({err.strerror})") from None
+
+
+def _broken_link_above(path: Path) -> str | None:
+    """What is wrong with a folder above ``path`` that is a symbolic link leading nowhere: a loop of
+    links, or a link to a path that does not exist (either would end a later ``mkdir`` in an
+    ``OSError``); None when there is none."""
+    import errno
+
+    for above in path.parents:
+        if above.is_symlink() and not above.exists():
+            try:
+                os.stat(above)
+            except OSError as err:
+                if err.errno == errno.ELOOP:
+                    return f"{above} is a loop of symbolic links (a link that leads back to itself)"
+            return f"{above} is a symbolic link to {os.readlink(above)}, which does not exist"
+    return None
 
 
 @contextlib.contextmanager
