@@ -385,3 +385,58 @@ def test_a_tutorial_key_in_set_is_named_as_the_tutorials(tiny_argv, override, te
     from jax_impl import train
 
     assert_one_error_line(run_in_process(train.main, [*tiny_argv, "--set", override]), f"override '{override}': ", text)
+
+
+# --- item 5: the validation's size, generate on a full disk -------------------------------------------
+
+
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_a_validation_of_millions_of_crops_is_one_line_before_compiling(framework, tiny_argv, tmp_path):
+    """``Nsamples_val=2**24``: minutes of planning 16.7M crops in silence, then the pass itself; now one
+    line at once naming the key, the steps and the bound; a run of the usual size says its validation
+    before compiling."""
+    import time
+
+    train = __import__(f"{framework}_impl.train", fromlist=["train"])
+    t0 = time.perf_counter()
+    res = run_in_process(train.main, [*tiny_argv, "--set", f"Nsamples_val={2**24}", "--workdir", str(tmp_path / "w")])
+    assert time.perf_counter() - t0 < 20
+    assert_one_error_line(
+        res,
+        "config 'cpu_tiny' key 'Nsamples_val': 16777216 crops in batches of 4 are 4194304 validation steps an "
+        "epoch; expected at most 100000",
+    )
+    assert not (tmp_path / "w").exists()
+
+
+def test_the_validation_is_said_before_its_crops_are_planned(tiny_cfg, caplog):
+    from shared_data.core import config as config_mod
+    from shared_data.runtime import sizing
+
+    with caplog.at_level(logging.INFO, logger="dlas"):
+        assert sizing.validation_steps(config_mod.replace(tiny_cfg, Nsamples_val=9), 1) == 3
+    assert "validation: 9 crops of val_24.h5 each epoch (the same ones), 3 steps of 4" in caplog.text
+    assert sizing.validation_steps(config_mod.replace(tiny_cfg, Nsamples_val=4 * sizing.MAX_VAL_STEPS), 1) == 10**5
+
+
+def test_generate_on_a_full_disk_is_one_line(tmp_path):
+    """Four h5py "Exception ignored in ObjectID.__dealloc__" tracebacks came before the line (a 600 KiB
+    tmpfs: root only, skipped where mounting is not allowed)."""
+    import subprocess
+
+    from conftest import run_module
+
+    small = tmp_path / "small"
+    small.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(small)], capture_output=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.decode().strip()}")
+    try:
+        res = run_module("shared_data.data.generate", "--out", str(small / "g.h5"), "--size", "32", "--chunk", "16")
+        lines = [line for line in res.stderr.splitlines() if not line.startswith("[generate]")]
+        assert res.returncode == 2 and lines == [f"error: cannot write {small / 'g.h5'} (No space left on device)"], (
+            res.stderr[-3000:]
+        )
+        assert list(small.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
