@@ -440,3 +440,202 @@ def test_generate_on_a_full_disk_is_one_line(tmp_path):
         assert list(small.iterdir()) == []
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+# --- item 6: the study scripts on torn, damaged and foreign records ------------------------------------
+
+
+def _study_module(relative: str):
+    """A study's script (not a package module), imported from its file."""
+    import importlib.util
+
+    from shared_data.core.config import REPO_ROOT
+
+    path = REPO_ROOT / "experiments" / relative
+    spec = importlib.util.spec_from_file_location(path.stem + "_study", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def recorded_run(tmp_path):
+    """The recorded run of ``quality_nonlinear`` (seed 1: 14 evaluations), extracted under ``tmp_path/runs``."""
+    import tarfile
+
+    from shared_data.core.config import REPO_ROOT
+
+    with tarfile.open(REPO_ROOT / "experiments/nonlinear_gas/results/ttq_quality_nonlinear_call1/runs.tar") as tar:
+        tar.extractall(tmp_path / "runs", filter="data")
+    return tmp_path / "runs" / "seed-1"
+
+
+def _edit_line(path, index: int, edit) -> None:
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[index])
+    edit(record)
+    lines[index] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _edit_json(path, edit) -> None:
+    info = json.loads(path.read_text())
+    edit(info)
+    path.write_text(json.dumps(info))
+
+
+@pytest.mark.study
+@pytest.mark.parametrize(
+    ("damage", "text"),
+    [
+        (lambda run: (run / "run.json").write_text("{not json"), "run.json is not valid JSON (Expecting property"),
+        (
+            lambda run: (run / "run.json").write_bytes(b"\xff\xfe\x00"),
+            "run.json is not text (a binary or damaged file)",
+        ),
+        (
+            lambda run: _edit_json(run / "run.json", lambda i: i["time_to_quality"].update(time_to_quality_sec="12")),
+            "run.json: time_to_quality's time_to_quality_sec is '12', expected seconds or null",
+        ),
+        (
+            lambda run: _edit_line(run / "quality.jsonl", 0, lambda r: r.update(time_sec="52")),
+            "quality.jsonl line 1: the evaluation of epoch 1: time_sec is '52', expected a finite number",
+        ),
+        (
+            lambda run: _edit_line(run / "quality.jsonl", -1, lambda r: r.pop("shortfall")),
+            "quality.jsonl: the evaluation of epoch 14 has no 'shortfall'",
+        ),
+        (
+            lambda run: _edit_line(run / "quality.jsonl", 2, lambda r: r["channels"]["gas_density"].pop("r_worst")),
+            "quality.jsonl: the evaluation of epoch 3: gas_density has no 'r_worst'",
+        ),
+        (
+            lambda run: (run / "quality.jsonl").write_bytes(bytes(range(256)) * 8),
+            "quality.jsonl is not text (a binary or damaged file), expected JSON lines",
+        ),
+        (
+            lambda run: _edit_line(run / "metrics.jsonl", 0, lambda r: r.update(wall_sec="x")),
+            "metrics.jsonl: the record of epoch 1 has 'x' wall_sec, expected seconds",
+        ),
+    ],
+)
+def test_ttq_table_names_a_damaged_record_in_one_line(recorded_run, damage, text):
+    """Each was a traceback (JSONDecodeError, KeyError, UnicodeDecodeError, ValueError of a format)."""
+    table = _study_module("time_to_quality/table.py")
+    damage(recorded_run)
+    res = run_in_process(table.main, [str(recorded_run.parent)])
+    assert_one_error_line(res, f"{recorded_run}/", text)
+    assert res.stdout == ""
+
+
+@pytest.mark.study
+def test_ttq_table_skips_a_torn_last_line_and_writes_its_figures_whole(recorded_run, tmp_path, caplog):
+    """A killed trainer's torn last line is skipped with a warning (``curve.py`` skips it too); a
+    ``--plot`` folder that is read-only or full is one line before or after the records are read, and
+    leaves no partial figure."""
+    import subprocess
+
+    from conftest import read_only
+
+    table = _study_module("time_to_quality/table.py")
+    quality_path = recorded_run / "quality.jsonl"
+    lines = quality_path.read_text().splitlines()
+    quality_path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:120])
+    with caplog.at_level(logging.WARNING, logger="dlas"):
+        res = run_in_process(table.main, [str(recorded_run.parent), "--plot", str(tmp_path / "c.png")])
+    assert res.returncode == 0, res.stderr
+    assert f"{quality_path} line 14 is not a whole JSON record (a torn write): skipped" in caplog.text
+    assert "| seed-1 | 13 |" in res.stdout and (tmp_path / "c.png").stat().st_size > 0
+    folder = tmp_path / "figures"
+    folder.mkdir()
+    with read_only(folder):
+        res = run_in_process(table.main, [str(recorded_run.parent), "--plot", str(folder / "c.png")])
+    assert_one_error_line(res, f"--plot {folder / 'c.png'}: cannot write in {folder}")
+    small = tmp_path / "small"
+    small.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20k", "tmpfs", str(small)], capture_output=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.decode().strip()}")
+    try:
+        res = run_in_process(table.main, [str(recorded_run.parent), "--spectra", str(small / "s.png")])
+        assert_one_error_line(res, f"cannot write {small / 's.png'} (No space left on device)")
+        assert list(small.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+def _hand_written_curve(folder, val_path=None):
+    """A run folder with two hand-written evaluations (k bins of 1, 2, 3 h/Mpc) and, with ``val_path``,
+    a run.json naming the validation volume it was scored on."""
+    k = [1.0, 2.0, 3.0]
+    channel = {"k": k, "r": [0.9, 0.8, 0.7], "ratio": [1.0, 1.1, 1.2], "r_worst": 0.7, "ratio_dev_worst": 0.2}
+    records = [
+        {"epoch": e, "time_sec": 60.0 * e, "channels": {n: dict(channel) for n in quality_channels()}} for e in (1, 2)
+    ]
+    folder.mkdir(parents=True)
+    (folder / "quality.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if val_path is not None:
+        (folder / "run.json").write_text(json.dumps({"config_values": {"val_path": str(val_path)}, "invocations": []}))
+    return folder
+
+
+def quality_channels():
+    from shared_data.inference import quality
+
+    return quality.CHANNELS
+
+
+@pytest.mark.study
+@pytest.mark.parametrize(
+    ("edit", "text"),
+    [
+        (lambda r: r.pop("channels"), "quality.jsonl line 2: the record has no 'channels'"),
+        (
+            lambda r: r["channels"]["gas_temperature"].update(r=[0.9, 0.8]),
+            "quality.jsonl line 2: the evaluation of epoch 2: gas_temperature's r is [0.9, 0.8], expected 3 numbers",
+        ),
+        (
+            lambda r: r.update(time_sec="120"),
+            "quality.jsonl line 2: the evaluation of epoch 2: time_sec is '120', expected a finite number of seconds",
+        ),
+    ],
+)
+def test_nonlinear_gas_curve_names_a_damaged_record_in_one_line(data_dir, tmp_path, edit, text):
+    """A record without ``channels``, an ``r`` shorter than ``k``, a string time: each was a traceback."""
+    curve = _study_module("nonlinear_gas/curve.py")
+    run = _hand_written_curve(tmp_path / "records" / "run")
+    _edit_line(run / "quality.jsonl", 1, edit)
+    res = run_in_process(curve.main, [str(tmp_path / "records"), "--val", str(data_dir / "val_24.h5")])
+    assert_one_error_line(res, f"{run}/{text}")
+    assert res.stdout == ""
+
+
+@pytest.mark.study
+def test_nonlinear_gas_curve_refuses_a_volume_the_runs_were_not_scored_on(data_dir, tmp_path):
+    """``--val`` of another volume printed that volume's baselines beside the runs (rc 0): the run's
+    run.json names its volume; another one (other Nbody values, or where the named file is not at
+    hand, other k bins) is one line; the same values under another name pass."""
+    import shutil
+
+    curve = _study_module("nonlinear_gas/curve.py")
+    val, other = data_dir / "val_24.h5", tmp_path / "other.h5"
+    _without_attributes(data_dir / "val_24.h5", other, lambda h: h)
+    with __import__("h5py").File(other, "r+") as f:
+        f["Nbody"][0, 0, 0, 0] += 1.0
+    run = _hand_written_curve(tmp_path / "records" / "run", val_path=val)
+    res = run_in_process(curve.main, [str(tmp_path / "records"), "--val", str(other)])
+    assert_one_error_line(
+        res,
+        f"{run}/run.json: the run was scored on {val}, whose Nbody values differ from --val {other}'s; "
+        f"pass --val {val}",
+    )
+    copy = tmp_path / "copy.h5"
+    shutil.copy(val, copy)
+    res = run_in_process(curve.main, [str(tmp_path / "records"), "--val", str(copy)])
+    assert res.returncode == 0 and "| run | end | 2 | 120 |" in res.stdout, res.stderr
+    _edit_json(run / "run.json", lambda i: i["config_values"].update(val_path="data/val_128.h5"))  # not at hand
+    res = run_in_process(curve.main, [str(tmp_path / "records"), "--val", str(val)])
+    assert_one_error_line(
+        res,
+        f"{run}/quality.jsonl: the run was scored on data/val_128.h5 (not at hand here), whose k bins are not --val",
+    )
