@@ -84,6 +84,44 @@ def test_a_cursor_that_does_not_parse_is_kept_aside(tmp_path, caplog, text):
     assert (tmp_path / "mid_epoch.damaged.2" / "cursor.json").read_text() == "[]"
 
 
+class _SavedAt:
+    """A stand-in for a framework's ``Checkpoints`` of ``mid_epoch/`` holding the checkpoint of ``step``."""
+
+    def __init__(self, step: int):
+        self.step, self.restored = step, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def epochs(self):
+        return [self.step]
+
+    def restore(self, step):
+        self.restored.append(step)
+        return "state"
+
+
+def test_a_cursor_that_names_another_checkpoint_than_the_saved_one_is_kept_aside(tmp_path, caplog):
+    """A sound cursor whose global step is not the number of the save's checkpoint: kept aside with
+    one warning, nothing restored; a cursor that names it resumes there."""
+    mid = tmp_path / "mid_epoch"
+    mid.mkdir()
+    folder = types.SimpleNamespace(mid_epoch_dir=mid, steps_per_epoch=STEPS, main=True)
+    (mid / "cursor.json").write_text(json.dumps(_sound_cursor()))
+    saved = _SavedAt(STEPS + 3)
+    assert resume_mod._mid_epoch_start(folder, 1, lambda: saved) == resume_mod.Start(1, 3, (0.5, 0.4, 0.3), "state")
+    saved = _SavedAt(STEPS + 2)
+    assert resume_mod._mid_epoch_start(folder, 1, lambda: saved) is None and saved.restored == []
+    assert (
+        f"cursor.json has global_step 7, but {mid / 'checkpoints'} holds the checkpoint of global step 6: kept as"
+        in (caplog.text)
+    )
+    assert (tmp_path / "mid_epoch.damaged" / "cursor.json").is_file() and not mid.exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_a_damaged_cursor_resumes_from_the_epoch_checkpoint(framework, tiny_cfg, tiny_argv, tmp_path, monkeypatch):

@@ -88,15 +88,24 @@ def resume(folder: RunFolder, checkpoints, mid_epoch: Callable[[], Any] | None, 
 
 def _mid_epoch_start(folder: RunFolder, newest_epoch: int, mid_epoch: Callable[[], Any]) -> Start | None:
     """The :class:`Start` of the mid-epoch save, if its cursor is newer than the epoch checkpoint
-    ``newest_epoch`` and its checkpoint restores; else None (with a warning where it does not)."""
+    ``newest_epoch`` and its checkpoint restores; else None (with a warning where it does not). A
+    cursor whose global step is not the number of the save's checkpoint contradicts it: the folder
+    is kept aside as a damaged cursor is (:func:`_set_aside_damaged_mid_epoch`)."""
     cursor = mid_epoch_cursor(folder, newest_epoch)
     if cursor is None:
         return None
     try:
         with mid_epoch() as mid:
-            restored = mid.restore(cursor["global_step"])  # TF restores in place: None
+            saved = list(mid.epochs())
+            if cursor["global_step"] in saved:
+                restored = mid.restore(cursor["global_step"])  # TF restores in place: None
     except UserError as err:
         log.warning("the mid-epoch checkpoint does not restore (%s); trying the epoch checkpoints", err)
+        return None
+    if cursor["global_step"] not in saved:  # the checkpoint's manager is closed: the folder can move
+        holds = f"the checkpoint of global step {saved[-1]}" if saved else "no checkpoint"
+        problem = f"has global_step {cursor['global_step']}, but {folder.mid_epoch_dir / 'checkpoints'} holds {holds}"
+        _set_aside_damaged_mid_epoch(folder, folder.mid_epoch_dir / "cursor.json", problem)
         return None
     log.info(
         "resumed from %s at epoch %d, step %d of %d (a stop at a step boundary)",
