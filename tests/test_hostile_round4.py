@@ -346,7 +346,7 @@ def test_a_loop_of_symbolic_links_is_one_line(tmp_path, tiny_argv):
     res = run_in_process(train.main, [*tiny_argv, "--workdir", str(loop / "run")])
     assert_one_error_line(res, f"--workdir {loop / 'run'}: {where}")
     res = run_in_process(train.main, [*tiny_argv, "--set", f"exp_dir={loop}"])
-    assert_one_error_line(res, f"--workdir {loop / 'cpu_tiny' / 'jax'}: {where}")
+    assert_one_error_line(res, f"the run folder (exp_dir/<config>/<framework>) {loop / 'cpu_tiny' / 'jax'}: {where}")
     res = run_in_process(generate.main, ["--out", str(loop / "g.h5"), "--size", "8"])
     assert_one_error_line(res, f"--out {loop / 'g.h5'}: {where}")
 
