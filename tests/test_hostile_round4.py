@@ -206,6 +206,36 @@ def test_targets_outside_the_models_output_end_the_run_before_its_first_step(fra
     assert not (tmp_path / "w" / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize("loader", ["inmem", "lowmem", "dali-npy", "dali-h5", "device"])
+def test_a_target_beyond_the_models_output_is_named_whatever_the_loader(tiny_cfg, data_dir, tmp_path, loader):
+    """One value of 1.5 in the training targets (within float16's bound): the run folder's data check
+    names the file (the .npy twin for DALI's numpy reader), channel, voxel and value."""
+    import shutil
+
+    import h5py
+
+    from shared_data.core.errors import DatasetError
+    from shared_data.runtime.run_folder import RunFolder
+
+    for f in data_dir.glob("train_32*"):
+        if not f.name.endswith(".source.json"):  # twins without records: the values may change in place
+            shutil.copy(f, tmp_path / f.name)
+    train = tmp_path / "train_32.h5"
+    with h5py.File(train, "r+") as f:
+        del f.attrs["Hydro_crc32"]
+        f["Hydro"][4, 3, 4, 5] = 1.5
+    twin = dataset.npy_paths(train)[1]
+    values = np.load(twin)
+    values[3, 4, 5, 4] = 1.5
+    np.save(twin, values)
+    cfg = config_mod.replace(tiny_cfg, train_path=str(train), data_loader_config=loader)
+    with pytest.raises(DatasetError) as err:
+        RunFolder(cfg, tmp_path / "w", "jax", "test", {}, 1)
+    where = f"{twin} (DALI's numpy reader reads it)" if loader == "dali-npy" else str(train)
+    assert str(err.value).startswith(f"{where}: Hydro channel 4 holds 1.5 at voxel (3, 4, 5), outside [-1, 1]")
+    assert not (tmp_path / "w" / "metrics.jsonl").exists()
+
+
 def test_the_target_scan_names_the_first_value_beyond_one_in_the_file_and_its_twin(data_dir, tmp_path):
     """Every loader: the HDF5 scan (h5 readers) and the Hydro .npy twin's (DALI's numpy reader); the
     inputs (Nbody) keep only the float16 bound; exactly +-1 passes."""
