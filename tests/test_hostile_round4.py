@@ -707,3 +707,40 @@ def test_nonlinear_gas_curve_refuses_a_volume_the_runs_were_not_scored_on(data_d
         res,
         f"{run}/quality.jsonl: the run was scored on data/val_128.h5 (not at hand here), whose k bins are not --val",
     )
+
+
+@pytest.mark.slow
+@pytest.mark.study
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_a_time_to_quality_run_records_its_volume_and_curve_checks_val_against_it(
+    framework, tiny_cfg, data_dir, tmp_path
+):
+    """run.json's ``time_to_quality`` records the validation volume's path and Nbody checksums (the
+    file's attribute); ``curve.py --val`` of another volume is refused by them, the same volume passes."""
+    import h5py
+
+    from shared_data.runtime.records import read_run_info
+
+    train = __import__(f"{framework}_impl.train", fromlist=["train"])
+    reachable = dict(quality_every_epochs=1, quality_r_min=-1.0, quality_ratio_tol=1e6, quality_beat_baseline=False)
+    cfg = config_mod.replace(tiny_cfg, num_epochs=1, quality_beat_non_ml=False, **reachable)
+    run = tmp_path / "records" / "run"
+    train.train_and_evaluate(cfg, run)
+    val = data_dir / "val_24.h5"
+    with h5py.File(val) as f:
+        recorded = json.loads(f.attrs["Nbody_crc32"])
+    assert read_run_info(run)["time_to_quality"]["volume"] == {"path": str(val.absolute()), "Nbody_crc32": recorded}
+    curve = _study_module("nonlinear_gas/curve.py")
+    res = run_in_process(curve.main, [str(tmp_path / "records"), "--val", str(val)])
+    assert res.returncode == 0 and "| run | end | 1 |" in res.stdout, res.stderr
+    moved = tmp_path / "moved.h5"
+    with h5py.File(val) as f, h5py.File(moved, "w") as g:
+        g["Nbody"], g["Hydro"] = np.roll(f["Nbody"][...], 3, axis=1), f["Hydro"][...]
+        for key, value in f.attrs.items():
+            if key != "Nbody_crc32":
+                g.attrs[key] = value
+    res = run_in_process(curve.main, [str(tmp_path / "records"), "--val", str(moved)])
+    assert_one_error_line(
+        res,
+        f"{run}/run.json: the run was scored on {val.absolute()}, whose Nbody checksums differ from --val {moved}'s",
+    )

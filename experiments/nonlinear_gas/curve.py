@@ -96,10 +96,11 @@ def _crc32(path: Path, attrs: dict, nbody: np.ndarray) -> list[int]:
 
 
 def check_scored_on(run: Path, evaluation: dict, val: Path, val_crc32: list[int], val_k: dict) -> None:
-    """Refuse ``run`` when its ``run.json`` says it was scored on another volume than ``val``: the run's
-    ``val_path`` (relative to the folder it was started from) holds other Nbody values than ``val``
-    (``val_crc32``), or, where that file is not at hand, the k bins of its ``evaluation`` are not
-    ``val``'s (``val_k``: channel -> bin centres). A run without ``run.json`` (records written by
+    """Refuse ``run`` when its ``run.json`` says it was scored on another volume than ``val``: the Nbody
+    checksums its ``time_to_quality`` records of the volume differ from ``val``'s (``val_crc32``); for a
+    run that records none, its ``val_path`` (relative to the folder it was started from) holds other
+    Nbody values than ``val``, or, where that file is not at hand, the k bins of its ``evaluation`` are
+    not ``val``'s (``val_k``: channel -> bin centres). A run without ``run.json`` (records written by
     hand) is not checked.
 
     Raises:
@@ -108,6 +109,15 @@ def check_scored_on(run: Path, evaluation: dict, val: Path, val_crc32: list[int]
     info, problem = run_info_and_problem(run)
     if problem:
         raise UserError(f"{run / 'run.json'} {problem}")
+    ttq = info.get("time_to_quality")
+    volume = ttq.get("volume") if isinstance(ttq, dict) else None
+    if isinstance(volume, dict) and volume.get("Nbody_crc32") is not None:
+        if volume["Nbody_crc32"] != val_crc32:
+            raise UserError(
+                f"{run / 'run.json'}: the run was scored on {volume.get('path', 'another volume')}, whose Nbody "
+                f"checksums differ from --val {val}'s; pass the volume the run was scored on"
+            )
+        return
     values = info.get("config_values")
     if not isinstance(values, dict) or not isinstance(values.get("val_path"), str):
         return

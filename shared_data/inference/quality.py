@@ -38,8 +38,9 @@ process):
   ``quality_shortfall``, and the one that met the target ``time_to_quality_sec``, ``framework``, ``device``;
 * ``run.json``: ``time_to_quality`` with ``time_to_quality_sec`` (the ``time_sec`` of the evaluation
   that met the target; null when none did), its ``definition`` in words, ``train_sec_to_quality``,
-  ``framework``, ``device``, the target, the number of evaluations, the reason the run stopped and
-  ``best``: the evaluation with the smallest shortfall (the target's result when met, the best
+  ``framework``, ``device``, the target, the number of evaluations, the reason the run stopped,
+  ``volume`` (the validation volume's path and per-channel Nbody CRC-32s, which identify it wherever
+  it is moved) and ``best``: the evaluation with the smallest shortfall (the target's result when met, the best
   reached otherwise).
 
 The clock starts when the trainer opens its :class:`shared_data.runtime.run_folder.RunFolder` (after the framework
