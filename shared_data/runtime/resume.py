@@ -4,7 +4,10 @@ cursor of a stop at a step boundary.
 :func:`resume` applies the rule to the run's epoch checkpoints and, when a stop's mid-epoch save
 (``mid_epoch/``: its checkpoint and ``cursor.json``, :mod:`shared_data.runtime.preemption`) is newer
 than all of them, to that save; it returns a :class:`Start`: the epoch and step the run continues
-from, the training losses of that epoch's steps before the cursor, and the restored state.
+from, the training losses of that epoch's steps before the cursor, and the restored state. A cursor
+that does not parse or contradicts its checkpoint (:func:`cursor_problem`) is one warning, and its
+folder is kept aside as ``mid_epoch.damaged``: the run resumes from the epoch checkpoints, now and
+at every later resume.
 """
 
 from __future__ import annotations
