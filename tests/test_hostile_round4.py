@@ -61,9 +61,7 @@ def test_cursor_problem_names_what_is_wrong(change, problem):
 def test_a_long_value_in_a_cursor_is_quoted_short():
     cursor = {**_sound_cursor(), "losses": "x" * 10**6}
     problem = resume_mod.cursor_problem(cursor, STEPS, 1)
-    assert problem.startswith("has losses = 'xxx") and problem.endswith(
-        "(1000002 characters), expected a list of numbers"
-    )
+    assert problem.startswith("has losses = 'xxx") and problem.endswith("xxx', expected a list of numbers")
     assert len(problem) < 150
 
 

@@ -70,6 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core.config import Config
+from shared_data.core.errors import UserError, quoted
 from shared_data.inference.units import DENSITY, TEMPERATURE
 
 log = logging.getLogger("dlas")
@@ -218,8 +219,6 @@ def read_evaluations(workdir) -> list[dict]:
         UserError: the file cannot be read or is not text, or a line that is not the last one does not
             parse, or a record lacks a field or holds one of the wrong type (file, line and field named).
     """
-    from shared_data.core.errors import UserError
-
     path = Path(workdir) / RECORD
     try:
         lines = path.read_bytes().decode("utf-8").splitlines()
@@ -274,43 +273,38 @@ def evaluation_problem(record) -> str | None:
             return f"the record has no {key!r}"
     epoch = record["epoch"]
     if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-        return f"epoch is {_short(epoch)}, expected an integer >= 0"
+        return f"epoch is {quoted(epoch, 60)}, expected an integer >= 0"
     where = f"the evaluation of epoch {epoch}"
     for key in ("time_sec", "train_time_sec", "eval_sec", "score_sec"):
         if key in record and not (_is_number(record[key], finite=True) and record[key] >= 0):
-            return f"{where}: {key} is {_short(record[key])}, expected a finite number of seconds >= 0"
+            return f"{where}: {key} is {quoted(record[key], 60)}, expected a finite number of seconds >= 0"
     if "shortfall" in record and not (record["shortfall"] is None or _is_number(record["shortfall"])):
-        return f"{where}: shortfall is {_short(record['shortfall'])}, expected a number or null"
+        return f"{where}: shortfall is {quoted(record['shortfall'], 60)}, expected a number or null"
     if "met" in record and not isinstance(record["met"], bool):
-        return f"{where}: met is {_short(record['met'])}, expected true or false"
+        return f"{where}: met is {quoted(record['met'], 60)}, expected true or false"
     if record.get("target") is not None and not isinstance(record["target"], dict):
-        return f"{where}: target is {_short(record['target'])}, expected an object"
+        return f"{where}: target is {quoted(record['target'], 60)}, expected an object"
     channels = record["channels"]
     if not isinstance(channels, dict):
-        return f"{where}: channels is {_short(channels)}, expected an object of {', '.join(CHANNELS)}"
+        return f"{where}: channels is {quoted(channels, 60)}, expected an object of {', '.join(CHANNELS)}"
     for name in CHANNELS:
         c = channels.get(name)
         if not isinstance(c, dict):
             return f"{where}: channels has no {name!r} entry (an object)"
         k = c.get("k")
         if not (isinstance(k, list) and all(_is_number(v, finite=True) for v in k)):
-            return f"{where}: {name}'s k is {_short(k)}, expected a list of numbers (h/Mpc)"
+            return f"{where}: {name}'s k is {quoted(k, 60)}, expected a list of numbers (h/Mpc)"
         for key in ("r", "ratio"):
             if not _numbers(c.get(key), len(k)):
-                return f"{where}: {name}'s {key} is {_short(c.get(key))}, expected {len(k)} numbers (one per k bin)"
+                return f"{where}: {name}'s {key} is {quoted(c.get(key), 60)}, expected {len(k)} numbers (one per k bin)"
         for key in ("r_baseline", "r_non_ml"):
             if c.get(key) is not None and not _numbers(c[key], len(k)):
-                return f"{where}: {name}'s {key} is {_short(c[key])}, expected null or {len(k)} numbers (one per k bin)"
+                what = quoted(c[key], 60)
+                return f"{where}: {name}'s {key} is {what}, expected null or {len(k)} numbers (one per k bin)"
         for key in _CHANNEL_NUMBERS:
             if c.get(key) is not None and not _is_number(c[key]):
-                return f"{where}: {name}'s {key} is {_short(c[key])}, expected a number or null"
+                return f"{where}: {name}'s {key} is {quoted(c[key], 60)}, expected a number or null"
     return None
-
-
-def _short(value) -> str:
-    from shared_data.core.errors import quoted
-
-    return quoted(value, 60)
 
 
 def restored(record: dict) -> dict | None:

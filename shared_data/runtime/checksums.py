@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from shared_data.core.errors import UserError
+from shared_data.core.errors import UserError, quoted
 from shared_data.core.files import write_atomic
 
 log = logging.getLogger("dlas")
@@ -139,12 +139,14 @@ def _read_record(path: Path) -> tuple[dict[str, list], int | None]:
     else:
         entries, block = record["files"], record.get("block_bytes")
         if not _is_count(block) or block == 0:
-            raise ValueError(f"block_bytes is {_short(block)}, expected a positive integer")
+            raise ValueError(f"block_bytes is {quoted(block, 60)}, expected a positive integer")
         if not isinstance(entries, dict):
             raise ValueError(f"files is a JSON {type(entries).__name__}, expected an object")
     for name, entry in entries.items():
         if not _sound_entry(entry, block):
-            raise ValueError(f"the entry of {_short(name)} is {_short(entry)}, expected {_ENTRY[block is None]}")
+            raise ValueError(
+                f"the entry of {quoted(name, 60)} is {quoted(entry, 60)}, expected {_ENTRY[block is None]}"
+            )
     return dict(entries), block
 
 
@@ -169,12 +171,6 @@ def _sound_entry(entry, block: int | None) -> bool:
     if block is None:
         return _is_crc(crc)
     return isinstance(crc, list) and len(crc) == -(-size // block) and all(_is_crc(c) for c in crc)
-
-
-def _short(value, limit: int = 60) -> str:
-    """``repr(value)`` cut at ``limit`` characters: an error quotes a value, never a whole file."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _difference(have: list | None, want: list | None, block: int | None) -> str:

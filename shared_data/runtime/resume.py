@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from shared_data.core.errors import UserError
+from shared_data.core.errors import UserError, quoted
 from shared_data.runtime.run_folder import RunFolder
 
 log = logging.getLogger("dlas")
@@ -171,10 +171,10 @@ def cursor_problem(cursor, steps_per_epoch: int, newest_epoch: int) -> str | Non
     for key in _CURSOR_COUNTS:
         value = cursor[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            return f"has {key} = {_short(value)}, expected a count (an integer >= 0)"
+            return f"has {key} = {quoted(value, 60)}, expected a count (an integer >= 0)"
     losses = cursor["losses"]
     if not isinstance(losses, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in losses):
-        return f"has losses = {_short(losses)}, expected a list of numbers"
+        return f"has losses = {quoted(losses, 60)}, expected a list of numbers"
     epoch, step, n = cursor["epoch"], cursor["step"], cursor["steps_per_epoch"]
     if n != steps_per_epoch:
         return "steps_per_epoch"
@@ -187,12 +187,6 @@ def cursor_problem(cursor, steps_per_epoch: int, newest_epoch: int) -> str | Non
     if epoch > newest_epoch + 1:  # one more: the epoch whose checkpoint's background save failed
         return f"is in epoch {epoch + 1}, beyond the run's checkpoints (the newest is of epoch {newest_epoch})"
     return None
-
-
-def _short(value, limit: int = 60) -> str:
-    """``repr(value)``, cut at ``limit`` characters: an error quotes a value, never a whole file."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _first_line(err: BaseException) -> str:
