@@ -266,8 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.gpus and any(n < 1 for n in args.gpus):
         raise UserError(f"--gpus {' '.join(map(str, args.gpus))}: GPU counts are positive integers")
-    if args.nic_gbps is not None and args.nic_gbps <= 0:
-        raise UserError(f"--nic_gbps {args.nic_gbps}: a rate in GB/s is positive")
+    if args.nic_gbps is not None and not (0 < args.nic_gbps < math.inf):  # nan fails both
+        raise UserError(f"--nic_gbps {args.nic_gbps}: a rate in GB/s is a positive finite number")
     params = unet_spec.num_params(config_mod.load_config("short_opt"))
     c = CONTENTION.value
     cluster, frameworks, dtypes, gpus = H200, list(FRAMEWORKS.values()), ("float32", "bfloat16"), [1, 2, 8, 64, 512]

@@ -87,15 +87,38 @@ def test_a_record_of_whole_file_crcs_still_verifies(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "text",
-    ["{not json", '{"files": {"2/d/d0": [3000, [1, 2]]}}', '{"block_bytes": 1000, "files": {"2/d/d0": [3000, [1]]}}'],
+    ("text", "reason"),
+    [
+        ("{not json", "not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        ('{"files": {"2/d/d0": [3000, [1, 2]]}}', "block_bytes is None, expected a positive integer"),
+        (
+            '{"block_bytes": 1000, "files": {"2/d/d0": [3000, [1]]}}',
+            "the entry of '2/d/d0' is [3000, [1]], expected [size, [the CRC-32 of each block]]",
+        ),
+        ('{"block_bytes": 0, "files": {"2/d/d0": [3000, [1]]}}', "block_bytes is 0, expected a positive integer"),
+        ('{"block_bytes": true, "files": {}}', "block_bytes is True, expected a positive integer"),
+        (
+            '{"block_bytes": 1000, "files": {"2/d/d0": [3000, [1, "2", 3]]}}',
+            "the entry of '2/d/d0' is [3000, [1, '2', 3]], expected [size, [the CRC-32 of each block]]",
+        ),
+        ('{"block_bytes": 1000, "files": ["2/d/d0"]}', "files is a JSON list, expected an object"),
+        ('[{"block_bytes": 1000}]', "a JSON list, expected an object"),
+        ('{"2/d/d0": [3000, "abc"]}', "the entry of '2/d/d0' is [3000, 'abc'], expected [size, CRC-32]"),
+        ('{"2/d/d0": 3000}', "the entry of '2/d/d0' is 3000, expected [size, CRC-32]"),
+        ('{"2/d/d0": [3000, 4294967296]}', "the entry of '2/d/d0' is [3000, 4294967296], expected [size, CRC-32]"),
+        ('{"block_bytes": 10, "files": {"d": [1, [%s]]}}' % ", ".join(["1"] * 500), "the entry of 'd' is [1, [1, 1"),
+    ],
 )
-def test_a_damaged_record_is_one_error(tmp_path, text):
-    """Not JSON, no block size, or another number of blocks than the size gives: the record is damaged."""
+def test_a_damaged_record_is_one_error(tmp_path, text, reason):
+    """Not JSON, not an object, a block size that is not a positive integer (0 divided by it), files
+    not an object, an entry not [size, CRC-32s] (a CRC-32 a string, another number of blocks than the
+    size gives): the record is damaged, and the error says what is wrong in a short quote."""
     directory, files = _checkpoint(tmp_path, [3000])
     path = checksums.manifest_path(directory, 2)
     path.parent.mkdir()
     path.write_text(text)
     with pytest.raises(UserError) as err:
         checksums.verify(directory, 2, files, "checkpoint c/2")
-    assert str(err.value) == f"checkpoint c/2: its checksum record {path} is damaged; it cannot be verified"
+    message = str(err.value)
+    assert message.startswith(f"checkpoint c/2: its checksum record {path} is damaged ({reason}")
+    assert message.endswith("); it cannot be verified") and len(message) < 400

@@ -28,12 +28,19 @@ the smallest worst-bin r rounded down to 0.01 and the largest worst-bin |P ratio
 the bins each record holds (those its run's target tested) up to ``--k_max``. An error in one run's
 ``--config`` or ``--hold`` report is one line on stderr naming its file; the other runs are still
 reported, and the exit status is 2.
+
+The records are read with the trainer's reader (:func:`shared_data.inference.quality.read_evaluations`):
+a torn last line is skipped with a warning, a record that lacks a field or holds one of the wrong type
+is one error line naming its file. The baselines are those of ``--val``: a run whose ``run.json``
+names another validation volume (its Nbody checksums differ from ``--val``'s, or, where that file is
+not at hand, its k bins are not ``--val``'s) is refused in one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 from pathlib import Path
@@ -41,9 +48,13 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core import config as config_mod
+from shared_data.core.errors import UserError, run_cli
+from shared_data.core.files import write_atomic, writing
+from shared_data.data import dataset
 from shared_data.inference import quality
 from shared_data.inference.metrics import compute_metrics
 from shared_data.inference.units import DENSITY, TEMPERATURE, read_volume, units_from_files
+from shared_data.runtime.records import run_info_and_problem
 
 CHANNELS = {DENSITY: "rho", TEMPERATURE: "T"}
 
@@ -55,12 +66,18 @@ def worst(k, n, r, ratio, k_max: float) -> tuple[float, float]:
     return float(np.min(np.asarray(r, np.float64)[sel])), float(np.max(np.abs(np.asarray(ratio, np.float64)[sel] - 1)))
 
 
-def baselines(val: Path, k_max: float) -> dict[str, dict[str, tuple[float, float]]]:
-    """Baseline tag -> channel -> (worst r, worst |P ratio - 1|) on the volume ``val``."""
+def baselines(val: Path, k_max: float, curves: dict | None = None) -> dict[str, dict[str, tuple[float, float]]]:
+    """Baseline tag -> channel -> (worst r, worst |P ratio - 1|) on the volume ``val``; with ``curves``
+    (each run's ``quality.jsonl`` path -> its evaluations), each run is checked to have been scored on
+    ``val`` first (:func:`check_scored_on`)."""
     truth, attrs = read_volume(val, "Hydro")
     nbody, _ = read_volume(val, "Nbody")
     units = units_from_files({val: attrs}, truth.shape[1], {}, flags_given=False)
     metrics = compute_metrics(truth, truth, nbody, units)
+    if curves:
+        k = {name: metrics["power"][name]["k"] for name in CHANNELS}
+        for path, curve in curves.items():
+            check_scored_on(path.parent, curve[0], val, _crc32(val, attrs, nbody), k)
     out = {}
     for tag in ("baseline", "non_ml"):
         out[tag] = {}
@@ -69,6 +86,61 @@ def baselines(val: Path, k_max: float) -> dict[str, dict[str, tuple[float, float
             if f"r_{tag}" in s:
                 out[tag][name] = worst(s["k"], s["n_modes"], s[f"r_{tag}"], s[f"ratio_{tag}"], k_max)
     return out
+
+
+def _crc32(path: Path, attrs: dict, nbody: np.ndarray) -> list[int]:
+    """The Nbody checksums of the volume ``path``: its attribute where it has one, else computed."""
+    if attrs.get("Nbody_crc32") is not None:
+        return dataset.json_attr(attrs, "Nbody_crc32", path)
+    return dataset.channel_crc32(nbody)
+
+
+def check_scored_on(run: Path, evaluation: dict, val: Path, val_crc32: list[int], val_k: dict) -> None:
+    """Refuse ``run`` when its ``run.json`` says it was scored on another volume than ``val``: the Nbody
+    checksums its ``time_to_quality`` records of the volume differ from ``val``'s (``val_crc32``); for a
+    run that records none, its ``val_path`` (relative to the folder it was started from) holds other
+    Nbody values than ``val``, or, where that file is not at hand, the k bins of its ``evaluation`` are
+    not ``val``'s (``val_k``: channel -> bin centres). A run without ``run.json`` (records written by
+    hand) is not checked.
+
+    Raises:
+        UserError: naming the run's record, its volume and ``val``.
+    """
+    info, problem = run_info_and_problem(run)
+    if problem:
+        raise UserError(f"{run / 'run.json'} {problem}")
+    ttq = info.get("time_to_quality")
+    volume = ttq.get("volume") if isinstance(ttq, dict) else None
+    if isinstance(volume, dict) and volume.get("Nbody_crc32") is not None:
+        if volume["Nbody_crc32"] != val_crc32:
+            raise UserError(
+                f"{run / 'run.json'}: the run was scored on {volume.get('path', 'another volume')}, whose Nbody "
+                f"checksums differ from --val {val}'s; pass the volume the run was scored on"
+            )
+        return
+    values = info.get("config_values")
+    if not isinstance(values, dict) or not isinstance(values.get("val_path"), str):
+        return
+    invocations = info.get("invocations") or [{}]
+    cwd = invocations[-1].get("cwd") if isinstance(invocations[-1], dict) else None
+    scored = Path(cwd or ".") / values["val_path"]
+    if scored.is_file():
+        if not Path(val).samefile(scored):
+            nbody, attrs = read_volume(scored, "Nbody")
+            if _crc32(scored, attrs, nbody) != val_crc32:
+                raise UserError(
+                    f"{run / 'run.json'}: the run was scored on {scored}, whose Nbody values differ from --val "
+                    f"{val}'s; pass --val {scored}"
+                )
+        return
+    for name in CHANNELS:
+        k = np.asarray(evaluation["channels"][name]["k"], np.float64)
+        want = np.asarray(val_k[name], np.float64)[: k.size]
+        if k.size > want.size or not np.allclose(k, want, rtol=1e-6):
+            raise UserError(
+                f"{run / 'quality.jsonl'}: the run was scored on {values['val_path']} (not at hand here), whose "
+                f"k bins are not --val {val}'s (another volume size or box); pass the volume the run was scored on"
+            )
 
 
 def at_marks(curve: list[dict], marks: list[float]) -> list[tuple[str, dict | None]]:
@@ -95,8 +167,10 @@ def model_worst(evaluation: dict, name: str, k_max: float) -> tuple[float, float
     return float(min(r)), float(max(dev))
 
 
-def table(records: Path, val: Path, marks: list[float], k_max: float) -> tuple[str, list[dict]]:
-    base = baselines(val, k_max)
+def table(curves: dict, val: Path, marks: list[float], k_max: float) -> tuple[str, list[dict]]:
+    """The markdown table of the module docstring and its rows, for ``curves`` (each run's
+    ``quality.jsonl`` path -> its evaluations) and the baselines of ``val``."""
+    base = baselines(val, k_max, curves)
     head = "| run | minutes | epoch | time s | " + " | ".join(f"{s} r | {s} abs(P-1)" for s in CHANNELS.values()) + " |"
     lines = [head, "|" + "---|" * (4 + 2 * len(CHANNELS))]
     rows = []
@@ -104,8 +178,7 @@ def table(records: Path, val: Path, marks: list[float], k_max: float) -> tuple[s
     def cells(values: dict) -> str:
         return " | ".join(f"{values[n][0]:.4f} | {values[n][1]:.4f}" if n in values else "- | -" for n in CHANNELS)
 
-    for path in sorted(records.glob("*/quality.jsonl")):
-        curve = quality.read_records(path.parent)
+    for path, curve in curves.items():
         for mark, e in at_marks(curve, marks):
             if e is None:
                 lines.append(f"| {path.parent.name} | {mark} | - | - | " + cells({}) + " |")
@@ -285,6 +358,7 @@ def main(argv=None) -> int:
     parser.add_argument("--config", help="judge every evaluation against this config's target (quality_* keys)")
     parser.add_argument("--hold", help="A,B: the thresholds every evaluation from A to B minutes holds")
     args = parser.parse_args(argv)
+    logging.basicConfig(format="warning: %(message)s", level=logging.WARNING)  # stderr: stdout is the table
     hold = None
     if args.hold is not None:
         try:
@@ -306,7 +380,8 @@ def main(argv=None) -> int:
     if not list(args.records.glob("*/quality.jsonl")):
         print(f"error: {args.records}: no */quality.jsonl", file=sys.stderr)
         return 2
-    empty = [p for p in sorted(args.records.glob("*/quality.jsonl")) if not quality.read_records(p.parent)]
+    curves = {path: quality.read_evaluations(path.parent) for path in sorted(args.records.glob("*/quality.jsonl"))}
+    empty = [path for path, curve in curves.items() if not curve]
     if empty:
         print(f"error: {empty[0]}: no evaluation (the run stopped before its first)", file=sys.stderr)
         return 2
@@ -318,11 +393,11 @@ def main(argv=None) -> int:
             why = "no 'channels'" if isinstance(err, (KeyError, TypeError)) else str(err)
             print(f"error: {args.ceiling}: not a ceiling.py result ({why})", file=sys.stderr)
             return 2
-    text, rows = table(args.records, args.val, marks, args.k_max)
+    text, rows = table(curves, args.val, marks, args.k_max)
     print(text)
     if ceiling is not None:
-        for path in sorted(args.records.glob("*/quality.jsonl")):
-            last = quality.read_records(path.parent)[-1]
+        for path, curve in curves.items():
+            last = curve[-1]
             try:
                 bins, worst_closed = gap_closed(last, ceiling, args.k_max)
             except (ValueError, KeyError, TypeError) as err:
@@ -336,8 +411,7 @@ def main(argv=None) -> int:
     if target:
         reports.append(lambda curve: _report_target(curve, target, args.config))
     rc = 0
-    for path in sorted(args.records.glob("*/quality.jsonl")) if reports else []:
-        curve = quality.read_records(path.parent)
+    for path, curve in curves.items() if reports else ():
         for report in reports:
             try:
                 print(f"\n{path.parent.name}: " + report(curve))
@@ -345,9 +419,10 @@ def main(argv=None) -> int:
                 print(f"error: {path}: {err}", file=sys.stderr)
                 rc = 2
     if args.json:
-        args.json.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with writing(args.json):
+            write_atomic(args.json, "".join(json.dumps(r) + "\n" for r in rows))
     return rc
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

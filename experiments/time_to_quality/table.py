@@ -10,30 +10,87 @@ target was met. ``--plot`` draws the shortfall (<= 0: target met) of every run a
 (or of the best one) against the target's band and floor. After the table: the median time to
 quality of the runs that met the target, and each epoch's wall time in parts (steps, validation,
 checkpoint and quality check on the training path, the rest) where the runs' ``metrics.jsonl`` hold
-them.
+them. A record that cannot be read (a damaged run.json, a field missing or of the wrong type, a binary
+file) or a figure that cannot be written is one ``error:`` line naming the file; a torn last line of a
+``quality.jsonl`` (what a killed trainer leaves) is skipped with a warning.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import logging
+import math
 import statistics
-import sys
 from pathlib import Path
 
+from shared_data.core.errors import UserError, quoted, run_cli
+from shared_data.core.files import atomic_path, check_writable, writing
+from shared_data.inference import quality
+from shared_data.runtime.records import read_metrics, run_info_and_problem
+
 DENSITY, TEMPERATURE = "gas_density", "gas_temperature"
+#: What the table reads of each evaluation besides :func:`quality.evaluation_problem`'s fields, and of
+#: each channel's entry.
+EVALUATION_KEYS = ("met", "shortfall")
+CHANNEL_KEYS = ("r_worst", "ratio_dev_worst", "r_minus_baseline_worst")
+#: The parts of an epoch's wall time that :func:`parts_table` prints from ``metrics.jsonl``.
+PARTS = ("wall_sec", "epoch_sec", "val_sec", "other_sec")
 
 
 def runs(out: Path) -> dict[str, tuple[list[dict], dict]]:
-    """Run name -> (its evaluations, its run.json's ``time_to_quality``), runs with evaluations only."""
+    """Run name -> (its evaluations, its run.json's ``time_to_quality``), runs with evaluations only,
+    read with the trainer's readers (:func:`quality.read_evaluations`, :func:`run_info_and_problem`).
+
+    Raises:
+        UserError: a record that cannot be read or lacks what the table shows (file and field named).
+    """
     found = {}
     for path in sorted(out.glob("*/quality.jsonl")):
-        curve = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        info_path = path.parent / "run.json"
-        info = json.loads(info_path.read_text()).get("time_to_quality", {}) if info_path.exists() else {}
+        curve = quality.read_evaluations(path.parent)
+        for evaluation in curve:
+            _check_evaluation(path, evaluation)
         if curve:
-            found[path.parent.name] = (curve, info)
+            found[path.parent.name] = (curve, time_to_quality(path.parent))
     return found
+
+
+def _check_evaluation(path: Path, evaluation: dict) -> None:
+    where = f"{path}: the evaluation of epoch {evaluation['epoch']}"
+    for key in EVALUATION_KEYS:
+        if key not in evaluation:
+            raise UserError(f"{where} has no {key!r}")
+    for name in (DENSITY, TEMPERATURE):
+        missing = [key for key in CHANNEL_KEYS if key not in evaluation["channels"][name]]
+        if missing:
+            raise UserError(f"{where}: {name} has no {missing[0]!r}")
+
+
+def time_to_quality(run: Path) -> dict:
+    """The ``time_to_quality`` of ``run``'s run.json ({} without the file or the key).
+
+    Raises:
+        UserError: run.json cannot be used, or its times are not numbers (or null, not met).
+    """
+    info, problem = run_info_and_problem(run)
+    path = run / "run.json"
+    if problem:
+        raise UserError(f"{path} {problem}")
+    ttq = info.get("time_to_quality", {})
+    if not isinstance(ttq, dict):
+        raise UserError(f"{path}: time_to_quality is {quoted(ttq, 60)}, expected an object")
+    for key in ("time_to_quality_sec", "train_sec_to_quality"):
+        value = ttq.get(key)
+        if value is not None and not _is_seconds(value):
+            raise UserError(f"{path}: time_to_quality's {key} is {quoted(value, 60)}, expected seconds or null")
+    if ttq.get("time_to_quality_sec") is not None and ttq.get("train_sec_to_quality") is None:
+        raise UserError(f"{path}: time_to_quality has a time_to_quality_sec and no train_sec_to_quality")
+    if ttq.get("target") is not None and not isinstance(ttq["target"], dict):
+        raise UserError(f"{path}: time_to_quality's target is {quoted(ttq['target'], 60)}, expected an object")
+    return ttq
+
+
+def _is_seconds(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
 
 def table(found: dict) -> str:
@@ -82,16 +139,24 @@ def parts_table(out: Path, found: dict) -> str:
         "|" + "---|" * 8,
     ]
     for name in found:
-        path = out / name / "metrics.jsonl"
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-        for r in records:
+        for r in read_metrics(out / name):  # the trainer's reader: a torn line is skipped with a warning
             if "wall_sec" in r:
+                _check_parts(out / name / "metrics.jsonl", r)
                 lines.append(
                     f"| {name} | {r['epoch']} | {r['wall_sec']:.2f} | {r['epoch_sec']:.2f} | {r['val_sec']:.2f} "
                     f"| {r.get('checkpoint_sec', 0.0):.2f} | {r.get('quality_check_sec', 0.0):.2f} "
                     f"| {r['other_sec']:.2f} |"
                 )
     return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def _check_parts(path: Path, record: dict) -> None:
+    """Raise a :class:`UserError` naming ``path``, the epoch and the field where an epoch's part is not
+    a number of seconds (the checkpoint and quality check's may be absent)."""
+    for key in (*PARTS, "checkpoint_sec", "quality_check_sec"):
+        if (key in PARTS or key in record) and not _is_seconds(record.get(key)):
+            what = "no" if key not in record else quoted(record[key], 60)
+            raise UserError(f"{path}: the record of epoch {record['epoch']} has {what} {key}, expected seconds")
 
 
 def _f4(x) -> str:
@@ -120,7 +185,9 @@ def plot(found: dict, path: Path) -> None:
     ax.set_ylabel("shortfall (<= 0: target met)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    with atomic_path(path, ".png") as tmp:
+        fig.savefig(tmp, dpi=90, format="png")
+    plt.close(fig)
 
 
 def lowest_shortfall(curve: list[dict]) -> dict:
@@ -171,7 +238,7 @@ def spectra(found: dict):
         for channel, s in ev["channels"].items():
             left.plot(s["k"], s["ratio"], "-o", ms=3, color=colors[channel], label=channel)
             right.plot(s["k"], s["r"], "-o", ms=3, color=colors[channel], label=f"{channel} model")
-            if s["r_baseline"] is not None:
+            if s.get("r_baseline") is not None:
                 right.plot(s["k"], s["r_baseline"], ":", color=colors[channel], label=f"{channel} baseline")
             if s.get("r_non_ml") is not None:
                 right.plot(s["k"], s["r_non_ml"], "-.", color=colors[channel], lw=0.8, label=f"{channel} non-ML")
@@ -186,26 +253,29 @@ def spectra(found: dict):
     return fig
 
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, help="the recipe's $OUT (one folder per run)")
     p.add_argument("--plot", type=Path, help="write the shortfall curves here (PNG)")
     p.add_argument("--spectra", type=Path, help="write each run's P ratio and r(k) at its shown evaluation here (PNG)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    logging.basicConfig(format="warning: %(message)s", level=logging.WARNING)  # stderr: stdout is the table
+    for flag, path in (("--plot", args.plot), ("--spectra", args.spectra)):
+        if path is not None:
+            check_writable(path, flag)  # before the records are read
     found = runs(args.out)
     if not found:
-        print(f"error: no run with a quality.jsonl under {args.out}", file=sys.stderr)
-        return 2
+        raise UserError(f"no run with a quality.jsonl under {args.out}")
     if args.plot:
-        plot(found, args.plot)
+        with writing(args.plot):
+            plot(found, args.plot)
     if args.spectra:
-        spectra(found).savefig(args.spectra, dpi=90)
-    print(table(found))
-    for extra in (median_line(found), parts_table(args.out, found)):
-        if extra:
-            print("\n" + extra)
+        with writing(args.spectra), atomic_path(args.spectra, ".png") as tmp:
+            spectra(found).savefig(tmp, dpi=90, format="png")
+    text = "\n\n".join(t for t in (table(found), median_line(found), parts_table(args.out, found)) if t)
+    print(text)  # once every record is read: a damaged one prints nothing but its error line
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))

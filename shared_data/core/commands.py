@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from shared_data.core.errors import did_you_mean, run_cli
+from shared_data.core.errors import bounded, did_you_mean, run_cli
 
 #: console script -> (module, the optional dependency it needs, the extra that installs it)
 COMMANDS = {
@@ -85,7 +85,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
             flags = [w.split("=")[0] for w in message.split(": ", 1)[1].split() if w.startswith("-")]
             close = [did_you_mean(f, self._option_string_actions) for f in flags]
             hint = next((c.strip(" ()") for c in close if c), hint)
-        self.exit(2, f"{self.prog}: error: {message} ({hint})\n")
+        self.exit(2, f"{self.prog}: error: {bounded(message)} ({hint})\n")  # argparse quotes the value given
 
 
 def make_parser(module: str, description: str | None = None, **kwargs) -> argparse.ArgumentParser:

@@ -31,7 +31,7 @@ import yaml
 
 from shared_data.core.config_checks import make_config
 from shared_data.core.config_schema import FIELDS, Config
-from shared_data.core.errors import ConfigError, did_you_mean
+from shared_data.core.errors import ConfigError, did_you_mean, quoted
 from shared_data.core.tutorial_yaml import is_tutorial_section, translate_tutorial
 
 # Config lives in config_schema; it is exported here too because most of the kit imports it beside
@@ -63,11 +63,18 @@ def _shipped_yaml() -> Path:
 DEFAULT_YAML = _shipped_yaml()
 
 
+#: What a YAML value nested beyond what the reader follows (Python's recursion limit) is told.
+TOO_DEEP = (
+    "a value nested deeper than the YAML reader follows (lists or mappings inside each other); expected plain values"
+)
+
+
 def _read_yaml(path: Path) -> dict:
     """The top-level mapping of the YAML file ``path`` (config name -> section).
 
     Raises:
-        ConfigError: the file is missing, unreadable, not text, not YAML or not a mapping.
+        ConfigError: the file is missing, unreadable, not text, not YAML, nested too deep or not a
+            mapping.
     """
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
@@ -78,6 +85,8 @@ def _read_yaml(path: Path) -> dict:
         raise ConfigError(f"config file {path} is not valid YAML: {' '.join(str(err).split())}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path} is not a text file, expected YAML") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path}: {TOO_DEEP}") from None
     except OSError as err:
         raise ConfigError(f"config file {path} cannot be read ({err.strerror})") from None
     if not isinstance(doc, dict):
@@ -107,7 +116,7 @@ def load_config(name: str, yaml_path: str | Path = DEFAULT_YAML, overrides: dict
     if name not in doc:
         names = sorted(map(str, doc))
         hint = did_you_mean(name, names)
-        raise ConfigError(f"config {name!r} not found in {path}{hint} (available: {', '.join(names)})")
+        raise ConfigError(f"config {quoted(name)} not found in {path}{hint} (available: {', '.join(names)})")
     section = doc[name]
     if not isinstance(section, dict):
         raise ConfigError(f"{path} [{name}]: expected a mapping of keys, got {type(section).__name__}")
@@ -119,7 +128,7 @@ def load_config(name: str, yaml_path: str | Path = DEFAULT_YAML, overrides: dict
     if overrides:
         unknown = sorted(set(overrides) - set(FIELDS))
         if unknown:
-            raise ConfigError(f"override: unknown key {unknown[0]!r}{did_you_mean(unknown[0], FIELDS)}")
+            raise ConfigError(f"override: unknown key {quoted(unknown[0])}{did_you_mean(unknown[0], FIELDS)}")
         for split in ("train", "val"):
             npy_keys = [f"{split}_path_npy_{k}" for k in ("data", "label")]
             stale = [k for k in npy_keys if values.get(k) and k not in overrides]

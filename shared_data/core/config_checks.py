@@ -18,7 +18,7 @@ import typing
 from typing import Any
 
 from shared_data.core.config_schema import CHOICES, FIELD_TYPES, FIELDS, Config
-from shared_data.core.errors import ConfigError, did_you_mean
+from shared_data.core.errors import ConfigError, did_you_mean, quoted
 
 
 def type_name(tp: Any) -> str:
@@ -49,7 +49,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         return coerce(value, inner, where)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected {type_name(tp)}, got {value!r}")
+            raise ConfigError(f"{where}: expected {type_name(tp)}, got {quoted(value)}")
         inner = typing.get_args(tp)[0]
         return tuple(coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value))
     if tp is float and isinstance(value, str):
@@ -61,7 +61,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         str: isinstance(value, str),
     }[tp]
     if not ok:
-        raise ConfigError(f"{where}: expected {type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{where}: expected {type_name(tp)}, got {quoted(value)}")
     return float(value) if tp is float else value
 
 
@@ -70,7 +70,7 @@ def _float_text(text: str, tp: Any, where: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ConfigError(f"{where}: expected {type_name(tp)}, got {text!r}") from None
+        raise ConfigError(f"{where}: expected {type_name(tp)}, got {quoted(text)}") from None
 
 
 def make_config(values: dict, name: str, source: str, notes: tuple[str, ...] = ()) -> Config:
@@ -83,14 +83,14 @@ def make_config(values: dict, name: str, source: str, notes: tuple[str, ...] = (
     unknown = sorted(str(k) for k in set(values) - set(FIELDS))  # a YAML key may be a number or null
     if unknown:
         hint = did_you_mean(unknown[0], FIELDS) or f" (known keys: {', '.join(sorted(FIELDS))})"
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}{hint}")
+        raise ConfigError(f"{where}: unknown key {quoted(unknown[0])}{hint}")
     missing = [k for k in FIELDS if k not in values]
     if missing:
         raise ConfigError(f"{where}: missing key {missing[0]!r} ({type_name(FIELD_TYPES[missing[0]])})")
     kwargs = {k: coerce(values[k], FIELD_TYPES[k], f"{where} key {k!r}") for k in FIELDS}
     for key, choices in CHOICES.items():
         if kwargs[key] not in choices:
-            raise ConfigError(f"{where} key {key!r}: expected one of {', '.join(choices)}, got {kwargs[key]!r}")
+            raise ConfigError(f"{where} key {key!r}: expected one of {', '.join(choices)}, got {quoted(kwargs[key])}")
     cfg = Config(**kwargs, name=name, source=source, notes=notes)
     _check_ranges(cfg, where)
     return cfg
@@ -184,7 +184,7 @@ def _check_ranges(cfg: Config, where: str) -> None:
                 kind = "an integer" if isinstance(v, int) else "a finite number"
                 raise ConfigError(
                     f"{where} key {key!r}: expected {kind} {'>=' if inclusive else '>'} {minimum}, "
-                    f"got {value if not isinstance(value, tuple) else list(value)}"
+                    f"got {quoted(value if not isinstance(value, tuple) else list(value))}"
                 )
             if key in MAXIMA and v > MAXIMA[key]:
                 raise ConfigError(f"{where} key {key!r}: expected at most {MAXIMA[key]}, got {v}")

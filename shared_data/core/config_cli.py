@@ -13,9 +13,10 @@ from typing import Any
 
 import yaml
 
-from shared_data.core.config import DEFAULT_YAML, config_names, load_config
+from shared_data.core import tutorial_yaml
+from shared_data.core.config import DEFAULT_YAML, TOO_DEEP, config_names, load_config
 from shared_data.core.config_schema import CHOICES, FIELDS, Config
-from shared_data.core.errors import ConfigError, did_you_mean
+from shared_data.core.errors import ConfigError, did_you_mean, quoted
 from shared_data.core.loader_kinds import NAMES as LOADERS
 
 
@@ -104,16 +105,36 @@ def parse_override(text: str) -> tuple[str, Any]:
         ConfigError: no ``=``, or an unknown key.
     """
     if "=" not in text:
-        raise ConfigError(f"override {text!r}: expected KEY=VALUE")
+        raise ConfigError(f"override {quoted(text)}: expected KEY=VALUE")
     key, raw = text.split("=", 1)
     key = key.strip()
     if key not in FIELDS:
-        raise ConfigError(f"override {text!r}: unknown key {key!r}{did_you_mean(key, FIELDS)}")
+        raise ConfigError(f"override {quoted(text)}: {_unknown_key(key, raw)}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except RecursionError:
+        raise ConfigError(f"override {quoted(text)}: {TOO_DEEP}") from None
     return key, value
+
+
+def _unknown_key(key: str, raw: str) -> str:
+    """What a ``--set`` of ``key`` (to ``raw``), not a key of this kit, is told: a tutorial key (a section of the
+    tutorial's YAML takes it) names this kit's key or why it does not apply; else the closest key."""
+    if key in tutorial_yaml.TUTORIAL_NAMES:
+        ours = tutorial_yaml.TUTORIAL_NAMES[key]
+        return (
+            f"{key!r} is the tutorial's name of this kit's {ours!r}, which a tutorial-format YAML section "
+            f"translates; --set takes this kit's keys: --set {ours}={quoted(raw, 40).strip(chr(39))}"
+        )
+    if key in tutorial_yaml.NOT_APPLICABLE:
+        return f"{key!r} is a key of the tutorial's YAML that does not apply here ({tutorial_yaml.NOT_APPLICABLE[key]})"
+    if key in tutorial_yaml.TUTORIAL_ONLY:
+        return (
+            f"{key!r} is a key of the tutorial's YAML, which a tutorial-format YAML section (--yaml_config) translates"
+        )
+    return f"unknown key {quoted(key)}{did_you_mean(key, FIELDS)}"
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

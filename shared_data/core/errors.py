@@ -30,11 +30,37 @@ class MissingDependencyError(UserError):
     """An optional dependency (DALI, TensorFlow, ...) is not installed; the message names the extra."""
 
 
+def quoted(value, limit: int = 80) -> str:
+    """``repr(value)`` for an error message, bounded: nested containers and long strings are
+    abbreviated as they are walked (``reprlib``), so a value of gigabytes (a YAML anchor bomb)
+    is never expanded, and the text is cut at ``limit`` characters."""
+    import reprlib
+
+    short = reprlib.Repr(maxlevel=4, maxlist=12, maxtuple=12, maxdict=8, maxset=8, maxstring=limit, maxlong=40)
+    short.maxother = limit
+    try:
+        text = short.repr(value)
+    except RecursionError:
+        text = f"<a {type(value).__name__} nested too deep to show>"
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def bounded(text: str, limit: int = 400) -> str:
+    """``text`` (a library's message that quotes user input) cut in the middle to at most about
+    ``limit`` characters, saying how many were left out."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}... ({len(text) - 2 * half} characters left out) ...{text[-half:]}"
+
+
 def did_you_mean(word: str, candidates) -> str:
     """`` (did you mean 'X'?)`` for the candidate closest to a mistyped ``word`` (``difflib``'s
     similarity ratio at least 0.6), else an empty string; for flag and config-key typos."""
     import difflib
 
+    if len(word) > 100:  # no key is that long: nothing is close, and difflib would take its time
+        return ""
     close = difflib.get_close_matches(word, list(candidates), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -100,6 +126,17 @@ def name_too_long(err: OSError) -> str | None:
     except (OSError, ValueError):
         limits = "see the file system's limits"
     return f"{path[:60]}...{path[-20:]} ({len(path)} characters): a name longer than the file system allows ({limits})"
+
+
+def symlink_loop(err: OSError) -> str | None:
+    """The one line for a path the user gave that runs through a loop of symbolic links (``ELOOP``,
+    wherever the path is first used); None for other errors."""
+    import errno
+
+    if err.errno != errno.ELOOP:
+        return None
+    where = "a path" if err.filename is None else bounded(str(err.filename), 200)
+    return f"{where}: too many levels of symbolic links (a link that leads back to itself); expected a real path"
 
 
 def write_error_line(err: OSError) -> str | None:
@@ -295,7 +332,9 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as err:
-        message = user_error_in(err) or name_too_long(err) or out_of_memory(err) or write_error_line(err)
+        message = (
+            user_error_in(err) or name_too_long(err) or symlink_loop(err) or out_of_memory(err) or write_error_line(err)
+        )
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)

@@ -133,6 +133,9 @@ def check_writable(path: str | Path, flag: str, folder: bool = False) -> None:
         raise UserError(f"{flag} {path} is a file, expected a folder")
     if folder and path.is_symlink() and not path.exists():
         raise UserError(f"{flag} {path} is a symbolic link to {os.readlink(path)}, which does not exist")
+    broken = _broken_link_above(path)
+    if broken:
+        raise UserError(f"{flag} {path}: {broken}")
     existing = path if folder and path.is_dir() else path.parent
     while not existing.exists():
         existing = existing.parent
@@ -146,6 +149,23 @@ def check_writable(path: str | Path, flag: str, folder: bool = False) -> None:
         raise UserError(f"{flag} {path}: cannot write in {existing} ({err.strerror})") from None
 
 
+def _broken_link_above(path: Path) -> str | None:
+    """What is wrong with a folder above ``path`` that is a symbolic link leading nowhere: a loop of
+    links, or a link to a path that does not exist (either would end a later ``mkdir`` in an
+    ``OSError``); None when there is none."""
+    import errno
+
+    for above in path.parents:
+        if above.is_symlink() and not above.exists():
+            try:
+                os.stat(above)
+            except OSError as err:
+                if err.errno == errno.ELOOP:
+                    return f"{above} is a loop of symbolic links (a link that leads back to itself)"
+            return f"{above} is a symbolic link to {os.readlink(above)}, which does not exist"
+    return None
+
+
 @contextlib.contextmanager
 def writing(path: str | Path) -> Iterator[None]:
     """Turn a failed write inside the body (a full disk, a read-only file system, a quota:
@@ -157,7 +177,8 @@ def writing(path: str | Path) -> Iterator[None]:
     from shared_data.core.errors import UserError
 
     try:
-        yield
+        with _quiet_h5py_finalisers():
+            yield
     except Exception as err:  # h5py, TensorFlow and tensorstore wrap the OSError or quote it
         reason = write_failure(err)
         if reason is None:
@@ -167,6 +188,36 @@ def writing(path: str | Path) -> Iterator[None]:
             # crashes: the command ends without the library's finalisers (errors.run_cli)
             EXIT_WITHOUT_FINALISERS.append(str(path))
         raise UserError(f"cannot write {path} ({reason})") from None
+
+
+@contextlib.contextmanager
+def _quiet_h5py_finalisers() -> Iterator[None]:
+    """While the block runs, a write failure that an h5py object's finaliser meets (a flush in
+    ``ObjectID.__dealloc__`` on a full disk: the failure :func:`writing` reports in its one line) is
+    not printed: Cython prints it twice, through ``sys.excepthook`` and as "Exception ignored in"
+    (``sys.unraisablehook``). Other errors reach both hooks as before."""
+    previous_hook, previous_unraisable = sys.excepthook, sys.unraisablehook
+
+    def excepthook(kind, value, tb) -> None:
+        if not (_in_h5py(tb) and write_failure(value) is not None):
+            previous_hook(kind, value, tb)
+
+    def unraisablehook(unraisable) -> None:
+        if not ("h5py" in repr(unraisable.object) and write_failure(unraisable.exc_value) is not None):
+            previous_unraisable(unraisable)
+
+    sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
+    try:
+        yield
+    finally:
+        sys.excepthook, sys.unraisablehook = previous_hook, previous_unraisable
+
+
+def _in_h5py(tb) -> bool:
+    """Whether the traceback ``tb`` ends in h5py's code (its Cython finalisers name ``h5py/``)."""
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and "h5py" in tb.tb_frame.f_code.co_filename
 
 
 def os_error_in(err: BaseException | None) -> OSError | None:

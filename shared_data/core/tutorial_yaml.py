@@ -16,11 +16,11 @@ from typing import Any
 
 from shared_data.core.config_checks import coerce
 from shared_data.core.config_schema import FIELD_TYPES
-from shared_data.core.errors import ConfigError
+from shared_data.core.errors import ConfigError, quoted
 
 #: The tutorial's UNet.yaml keys that are not ours, each mapped to our key(s) or not applicable here.
 TUTORIAL_ONLY = ("data_size", "expdir", "weight_init", "box_size", "enable_apex", "enable_benchy", "use_cache")
-_NOT_APPLICABLE = {
+NOT_APPLICABLE = {
     "enable_apex": "Adam already runs fused inside the compiled step (optax / Keras under XLA)",
     "enable_benchy": "the benchmark command runs benchy's IO / SYNTHETIC / FULL modes "
     "(python -m dlas_compare.benchmark --mode io synthetic full, or the trainer's --enable_benchy)",
@@ -38,7 +38,7 @@ def is_tutorial_section(section: dict) -> bool:
 
 #: The tutorial's keys that hold one of this kit's keys under another name (``lr_schedule``'s entries
 #: are ``lr_schedule.<entry>``).
-_TUTORIAL_NAMES = {
+TUTORIAL_NAMES = {
     "data_size": "crop_size",
     "expdir": "exp_dir",
     "lr_schedule.scaling": "lr_scaling",
@@ -54,7 +54,7 @@ _TUTORIAL_TYPES = {"enable_apex": bool, "enable_benchy": bool, "box_size": tuple
 def _tutorial_value(key: str, value: Any, where: str) -> Any:
     """``value`` of tutorial key ``key`` (``data_size``, ``lr_schedule.start_lr``, ...) checked against the
     type of this kit's key it maps to, the error naming the tutorial's key."""
-    ours = _TUTORIAL_NAMES[key]
+    ours = TUTORIAL_NAMES[key]
     return coerce(value, FIELD_TYPES[ours], f"{where} key {key!r} (this kit's {ours})")
 
 
@@ -66,11 +66,12 @@ def _tutorial_mapping(key: str, value: Any, entries, where: str) -> dict:
     """
     if not isinstance(value, dict):
         raise ConfigError(
-            f"{where} key {key!r}: expected a mapping of {', '.join(entries)} (the tutorial's form), got {value!r}"
+            f"{where} key {key!r}: expected a mapping of {', '.join(entries)} (the tutorial's form), "
+            f"got {quoted(value)}"
         )
     unknown = [k for k in value if k not in entries]
     if unknown:
-        raise ConfigError(f"{where} key {key!r}: unknown entry {unknown[0]!r} (expected {', '.join(entries)})")
+        raise ConfigError(f"{where} key {key!r}: unknown entry {quoted(unknown[0])} (expected {', '.join(entries)})")
     return value
 
 
@@ -79,7 +80,7 @@ def translate_tutorial(section: dict, where: str, defaults: dict) -> tuple[dict,
     tutorial key (mapped or not applicable) and one for the keys taken from ``defaults``. An absolute
     ``expdir`` (the tutorial container's ``/logs``) becomes the kit's ``exp_dir`` under the current
     folder, so a run writes nothing outside it. A tutorial key's value is checked against the type of
-    the key it maps to (:data:`_TUTORIAL_NAMES`, :data:`_TUTORIAL_TYPES`); the error names the tutorial's key.
+    the key it maps to (:data:`TUTORIAL_NAMES`, :data:`_TUTORIAL_TYPES`); the error names the tutorial's key.
 
     Raises:
         ConfigError: a tutorial value of the wrong type (``weight_init: normal``, ``data_size: [64]``) or
@@ -104,14 +105,14 @@ def translate_tutorial(section: dict, where: str, defaults: dict) -> tuple[dict,
             values["exp_dir"] = value
             notes.append(f"tutorial key 'expdir' -> exp_dir = {value}")
         elif key == "lr_schedule" and not isinstance(value, str):
-            entries = [k.split(".", 1)[1] for k in _TUTORIAL_NAMES if k.startswith("lr_schedule.")]
+            entries = [k.split(".", 1)[1] for k in TUTORIAL_NAMES if k.startswith("lr_schedule.")]
             schedule = _tutorial_mapping(key, value, entries, where)
             for k, v in schedule.items():
-                values[_TUTORIAL_NAMES[f"lr_schedule.{k}"]] = _tutorial_value(f"lr_schedule.{k}", v, where)
+                values[TUTORIAL_NAMES[f"lr_schedule.{k}"]] = _tutorial_value(f"lr_schedule.{k}", v, where)
             values["lr_schedule"] = "cosine"
             notes.append(
                 "tutorial key 'lr_schedule' -> lr_schedule = cosine, "
-                + ", ".join(f"{_TUTORIAL_NAMES['lr_schedule.' + k]} = {v}" for k, v in schedule.items())
+                + ", ".join(f"{TUTORIAL_NAMES['lr_schedule.' + k]} = {v}" for k, v in schedule.items())
             )
         elif key == "weight_init":
             given = {} if value is None else value  # 'None': the tutorial's defaults
@@ -122,10 +123,10 @@ def translate_tutorial(section: dict, where: str, defaults: dict) -> tuple[dict,
                     f"kernels N(0, 0.02) and biases 0 (the tutorial's {_TUTORIAL_INIT})"
                 )
             notes.append("tutorial key 'weight_init': kernels N(0, 0.02), biases 0, as this kit always does")
-        elif key in _NOT_APPLICABLE:
+        elif key in NOT_APPLICABLE:
             if key in _TUTORIAL_TYPES and value is not None:
                 coerce(value, _TUTORIAL_TYPES[key], f"{where} key {key!r}")
-            notes.append(f"tutorial key {key!r} = {value}: not applicable here ({_NOT_APPLICABLE[key]})")
+            notes.append(f"tutorial key {key!r} = {quoted(value)}: not applicable here ({NOT_APPLICABLE[key]})")
         else:
             values[key] = value
     filled = sorted(k for k in defaults if k not in values)

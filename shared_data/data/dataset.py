@@ -178,6 +178,22 @@ EXPECTED_VALUES = (
 )
 
 
+#: The largest magnitude a target (``Hydro``) value may have: the model's output is tanh's, inside
+#: (-1, 1), and the readers' crops and symmetries keep each value's magnitude (a flip negates it), so a
+#: target beyond it is one the network cannot fit: the loss stays at the excess, whatever the training.
+TARGET_LIMIT = 1.0
+OUTSIDE_OUTPUT = (
+    "outside [-1, 1], the range of the model's output (tanh), so the network cannot fit it; the "
+    "dataset contract's transforms keep targets inside it (the generator writes them so)"
+)
+
+
+def target_problem(where: str, channel: int, voxel: tuple[int, int, int], value: float) -> str:
+    """The line of a finite target ``value`` beyond :data:`TARGET_LIMIT` at ``voxel`` of ``channel``."""
+    x, y, z = voxel
+    return f"{where}: Hydro channel {channel} holds {value:.6g} at voxel ({x}, {y}, {z}), {OUTSIDE_OUTPUT}"
+
+
 def value_problem(value: float, limit: float = MAX_ABS_VALUE) -> str:
     """How one value breaks the bound: ``non-finite value nan`` or ``value 3e+38 ... beyond +-65504``."""
     if not np.isfinite(value):
@@ -204,9 +220,10 @@ def check_finite(array: np.ndarray, what: str) -> None:
 
 def scan_values(path: str | Path, slab_bytes: int = 1 << 27) -> None:
     """Scan both datasets of HDF5 file ``path`` for NaN, inf and values beyond :data:`MAX_ABS_VALUE`,
-    a slab of x planes (128 MiB) at a time, before a run reads it: a value near float32's limit
-    (3e38) is finite, passes the readers' checks and makes the loss inf steps later. Cost: one read
-    of the file (0.23 s for a 256^3 volume, 604 MB, from the page cache on one core).
+    and the targets (``Hydro``) for values beyond :data:`TARGET_LIMIT`, a slab of x planes (128 MiB)
+    at a time, before a run reads it: a value near float32's limit (3e38) is finite, passes the
+    readers' checks and makes the loss inf steps later; a target of 30 trains to a loss of 30. Cost:
+    one read of the file (0.23 s for a 256^3 volume, 604 MB, from the page cache on one core).
 
     Raises:
         DatasetError: the first bad value, with its dataset, channel and voxel (x, y, z).
@@ -225,6 +242,10 @@ def scan_values(path: str | Path, slab_bytes: int = 1 << 27) -> None:
                         f"{path}: {key} channel {c} holds a {value_problem(slab[bad])} at voxel "
                         f"({x0 + x}, {y}, {z}); {EXPECTED_VALUES}"
                     )
+                bad = first_bad(slab, TARGET_LIMIT) if key == "Hydro" else None
+                if bad is not None:
+                    c, x, y, z = bad
+                    raise DatasetError(target_problem(str(path), c, (x0 + x, y, z), float(slab[bad])))
 
 
 def _compare_twin(h5, arr: np.ndarray, npy: Path, path: Path, key: str, fix: str, slab_bytes: int = 1 << 27) -> None:
@@ -241,10 +262,11 @@ def _compare_twin(h5, arr: np.ndarray, npy: Path, path: Path, key: str, fix: str
             )
 
 
-def check_finite_npy(npy: Path, slab_bytes: int = 1 << 27) -> None:
-    """Scan a DHWC ``.npy`` twin for NaN, inf and values beyond :data:`MAX_ABS_VALUE`, a slab of x
-    planes at a time (memory-mapped): DALI's numpy reader puts its values on the device unchecked,
-    so a bad value is caught here or not at all.
+def check_finite_npy(npy: Path, slab_bytes: int = 1 << 27, targets: bool = False) -> None:
+    """Scan a DHWC ``.npy`` twin for NaN, inf and values beyond :data:`MAX_ABS_VALUE` (``targets``:
+    the ``Hydro`` twin, beyond :data:`TARGET_LIMIT` too), a slab of x planes at a time
+    (memory-mapped): DALI's numpy reader puts its values on the device unchecked, so a bad value is
+    caught here or not at all.
 
     Raises:
         DatasetError: the first bad value, with its voxel (x, y, z) and channel.
@@ -259,6 +281,12 @@ def check_finite_npy(npy: Path, slab_bytes: int = 1 << 27) -> None:
             raise DatasetError(
                 f"{npy}: {value_problem(slab[bad])} at voxel ({x0 + x}, {y}, {z}) channel {c}; "
                 f"{EXPECTED_VALUES} (DALI's numpy reader reads this file)"
+            )
+        bad = first_bad(slab, TARGET_LIMIT) if targets else None
+        if bad is not None:
+            x, y, z, c = bad
+            raise DatasetError(
+                target_problem(f"{npy} (DALI's numpy reader reads it)", c, (x0 + x, y, z), float(slab[bad]))
             )
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core.commands import make_parser
-from shared_data.core.errors import DatasetError, UserError, run_cli
+from shared_data.core.errors import DatasetError, UserError, quoted, run_cli
 from shared_data.core.files import check_writable, writing
 from shared_data.data import cosmology, gas_physics, linear_field
 from shared_data.data.dataset import npy_paths
@@ -146,6 +146,10 @@ def deposit_workers(args: argparse.Namespace) -> int:
     return 1 if args.size < 128 else min(8, os.cpu_count() or 1)
 
 
+#: The largest ``--seed``: NumPy's generator takes any integer >= 0, the file's ``seed`` attribute an int64.
+MAX_SEED = 2**63 - 1
+
+
 def generate(args: argparse.Namespace) -> Path:
     """Generate and write the file described by parsed ``args``; return its path."""
     out = Path(args.out)
@@ -156,6 +160,12 @@ def generate(args: argparse.Namespace) -> Path:
     if args.size < 8:
         raise UserError(f"--size {args.size}: expected at least 8 voxels")
     for name, value, ok, want in (
+        (
+            "--seed",
+            args.seed,
+            0 <= args.seed <= MAX_SEED,
+            f"an integer in [0, {MAX_SEED}] (the file records it as int64)",
+        ),
         ("--redshift", args.redshift, args.redshift >= 0, ">= 0"),
         ("--box", args.box, args.box > 0, "> 0"),
         ("--sigma8", args.sigma8, args.sigma8 > 0, "> 0"),
@@ -166,7 +176,7 @@ def generate(args: argparse.Namespace) -> Path:
         ("--workers", args.workers, args.workers >= 0, ">= 0 (0: automatic)"),
     ):
         if not ok:
-            raise UserError(f"{name} {value}: expected {want}")
+            raise UserError(f"{name} {quoted(value)}: expected {want}")
     cosmo = linear_field.Cosmology(sigma8=args.sigma8)
     t_start = time.perf_counter()
     say = lambda stage: print(f"[generate] {out.name}, {args.size}^3: {stage}", file=sys.stderr, flush=True)

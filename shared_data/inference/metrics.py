@@ -148,6 +148,25 @@ def non_ml_channels(nbody: np.ndarray, units: Units) -> dict[str, tuple[np.ndarr
     return out
 
 
+def linear_and_log(name: str, x: np.ndarray, units: Units) -> tuple[np.ndarray, np.ndarray]:
+    """Stored gas density or temperature ``x`` as the field whose overdensity the spectra take and as
+    the variable of its PDF: rho and log10(rho / <rho>), or T in K and log10(T / K) (float64). Where
+    exp(scale x) leaves float64's range (a stored value of order 50 or more: a file of other
+    transforms), the field is rho / max(rho) (its overdensity is the same) and the logarithms are
+    computed from ``x`` itself, so every finite volume gives finite metrics."""
+    with np.errstate(over="ignore", under="ignore"):
+        f = linear(name, x, units)
+    if np.all(np.isfinite(f)) and f.min() > 0:
+        return f, (np.log10(f / f.mean()) if name == DENSITY else np.log10(f))
+    y = (units.density_scale if name == DENSITY else units.temperature_scale) * np.asarray(x, np.float64)
+    y -= y.max()
+    with np.errstate(under="ignore"):
+        f = np.exp(y)
+    if name == DENSITY:
+        return f, (y - np.log(f.mean())) / np.log(10)
+    return f, np.log10(units.temperature_T0) + (y + units.temperature_scale * float(np.max(x))) / np.log(10)
+
+
 def compute_metrics(pred: np.ndarray, truth: np.ndarray, nbody: np.ndarray, units: Units) -> dict:
     """All metrics of the module docstring for channel-first stored volumes ``pred``, ``truth``
     (N_out, L, L, L) and ``nbody`` (N_in, L, L, L); arrays as NumPy (see :func:`to_json`)."""
@@ -174,9 +193,10 @@ def compute_metrics(pred: np.ndarray, truth: np.ndarray, nbody: np.ndarray, unit
     for name in (DENSITY, TEMPERATURE):
         c = names.index(name)
         base, what, filtered, filtered_is = baselines[name]
-        t = linear(name, truth[c], units)
-        others = {"pred": pred[c], "baseline": base, "non_ml": filtered}
-        others = {tag: linear(name, x, units) for tag, x in others.items() if x is not None}
+        stored = {"pred": pred[c], "baseline": base, "non_ml": filtered}
+        fields = {"true": linear_and_log(name, truth[c], units)}
+        fields |= {tag: linear_and_log(name, x, units) for tag, x in stored.items() if x is not None}
+        t, others = fields.pop("true")[0], {tag: f for tag, (f, _) in fields.items()}
         s = spectra(t, others, box, edges)
         s["summary"] = {"model": spectrum_summary(s, "pred")}
         for tag in ("baseline", "non_ml"):
@@ -184,9 +204,8 @@ def compute_metrics(pred: np.ndarray, truth: np.ndarray, nbody: np.ndarray, unit
                 s["summary"][tag] = spectrum_summary(s, tag)
         s["baseline_is"], s["non_ml_is"] = what, filtered_is
         power[name] = s
-        norm = (lambda f: np.log10(f / f.mean())) if name == DENSITY else np.log10
-        fields = {"true": norm(t)} | {tag: norm(x) for tag, x in others.items()}
-        pdf[name] = {"variable": "log10(rho/<rho>)" if name == DENSITY else "log10(T/K)", **pdfs(fields)}
+        logs = {"true": linear_and_log(name, truth[c], units)[1]} | {tag: g for tag, (_, g) in fields.items()}
+        pdf[name] = {"variable": "log10(rho/<rho>)" if name == DENSITY else "log10(T/K)", **pdfs(logs)}
     return {
         "side": side,
         "voxel_size_mpc_h": units.voxel_size,

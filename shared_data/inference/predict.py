@@ -244,6 +244,7 @@ def main(
     overlap = margin if args.overlap is None else args.overlap
     x, attrs = read_input(args.input, cfg.N_in_channels)
     side = x.shape[0]
+    input_crc32 = None if "Nbody_crc32" in attrs else json.dumps(dataset.channel_crc32(np.moveaxis(x, -1, 0)))
     size = tiling.padded_side(side, align)
     window = tiling.choose_window(cfg, size, args.tile, overlap, args.precision, args.memory_gb)
     memory.check_address_space(
@@ -310,8 +311,8 @@ def main(
         "prediction_code": code_version(),
         "prediction_versions": versions(),
     }
-    if "Nbody_crc32" in attrs:  # identifies the input wherever it is moved (validate compares it)
-        provenance["prediction_input_Nbody_crc32"] = attrs["Nbody_crc32"]
+    # identifies the input wherever it is moved (validate compares it); computed for a file without it
+    provenance["prediction_input_Nbody_crc32"] = attrs.get("Nbody_crc32") or input_crc32
     write_prediction(args.out, hydro, {**attrs, **provenance})
     log.info("wrote %s: Hydro (%d, %d, %d, %d) float32", args.out, cfg.N_out_channels, side, side, side)
     if args.validate:

@@ -38,8 +38,9 @@ process):
   ``quality_shortfall``, and the one that met the target ``time_to_quality_sec``, ``framework``, ``device``;
 * ``run.json``: ``time_to_quality`` with ``time_to_quality_sec`` (the ``time_sec`` of the evaluation
   that met the target; null when none did), its ``definition`` in words, ``train_sec_to_quality``,
-  ``framework``, ``device``, the target, the number of evaluations, the reason the run stopped and
-  ``best``: the evaluation with the smallest shortfall (the target's result when met, the best
+  ``framework``, ``device``, the target, the number of evaluations, the reason the run stopped,
+  ``volume`` (the validation volume's path and per-channel Nbody CRC-32s, which identify it wherever
+  it is moved) and ``best``: the evaluation with the smallest shortfall (the target's result when met, the best
   reached otherwise).
 
 The clock starts when the trainer opens its :class:`shared_data.runtime.run_folder.RunFolder` (after the framework
@@ -69,6 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core.config import Config
+from shared_data.core.errors import UserError, quoted
 from shared_data.inference.units import DENSITY, TEMPERATURE
 
 log = logging.getLogger("dlas")
@@ -205,6 +207,104 @@ def read_records(workdir) -> list[dict]:
         if isinstance(record, dict) and isinstance(record.get("epoch"), int):
             records.append(record)
     return records
+
+
+def read_evaluations(workdir) -> list[dict]:
+    """The evaluations of ``<workdir>/quality.jsonl`` for a reader of the whole curve (a study's table
+    or plot), oldest first: a torn last line (what a killed trainer leaves) is skipped with a warning
+    naming the file, as :func:`read_records` skips it; any other line that is not an evaluation record
+    (:func:`evaluation_problem`) is an error.
+
+    Raises:
+        UserError: the file cannot be read or is not text, or a line that is not the last one does not
+            parse, or a record lacks a field or holds one of the wrong type (file, line and field named).
+    """
+    path = Path(workdir) / RECORD
+    try:
+        lines = path.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not text (a binary or damaged file), expected JSON lines") from None
+    except OSError as err:
+        raise UserError(f"{path} cannot be read ({err.strerror})") from None
+    numbered = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
+    records = []
+    for i, line in numbered:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if i == numbered[-1][0]:
+                log.warning("%s line %d is not a whole JSON record (a torn write): skipped", path, i)
+                continue
+            raise UserError(f"{path} line {i} is not JSON ({err.msg}), expected an evaluation record") from None
+        problem = evaluation_problem(record)
+        if problem:
+            raise UserError(f"{path} line {i}: {problem}")
+        records.append(record)
+    return records
+
+
+def _is_number(x, finite: bool = False) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and (not finite or math.isfinite(x))
+
+
+def _numbers(values, length: int | None = None) -> bool:
+    """A list of numbers or nulls (a non-finite value is written as null), of ``length`` where given."""
+    return (
+        isinstance(values, list)
+        and (length is None or len(values) == length)
+        and all(v is None or _is_number(v) for v in values)
+    )
+
+
+#: The fields of a channel's entry that are numbers or null where present.
+_CHANNEL_NUMBERS = ("r_worst", "ratio_dev_worst", "r_minus_baseline_worst", "r_minus_non_ml_worst", "shortfall")
+
+
+def evaluation_problem(record) -> str | None:
+    """What makes ``record`` (a parsed line of ``quality.jsonl``) unfit for a reader of the curve, or
+    None: it needs ``epoch`` (an integer >= 0), ``time_sec`` (a finite number >= 0) and ``channels``
+    with both gas channels, each with ``k`` (numbers) and ``r`` and ``ratio`` (numbers or null, one
+    per bin); the other fields the trainer writes are checked where present (numbers or null,
+    ``met`` a boolean, ``target`` an object, ``r_baseline`` and ``r_non_ml`` null or one per bin)."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, expected an evaluation record (an object)"
+    for key in ("epoch", "time_sec", "channels"):
+        if key not in record:
+            return f"the record has no {key!r}"
+    epoch = record["epoch"]
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        return f"epoch is {quoted(epoch, 60)}, expected an integer >= 0"
+    where = f"the evaluation of epoch {epoch}"
+    for key in ("time_sec", "train_time_sec", "eval_sec", "score_sec"):
+        if key in record and not (_is_number(record[key], finite=True) and record[key] >= 0):
+            return f"{where}: {key} is {quoted(record[key], 60)}, expected a finite number of seconds >= 0"
+    if "shortfall" in record and not (record["shortfall"] is None or _is_number(record["shortfall"])):
+        return f"{where}: shortfall is {quoted(record['shortfall'], 60)}, expected a number or null"
+    if "met" in record and not isinstance(record["met"], bool):
+        return f"{where}: met is {quoted(record['met'], 60)}, expected true or false"
+    if record.get("target") is not None and not isinstance(record["target"], dict):
+        return f"{where}: target is {quoted(record['target'], 60)}, expected an object"
+    channels = record["channels"]
+    if not isinstance(channels, dict):
+        return f"{where}: channels is {quoted(channels, 60)}, expected an object of {', '.join(CHANNELS)}"
+    for name in CHANNELS:
+        c = channels.get(name)
+        if not isinstance(c, dict):
+            return f"{where}: channels has no {name!r} entry (an object)"
+        k = c.get("k")
+        if not (isinstance(k, list) and all(_is_number(v, finite=True) for v in k)):
+            return f"{where}: {name}'s k is {quoted(k, 60)}, expected a list of numbers (h/Mpc)"
+        for key in ("r", "ratio"):
+            if not _numbers(c.get(key), len(k)):
+                return f"{where}: {name}'s {key} is {quoted(c.get(key), 60)}, expected {len(k)} numbers (one per k bin)"
+        for key in ("r_baseline", "r_non_ml"):
+            if c.get(key) is not None and not _numbers(c[key], len(k)):
+                what = quoted(c[key], 60)
+                return f"{where}: {name}'s {key} is {what}, expected null or {len(k)} numbers (one per k bin)"
+        for key in _CHANNEL_NUMBERS:
+            if c.get(key) is not None and not _is_number(c[key]):
+                return f"{where}: {name}'s {key} is {quoted(c[key], 60)}, expected a number or null"
+    return None
 
 
 def restored(record: dict) -> dict | None:

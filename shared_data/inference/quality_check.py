@@ -29,6 +29,7 @@ import numpy as np
 from shared_data.core.config import Config
 from shared_data.core.errors import ConfigError, UserError
 from shared_data.core.files import write_atomic
+from shared_data.data import dataset
 from shared_data.inference import predict as predict_mod
 from shared_data.inference import tiling
 from shared_data.inference.metrics import compute_metrics, to_json
@@ -107,7 +108,13 @@ class Monitor:
         ConfigError."""
         path = cfg.data_file("val")
         self.truth, attrs = read_volume(path, "Hydro")
-        self.nbody, _ = read_volume(path, "Nbody")
+        self.nbody, nbody_attrs = read_volume(path, "Nbody")
+        # what identifies the volume wherever it is moved: a study's reader checks its --val against it
+        if nbody_attrs.get("Nbody_crc32") is not None:
+            crc32 = dataset.json_attr(nbody_attrs, "Nbody_crc32", path)
+        else:
+            crc32 = dataset.channel_crc32(self.nbody)
+        self.volume = {"path": str(path.absolute()), "Nbody_crc32": crc32}
         side = self.truth.shape[1]
         self.units = units_from_files({path: attrs}, side, {}, flags_given=False)
         first_k = 2 * np.pi / (side * self.units.voxel_size)
@@ -330,6 +337,7 @@ class Monitor:
             "evaluations": self.evaluations,
             "quality_eval_sec": self.eval_total,
             "stopped": self.stopped,
+            "volume": self.volume,
             "best": {k: v for k, v in best.items()},
         }
         if reached is not None:

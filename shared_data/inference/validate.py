@@ -29,6 +29,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import DatasetError, UserError, run_cli
 from shared_data.core.files import check_not_input, one_set_or_none, write_atomic, writing
@@ -65,20 +67,31 @@ def provenance(attrs: dict) -> str:
 # --- driver ------------------------------------------------------------------------------------------
 
 
-def check_prediction_input(pred_path: Path, pred_attrs: dict, truth_path: Path, truth_attrs: dict) -> None:
+def check_prediction_input(
+    pred_path: Path, pred_attrs: dict, truth_path: Path, truth_attrs: dict, nbody: np.ndarray
+) -> None:
     """Refuse to score a prediction against a volume other than the one it was predicted from: the
-    Nbody checksums it records (``prediction_input_Nbody_crc32``) must be the truth file's.
+    Nbody checksums it records (``prediction_input_Nbody_crc32``) must be the truth file's (its
+    ``Nbody_crc32`` attribute, else computed from its ``nbody`` values). A prediction that records
+    none (not written by ``predict``) is scored with one warning that says it cannot be checked.
 
     Raises:
-        DatasetError: both checksums are known and differ (the message names the recorded input).
+        DatasetError: the checksums differ (the message names the recorded input).
     """
-    made_from = pred_attrs.get("prediction_input_Nbody_crc32")
-    truth_crc = truth_attrs.get("Nbody_crc32")
-    if made_from is None or truth_crc is None:
+    if pred_attrs.get("prediction_input_Nbody_crc32") is None:
+        log.warning(
+            "%s records no checksum of the volume it was predicted from (prediction_input_Nbody_crc32): "
+            "that it was predicted from %s cannot be checked",
+            pred_path,
+            truth_path,
+        )
         return
-    if dataset.json_attr(pred_attrs, "prediction_input_Nbody_crc32", pred_path) != dataset.json_attr(
-        truth_attrs, "Nbody_crc32", truth_path
-    ):
+    made_from = dataset.json_attr(pred_attrs, "prediction_input_Nbody_crc32", pred_path)
+    if truth_attrs.get("Nbody_crc32") is not None:
+        truth_crc = dataset.json_attr(truth_attrs, "Nbody_crc32", truth_path)
+    else:
+        truth_crc = dataset.channel_crc32(nbody)
+    if made_from != truth_crc:
         raise DatasetError(
             f"{pred_path} was predicted from {pred_attrs.get('prediction_input', 'another volume')}, whose Nbody "
             f"checksums differ from {truth_path}'s; validate it against the volume it was predicted from"
@@ -120,7 +133,7 @@ def validate_files(
         raise DatasetError(f"{pred_path}: Hydro {pred.shape} differs from the truth's {truth.shape} in {truth_path}")
     if nbody.shape[1:] != truth.shape[1:]:
         raise DatasetError(f"{truth_path}: Nbody {nbody.shape} and Hydro {truth.shape} differ in side")
-    check_prediction_input(pred_path, pred_attrs, truth_path, truth_attrs)
+    check_prediction_input(pred_path, pred_attrs, truth_path, truth_attrs, nbody)
     side = truth.shape[1]
     units = units_from_files({truth_path: truth_attrs, pred_path: pred_attrs}, side, flags or {})
     if len(units.hydro_channels) != truth.shape[0] or len(units.nbody_channels) != nbody.shape[0]:

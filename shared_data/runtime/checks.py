@@ -81,8 +81,9 @@ def check_data(cfg: Config) -> None:
     """Check, before anything in a run folder is touched, that the data of ``cfg`` exist and follow the
     contract: both split files (unless ``synthetic``) and, for the DALI numpy reader, their ``.npy``
     twins. The values every loader reads (the HDF5 files, or the twins) are scanned for NaN, inf and
-    values beyond :data:`shared_data.data.dataset.MAX_ABS_VALUE` (one read of each file: 0.23 s for a
-    256^3 volume), so a bad value is named with its file and voxel before the first step, not
+    values beyond :data:`shared_data.data.dataset.MAX_ABS_VALUE`, targets beyond the model's output
+    range :data:`~shared_data.data.dataset.TARGET_LIMIT` (one read of each file: 0.23 s for a 256^3
+    volume), so a bad value is named with its file and voxel before the first step, not
     reported as a diverged loss. Raises the :class:`shared_data.core.errors.DatasetError` naming
     the file and the fix."""
     from shared_data.data import dataset
@@ -100,13 +101,15 @@ def check_data(cfg: Config) -> None:
     for split, info in zip(("train", "val"), infos):
         if kind.reads_npy:
             dataset.check_npy_twins(info, cfg.npy_files(split))
-            for npy in cfg.npy_files(split):
-                dataset.check_finite_npy(npy)
+            inputs, targets = cfg.npy_files(split)
+            dataset.check_finite_npy(inputs)
+            dataset.check_finite_npy(targets, targets=True)
         else:
             dataset.scan_values(info.path)
     log.info(
-        "data values: finite and within +-%g in both files (checked in %.1f s)",
+        "data values: finite, within +-%g, targets within +-%g, in both files (checked in %.1f s)",
         dataset.MAX_ABS_VALUE,
+        dataset.TARGET_LIMIT,
         time.perf_counter() - t0,
     )
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from shared_data.core.errors import UserError
+from shared_data.core.errors import UserError, quoted
 from shared_data.core.files import write_atomic
 
 log = logging.getLogger("dlas")
@@ -114,8 +114,8 @@ def verify(directory: Path, epoch: int, files: Iterable[Path], where: str) -> No
         return
     try:
         want, block = _read_record(path)
-    except (ValueError, KeyError, TypeError):
-        raise UserError(f"{where}: its checksum record {path} is damaged; it cannot be verified") from None
+    except (OSError, ValueError) as err:  # ValueError: not JSON, not UTF-8, or not of either form
+        raise UserError(f"{where}: its checksum record {path} is damaged ({err}); it cannot be verified") from None
     have = _whole_entries(directory, files) if block is None else _entries(directory, files, block)
     for name in sorted(set(want) | set(have)):
         if want.get(name) != have.get(name):
@@ -126,19 +126,51 @@ def _read_record(path: Path) -> tuple[dict[str, list], int | None]:
     """The entries of the record ``path`` and its block size (None for a record of whole-file CRC-32s).
 
     Raises:
-        ValueError, KeyError, TypeError: the record is not JSON or not of either form.
+        ValueError: the record is not JSON or not of either form (what is wrong, short).
     """
-    record = json.loads(path.read_text())
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"not JSON: {str(err)[:100]}") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"a JSON {type(record).__name__}, expected an object")
     if "files" not in record:  # the older form: name -> [size, CRC-32]
-        entries, block, shape = record, None, int
+        entries, block = record, None
     else:
-        entries, block, shape = record["files"], int(record["block_bytes"]), list
-    for size, crc in entries.values():
-        if not isinstance(size, int) or not isinstance(crc, shape):
-            raise TypeError(f"an entry of {path} is not [size, CRC-32]")
-        if block is not None and len(crc) != -(-size // block):
-            raise ValueError(f"an entry of {path} has the CRC-32s of another number of blocks")
+        entries, block = record["files"], record.get("block_bytes")
+        if not _is_count(block) or block == 0:
+            raise ValueError(f"block_bytes is {quoted(block, 60)}, expected a positive integer")
+        if not isinstance(entries, dict):
+            raise ValueError(f"files is a JSON {type(entries).__name__}, expected an object")
+    for name, entry in entries.items():
+        if not _sound_entry(entry, block):
+            raise ValueError(
+                f"the entry of {quoted(name, 60)} is {quoted(entry, 60)}, expected {_ENTRY[block is None]}"
+            )
     return dict(entries), block
+
+
+#: What an entry holds, in the record of blocks (False) and of whole files (True).
+_ENTRY = {False: "[size, [the CRC-32 of each block]]", True: "[size, CRC-32]"}
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_crc(value) -> bool:
+    return _is_count(value) and value < 2**32
+
+
+def _sound_entry(entry, block: int | None) -> bool:
+    """Whether ``entry`` is ``[size, CRC-32]`` (``block`` None) or ``[size, [CRC-32 of each block]]``
+    with one CRC-32 per ``block`` bytes of ``size``."""
+    if not isinstance(entry, list) or len(entry) != 2 or not _is_count(entry[0]):
+        return False
+    size, crc = entry
+    if block is None:
+        return _is_crc(crc)
+    return isinstance(crc, list) and len(crc) == -(-size // block) and all(_is_crc(c) for c in crc)
 
 
 def _difference(have: list | None, want: list | None, block: int | None) -> str:

@@ -86,7 +86,9 @@ def check_run_args(args: argparse.Namespace, workdir: Path, framework: str) -> N
             raise UserError(f"{flag} is PyTorch DDP's; not needed here: {instead}")
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite conflict: give one")
-    check_writable(workdir, "--workdir", folder=True)
+    check_writable(
+        workdir, "--workdir" if args.workdir else "the run folder (exp_dir/<config>/<framework>)", folder=True
+    )
     # a run.json that cannot be used is reported once, by the run that replaces it (EpochReport.begin)
     other = run_info_and_problem(workdir)[0].get("framework") if workdir.is_dir() else None
     if other and other != framework:

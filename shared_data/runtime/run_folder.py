@@ -21,7 +21,7 @@ from shared_data.core import loader_kinds
 from shared_data.core.config import Config, batch_sizes
 from shared_data.core.errors import UserError, cap_malloc_arenas
 from shared_data.model import schedule
-from shared_data.runtime import checks
+from shared_data.runtime import checks, sizing
 from shared_data.runtime import lock as run_lock
 from shared_data.runtime.logs import close_log_file, log_to_file
 from shared_data.runtime.memory import format_bytes
@@ -98,6 +98,7 @@ class RunFolder:
             log.info("%s, so threads reserve no address space unused", ARENAS_CAPPED)
         self.global_batch, self.local_batch = log_setup(cfg, settings, replicas)
         self.steps_per_epoch = config_mod.steps_per_epoch(cfg, replicas)
+        sizing.validation_steps(cfg, replicas)  # said before the crops are planned and the steps compiled
         self.lr_table = schedule.lr_table(cfg, self.global_batch, self.steps_per_epoch * cfg.num_epochs)
         checks.check_data(cfg)  # bad data must fail before --overwrite clears anything
         self.mid_epoch_dir = self.workdir / "mid_epoch"  # the checkpoint of a stop at a step boundary

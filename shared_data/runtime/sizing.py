@@ -11,14 +11,20 @@ below that rate, so a step takes longer than the estimate, never shorter.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import shutil
 import subprocess
 import time
 
+from shared_data.core import config as config_mod
+from shared_data.core import loader_kinds
 from shared_data.core.config import Config
+from shared_data.core.errors import ConfigError
 from shared_data.model import unet_spec
+
+log = logging.getLogger("dlas")
 
 #: A step estimated to take at least this many seconds makes the command say so before it starts.
 SLOW_STEP_SEC = 5.0
@@ -26,6 +32,9 @@ SLOW_STEP_SEC = 5.0
 SLOWEST_HOST_GFLOPS = 5.0
 #: The configs sized for a CPU, named as the ones to use instead.
 CPU_CONFIGS = ("cpu_default", "cpu_tiny")
+#: The most validation steps an epoch may hold: every step's crops are planned before the steps are
+#: compiled (about 70 microseconds a step on one core: 7 s at this bound).
+MAX_VAL_STEPS = 10**5
 
 
 def gpu_visible() -> bool:
@@ -65,6 +74,32 @@ def step_seconds_at_least(cfg: Config, gflops: float) -> float:
     """The seconds of one training step of ``cfg``'s global batch at ``gflops`` GFLOP/s: the model
     FLOPs per step over that rate."""
     return unet_spec.train_flops_per_sample(cfg) * cfg.global_batch_size / (gflops * 1e9)
+
+
+def validation_steps(cfg: Config, replicas: int) -> int:
+    """The validation steps of an epoch of ``cfg`` on ``replicas`` (``Nsamples_val`` crops in global
+    batches), said in one line before the crops are planned and the steps compiled.
+
+    Raises:
+        ConfigError: more than :data:`MAX_VAL_STEPS` steps.
+    """
+    global_bs, _ = config_mod.batch_sizes(cfg, replicas)
+    steps = config_mod.val_steps(cfg, replicas)
+    if steps > MAX_VAL_STEPS:
+        raise ConfigError(
+            f"config {cfg.name!r} key 'Nsamples_val': {cfg.Nsamples_val} crops in batches of {global_bs} are "
+            f"{steps} validation steps an epoch; expected at most {MAX_VAL_STEPS} (each step's crops are planned "
+            f"before compiling)"
+        )
+    source = cfg.data_file("val").name if loader_kinds.loader_kind(cfg).uses_files else "synthetic data"
+    log.info(
+        "validation: %d crops of %s each epoch (the same ones), %d steps of %d",
+        cfg.Nsamples_val,
+        source,
+        steps,
+        global_bs,
+    )
+    return steps
 
 
 def _duration(seconds: float) -> str:
