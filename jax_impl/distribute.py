@@ -169,15 +169,6 @@ def local_shards(mesh: Mesh) -> list[int]:
     return [i for i, d in enumerate(mesh.devices.flat) if d.process_index == jax.process_index()]
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Leading (batch) axis split over ``data``."""
-    return NamedSharding(mesh, P("data"))
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P())
-
-
 def process_index() -> int:
     """This process's rank in a multi-process run (0 alone).
 
@@ -246,6 +237,15 @@ def lost_peer(err: BaseException) -> str | None:
 
 
 # --- batches on the devices ----------------------------------------------------------------------
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (batch) axis split over ``data``."""
+    return NamedSharding(mesh, P("data"))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
 
 
 def put_replicated(host: np.ndarray, mesh: Mesh) -> jax.Array:

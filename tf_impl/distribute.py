@@ -63,6 +63,26 @@ def initialize() -> str | None:
     )
 
 
+def join_workers() -> tf.distribute.MultiWorkerMirroredStrategy:
+    """The multi-worker strategy of ``TF_CONFIG`` or the SLURM step, once every worker has joined (its
+    start waits for them), said and timed by :func:`shared_data.runtime.launch.joining`
+    (``DLAS_START_TIMEOUT``), which names the workers whose port is closed."""
+    resolver = (
+        tf.distribute.cluster_resolver.TFConfigClusterResolver() if os.environ.get("TF_CONFIG") else slurm_resolver()
+    )
+    spec = resolver.cluster_spec()
+    workers = [address for job in spec.jobs for address in spec.job_tasks(job)]
+    launch.claim_port(workers[process_index()], f"worker {process_index()}'s address")
+    with launch.joining(
+        process_index(), len(workers), ", ".join(workers), dict(enumerate(workers)), holds_interpreter=True
+    ):
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    # the coordination service took SIGTERM from Python (its preemption notifier): SLURM's SIGTERM
+    # is the run's, which stops every worker at one step boundary (shared_data.runtime.signals)
+    signals.reinstall()
+    return strategy
+
+
 def slurm_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
     """The cluster of this SLURM step (TensorFlow's SLURM resolver) with this task's GPUs as
     :func:`initialize` left them visible: the resolver's own GPU choice assumes every task sees every
@@ -125,26 +145,6 @@ def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
         cross = tf.distribute.ReductionToOneDevice() if shared else None
         return tf.distribute.MirroredStrategy([d.name for d in devices], cross_device_ops=cross)
     return tf.distribute.get_strategy()
-
-
-def join_workers() -> tf.distribute.MultiWorkerMirroredStrategy:
-    """The multi-worker strategy of ``TF_CONFIG`` or the SLURM step, once every worker has joined (its
-    start waits for them), said and timed by :func:`shared_data.runtime.launch.joining`
-    (``DLAS_START_TIMEOUT``), which names the workers whose port is closed."""
-    resolver = (
-        tf.distribute.cluster_resolver.TFConfigClusterResolver() if os.environ.get("TF_CONFIG") else slurm_resolver()
-    )
-    spec = resolver.cluster_spec()
-    workers = [address for job in spec.jobs for address in spec.job_tasks(job)]
-    launch.claim_port(workers[process_index()], f"worker {process_index()}'s address")
-    with launch.joining(
-        process_index(), len(workers), ", ".join(workers), dict(enumerate(workers)), holds_interpreter=True
-    ):
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
-    # the coordination service took SIGTERM from Python (its preemption notifier): SLURM's SIGTERM
-    # is the run's, which stops every worker at one step boundary (shared_data.runtime.signals)
-    signals.reinstall()
-    return strategy
 
 
 def num_replicas(strategy: tf.distribute.Strategy) -> int:
