@@ -47,9 +47,15 @@ FRAMEWORK = "jax"
 def evaluate(eval_fn, state, val_in) -> float:
     """Mean validation loss of the weights the run evaluates (the average with ``ema_decay``,
     :func:`jax_impl.ema.averaged`) over ``Nsamples_val`` crops: the batches' loss sums and sample
-    counts, summed on the host."""
+    counts, summed on the host. A stop signal that arrives meanwhile ends the pass between batches
+    (every process agrees) and the loss is NaN: the epoch's checkpoint follows, then the stop."""
+    sums = []
     with ema.averaged(state) as weights:
-        sums = [eval_fn(weights, batch) for batch in val_in.epoch(0)]
+        for batch in val_in.epoch(0):
+            flag = distribute.any_process(signals.pending() is not None)
+            if signals.cut_short(preemption.waiting_signal(flag), "validation"):
+                return float("nan")
+            sums.append(eval_fn(weights, batch))
     totals = jax.device_get(jax.tree.map(lambda *xs: jnp.sum(jnp.stack(xs)), *sums))
     return float(totals["loss_sum"] / max(float(totals["count"]), 1.0))
 

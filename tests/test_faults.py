@@ -879,3 +879,35 @@ def test_sigterm_during_the_last_asynchronous_save_waits_for_it(framework, tmp_p
     assert (tmp_path / "w" / "checksums" / "2.json").is_file()
     res = run_module(f"{framework}_impl.train", *argv, "--resume")
     assert res.returncode == 0 and [h["epoch"] for h in records.read_metrics(tmp_path / "w")] == [1, 2], res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_sigterm_during_a_long_validation_pass_stops_within_seconds(tmp_path, tiny_argv, framework):
+    """SIGTERM during a validation pass of many batches (here the fresh run's step-0 pass): the pass
+    ends between batches with a line that says so, and the run saves at the next step boundary and
+    stops within seconds (not after the whole pass), exit 143, no traceback."""
+    workdir = tmp_path / "w"
+    argv = [*tiny_argv, "--set", "Nsamples=16", "--set", "Nsamples_val=40000", "--num_devices", "1"]
+    cmd = [sys.executable, "-m", f"{framework}_impl.train", *argv, "--workdir", str(workdir)]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "start_new_session": True}
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, **pipes)
+    try:
+        seen = ""
+        for line in proc.stdout:
+            seen += line
+            if "compile: train step" in line:
+                break
+        time.sleep(3)  # inside the pass of 10000 batches
+        os.killpg(proc.pid, signal.SIGTERM)
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = seen + out
+    assert proc.returncode == 143, (proc.returncode, err[-3000:])
+    assert took < 15, took
+    assert "validation is cut short by SIGTERM" in log + err, (log + err)[-3000:]
+    assert "stopped by SIGTERM" in err and "Traceback" not in err, err[-3000:]

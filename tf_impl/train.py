@@ -44,12 +44,18 @@ log = logging.getLogger("dlas.tf")
 FRAMEWORK = "tf"
 
 
-def evaluate(eval_fn, state, val_in) -> float:
+def evaluate(eval_fn, state, val_in, strategy) -> float:
     """Mean validation loss of the weights the run evaluates (the average with ``ema_decay``,
     :func:`tf_impl.ema.averaged`) over ``Nsamples_val`` crops: the batches' loss sums and sample
-    counts, summed on the host."""
+    counts, summed on the host. A stop signal that arrives meanwhile ends the pass between batches
+    (every process agrees) and the loss is NaN: the epoch's checkpoint follows, then the stop."""
+    sums = []
     with ema.averaged(state):  # the model holds the weight average inside
-        sums = [eval_fn(batch) for batch in val_in.epoch(0)]
+        for batch in val_in.epoch(0):
+            flag = distribute.any_process(strategy, signals.pending() is not None)
+            if signals.cut_short(preemption.waiting_signal(flag), "validation"):
+                return float("nan")
+            sums.append(eval_fn(batch))
     totals = {k: float(tf.reduce_sum(tf.stack([s[k] for s in sums]))) for k in ("loss_sum", "count")}
     return float(totals["loss_sum"] / max(float(totals["count"]), 1.0))
 
@@ -179,7 +185,7 @@ def train_and_evaluate(
         train_fn, eval_fn, compile_s = compile_steps(cfg, strategy, state, *specs) if compiled else (None, None, 0.0)
         report = EpochReport(folder, compile_s)
         if report.begin(start.epoch, distribute.versions()):  # a fresh run: TensorBoard's step-0 loss
-            report.step0(evaluate(eval_fn, state, val_in))
+            report.step0(evaluate(eval_fn, state, val_in, strategy))
         monitor, forward = quality_monitor(folder, report, start.epoch, strategy)
         with capture_window(cfg, folder) as window, signals.deferred():  # a signal stops the run between steps
             for epoch in monitor.remaining(folder.epochs(start.epoch, stop_after_epoch)):
@@ -192,7 +198,7 @@ def train_and_evaluate(
                 report.check_finite(epoch, losses)
                 # --- validate: Nsamples_val crops of the validation volume ---
                 with report.validating():
-                    val_loss = evaluate(eval_fn, state, val_in)
+                    val_loss = evaluate(eval_fn, state, val_in, strategy)
                 step = int(optimizer.iterations.numpy())
                 report.epoch(epoch, timing, losses, val_loss, step, metrics.get("loss_scale"))
                 # --- checkpoint: written in the background while the next epoch trains ---

@@ -36,6 +36,7 @@ from shared_data.inference.metrics import compute_metrics, to_json
 from shared_data.inference.quality import RECORD, Target, check, judged_against, read_records, restored, summary_line
 from shared_data.inference.units import QUANTITIES, read_volume, units_from_files
 from shared_data.model import unet_spec
+from shared_data.runtime import preemption, signals
 from shared_data.runtime.records import read_run_info
 
 log = logging.getLogger("dlas")
@@ -287,8 +288,13 @@ class Monitor:
 
     def due(self, epoch: int) -> bool:
         """Whether an evaluation follows epoch ``epoch`` (0-based) and its checkpoint: every
-        ``quality_every_epochs``, and at an epoch end past the budget (every process agrees)."""
+        ``quality_every_epochs``, and at an epoch end past the budget (every process agrees); never
+        while a stop signal waits for the next step boundary (process 0's, which every process
+        follows): that epoch is not evaluated, and the run stops at the next step boundary."""
         if not self.enabled:
+            return False
+        waiting = preemption.waiting_signal(self.agree(signals.pending() is not None))
+        if signals.cut_short(waiting, f"the quality check of epoch {epoch + 1}"):
             return False
         budget = self.cfg.quality_budget_sec
         self._over = bool(budget) and self.agree(self.elapsed() >= budget)

@@ -30,6 +30,18 @@ def stop_requested() -> bool:
     return signals.stop_requested() is not None
 
 
+def waiting_signal(any_process: bool) -> int | None:
+    """The signal a long pass outside the steps (validation, the quality check) stops for:
+    ``any_process`` is the processes' agreement on :func:`shared_data.runtime.signals.pending`; this
+    process's own signal, or SIGUSR1 recorded for another process's, so every process stops at the
+    same step boundary; None where no process has one."""
+    if not any_process:
+        return None
+    if signals.pending() is None:
+        signals.request_stop(signals.signal.SIGUSR1)  # another process's signal
+    return signals.pending()
+
+
 def stop_agreed(any_process: bool) -> bool:
     """Whether the steps stop at this boundary: ``any_process`` is the agreement of every rank (True
     where any process's :func:`stop_requested` is; a one-integer collective across processes, the

@@ -238,6 +238,29 @@ def stop_requested() -> int | None:
     return _state["stop"]
 
 
+def pending() -> int | None:
+    """A signal that waits for the next step boundary (SIGTERM or Ctrl-C held by :func:`deferred`, or a
+    stop request), or None: a long pass outside the steps (validation, the quality check) ends early on
+    it, so the run reaches its save and stop within seconds."""
+    return _state["pending"] or _state["stop"]
+
+
+def cut_short(signum: int | None, what: str) -> bool:
+    """Whether ``what`` (e.g. "the validation of epoch 3") ends here because ``signum`` waits (this
+    process's :func:`pending` signal, or another process's, as the processes agreed: SIGUSR1 stands
+    for it); logs the line that says so. False where ``signum`` is None."""
+    if signum is None:
+        return False
+    import logging
+
+    logging.getLogger("dlas").warning(
+        "%s is cut short by %s: the run saves and stops at the next step boundary",
+        what,
+        signal.Signals(signum).name,
+    )
+    return True
+
+
 def request_stop(signum: int) -> None:
     """Ask for a stop at the next step boundary as ``signum`` would (a rank that learns of another
     rank's signal through the agreement)."""
