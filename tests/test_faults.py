@@ -911,3 +911,31 @@ def test_sigterm_during_a_long_validation_pass_stops_within_seconds(tmp_path, ti
     assert took < 15, took
     assert "validation is cut short by SIGTERM" in log + err, (log + err)[-3000:]
     assert "stopped by SIGTERM" in err and "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_sigusr1_to_the_process_group_saves_with_the_kits_line_only(tmp_path, tiny_argv, framework):
+    """SLURM's SIGUSR1 before the time limit reaches every process of the step, the lowmem loader's
+    workers, its fork server and multiprocessing's resource tracker included: the run saves at the next
+    step boundary and its stderr is the kit's one line (no worker lost, no tracker relaunched with a
+    KeyError traceback per shared-memory segment)."""
+    workdir = tmp_path / "w"
+    argv = [*tiny_argv, "--set", "Nsamples=2048", "--set", "num_epochs=1", "--num_devices", "1"]
+    cmd = [sys.executable, "-m", f"{framework}_impl.train", *argv, "--workdir", str(workdir)]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "start_new_session": True}
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, **pipes)
+    try:
+        for line in proc.stdout:
+            if "compile: train step" in line:
+                break
+        time.sleep(3)  # inside epoch 1's 512 steps
+        os.killpg(proc.pid, signal.SIGUSR1)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 128 + signal.SIGUSR1, (proc.returncode, err[-3000:])
+    assert len(lines) == 1 and lines[0].startswith("stopped by SIGUSR1 at epoch 1, step "), err[-3000:]
+    assert "saved in" in lines[0] and (workdir / "mid_epoch").is_dir(), lines

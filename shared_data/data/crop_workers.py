@@ -114,6 +114,21 @@ def serve_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def start_resource_tracker() -> None:
+    """Start :mod:`multiprocessing`'s resource tracker of this process (once) with SIGUSR1 blocked,
+    which it keeps blocked for good (it unblocks only SIGINT and SIGTERM, which it ignores): SLURM's
+    SIGUSR1 to every process of the step would end it, and its successor prints a KeyError traceback
+    for each shared-memory segment it never registered."""
+    if not hasattr(signal, "pthread_sigmask"):
+        resource_tracker.ensure_running()
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 @contextlib.contextmanager
 def workers_started() -> Iterator[None]:
     """Around the start of worker processes (this module's fork server and its workers, DALI's
@@ -125,13 +140,17 @@ def workers_started() -> Iterator[None]:
     default action ends the worker, and DALI's next task for that worker waits forever on its
     queue; a Ctrl-C there is a traceback in the run's console. In this
     process a signal that arrives meanwhile goes to another thread or waits the few milliseconds of
-    the start. :mod:`multiprocessing`'s resource tracker is started first: its start unblocks SIGINT
-    and SIGTERM in the calling thread. Does nothing where the system has no ``pthread_sigmask``."""
+    the start. :mod:`multiprocessing`'s resource tracker is started first
+    (:func:`start_resource_tracker`): its start unblocks SIGINT and SIGTERM in the calling thread.
+    SIGUSR1 (SLURM's warning before the time limit, sent to every process of the step) stays blocked
+    for good in every process started here: the trainer alone takes it and stops at a step boundary;
+    its default action would end the workers (the batch under way lost, the epoch abandoned). Does
+    nothing where the system has no ``pthread_sigmask``."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    resource_tracker.ensure_running()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    start_resource_tracker()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1})
     try:
         yield
     finally:
@@ -253,6 +272,7 @@ class CropWorkers:
             if pool.closed:
                 raise RuntimeError(f"the lowmem workers reading {self.reader.path} are closed")
             if pool.executor is None:
+                start_resource_tracker()  # before the pool's queues' semaphores would start it
                 ctx = mp.get_context("forkserver")
                 ctx.set_forkserver_preload(["shared_data.data.fork_server"])  # this module, SIGTERM ignored
                 pool.executor = cf.ProcessPoolExecutor(
@@ -277,6 +297,7 @@ class CropWorkers:
                         f"{nbytes / 2**20:.0f} MiB there per data worker (give the container more shared memory, "
                         "e.g. docker --shm-size, or use --data_loader_config inmem)"
                     )
+            start_resource_tracker()  # before the segment's registration would start it
             shm = SharedMemory(create=True, size=nbytes)
             pool.slots.append(shm)
             return shm
