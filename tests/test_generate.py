@@ -196,11 +196,13 @@ def test_reionization_offset_is_a_smooth_field_independent_of_the_density():
     k, p, _ = linear_field.measure_power(m, box, edges)
     shape = np.exp(-((k * gas_physics.HE2_RADIUS_MPC_H) ** 2))
     assert p[1] / p[0] == pytest.approx(shape[1] / shape[0], rel=0.3)
-    delta = cosmology.simulate(size, box, 2.0, 5, linear_field.Cosmology(), 6.0, 1e4, 1.6, gas="filtered").delta_linear
+    cosmo = linear_field.Cosmology()
+    delta = cosmology.simulate(size, box, 2.0, 5, cosmo, 6.0, 1e4, 1.6, gas="filtered", dm="zeldovich").delta_linear
     assert abs(np.corrcoef(m.ravel(), delta.ravel())[0, 1]) < 0.15
 
 
-def test_linear_limit_of_the_nonlinear_gas_is_the_filtered_gas():
+@pytest.mark.parametrize("dm", cosmology.DM_MODELS)
+def test_linear_limit_of_the_nonlinear_gas_is_the_filtered_gas(dm):
     """At sigma_8 = 1e-4 nothing shocks and T -> T0 10^m (m: the He II offset, independent of the
     amplitude): the nonlinear gas is the filtered one with its temperature times 10^m, its overdensity,
     temperature excess and velocity within 1e-3 of their rms (the departures vanish with the
@@ -211,8 +213,8 @@ def test_linear_limit_of_the_nonlinear_gas_is_the_filtered_gas():
     he2 = 10 ** gas_physics.reionization_offset(16, 4.0, 5)
     for sigma8 in (1e-4, 0.81):
         cosmo = linear_field.Cosmology(sigma8=sigma8)
-        nl = cosmology.simulate(*args, cosmo, 6.0, 1e4, 1.6, gas="nonlinear")
-        lin = cosmology.simulate(*args, cosmo, 6.0, 1e4, 1.6, gas="filtered")
+        nl = cosmology.simulate(*args, cosmo, 6.0, 1e4, 1.6, gas="nonlinear", dm=dm)
+        lin = cosmology.simulate(*args, cosmo, 6.0, 1e4, 1.6, gas="filtered", dm=dm)
         pairs = (
             (nl.rho_gas - 1, lin.rho_gas - 1),
             (nl.temperature / he2 - 1e4, lin.temperature - 1e4),
@@ -346,7 +348,7 @@ def test_dark_matter_is_the_linear_field_through_the_tsc_window_at_small_amplitu
     there), and keeps the phase. Second order in delta ~ 1e-4 is far below."""
     size, box, z = 32, 8.0, 2.0
     cosmo = linear_field.Cosmology(sigma8=1e-4)
-    f = cosmology.simulate(size, box, z, 3, cosmo, 6.0, 1e4, 1.6)
+    f = cosmology.simulate(size, box, z, 3, cosmo, 6.0, 1e4, 1.6, dm="zeldovich")
     ratio = np.fft.rfftn(f.rho_dm - 1.0) / (cosmo.growth_factor(z) * np.fft.rfftn(f.delta_linear))
     kx, ky, kz = linear_field.wavenumbers(size, box)
     dx = box / size

@@ -77,7 +77,7 @@ def simulate(
     on_stage: Callable[[str], None] = lambda stage: None,
     workers: int = 1,
     gas: str = GAS_MODELS[0],
-    dm: str = "zeldovich",
+    dm: str = DM_MODELS[0],
 ) -> Fields:
     """Run the generator physics (module docstring, steps 1-5) on a ``size``^3 grid; deterministic by seed.
     ``gas`` is one of :data:`GAS_MODELS`; the dark matter does not depend on it. ``dm`` is one of
@@ -88,7 +88,7 @@ def simulate(
     12 x size^3 float64); the parts are summed in a fixed order, so the result does not depend on it.
 
     Raises:
-        ValueError: ``gas`` is not one of :data:`GAS_MODELS`.
+        ValueError: ``gas`` is not one of :data:`GAS_MODELS` or ``dm`` not one of :data:`DM_MODELS`.
     """
     if gas not in GAS_MODELS:
         raise ValueError(f"gas {gas!r}: expected one of {GAS_MODELS}")
