@@ -381,3 +381,7 @@ def test_if_missing_keeps_a_file_of_another_generator_version_and_says_so(tmp_pa
     assert capsys.readouterr().out == (
         f"{new} exists; not regenerated (it holds the nonlinear gas, not --gas filtered: delete it to regenerate)\n"
     )
+    generate.main(["--out", str(new), "--size", "8", "--if-missing", "--dm", "zeldovich"])
+    assert capsys.readouterr().out == (
+        f"{new} exists; not regenerated (it holds the nbody dark matter, not --dm zeldovich: delete it to regenerate)\n"
+    )
