@@ -49,6 +49,25 @@ def dm_density(size: int, box: float, z: float, seed: int, cosmo, steps: int, me
     return rho / rho.mean(), seconds
 
 
+def power_edges(size: int, box: float) -> np.ndarray:
+    """The 14 logarithmic k bins of this study, from the fundamental mode to k_Nyquist (h/Mpc)."""
+    return np.geomspace(2 * np.pi / box, np.pi * size / box, 15)
+
+
+def cic_power(rho: np.ndarray, box: float, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(k, P(k), modes) of the CIC-deposited density ``rho`` (mean 1) with the CIC window divided out:
+    the measured P over the mean of the window^2 in each bin."""
+    size = rho.shape[0]
+    k, pk, n = linear_field.measure_power(rho - 1, box, edges)
+    kx, ky, kz = linear_field.wavenumbers(size, box)
+    cell = box / size
+    w2 = (np.sinc(kx * cell / (2 * np.pi)) * np.sinc(ky * cell / (2 * np.pi)) * np.sinc(kz * cell / (2 * np.pi))) ** 4
+    kk = np.sqrt(kx**2 + ky**2 + kz**2)
+    idx = np.digitize(kk.ravel(), edges) - 1
+    win = np.array([w2.ravel()[idx == i].mean() for i in range(len(edges) - 1)])
+    return k, pk / win, n
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=64)
@@ -61,17 +80,9 @@ def main() -> None:
     box = a.box or 0.25 * a.size
     cosmo = linear_field.Cosmology(spectrum="camb")
     rho, seconds = dm_density(a.size, box, a.z, a.seed, cosmo, a.steps, a.mesh_factor)
-    edges = np.geomspace(2 * np.pi / box, np.pi * a.size / box, 15)
-    k, pk, n = linear_field.measure_power(rho - 1, box, edges)
-    kx, ky, kz = linear_field.wavenumbers(a.size, box)
-    cell = box / a.size
+    edges = power_edges(a.size, box)
+    k, pk_deconv, n = cic_power(rho, box, edges)
     lin, nl = camb_power(cosmo, a.z, k)
-    # the measured P is that of the CIC-deposited field: divide by the mean of the window^2 in the bin
-    w2 = (np.sinc(kx * cell / (2 * np.pi)) * np.sinc(ky * cell / (2 * np.pi)) * np.sinc(kz * cell / (2 * np.pi))) ** 4
-    kk = np.sqrt(kx**2 + ky**2 + kz**2)
-    idx = np.digitize(kk.ravel(), edges) - 1
-    win = np.array([w2.ravel()[idx == i].mean() for i in range(len(edges) - 1)])
-    pk_deconv = pk / win
     print(f"N-body {a.size}^3, box {box} Mpc/h, z={a.z}, {a.steps} steps, mesh x{a.mesh_factor}: {seconds:.1f} s")
     print("  k h/Mpc   modes   P/P_nl(HMcode)  P/P_lin   (deconvolved CIC)")
     for row in zip(k, n, pk_deconv / nl, pk_deconv / lin):
