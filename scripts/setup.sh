@@ -31,7 +31,7 @@ export TF_CPP_MIN_LOG_LEVEL=2  # stage 2 imports TensorFlow: no C++ start-up lin
 pip_install() { .venv/bin/python -m pip install -q "$@" 2>&1 | { grep -v "is ignored" || true; }; return "${PIPESTATUS[0]}"; }
 pip_install --upgrade pip
 echo "setup: stage 1/2: TensorFlow, JAX, DALI and the rest (pinned; ~1 minute from pip's cache, a few on a first download of ~1 GB)"
-pip_install -c requirements/constraints-cpu.txt -e ".[tf,jax,dali,nvtx,test]"
+pip_install -c requirements/constraints-cpu.txt -e ".[tf,jax,dali,nvtx,camb,test]"
 echo "setup: stage 2/2: DALI TF plugin (built against the installed TensorFlow; seconds)"
 pip_install --no-build-isolation -c requirements/constraints-cpu.txt nvidia-dali-tf-plugin-cuda130
 .venv/bin/python - <<'PY'

@@ -194,6 +194,70 @@ def test_nonlinear_gas_study_measures_a_volume(data_dir, tmp_path):
     assert max(shells["k"]) <= 6.3 and len(shells["r_dm_as_gas"]) == len(shells["r_non_ml"]) == len(shells["k"])
 
 
+def _nbody_study():
+    """``experiments/nbody_dm/measure.py`` as a module (it imports ``power`` beside it)."""
+    spec = importlib.util.spec_from_file_location("nbody_dm_measure", REPO_ROOT / "experiments/nbody_dm/measure.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_nbody_study_friends_of_friends_links_across_the_periodic_boundary():
+    """Two clumps of 30 and 25 particles, the first straddling the box's edge, and 10 isolated particles:
+    groups of 30, 25 and ten of 1 at a linking length that joins each clump's members and nothing else."""
+    import numpy as np
+
+    study = _nbody_study()
+    rng = np.random.default_rng(0)
+    box = 10.0
+    edge = (np.array([0.0, 5.0, 5.0])[:, None] + rng.uniform(-0.1, 0.1, (3, 30))) % box
+    middle = np.array([5.0, 2.0, 7.0])[:, None] + rng.uniform(-0.1, 0.1, (3, 25))
+    lone = np.stack([np.arange(10) + 0.5, np.full(10, 8.5), np.full(10, 1.5)])
+    counts = study.friends_of_friends(np.concatenate([edge, middle, lone], axis=1), box, link=0.3)
+    assert counts.tolist() == [30, 25] + [1] * 10
+
+
+def test_nbody_study_sheth_tormen_puts_all_mass_in_halos():
+    """Sheth-Tormen's f(nu) integrates to 1 over ln nu; the mass in halos of 1e9-1e15 M_sun/h at z = 0
+    from dn/dlog10 M is that integral between nu(1e9) and nu(1e15) (the units and the slope
+    d ln sigma / d ln M), within 1%; the box's-modes variant is below the full one at masses whose
+    sphere is comparable to the box."""
+    import numpy as np
+
+    from shared_data.data import linear_field
+
+    study = _nbody_study()
+    ln_nu = np.linspace(np.log(1e-8), np.log(30.0), 20001)
+    assert np.trapezoid(study.sheth_tormen_f(np.exp(ln_nu)), ln_nu) == pytest.approx(1.0, abs=1e-3)
+    cosmo = linear_field.Cosmology(spectrum="camb")
+    m = np.geomspace(1e9, 1e15, 600)
+    collapsed = np.trapezoid(study.sheth_tormen(m, cosmo, 0.0) * m, np.log10(m)) / (cosmo.Omega_m * study.RHO_CRIT)
+    nu_lo, nu_hi = study.DELTA_C / study.sigma_of_mass(np.array([1e9, 1e15]), cosmo, 0.0)
+    ln_nu = np.linspace(np.log(nu_lo), np.log(nu_hi), 20001)
+    assert collapsed == pytest.approx(np.trapezoid(study.sheth_tormen_f(np.exp(ln_nu)), ln_nu), rel=0.01)
+    big = np.array([5e14, 1e15])
+    assert (study.sheth_tormen(big, cosmo, 0.0, (32, 32.0)) < 0.5 * study.sheth_tormen(big, cosmo, 0.0)).all()
+
+
+def test_nbody_study_measures_the_sessions_volume(data_dir, tmp_path):
+    """``experiments/nbody_dm/measure.py`` on the session's 32^3 file (the default generator's N-body
+    dark matter): its files, the run's particles match the file's dark matter, the hot mass fraction
+    against NumPy on the file's values."""
+    import h5py
+    import numpy as np
+
+    res = _study("nbody_dm/measure.py", "--volume", str(data_dir / "train_32.h5"), "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr[-2000:]
+    r = json.loads((tmp_path / "measure_32_seed1.json").read_text())
+    assert (tmp_path / "figure_32_seed1.png").stat().st_size > 0 and "FoF halos" in res.stdout
+    assert r["attrs"]["dm"] == "nbody" and r["halos"]["halos"] >= 1 and r["rerun_r_min"] > 0.999
+    assert len(r["dm_power"]["k"]) == len(r["gas_power"]["density"]) == 14
+    with h5py.File(data_dir / "train_32.h5") as f:
+        rho = np.exp(14 * f["Hydro"][0].astype(np.float64))
+        temp = 1e4 * np.exp(8 * f["Hydro"][1].astype(np.float64))
+    assert r["phase"]["mass_above_1e5K"] == pytest.approx(rho[temp > 1e5].sum() / rho.sum(), rel=1e-4)
+
+
 def test_nonlinear_gas_ceiling_of_r_from_draws_of_the_he2_offset(tmp_path):
     """``experiments/nonlinear_gas/ceiling.py`` on 24^3 volumes, two other draws of the He II offset:
     the gas density does not depend on it (r_12 = 1 in every bin), the temperature does (r_12 < 1 in

@@ -100,7 +100,7 @@ def test_fields_obey_physics(data_dir, tmp_path):
 
 
 #: SHA-256 of the Nbody and Hydro bytes written by generator v2 (commit 37d57ef, before the nonlinear gas)
-#: for the arguments beside them: ``--gas filtered`` must reproduce them bit for bit.
+#: for the arguments beside them: ``--gas filtered --dm zeldovich`` must reproduce them bit for bit.
 V2_FILES = (
     (
         ["--size", "16", "--seed", "3", "--chunk", "16"],
@@ -120,7 +120,7 @@ def test_filtered_gas_is_generator_v2_bit_for_bit(tmp_path, argv, nbody_sha, hyd
     import hashlib
 
     out = tmp_path / "v2.h5"
-    generate.main(["--out", str(out), *argv, "--gas", "filtered"])
+    generate.main(["--out", str(out), *argv, "--gas", "filtered", "--dm", "zeldovich"])
     with h5py.File(out) as f:
         assert hashlib.sha256(f["Nbody"][...].tobytes()).hexdigest() == nbody_sha
         assert hashlib.sha256(f["Hydro"][...].tobytes()).hexdigest() == hydro_sha
@@ -196,11 +196,13 @@ def test_reionization_offset_is_a_smooth_field_independent_of_the_density():
     k, p, _ = linear_field.measure_power(m, box, edges)
     shape = np.exp(-((k * gas_physics.HE2_RADIUS_MPC_H) ** 2))
     assert p[1] / p[0] == pytest.approx(shape[1] / shape[0], rel=0.3)
-    delta = cosmology.simulate(size, box, 2.0, 5, linear_field.Cosmology(), 6.0, 1e4, 1.6, gas="filtered").delta_linear
+    cosmo = linear_field.Cosmology()
+    delta = cosmology.simulate(size, box, 2.0, 5, cosmo, 6.0, 1e4, 1.6, gas="filtered", dm="zeldovich").delta_linear
     assert abs(np.corrcoef(m.ravel(), delta.ravel())[0, 1]) < 0.15
 
 
-def test_linear_limit_of_the_nonlinear_gas_is_the_filtered_gas():
+@pytest.mark.parametrize("dm", cosmology.DM_MODELS)
+def test_linear_limit_of_the_nonlinear_gas_is_the_filtered_gas(dm):
     """At sigma_8 = 1e-4 nothing shocks and T -> T0 10^m (m: the He II offset, independent of the
     amplitude): the nonlinear gas is the filtered one with its temperature times 10^m, its overdensity,
     temperature excess and velocity within 1e-3 of their rms (the departures vanish with the
@@ -211,8 +213,8 @@ def test_linear_limit_of_the_nonlinear_gas_is_the_filtered_gas():
     he2 = 10 ** gas_physics.reionization_offset(16, 4.0, 5)
     for sigma8 in (1e-4, 0.81):
         cosmo = linear_field.Cosmology(sigma8=sigma8)
-        nl = cosmology.simulate(*args, cosmo, 6.0, 1e4, 1.6, gas="nonlinear")
-        lin = cosmology.simulate(*args, cosmo, 6.0, 1e4, 1.6, gas="filtered")
+        nl = cosmology.simulate(*args, cosmo, 6.0, 1e4, 1.6, gas="nonlinear", dm=dm)
+        lin = cosmology.simulate(*args, cosmo, 6.0, 1e4, 1.6, gas="filtered", dm=dm)
         pairs = (
             (nl.rho_gas - 1, lin.rho_gas - 1),
             (nl.temperature / he2 - 1e4, lin.temperature - 1e4),
@@ -306,15 +308,17 @@ def reference_dm_density(size: int, box: float, z: float, seed: int, cosmo, per_
     return rho.reshape((size,) * 3)
 
 
-def test_dark_matter_shows_no_particle_lattice_and_no_floor(data_dir):
-    """The stored dark-matter density of the 32^3 file against the converged deposit of the same
-    displacements (4^3 particles per cell): no voxel at the density floor and the emptiest voxel within
-    a factor 2 of the reference's (one particle per cell with CIC: 0.024 against 0.21); in the voids
-    (reference below half the mean) ln(rho) within 0.05 rms (one particle per cell with CIC: 0.37);
+def test_dark_matter_shows_no_particle_lattice_and_no_floor(tmp_path):
+    """The stored dark-matter density of a 32^3 file of the Zel'dovich dark matter against the converged
+    deposit of the same displacements (4^3 particles per cell): no voxel at the density floor and the
+    emptiest voxel within a factor 2 of the reference's (one particle per cell with CIC: 0.024 against
+    0.21); in the voids (reference below half the mean) ln(rho) within 0.05 rms (one particle per cell with CIC: 0.37);
     and no excess power along the grid axes, where the lattice's plaid puts it: over
     1/4 <= k / k_Nyquist < 1 the power of ln(rho) in modes within 10 degrees of an axis, relative to
     the reference's, at most 5% above that of all other modes (one particle per cell with CIC: 4.6x)."""
-    with h5py.File(data_dir / "train_32.h5") as f:
+    path = tmp_path / "zeldovich_32.h5"
+    generate.main(["--out", str(path), "--size", "32", "--seed", "1", "--chunk", "16", "--dm", "zeldovich"])
+    with h5py.File(path) as f:
         x_dm, attrs = f["Nbody"][0].astype(np.float64), dict(f.attrs)
     size, box, z = 32, attrs["box_size_mpc_h"], attrs["redshift"]
     ref = reference_dm_density(size, box, z, int(attrs["seed"]), linear_field.Cosmology(sigma8=0.81))
@@ -344,7 +348,7 @@ def test_dark_matter_is_the_linear_field_through_the_tsc_window_at_small_amplitu
     there), and keeps the phase. Second order in delta ~ 1e-4 is far below."""
     size, box, z = 32, 8.0, 2.0
     cosmo = linear_field.Cosmology(sigma8=1e-4)
-    f = cosmology.simulate(size, box, z, 3, cosmo, 6.0, 1e4, 1.6)
+    f = cosmology.simulate(size, box, z, 3, cosmo, 6.0, 1e4, 1.6, dm="zeldovich")
     ratio = np.fft.rfftn(f.rho_dm - 1.0) / (cosmo.growth_factor(z) * np.fft.rfftn(f.delta_linear))
     kx, ky, kz = linear_field.wavenumbers(size, box)
     dx = box / size
@@ -376,4 +380,8 @@ def test_if_missing_keeps_a_file_of_another_generator_version_and_says_so(tmp_pa
     generate.main(["--out", str(new), "--size", "8", "--if-missing", "--gas", "filtered"])
     assert capsys.readouterr().out == (
         f"{new} exists; not regenerated (it holds the nonlinear gas, not --gas filtered: delete it to regenerate)\n"
+    )
+    generate.main(["--out", str(new), "--size", "8", "--if-missing", "--dm", "zeldovich"])
+    assert capsys.readouterr().out == (
+        f"{new} exists; not regenerated (it holds the nbody dark matter, not --dm zeldovich: delete it to regenerate)\n"
     )

@@ -28,15 +28,17 @@ def _params(state):
 
 @pytest.mark.slow
 def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
-    """30 steps (6 epochs x 5) on the generated data, start_lr 5e-3: on CPU the epoch-mean training
-    loss falls by about 40% and the validation loss by about 30%; asserted with margin: training at
-    least 25%, validation at least 15%."""
+    """30 steps (6 epochs x 5) on the generated data, start_lr 5e-3: on CPU, on generator v5's files
+    (the N-body's dark matter), the epoch-mean training loss falls by 19-27% and the validation loss
+    by 10-13% (JAX seeds 0-2, TensorFlow seeds 0-1; on v4's Zel'dovich files 26-30% and 18-26%: the
+    v5 gas is further from the dark matter); asserted with the margin the bars had before, about 60%
+    of the smallest fall measured: training at least 11%, validation at least 6%."""
     cfg = config_mod.replace(tiny_cfg, Nsamples=20, num_epochs=6, start_lr=5e-3, tensorboard=True)
     _, metrics = train_mod.train_and_evaluate(cfg, tmp_path / "run")
     hist = read_metrics(tmp_path / "run")
     assert [h["epoch"] for h in hist] == [1, 2, 3, 4, 5, 6] and hist[-1]["step"] == 30
-    assert hist[-1]["train_loss"] < 0.75 * hist[0]["train_loss"], hist
-    assert hist[-1]["val_loss"] < 0.85 * hist[0]["val_loss"], hist
+    assert hist[-1]["train_loss"] < 0.89 * hist[0]["train_loss"], hist
+    assert hist[-1]["val_loss"] < 0.94 * hist[0]["val_loss"], hist
     assert metrics["samples_per_sec"] > 0 and (tmp_path / "run" / "checkpoints" / "6").is_dir()
     assert_tensorboard_record(tmp_path / "run" / "tb", "jax", cfg, hist)
 

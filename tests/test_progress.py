@@ -16,21 +16,22 @@ from shared_data.inference import tiling
 
 
 def test_generate_says_each_stage(tmp_path, capsys):
-    """One line per stage, the particle deposit (the longest) after each quarter of its 8 sub-lattices;
-    a file that exists is said to be generated again before the work starts."""
+    """One line per stage, each N-body step, the particle deposit (the longest) after each quarter of
+    its 8 sub-lattices; a file that exists is said to be generated again before the work starts; the
+    Zel'dovich dark matter's stages are its own."""
     assert generate.main(["--out", str(tmp_path / "v.h5"), "--size", "16", "--box", "4"]) == 0
     out, err = capsys.readouterr()
-    assert err.splitlines() == [
-        "[generate] v.h5, 16^3: Gaussian random field",
-        "[generate] v.h5, 16^3: Zel'dovich displacements",
-        "[generate] v.h5, 16^3: deformation tensor: shell crossing, shock temperature, shear",
-        "[generate] v.h5, 16^3: dark matter on the grid (2^3 particles per cell, TSC)",
-        "[generate] v.h5, 16^3: dark matter on the grid: 2 of 8 sub-lattices deposited",
-        "[generate] v.h5, 16^3: dark matter on the grid: 4 of 8 sub-lattices deposited",
-        "[generate] v.h5, 16^3: dark matter on the grid: 6 of 8 sub-lattices deposited",
-        "[generate] v.h5, 16^3: gas: shock heating, two-phase temperature, temperature-dependent Jeans smoothing",
-        "[generate] v.h5, 16^3: writing",
+    a = ["0.050", "0.078", "0.107", "0.135", "0.163", "0.192", "0.220", "0.248", "0.277", "0.305", "0.333"]
+    steps = [f"N-body step {i + 1} of 10 (a = {a[i]} -> {a[i + 1]}, 16^3 force mesh)" for i in range(10)]
+    deposit = [
+        "dark matter on the grid (2^3 particles per cell, TSC)",
+        "dark matter on the grid: 2 of 8 sub-lattices deposited",
+        "dark matter on the grid: 4 of 8 sub-lattices deposited",
+        "dark matter on the grid: 6 of 8 sub-lattices deposited",
     ]
+    nonlinear = "gas: shock heating, two-phase temperature, temperature-dependent Jeans smoothing"
+    stages = ["Gaussian random field", *steps, "particle deformation: folded elements, shear", *deposit, nonlinear]
+    assert err.splitlines() == [f"[generate] v.h5, 16^3: {stage}" for stage in [*stages, "writing"]]
     assert "exists" not in out
     again = ["--out", str(tmp_path / "v.h5"), "--size", "16", "--box", "4", "--workers", "2"]
     assert generate.main(again) == 0  # the pool's results are reported as they are summed
@@ -39,11 +40,17 @@ def test_generate_says_each_stage(tmp_path, capsys):
         out.splitlines()[0] == f"{tmp_path / 'v.h5'} exists: generating it again (--if-missing keeps an existing file)"
     )
     assert "[generate] v.h5, 16^3: dark matter on the grid: 6 of 8 sub-lattices deposited" in err.splitlines()
-    # the linear gas of generator v2 has no deformation-tensor stage
+    # the Zel'dovich dark matter of generator v4: no N-body, the linear deformation tensor
+    assert generate.main(["--out", str(tmp_path / "z.h5"), "--size", "16", "--box", "4", "--dm", "zeldovich"]) == 0
+    zeldovich = ["Zel'dovich displacements", "deformation tensor: shell crossing, shock temperature, shear"]
+    stages = ["Gaussian random field", *zeldovich, *deposit, nonlinear, "writing"]
+    assert capsys.readouterr().err.splitlines() == [f"[generate] z.h5, 16^3: {stage}" for stage in stages]
+    # the linear gas of generator v2 has no deformation stage
     assert generate.main(["--out", str(tmp_path / "f.h5"), "--size", "16", "--box", "4", "--gas", "filtered"]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert err[2] == "[generate] f.h5, 16^3: dark matter on the grid (2^3 particles per cell, TSC)"
-    assert err[6] == "[generate] f.h5, 16^3: gas: Jeans smoothing, temperature-density relation"
+    assert err[11] == "[generate] f.h5, 16^3: dark matter on the grid (2^3 particles per cell, TSC)"
+    assert err[15] == "[generate] f.h5, 16^3: gas: Jeans smoothing, temperature-density relation"
+    assert not any("deformation" in line for line in err)
 
 
 @pytest.mark.slow

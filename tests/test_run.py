@@ -17,6 +17,7 @@ from shared_data.core import config as config_mod
 from shared_data.core import config_cli
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import UserError
+from shared_data.data import generate
 from shared_data.runtime import cli, logs, nvtx, preemption, records, saves, steps
 from shared_data.runtime.epoch_report import EpochReport
 from shared_data.runtime.run_folder import RunFolder, workdir_for
@@ -268,6 +269,10 @@ def test_run_folder_records_and_tensorboard_tags(tmp_path, tiny_argv):
     assert "--resume" in inv["command"] and "--run_num 07" in inv["command"]
     assert inv["code"].get("git_commit") or inv["code"].get("package_version")
     assert inv["versions"]["jax"] and inv["cwd"] == str(tmp_path)
+    # which data: the generated files' generator version and models (conftest: the default generator)
+    assert inv["data"]["train"]["generator"] == f"shared_data.data.generate v{generate.GENERATOR_VERSION}"
+    data = inv["data"]
+    assert (data["train"]["dm"], data["val"]["gas"], data["val"]["grid_size"]) == ("nbody", "nonlinear", 24)
 
     scalars, hparams = read_tensorboard(folder / "tb")
     assert {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"} <= set(scalars)

@@ -23,14 +23,15 @@ from tf_impl import train as train_mod
 
 @pytest.mark.slow
 def test_tiny_config_trains_and_loss_falls(tiny_cfg, tmp_path):
-    """Same run as the JAX test (30 steps, 6 epochs x 5, start_lr 5e-3): on CPU the epoch-mean
-    training loss falls by about 40%; asserted with margin: at least 25% (validation 15%)."""
+    """Same run as the JAX test (30 steps, 6 epochs x 5, start_lr 5e-3): on CPU, on generator v5's
+    files, the epoch-mean training loss falls by 19-24% and the validation loss by 10-13% (seeds 0-1);
+    asserted as in the JAX test: at least 11% (validation 6%)."""
     cfg = config_mod.replace(tiny_cfg, Nsamples=20, num_epochs=6, start_lr=5e-3, tensorboard=True)
     train_mod.train_and_evaluate(cfg, tmp_path / "run")
     hist = read_metrics(tmp_path / "run")
     assert [h["epoch"] for h in hist] == [1, 2, 3, 4, 5, 6] and hist[-1]["step"] == 30
-    assert hist[-1]["train_loss"] < 0.75 * hist[0]["train_loss"], hist
-    assert hist[-1]["val_loss"] < 0.85 * hist[0]["val_loss"], hist
+    assert hist[-1]["train_loss"] < 0.89 * hist[0]["train_loss"], hist
+    assert hist[-1]["val_loss"] < 0.94 * hist[0]["val_loss"], hist
     assert_tensorboard_record(tmp_path / "run" / "tb", "tf", cfg, hist)
 
 

@@ -46,7 +46,7 @@ def main() -> int:
         subprocess.run(["tar", "-x", "-C", old_root], input=archive.stdout, check=True)
         old, new = load(Path(old_root), "cosmology_before"), load(REPO, "cosmology_now")
         fo = old.simulate(size, box, 2.0, 1, old.Cosmology(), 6.0, 1e4, 1.6)
-    fn = new.simulate(size, box, 2.0, 1, new.Cosmology(), 6.0, 1e4, 1.6)
+    fn = new.simulate(size, box, 2.0, 1, new.Cosmology(), 6.0, 1e4, 1.6, dm="zeldovich")
     kx, ky, kz = wavenumbers(size, box)
     k = np.sqrt(kx**2 + ky**2 + kz**2)
     k_nyq = np.pi * size / box

@@ -9,15 +9,21 @@ in K, densities in units of the cosmic mean (rho / rho_mean = 1 + delta).
    parameter, normalised to sigma_8 (:mod:`shared_data.data.linear_field`).
 2. **Gaussian random field** of that spectrum, drawn from the seed (:mod:`shared_data.data.linear_field`).
 3. **Growth** D(z) and growth rate f (:mod:`shared_data.data.linear_field`).
-4. **Zel'dovich approximation**: displacements truncated at the non-linear scale move 2^3
-   particles per cell; density and mass-weighted velocity from their TSC deposit
-   (:mod:`shared_data.data.dark_matter`).
+4. **Dark matter**, two models (``dm`` of :func:`simulate`, :data:`DM_MODELS`): ``nbody`` (the
+   default), a particle-mesh N-body of one particle per cell from 2LPT initial conditions
+   (:mod:`shared_data.data.nbody`), its displacement and velocity on the Lagrangian lattice carried to
+   the grid as the Zel'dovich ones are; or ``zeldovich``, displacements truncated at the non-linear
+   scale (:mod:`shared_data.data.dark_matter`), the dark matter of generator v4 and before. Either
+   way 2^3 particles per cell at Fourier-shifted sub-lattice offsets give density and mass-weighted
+   velocity by a TSC deposit. The linear spectrum is CAMB's for ``nbody``, BBKS's for ``zeldovich``
+   (``Cosmology.spectrum``; :func:`cosmology_for`).
 5. **Gas**, two models (``gas`` of :func:`simulate`, :data:`GAS_MODELS`;
    :mod:`shared_data.data.gas_physics`): ``filtered``, the linear gas (the dark matter
    Jeans-smoothed, T = T0 (1 + delta_gas)^(gamma - 1)), and ``nonlinear`` (the default): (a) shell
    crossing from the Zel'dovich deformation tensor, (b) shock heating where streams cross, (c) a
    two-phase temperature with scatter at fixed density, (d) Jeans smoothing that follows the local
-   temperature, (e) patchy He II reionization.
+   temperature, (e) patchy He II reionization; with ``nbody``, (a) and (b) come from the particles'
+   own deformation and velocity dispersion.
 """
 
 from __future__ import annotations
@@ -27,12 +33,23 @@ from collections.abc import Callable
 
 import numpy as np
 
+from shared_data.data import nbody
 from shared_data.data.dark_matter import PARTICLES_PER_SIDE, deposit_particles, zeldovich_displacement
-from shared_data.data.gas_physics import element_heating, filtered_gas, nonlinear_gas, reionization_offset
+from shared_data.data.gas_physics import (
+    dispersion_temperature,
+    element_heating,
+    filtered_gas,
+    nonlinear_gas,
+    particle_heating,
+    reionization_offset,
+)
 from shared_data.data.linear_field import Cosmology, gaussian_field_k, irfft3, nonlinear_wavenumber
 
 #: The gas models of :func:`simulate` (:mod:`shared_data.data.gas_physics`); the first is the default.
 GAS_MODELS = ("nonlinear", "filtered")
+#: The dark matter of :func:`simulate`: the particle-mesh N-body (:mod:`shared_data.data.nbody`) or
+#: the truncated Zel'dovich approximation (:mod:`shared_data.data.dark_matter`); the first is the default.
+DM_MODELS = ("nbody", "zeldovich")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,18 +77,23 @@ def simulate(
     on_stage: Callable[[str], None] = lambda stage: None,
     workers: int = 1,
     gas: str = GAS_MODELS[0],
+    dm: str = DM_MODELS[0],
 ) -> Fields:
     """Run the generator physics (module docstring, steps 1-5) on a ``size``^3 grid; deterministic by seed.
-    ``gas`` is one of :data:`GAS_MODELS`; the dark matter does not depend on it.
+    ``gas`` is one of :data:`GAS_MODELS`; the dark matter does not depend on it. ``dm`` is one of
+    :data:`DM_MODELS`; ``cosmo`` carries the linear spectrum (:func:`cosmology_for` picks the one
+    that goes with ``dm``).
     ``on_stage(name)`` is called as each step starts (a 256^3 grid takes minutes). ``workers`` > 1
     deposits the particle sub-lattices in that many forked processes (each holds about
     12 x size^3 float64); the parts are summed in a fixed order, so the result does not depend on it.
 
     Raises:
-        ValueError: ``gas`` is not one of :data:`GAS_MODELS`.
+        ValueError: ``gas`` is not one of :data:`GAS_MODELS` or ``dm`` not one of :data:`DM_MODELS`.
     """
     if gas not in GAS_MODELS:
         raise ValueError(f"gas {gas!r}: expected one of {GAS_MODELS}")
+    if dm not in DM_MODELS:
+        raise ValueError(f"dm {dm!r}: expected one of {DM_MODELS}")
     on_stage("Gaussian random field")
     rng = np.random.default_rng(seed)
     delta_k = gaussian_field_k(size, box, cosmo.linear_power, rng)
@@ -80,6 +102,10 @@ def simulate(
     growth = cosmo.growth_factor(z)
     k_nyq = np.pi * size / box
     k_nl = nonlinear_wavenumber(cosmo, z, k_max=np.sqrt(3) * k_nyq)
+    if dm == "nbody":
+        return _nbody_fields(
+            delta_k, delta_linear, size, box, z, seed, cosmo, k_jeans, t0, gamma, on_stage, workers, gas
+        )
     on_stage("Zel'dovich displacements")
     psi_k = zeldovich_displacement(delta_k, size, box, growth, k_nl)
     vel_factor = cosmo.hubble(z) / (1 + z) * cosmo.growth_rate(z)  # a H f, km/s per Mpc/h
@@ -97,4 +123,38 @@ def simulate(
         on_stage("gas: shock heating, two-phase temperature, temperature-dependent Jeans smoothing")
         he2 = reionization_offset(size, box, seed)
         rho_gas, temperature, v_gas = nonlinear_gas(mass, v_dm, *per_mass, he2, box, k_jeans, t0, gamma)
+    return Fields(delta_linear, mass, v_dm, rho_gas, temperature, v_gas, k_nl)
+
+
+def cosmology_for(dm: str, **params) -> Cosmology:
+    """The :class:`Cosmology` of ``params`` with the linear spectrum that goes with ``dm``: CAMB's for
+    the N-body, BBKS's for the Zel'dovich dark matter (whose files it reproduces)."""
+    return Cosmology(**params, spectrum="camb" if dm == "nbody" else "bbks")
+
+
+def _nbody_fields(delta_k, delta_linear, size, box, z, seed, cosmo, k_jeans, t0, gamma, on_stage, workers, gas):
+    """Steps 4-5 of :func:`simulate` with the N-body's dark matter (module docstring)."""
+    particles = nbody.run(delta_k, size, box, z, cosmo, on_stage=on_stage)
+    psi_k = np.stack([np.fft.rfftn(d.reshape((size,) * 3)) for d in particles.displacement])
+    vel_k = np.stack([np.fft.rfftn(v.reshape((size,) * 3)) for v in particles.velocity])
+    if size % 2 == 0:  # as for the Zel'dovich field: a sub-cell shift of a Nyquist-plane mode is not real
+        for modes in (psi_k, vel_k):
+            modes[:, size // 2] = modes[:, :, size // 2] = modes[..., -1] = 0.0
+    carried = []
+    if gas == "nonlinear":
+        on_stage("particle deformation: folded elements, shear")
+        carried = particle_heating(particles.displacement, size, box, k_jeans)
+    del particles
+    on_stage(f"dark matter on the grid ({PARTICLES_PER_SIDE}^3 particles per cell, TSC)")
+    mass, v_dm, per_mass = deposit_particles(psi_k, size, box, 0.0, carried, on_stage, workers, vel_k=vel_k)
+    k_nl = float("inf")  # no truncation: the N-body follows the non-linear scales itself
+    if gas == "filtered":
+        on_stage("gas: Jeans smoothing, temperature-density relation")
+        rho_gas, temperature, v_gas = filtered_gas(mass, v_dm, box, k_jeans, t0, gamma)
+        return Fields(delta_linear, mass, v_dm, rho_gas, temperature, v_gas, k_nl)
+    folded, log_t_offset, sigma2 = per_mass
+    on_stage("gas: shock heating, two-phase temperature, temperature-dependent Jeans smoothing")
+    t_shock = folded * dispersion_temperature(sigma2)
+    he2 = reionization_offset(size, box, seed)
+    rho_gas, temperature, v_gas = nonlinear_gas(mass, v_dm, t_shock, log_t_offset, he2, box, k_jeans, t0, gamma)
     return Fields(delta_linear, mass, v_dm, rho_gas, temperature, v_gas, k_nl)

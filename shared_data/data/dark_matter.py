@@ -94,14 +94,19 @@ _SUBLATTICE: tuple | None = None
 
 def _deposit_sublattice(o: tuple[float, float, float]) -> list[np.ndarray]:
     """TSC deposit of mass, momentum and the carried per-element values of the particles at
-    sub-lattice offset ``o`` (cells): their displacement is the Fourier-shifted Zel'dovich field; each
-    carries the values of its Lagrangian cell. Returns 4 + len(carried) (L, L, L) float64 grids."""
-    psi_k, (kx, ky, kz), cell, grid, mass_each, vel_factor, carried = _SUBLATTICE
+    sub-lattice offset ``o`` (cells): their displacement (and velocity, where its modes are given) is
+    the Fourier-shifted field; each carries the values of its Lagrangian cell. Returns
+    4 + len(carried) (L, L, L) float64 grids, and with velocity modes one more: mass times |v|^2."""
+    psi_k, (kx, ky, kz), cell, grid, mass_each, vel_factor, carried, vel_k = _SUBLATTICE
     size = kx.shape[0]
     shift = np.exp(1j * (kx * o[0] + ky * o[1] + kz * o[2]) * cell)
     psi = np.stack([irfft3(p * shift, size) for p in psi_k]).reshape(3, -1)
     pos = (grid + np.array(o)[:, None] + psi / cell) % size
-    return tsc_deposit(pos, size, [mass_each, *(mass_each * psi * vel_factor), *(mass_each * c for c in carried)])
+    if vel_k is None:
+        return tsc_deposit(pos, size, [mass_each, *(mass_each * psi * vel_factor), *(mass_each * c for c in carried)])
+    vel = np.stack([irfft3(v * shift, size) for v in vel_k]).reshape(3, -1)
+    values = [mass_each, *(mass_each * vel), *(mass_each * c for c in carried), mass_each * (vel**2).sum(0)]
+    return tsc_deposit(pos, size, values)
 
 
 def _reported(parts, n: int, on_stage) -> Iterator:
@@ -128,6 +133,7 @@ def deposit_particles(
     carried: Sequence[np.ndarray] = (),
     on_stage: Callable[[str], None] = lambda stage: None,
     workers: int = 1,
+    vel_k: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """The dark matter on a ``size``^3 grid over ``box`` Mpc/h (module docstring, step 4): the
     :data:`PARTICLES_PER_SIDE`^3 particles of each cell (mass 1 / PARTICLES_PER_SIDE^3 each) moved by
@@ -139,8 +145,12 @@ def deposit_particles(
     deposits the sub-lattices in that many forked processes (each holds about 12 x size^3 float64);
     the parts are summed in a fixed order, so the result does not depend on it.
 
+    ``vel_k`` (3, ``rfftn`` layout; km/s), the modes of the particles' velocities on the lattice (the
+    N-body's: :mod:`shared_data.data.nbody`), replaces ``vel_factor`` Psi; then the carried values end
+    with one more, the mass-weighted velocity dispersion sigma^2 = <|v|^2> - |<v>|^2 ((km/s)^2).
+
     Returns ``(rho_dm, v_dm, carried_per_mass)``: the density (L, L, L; mean 1), the mass-weighted
-    velocity (3, L, L, L) km/s, the linear velocity where no particle reaches, and each carried value
+    velocity (3, L, L, L) km/s, the lattice velocity where no particle reaches, and each carried value
     per unit mass (L, L, L; 0 where no particle reaches), all float64.
     """
     kx, ky, kz = wavenumbers(size, box)
@@ -149,8 +159,8 @@ def deposit_particles(
     offsets = (np.arange(PARTICLES_PER_SIDE) + 0.5) / PARTICLES_PER_SIDE - 0.5  # cells, symmetric about 0
     mass_each = np.full(size**3, 1.0 / PARTICLES_PER_SIDE**3)
     global _SUBLATTICE
-    _SUBLATTICE = (psi_k, (kx, ky, kz), cell, grid, mass_each, vel_factor, carried)
-    totals = tuple(np.zeros((size,) * 3) for _ in range(4 + len(carried)))
+    _SUBLATTICE = (psi_k, (kx, ky, kz), cell, grid, mass_each, vel_factor, carried, vel_k)
+    totals = tuple(np.zeros((size,) * 3) for _ in range(4 + len(carried) + (vel_k is not None)))
     mass, px, py, pz = totals[:4]
     subs = list(itertools.product(offsets, repeat=3))
     try:
@@ -164,7 +174,12 @@ def deposit_particles(
     finally:
         _SUBLATTICE = None
     filled = mass > 1e-6
-    v_lagr = np.stack([irfft3(p, size) for p in psi_k]) * vel_factor
+    if vel_k is None:
+        v_lagr = np.stack([irfft3(p, size) for p in psi_k]) * vel_factor
+    else:
+        v_lagr = np.stack([irfft3(v, size) for v in vel_k])
     v_dm = np.where(filled, np.stack([px, py, pz]) / np.where(filled, mass, 1.0), v_lagr)
     per_mass = [np.where(filled, c / np.where(filled, mass, 1.0), 0.0) for c in totals[4:]]
+    if vel_k is not None:  # <|v|^2> - |<v>|^2, rounding kept from going below 0
+        per_mass[-1] = np.where(filled, np.maximum(per_mass[-1] - (v_dm**2).sum(0), 0.0), 0.0)
     return mass, v_dm, per_mass

@@ -61,7 +61,20 @@ in K, densities in units of the cosmic mean (rho / rho_mean = 1 + delta).
       not enter the Jeans smoothing, which integrates the thermal history (Gnedin & Hui 1998).
 
    The elements' quantities (a-c) are computed on the Lagrangian lattice and carried to the grid by
-   the dark matter's own TSC deposit (mass-weighted). At vanishing amplitude lambda -> 0, no element
+   the dark matter's own TSC deposit (mass-weighted).
+
+   With the N-body's dark matter (:mod:`shared_data.data.nbody`), a-c come from what the particles
+   know rather than from linear theory (:func:`particle_heating`): (a) the deformation tensor is that
+   of the N-body's own displacement x(q) - q (Jeans-filtered in Lagrangian space as above), so
+   lambda_1 >= 1 marks the elements whose smoothed map has folded, and the shear s^2 is the non-linear
+   one; (b) the shock temperature is that of the dark matter's velocity dispersion where folded
+   elements are: T_s = f_x mu m_p sigma^2 / (3 k_B) (:func:`dispersion_temperature`), sigma^2 the
+   mass-weighted 3-D dispersion <|v|^2> - |<v>|^2 of the deposit, f_x the mass fraction of folded
+   elements in the cell. Two cold streams meeting at +-u have sigma^2 = u^2, and mu m_p u^2 / 3 is the
+   strong-shock temperature of (b) above; a virialised halo with a 1-D dispersion sigma_1 gets
+   mu m_p sigma_1^2 / k_B, its virial temperature (the singular isothermal sphere's; Binney &
+   Tremaine 2008, sec. 4.3.3b). In single-stream cells f_x = 0 and the velocity gradient across a
+   cell does not heat. At vanishing amplitude lambda -> 0, no element
    shocks, s^2 -> 0 at second order and k_J(T) -> k_J, so ``nonlinear`` returns ``filtered`` with its
    temperature times 10^m(x).
 """
@@ -147,6 +160,26 @@ def shock_temperature(lambda_1: np.ndarray, vel_factor: float, k_star: float) ->
     rest (module docstring, 5b)."""
     u = vel_factor * np.sqrt(np.maximum(np.asarray(lambda_1, np.float64) ** 2 - 1.0, 0.0)) / k_star
     return MU * PROTON_MASS_KG * (1e3 * u) ** 2 / (3 * BOLTZMANN_J_K)
+
+
+def dispersion_temperature(sigma2: np.ndarray) -> np.ndarray:
+    """Temperature (K) of gas that thermalises a 3-D velocity dispersion ``sigma2`` ((km/s)^2):
+    k_B T = mu m_p sigma2 / 3 (module docstring, N-body (b))."""
+    return MU * PROTON_MASS_KG * 1e6 * np.asarray(sigma2, np.float64) / (3 * BOLTZMANN_J_K)
+
+
+def particle_heating(displacement: np.ndarray, size: int, box: float, k_jeans: float) -> list[np.ndarray]:
+    """What each N-body particle (Lagrangian cell) of the ``nonlinear`` gas carries to the grid (module
+    docstring, N-body (a)): ``[folded, log_t_offset]``, each (size^3,) float64: 1 where lambda_1 >= 1
+    of the Jeans-filtered deformation tensor of ``displacement`` (3, size^3; Mpc/h, x - q on the
+    lattice of a ``size``^3 grid over ``box`` Mpc/h), else 0; and :data:`SHEAR_SCATTER_DEX`
+    (s^2 - <s^2>) of the same tensor."""
+    kx, ky, kz = wavenumbers(size, box)
+    k2 = kx**2 + ky**2 + kz**2
+    psi_gas = np.stack([np.fft.rfftn(d.reshape((size,) * 3)) / (1 + k2 / k_jeans**2) for d in displacement])
+    eigen = deformation_eigenvalues(psi_gas, size, box).reshape(3, -1)
+    s2 = shear_invariant(eigen)
+    return [(eigen[0] >= 1.0).astype(np.float64), SHEAR_SCATTER_DEX * (s2 - s2.mean())]
 
 
 def reionization_offset(size: int, box: float, seed: int) -> np.ndarray:

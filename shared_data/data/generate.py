@@ -3,9 +3,12 @@
 Runs the physics of :mod:`shared_data.data.cosmology` and writes the tutorial's HDF5 layout
 (``Nbody`` (4, L, L, L), ``Hydro`` (5, L, L, L), float32, channel-first, chunked so that a 64^3 crop
 touches few chunks) with attributes for channel names, transforms, units, box, cosmology, seed, the
-gas model (``gas``: ``nonlinear``, the default, with shocks, a two-phase temperature and
-temperature-dependent smoothing; ``filtered``, the linear gas, whose files are those of generator v2
-bit for bit) and the generator version.
+dark matter (``dm``: ``nbody``, the default, a particle-mesh N-body of CAMB's linear spectrum;
+``zeldovich``, the truncated Zel'dovich approximation of the BBKS spectrum, whose files are those of
+generator v4 bit for bit), the gas model (``gas``: ``nonlinear``, the default, with shocks, a
+two-phase temperature and temperature-dependent smoothing; ``filtered``, the linear gas, whose files
+with ``--dm zeldovich`` are those of generator v2 bit for bit), the linear ``spectrum`` and the
+generator version.
 
 Value transforms (each keeps the targets inside tanh's (-1, 1)):
 
@@ -30,14 +33,14 @@ import numpy as np
 from shared_data.core.commands import make_parser
 from shared_data.core.errors import DatasetError, UserError, quoted, run_cli
 from shared_data.core.files import check_writable, writing
-from shared_data.data import cosmology, gas_physics, linear_field
+from shared_data.data import cosmology, gas_physics, linear_field, nbody
 from shared_data.data.dataset import npy_paths
 
 DENSITY_SCALE = 14.0
 RHO_FLOOR = 1e-3
 TEMPERATURE_SCALE = 8.0
 VELOCITY_SCALE = 2000.0  # km/s
-GENERATOR_VERSION = 4  # changes whenever the same arguments give other values (the "generator" attribute)
+GENERATOR_VERSION = 5  # changes whenever the same arguments give other values (the "generator" attribute)
 
 NBODY_CHANNELS = ("dm_density", "dm_vx", "dm_vy", "dm_vz")
 HYDRO_CHANNELS = ("gas_density", "gas_temperature", "gas_vx", "gas_vy", "gas_vz")
@@ -94,6 +97,9 @@ def attributes(args: argparse.Namespace, cosmo: linear_field.Cosmology, k_nl: fl
         "generator": f"shared_data.data.generate v{GENERATOR_VERSION}",
         "gas": args.gas,
         "gas_model": json.dumps(gas_model(args.gas)),
+        "dm": args.dm,
+        "dm_model": json.dumps(dm_model(args.dm)),
+        "spectrum": cosmo.spectrum,
     }
 
 
@@ -111,6 +117,21 @@ def gas_model(gas: str) -> dict:
         "he2_dex": gas_physics.HE2_DEX,
         "he2_radius_mpc_h": gas_physics.HE2_RADIUS_MPC_H,
         "filter_log10_T_over_T0": gas_physics.FILTER_LOG_T.tolist(),
+    }
+
+
+def dm_model(dm: str) -> dict:
+    """The dark matter's description and constants (the ``dm_model`` attribute)."""
+    if dm == "zeldovich":
+        return {"name": dm, "what": "Zel'dovich displacements truncated at k_nl, 2^3 particles per cell, TSC"}
+    return {
+        "name": dm,
+        "what": "particle-mesh N-body (2LPT at z_start, FastPM kick-drift-kick steps linear in a, CIC force "
+        "mesh deconvolved), one particle per cell; displacement and velocity carried to the grid by 2^3 "
+        "Fourier-shifted particles per cell, TSC",
+        "z_start": nbody.Z_START,
+        "steps": nbody.STEPS,
+        "mesh_factor": nbody.MESH_FACTOR,
     }
 
 
@@ -177,7 +198,7 @@ def generate(args: argparse.Namespace) -> Path:
     ):
         if not ok:
             raise UserError(f"{name} {quoted(value)}: expected {want}")
-    cosmo = linear_field.Cosmology(sigma8=args.sigma8)
+    cosmo = cosmology.cosmology_for(args.dm, sigma8=args.sigma8)
     t_start = time.perf_counter()
     say = lambda stage: print(f"[generate] {out.name}, {args.size}^3: {stage}", file=sys.stderr, flush=True)
     fields = cosmology.simulate(
@@ -192,6 +213,7 @@ def generate(args: argparse.Namespace) -> Path:
         on_stage=say,
         workers=deposit_workers(args),
         gas=args.gas,
+        dm=args.dm,
     )
     nbody, hydro = transform_fields(fields, args.t0)
     worst = float(np.abs(hydro).max())
@@ -204,20 +226,22 @@ def generate(args: argparse.Namespace) -> Path:
     seconds = time.perf_counter() - t_start
     print(
         f"wrote {out}: Nbody {nbody.shape} Hydro {hydro.shape} float32, box {args.box} Mpc/h, "
-        f"z={args.redshift}, seed {args.seed}, {args.gas} gas, k_nl={fields.k_nl:.3g} h/Mpc, {seconds:.1f} s"
+        f"z={args.redshift}, seed {args.seed}, {args.dm} dark matter, {args.gas} gas, "
+        f"k_nl={fields.k_nl:.3g} h/Mpc, {seconds:.1f} s"
     )
     return out
 
 
-def stale_note(path: Path, gas: str = cosmology.GAS_MODELS[0]) -> str:
-    """``""`` if ``path`` was written by this generator version with the ``gas`` model, else a note that
-    names its version or gas and how to regenerate it (files of other writers, without a ``generator``
-    attribute, get ``""``; files of v2 hold the ``filtered`` gas)."""
+def stale_note(path: Path, gas: str = cosmology.GAS_MODELS[0], dm: str = cosmology.DM_MODELS[0]) -> str:
+    """``""`` if ``path`` was written by this generator version with the ``gas`` model and ``dm`` dark
+    matter, else a note that names its version, gas or dark matter and how to regenerate it (files of
+    other writers, without a ``generator`` attribute, get ``""``; files of v2 hold the ``filtered`` gas)."""
     import h5py
 
     try:
         with h5py.File(path, "r") as f:
             written_by, written_gas = f.attrs.get("generator"), f.attrs.get("gas", "filtered")
+            written_dm = f.attrs.get("dm", "zeldovich")
     except OSError:
         return ""
     current = f"shared_data.data.generate v{GENERATOR_VERSION}"
@@ -227,6 +251,8 @@ def stale_note(path: Path, gas: str = cosmology.GAS_MODELS[0]) -> str:
         return f" (written by {written_by}, this is v{GENERATOR_VERSION}: delete it to regenerate)"
     if str(written_gas) != gas:
         return f" (it holds the {written_gas} gas, not --gas {gas}: delete it to regenerate)"
+    if str(written_dm) != dm:
+        return f" (it holds the {written_dm} dark matter, not --dm {dm}: delete it to regenerate)"
     return ""
 
 
@@ -248,6 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=cosmology.GAS_MODELS[0],
         help="gas model: nonlinear (shocks, two-phase temperature, temperature-dependent smoothing) or filtered "
         "(the linear gas: Jeans-filtered dark matter and T = T0 (1+delta)^(gamma-1), the files of generator v2)",
+    )
+    p.add_argument(
+        "--dm",
+        choices=cosmology.DM_MODELS,
+        default=cosmology.DM_MODELS[0],
+        help="dark matter: nbody (particle-mesh N-body of CAMB's linear spectrum) or zeldovich (truncated "
+        "Zel'dovich of the BBKS spectrum, the files of generator v4 bit for bit)",
     )
     p.add_argument("--k_jeans", type=float, default=6.0, help="gas filtering wavenumber k_J in h/Mpc (at T0)")
     p.add_argument("--t0", type=float, default=1e4, help="IGM temperature at mean density T0 in K")
@@ -271,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.box = 0.25 * args.size
     out = Path(args.out)
     if args.if_missing and out.exists():
-        print(f"{out} exists; not regenerated{stale_note(out, args.gas)}")
+        print(f"{out} exists; not regenerated{stale_note(out, args.gas, args.dm)}")
     else:
         if out.exists():
             print(f"{out} exists: generating it again (--if-missing keeps an existing file)", flush=True)

@@ -6,10 +6,13 @@ normalisation.
 Units: comoving lengths in Mpc/h, wavenumbers in h/Mpc; fields are real (L, L, L) arrays or their
 ``rfftn`` modes (L, L, L // 2 + 1), axes (x, y, z).
 
-1. **Linear power spectrum** P(k) = A k^n_s T(k)^2 with the BBKS transfer function (Bardeen, Bond,
-   Kaiser & Szalay 1986, ApJ 304, 15, eq. G3) and Sugiyama's (1995, ApJS 100, 281) baryon-corrected
-   shape parameter Gamma = Omega_m h exp(-Omega_b - sqrt(2h) Omega_b / Omega_m); A is fixed by
-   sigma_8 (top-hat of 8 Mpc/h).
+1. **Linear power spectrum**, one of :data:`SPECTRA` (``Cosmology.spectrum``), normalised to sigma_8
+   (top-hat of 8 Mpc/h): ``camb``, the Boltzmann code's total-matter spectrum
+   (:mod:`shared_data.data.boltzmann`, cached per cosmology), or ``bbks``, P(k) = A k^n_s T(k)^2 with
+   the BBKS transfer function (Bardeen, Bond, Kaiser & Szalay 1986, ApJ 304, 15, eq. G3) and
+   Sugiyama's (1995, ApJS 100, 281) baryon-corrected shape parameter
+   Gamma = Omega_m h exp(-Omega_b - sqrt(2h) Omega_b / Omega_m), the spectrum of the Zel'dovich
+   files (generator v4 and before).
 2. **Gaussian random field**: unit white noise, Fourier-transformed and scaled so that the field's
    power spectrum is P(k) for the discrete estimator P_hat(k) = V / N^6 |FFT(delta)(k)|^2.
 3. **Growth**: D(z) from the Carroll, Press & Turner (1992, ARA&A 30, 499, eq. 29) fit;
@@ -25,16 +28,24 @@ import dataclasses
 
 import numpy as np
 
+#: The linear spectra of :class:`Cosmology` (module docstring, step 1).
+SPECTRA = ("bbks", "camb")
+
 
 @dataclasses.dataclass(frozen=True)
 class Cosmology:
-    """Flat LambdaCDM parameters (Planck-2018-like defaults)."""
+    """Flat LambdaCDM parameters (Planck-2018-like defaults) and the linear spectrum's source."""
 
     Omega_m: float = 0.31
     Omega_b: float = 0.049
     h: float = 0.68
     n_s: float = 0.965
     sigma8: float = 0.81
+    spectrum: str = "bbks"
+
+    def __post_init__(self):
+        if self.spectrum not in SPECTRA:
+            raise ValueError(f"spectrum {self.spectrum!r}: expected one of {SPECTRA}")
 
     @property
     def Omega_L(self) -> float:
@@ -78,6 +89,10 @@ class Cosmology:
         ) ** -0.25
 
     def _unnormalised_power(self, k: np.ndarray) -> np.ndarray:
+        if self.spectrum == "camb":
+            from shared_data.data import boltzmann
+
+            return boltzmann.interpolate(*boltzmann.load_table(self.Omega_m, self.Omega_b, self.h, self.n_s), k)
         k = np.asarray(k, np.float64)
         return np.where(k > 0, k**self.n_s * self.transfer(k) ** 2, 0.0)
 

@@ -190,8 +190,33 @@ def code_version() -> dict:
     return version
 
 
+#: The attributes of a generated data file that say which data a run was measured on
+#: (:mod:`shared_data.data.generate`): its generator version, dark matter, gas, spectrum and volume.
+DATA_ATTRS = ("generator", "dm", "gas", "spectrum", "grid_size", "box_size_mpc_h", "redshift", "seed")
+
+
+def data_provenance(cfg: config_mod.Config) -> dict:
+    """Which data a run reads: per split (``train``, ``val``) the HDF5 file's path and those of
+    :data:`DATA_ATTRS` it has (a file of another writer, the tutorial's, has none), or ``error``
+    where it cannot be read (the run's own reading reports that)."""
+    import h5py
+
+    out = {}
+    for split in ("train", "val"):
+        path = cfg.data_file(split)
+        entry: dict = {"path": str(path)}
+        try:
+            with h5py.File(path, "r") as f:
+                entry.update({k: f.attrs[k] for k in DATA_ATTRS if k in f.attrs})
+        except OSError as err:
+            entry["error"] = str(err)
+        out[split] = json.loads(json.dumps(entry, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+    return out
+
+
 def record_invocation(workdir: Path, cfg: config_mod.Config, framework: str, start_epoch: int, versions: dict) -> None:
-    """Append this invocation (command, folder, host, launch, versions, the full config) to
+    """Append this invocation (command, folder, host, launch, versions, the data files' generator
+    attributes (:func:`data_provenance`), the full config) to
     ``<workdir>/run.json``; a resume whose config differs from the last invocation's says what changed
     (:func:`recipe_changes`). A ``run.json`` that cannot be used (not JSON, not text, unreadable) is
     kept as ``run.json.damaged`` with a warning that says what is lost, and a new one starts from this
@@ -217,6 +242,7 @@ def record_invocation(workdir: Path, cfg: config_mod.Config, framework: str, sta
             "python": platform.python_version(),
             "code": code_version(),
             "versions": versions,
+            "data": data_provenance(cfg),
             "config": cfg.name,
             "config_values": values,
         }
