@@ -742,3 +742,25 @@ def test_a_time_to_quality_run_records_its_volume_and_curve_checks_val_against_i
         res,
         f"{run}/run.json: the run was scored on {val.absolute()}, whose Nbody checksums differ from --val {moved}'s",
     )
+
+
+def test_validate_says_what_a_constant_or_out_of_range_file_is(data_dir, tmp_path, caplog):
+    """A prediction of Hydro = 30 everywhere scored against itself printed 'r < 0.9 from k = never'
+    (a perfect-looking line for an r that is undefined) and one of ~1e3 against the truth gave no
+    word that it is no output of the model: the spectra lines say r is undefined, and a file beyond
+    tanh's [-1, 1] is one warning naming it."""
+    from shared_data.inference import validate
+
+    truth = data_dir / "train_32.h5"
+    flat = _without_attributes(truth, tmp_path / "flat.h5", lambda h: np.full_like(h, 30.0))
+    big = _without_attributes(truth, tmp_path / "big.h5", lambda h: h * 1e3)
+    flags = {"voxel_size": 0.25}
+    with caplog.at_level(logging.INFO, logger="dlas"):
+        validate.validate_files(flat, flat, tmp_path / "f", flags, plot=False)
+    spectra = [r.getMessage() for r in caplog.records if r.getMessage().startswith("P(k) ")]
+    assert spectra and all("r < 0.9 from k = undefined" in line for line in spectra), spectra
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dlas"):
+        validate.validate_files(big, truth, tmp_path / "b", flags, plot=False)
+    warnings = [r.getMessage() for r in caplog.records if "beyond [-1, 1]" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith(f"{big}: Hydro holds "), warnings

@@ -134,6 +134,15 @@ def validate_files(
     if nbody.shape[1:] != truth.shape[1:]:
         raise DatasetError(f"{truth_path}: Nbody {nbody.shape} and Hydro {truth.shape} differ in side")
     check_prediction_input(pred_path, pred_attrs, truth_path, truth_attrs, nbody)
+    for path, volume in ((pred_path, pred), (truth_path, truth)):
+        worst = float(np.nanmax(np.abs(volume))) if volume.size else 0.0
+        if worst > 1.0:  # the model's output is tanh's: a file beyond it is no prediction of this kit's model
+            log.warning(
+                "%s: Hydro holds %s, beyond [-1, 1], the range of the model's output (tanh): "
+                "its metrics describe this file, not a model of this kit",
+                path,
+                f"{worst:.4g}",
+            )
     side = truth.shape[1]
     units = units_from_files({truth_path: truth_attrs, pred_path: pred_attrs}, side, flags or {})
     if len(units.hydro_channels) != truth.shape[0] or len(units.nbody_channels) != nbody.shape[0]:
@@ -189,14 +198,18 @@ def log_summary(record: dict) -> None:
         log.info("L1 %-16s model %.5f, %s, %s", name, v["model"], base, non_ml)
     for name, s in record["power"].items():
         for tag, summary in s["summary"].items():
-            k90 = summary["k_r_below_0.9"]
+            k90, r_mean = summary["k_r_below_0.9"], summary["r_mean"]
+            if r_mean is None or not np.isfinite(r_mean):  # a field without fluctuations has no r(k)
+                where = "undefined (a field without fluctuations, e.g. a constant, has no r(k))"
+            else:
+                where = "never" if k90 is None else f"{k90:.3g} h/Mpc"
             log.info(
                 "P(k) %-16s %-8s mean r %.3f, mean P ratio %.3f, r < 0.9 from k = %s",
                 name,
                 tag,
-                summary["r_mean"] if summary["r_mean"] is not None else float("nan"),
+                r_mean if r_mean is not None else float("nan"),
                 summary["ratio_mean"] if summary["ratio_mean"] is not None else float("nan"),
-                "never" if k90 is None else f"{k90:.3g} h/Mpc",
+                where,
             )
 
 
