@@ -52,7 +52,7 @@ def test_check_names_the_first_key_that_differs_and_the_processes_on_each_side()
     with pytest.raises(UserError) as err:
         agreement.check(names, texts, rows, rank=0)
     assert str(err.value) == (
-        "the processes of this run disagree on b: processes 0, 1 (this one, 0) 2, process 2 another value; "
+        "the processes of this run disagree on b: processes 0, 1 (this one: 0) 2, process 2 another value; "
         "start every process with the same config and data"
     )
     with pytest.raises(UserError, match="every process must run the same version of the kit"):
@@ -92,6 +92,6 @@ def test_two_processes_with_another_learning_rate_refuse_to_start(framework, tin
         errors = [line for line in err.splitlines() if "error:" in line]
         assert len(errors) == 1, err[-3000:]
         assert "the processes of this run disagree on start_lr" in errors[0], errors
-        assert f"(this one, {rank}) {('0.0002', '0.0005')[rank]}" in errors[0], errors
+        assert f"process {rank} (this one) {('0.0002', '0.0005')[rank]}" in errors[0], errors
         assert "Traceback" not in err, err[-3000:]
     assert not (tmp_path / "run").exists()

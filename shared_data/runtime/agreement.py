@@ -110,8 +110,9 @@ def check(names: list[str], texts: list[str], rows: np.ndarray, rank: int) -> No
         other = [r for r in range(len(digests)) if digests[r] != digests[rank]]
         raise UserError(
             f"the processes of this run disagree on {name}: process{'es' if len(same) > 1 else ''} "
-            f"{_ranks(same)} (this one, {rank}) {texts[column][:120]}, process{'es' if len(other) > 1 else ''} "
-            f"{_ranks(other)} another value; start every process with the same config and data"
+            f"{_ranks(same)} (this one{f': {rank}' if len(same) > 1 else ''}) {texts[column][:120]}, "
+            f"process{'es' if len(other) > 1 else ''} {_ranks(other)} another value; start every process with "
+            "the same config and data"
         )
 
 
