@@ -363,10 +363,11 @@ def test_interruptible_returns_and_raises_what_the_join_does():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework, signum", [("jax", "TERM"), ("jax", "INT"), ("tf", "INT"), ("tf", "TERM")])
+@pytest.mark.parametrize("framework, signum", [("jax", "TERM"), ("tf", "TERM")])
 def test_a_lone_process_waiting_for_its_peer_stops_on_a_signal(framework, signum, tiny_argv, tmp_path):
-    """A process of two whose peer never comes, with a start time-out of 10 minutes: SIGTERM or Ctrl-C
-    (SIGINT) while it waits ends it within seconds, not at the time-out, in one line without a
+    """A process of two whose peer never comes, with a start time-out of 10 minutes: SIGTERM (Ctrl-C
+    takes the same ways: JAX's wait on a thread, TF's watchdog and C handler) while it waits ends it
+    within seconds, not at the time-out, in one line without a
     traceback; no run folder is left. The signal goes to the process group, as SLURM and a terminal
     send it (TF's coordination service takes SIGTERM in the process and only records it; the start's
     watchdog process ends the wait)."""
