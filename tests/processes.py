@@ -43,6 +43,23 @@ def cpu_xla_flags(devices: int) -> str:
     return f"--xla_force_host_platform_device_count={devices}{optimization}"
 
 
+def process_env(framework: str, rank: int, ports: list[int], timeout: str = "120") -> dict:
+    """The environment of process ``rank`` of a run of ``len(ports)`` processes on this host, started
+    without a launcher: this process's variables less any launcher's, the start time-out, one CPU
+    device, and JAX's coordinator at the first port or TF's workers at all of them."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "OMPI_", "TF_CONFIG"))}
+    env.update(DLAS_START_TIMEOUT=timeout, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    if framework == "jax":
+        env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{ports[0]}", JAX_NUM_PROCESSES=str(len(ports)))
+        env["JAX_PROCESS_ID"] = str(rank)
+    else:
+        workers = [f"localhost:{p}" for p in ports]
+        env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
+    return env
+
+
 def at_batch(make_input, batch: int, action: Callable[[], None]):
     """``make_input`` whose training input calls ``action()`` while it hands out its batch number
     ``batch`` (0-based, counted over the epochs of this process), inside the trainer's wait for that

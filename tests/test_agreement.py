@@ -4,14 +4,13 @@ digests of each config key and data file, compared across the processes."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from processes import process_env
 
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import UserError
@@ -71,16 +70,9 @@ def test_two_processes_with_another_learning_rate_refuse_to_start(framework, tin
     """Two processes of one run, one with another ``start_lr``: both end before training with the
     line naming the key, exit code 2, no traceback and no run folder."""
     ports = [_free_port(), _free_port()]
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "OMPI_", "TF_CONFIG"))}
-    base.update(DLAS_START_TIMEOUT="120", JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     procs = []
     for rank, lr in enumerate(("2e-4", "5e-4")):
-        env = dict(base)
-        if framework == "jax":
-            env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{ports[0]}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(rank))
-        else:
-            workers = [f"localhost:{p}" for p in ports]
-            env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
+        env = process_env(framework, rank, ports)
         cmd = [sys.executable, "-m", f"{framework}_impl.train", *tiny_argv, "--set", f"start_lr={lr}"]
         cmd += ["--workdir", str(tmp_path / "run")]
         procs.append(

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from processes import cpu_xla_flags
+from processes import cpu_xla_flags, process_env
 
 from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import UserError
@@ -463,16 +463,9 @@ def test_a_process_that_dies_ends_the_run_everywhere_in_one_line(framework, tiny
     import time
 
     ports = [_free_port(), _free_port()]
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "OMPI_", "TF_CONFIG"))}
-    base.update(DLAS_START_TIMEOUT="120", JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     procs = []
     for rank in (0, 1):
-        env = dict(base)
-        if framework == "jax":
-            env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{ports[0]}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(rank))
-        else:
-            workers = [f"localhost:{p}" for p in ports]
-            env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
+        env = process_env(framework, rank, ports)
         cmd = [sys.executable, "-m", f"{framework}_impl.train", *tiny_argv, "--Nsamples", "2048", "--num_epochs", "2"]
         cmd += ["--workdir", str(tmp_path / "run")]
         pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
