@@ -101,7 +101,7 @@ LESSONS: dict[str, Lesson] = {
     "scale": Lesson(
         "Scale out: processes joined, replicas over devices, the gradients summed, a stop agreed by every rank",
         (
-            _twin("distribute.py:initialize"),
+            _twin("cluster.py:initialize"),
             ("tf_impl/distribute.py:make_strategy", "jax_impl/distribute.py:make_mesh"),
             ("tf_impl/step.py:replica_gradients", "jax_impl/distribute.py:batch_sharding"),
             _twin("distribute.py:any_process"),

@@ -12,15 +12,13 @@ line.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import sys
-import time
 from pathlib import Path
 
 import jax
 
+from jax_impl import checkpoint_quirks as quirks
 from jax_impl import distribute
 from shared_data.core.errors import EXIT_AFTER_ATEXIT, UserError
 from shared_data.core.files import write_failure
@@ -45,9 +43,9 @@ class Checkpoints:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only, read_only=read_only
         )
-        self._quiet, self._failed, self._hooks = _OrbaxWriteFailures(), False, None
+        self._quiet, self._failed, self._hooks = quirks.OrbaxWriteFailures(), False, None
         self._in_flight = saves.InFlight(f"save-{directory.name}")
-        for name in _OrbaxWriteFailures.LOGGERS:
+        for name in quirks.OrbaxWriteFailures.LOGGERS:
             logging.getLogger(name).addFilter(self._quiet)
         self.manager = ocp.CheckpointManager(
             directory.absolute(), item_handlers=ocp.StandardCheckpointHandler(), options=options
@@ -75,9 +73,9 @@ class Checkpoints:
         finally:
             self._in_flight.close()
             if self._failed:  # TensorStore's writes still under way at the save's removal may have left a folder
-                _remove_late_partial_saves(self.directory)
+                quirks.remove_late_partial_saves(self.directory)
             else:  # after a failed save, asyncio reports orbax's unread futures until they are freed
-                for name in _OrbaxWriteFailures.LOGGERS:
+                for name in quirks.OrbaxWriteFailures.LOGGERS:
                     logging.getLogger(name).removeFilter(self._quiet)
 
     def __enter__(self) -> Checkpoints:
@@ -99,7 +97,7 @@ class Checkpoints:
 
         JAX: ``state`` is copied to the host before this returns, so the step may donate its buffers."""
         self.wait()
-        self._hooks = _closed_loop_quiet().__enter__()  # from the start: see there
+        self._hooks = quirks.ClosedLoopQuiet().__enter__()  # from the start: see there
         try:
             self.manager.save(epoch, args=self._ocp.args.StandardSave(state))
         except Exception as err:  # orbax wraps the OSError of a full disk, or tensorstore's error
@@ -148,7 +146,8 @@ class Checkpoints:
         Raises:
             UserError: the checkpoint is damaged or holds another config's state, or the save in flight
                 failed (:func:`shared_data.runtime.saves.checkpoint_write_error`)."""
-        self._check(epoch, lambda stored: stored, self._like)
+        self._check(epoch)
+        self._check_arrays(epoch, self._like, params_only=False)
         return self._restore(epoch, self._ocp.args.StandardRestore(self._like))
 
     def restore_params(self, epoch: int, like_params) -> dict:
@@ -159,15 +158,22 @@ class Checkpoints:
 
         Raises:
             UserError: the checkpoint is damaged or holds another config's parameters."""
-        self._check(epoch, lambda stored: stored["params"], like_params)
+        self._check(epoch)
+        self._check_arrays(epoch, like_params, params_only=True)
         return self._restore(epoch, self._ocp.args.StandardRestore())["params"]
 
-    def _check(self, epoch: int, part, like) -> None:
+    def _check(self, epoch: int) -> None:
         self.wait()  # a save in flight is complete first
         where = f"checkpoint {self.directory}/{epoch}"
         checksums.verify(self.directory, epoch, self._files(epoch), where)
+
+    def _check_arrays(self, epoch: int, like, params_only: bool) -> None:
+        """The stored arrays' shapes and dtypes (the parameters' alone with ``params_only``) against
+        ``like``'s, before orbax reads them: a checkpoint of another config is named as such."""
+        where = f"checkpoint {self.directory}/{epoch}"
         try:
-            stored = part(self.manager.item_metadata(epoch))
+            stored = self.manager.item_metadata(epoch)
+            stored = stored["params"] if params_only else stored
             have = sorted((tuple(m.shape), str(m.dtype)) for m in jax.tree.leaves(stored) if hasattr(m, "shape"))
         except Exception as err:  # orbax raises many kinds for damaged files
             raise _restore_error(where, err) from None
@@ -197,75 +203,3 @@ def _restore_error(where: str, err: BaseException) -> UserError:
 
 def _first_line(err: BaseException) -> str:
     return " ".join(str(err).split(". ")[0].split())[:200]
-
-
-class _OrbaxWriteFailures(logging.Filter):
-    """Drops orbax's own reports of a write that failed (a full disk, a read-only or vanished folder:
-    :func:`shared_data.core.files.write_failure`), each with a traceback, from every background thread
-    of a save, and asyncio's "Future exception was never retrieved" for the writes orbax left unread:
-    :meth:`Checkpoints.save` reports the failure in one line
-    (:func:`shared_data.runtime.saves.checkpoint_write_error`). Other records pass."""
-
-    #: orbax logs through absl's logger; its event loops' unread failures through asyncio's.
-    LOGGERS = ("absl", "asyncio")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.name != "asyncio" and "orbax" not in Path(record.pathname).parts:
-            return True
-        exc = record.exc_info[1] if record.exc_info else None
-        return write_failure(exc if exc is not None else RuntimeError(record.getMessage())) is None
-
-
-def _remove_late_partial_saves(directory: Path, settle_s: float = 0.5, limit_s: float = 3.0) -> None:
-    """Remove the temporary folders of a failed save from ``directory`` until none has come back for
-    ``settle_s`` seconds (at most ``limit_s``): TensorStore's writes that were under way when orbax
-    gave the save up end on their own threads, after :meth:`CheckpointManager.close`, and each
-    creates its folder again (a run's folder held one after its exit on a loaded 2-core machine;
-    orbax has no call that waits for those writes)."""
-    pattern = "*.orbax-checkpoint-tmp*"
-    start = time.monotonic()
-    saves.remove_partial_saves(directory, (pattern,), say=False)
-    quiet_since = time.monotonic()
-    while time.monotonic() - quiet_since < settle_s and time.monotonic() - start < limit_s:
-        time.sleep(0.05)
-        if any(directory.glob(pattern)):
-            saves.remove_partial_saves(directory, (pattern,), say=False)
-            quiet_since = time.monotonic()
-
-
-class _closed_loop_quiet(contextlib.AbstractContextManager):
-    """For one save: a ``sys.unraisablehook`` and a ``sys.excepthook`` that drop "Event loop is closed"
-    and pass every other report on, the previous hooks back after the save. When a save fails (a full
-    disk) tensorstore's remaining writes fail one by one and call back into orbax's event loop, which
-    closed with the first failure; each would print a traceback around the run's one error line, as
-    an unraisable exception or, from a native thread, through ``PyErr_Print`` (which calls
-    ``sys.excepthook``). They start before orbax raises, so the hooks are in place from the save's
-    start; after a failed save (``keep`` set) they stay, since those callbacks go on until the process,
-    which stops on that failure, exits."""
-
-    def __init__(self):
-        self.keep = False
-
-    def __enter__(self):
-        self._hooks = sys.unraisablehook, sys.excepthook
-        unraisable_hook, excepthook = self._hooks
-
-        def on_unraisable(unraisable) -> None:
-            if not _closed_loop(unraisable.exc_value):
-                unraisable_hook(unraisable)
-
-        def on_exception(exc_type, exc, tb) -> None:
-            if not _closed_loop(exc):
-                excepthook(exc_type, exc, tb)
-
-        self._ours = on_unraisable, on_exception
-        sys.unraisablehook, sys.excepthook = self._ours
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if not self.keep and (sys.unraisablehook, sys.excepthook) == self._ours:
-            sys.unraisablehook, sys.excepthook = self._hooks
-
-
-def _closed_loop(exc: BaseException | None) -> bool:
-    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from jax_impl import cluster, distribute, ema, predict
 from jax_impl import data as data_mod
-from jax_impl import distribute, ema, predict
 from jax_impl import model as model_mod
 from jax_impl.checkpoints import Checkpoints
 from jax_impl.step import TrainState, compile_steps, create_train_state, make_optimizer
@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         FRAMEWORK,
         train_and_evaluate,
         argv,
-        initialize=distribute.initialize,
+        initialize=cluster.initialize,
         process_index=distribute.process_index,
         lost_peer=distribute.lost_peer,
     )

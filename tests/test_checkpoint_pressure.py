@@ -85,7 +85,7 @@ def test_a_failed_saves_folder_written_again_late_is_removed(tmp_path):
     """After a failed save, a write that ends 0.2 s after the first removal (TensorStore's, on its own
     thread) creates the save's temporary folder again: the sweep at close removes it as well, and
     leaves the finished checkpoint alone."""
-    from jax_impl.checkpoints import _remove_late_partial_saves
+    from jax_impl.checkpoint_quirks import remove_late_partial_saves
 
     (tmp_path / "1").mkdir()
     partial = tmp_path / "2.orbax-checkpoint-tmp-1700000000"
@@ -98,7 +98,7 @@ def test_a_failed_saves_folder_written_again_late_is_removed(tmp_path):
 
     writer = threading.Thread(target=late_write)
     writer.start()
-    _remove_late_partial_saves(tmp_path)
+    remove_late_partial_saves(tmp_path)
     writer.join()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]
 
@@ -361,16 +361,16 @@ def test_a_closed_event_loop_reported_by_a_native_thread_is_dropped(monkeypatch)
     through ``PyErr_Print`` (a native thread) or ``sys.unraisablehook``: the save's hooks drop "Event
     loop is closed" in both, and every other exception is still printed. The hooks are the save's
     alone: the process's own come back after a save, and stay replaced only after a failed one."""
-    from jax_impl import checkpoints
+    from jax_impl import checkpoint_quirks
 
     printed, unraisable = [], []
     monkeypatch.setattr(sys, "excepthook", lambda t, e, tb: printed.append(e))
     monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(u.exc_value))
     before = sys.excepthook, sys.unraisablehook
-    with checkpoints._closed_loop_quiet():
+    with checkpoint_quirks.ClosedLoopQuiet():
         assert (sys.excepthook, sys.unraisablehook) != before
     assert (sys.excepthook, sys.unraisablehook) == before  # a save that went well leaves nothing behind
-    with checkpoints._closed_loop_quiet() as quiet:
+    with checkpoint_quirks.ClosedLoopQuiet() as quiet:
         quiet.keep = True  # a failed save
     hook = sys.excepthook
     hook(RuntimeError, RuntimeError("Event loop is closed"), None)

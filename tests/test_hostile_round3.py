@@ -227,16 +227,16 @@ def test_task_counts_recorded_in_run_json_are_checked(tiny_argv, tmp_path, monke
 
 def test_slurm_job_ids_and_ports_are_checked():
     """The SLURM job id picks the coordinator's port (JAX) and the workers' ports (TF)."""
-    from jax_impl import distribute as jax_distribute
+    from jax_impl import cluster as jax_cluster
 
     step = {"SLURM_STEP_NODELIST": "node[03-04]", "SLURM_JOB_ID": "4097"}
-    assert jax_distribute.slurm_coordinator(step) == "node03:61441"
-    assert jax_distribute.slurm_coordinator({**step, "JAX_COORDINATOR_PORT": "1234"}) == "node03:1234"
+    assert jax_cluster.slurm_coordinator(step) == "node03:61441"
+    assert jax_cluster.slurm_coordinator({**step, "JAX_COORDINATOR_PORT": "1234"}) == "node03:1234"
     with pytest.raises(UserError, match=r"^environment variable SLURM_JOB_ID='12x': expected an integer >= 0$"):
-        jax_distribute.slurm_coordinator({**step, "SLURM_JOB_ID": "12x"})
+        jax_cluster.slurm_coordinator({**step, "SLURM_JOB_ID": "12x"})
     with pytest.raises(UserError, match="JAX_COORDINATOR_PORT='http': expected an integer >= 1 and < 65536"):
-        jax_distribute.slurm_coordinator({**step, "JAX_COORDINATOR_PORT": "http"})
-    from tf_impl.distribute import slurm_port_base
+        jax_cluster.slurm_coordinator({**step, "JAX_COORDINATOR_PORT": "http"})
+    from tf_impl.cluster import slurm_port_base
 
     assert slurm_port_base({"SLURM_JOB_ID": "2049"}) == 40008
     with pytest.raises(UserError, match=r"^environment variable SLURM_JOB_ID='x1': expected an integer >= 0$"):
@@ -246,7 +246,7 @@ def test_slurm_job_ids_and_ports_are_checked():
 def test_an_incomplete_slurm_step_is_one_error_line_in_tf(monkeypatch):
     """TensorFlow's SLURM resolver raised a RuntimeError traceback where a SLURM step variable was
     missing (a process that says it is a task of a 2-task step, not started by srun)."""
-    from tf_impl.distribute import slurm_resolver
+    from tf_impl.cluster import slurm_resolver
 
     step = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1", "SLURM_STEP_NODELIST": "node01", "SLURM_JOB_ID": "5"}
     for name, value in step.items():

@@ -136,42 +136,42 @@ with native_lines_filtered():
 
 
 def test_jax_explicit_variables_need_all_three(monkeypatch):
-    from jax_impl import distribute
+    from jax_impl import cluster
 
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1")
     monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
     monkeypatch.delenv("JAX_PROCESS_ID", raising=False)
     with pytest.raises(UserError, match="JAX_COORDINATOR_ADDRESS is set: set JAX_NUM_PROCESSES and JAX_PROCESS_ID"):
-        distribute.initialize()
+        cluster.initialize()
     monkeypatch.delenv("JAX_COORDINATOR_ADDRESS")
     for key in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_"))]:
         monkeypatch.delenv(key)
-    assert distribute.initialize() is None  # nothing describes a cluster: one process
+    assert cluster.initialize() is None  # nothing describes a cluster: one process
 
 
 def test_tf_slurm_worker_rank_and_resolver(monkeypatch):
-    from tf_impl import distribute
+    from tf_impl import cluster
 
     for key, value in slurm_env(3, ntasks=4, nodes=2).items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("SLURM_STEP_NODELIST", "node[01-02]")
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    assert distribute.process_index() == 3
-    assert distribute.initialize() == "tf.distribute (SLURM): worker 3 of 4, GPUs none of CUDA_VISIBLE_DEVICES=(unset)"
-    resolver = distribute.slurm_resolver()  # no nvidia-smi here: the GPU count comes from initialize
+    assert cluster.process_index() == 3 and cluster.process_count() == 4
+    assert cluster.initialize() == "tf.distribute (SLURM): worker 3 of 4, GPUs none of CUDA_VISIBLE_DEVICES=(unset)"
+    resolver = cluster.slurm_resolver()  # no nvidia-smi here: the GPU count comes from initialize
     port = 40000 + 8 * (4242 % 2048)  # ports from the job id, so two jobs on one node seldom collide
     workers = [f"node0{n}:{port + i}" for n in (1, 2) for i in (0, 1)]
     assert resolver.cluster_spec().as_dict() == {"worker": workers}
     assert (resolver.task_type, resolver.task_id) == ("worker", 3)
     assert resolver.num_accelerators() == {"GPU": 0}
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
-    assert distribute.process_index() == 0 and distribute.initialize() is None
+    assert cluster.process_index() == 0 and cluster.process_count() == 1 and cluster.initialize() is None
 
 
 PROBE = """
 import jax
-from jax_impl import distribute
-print(distribute.initialize())
+from jax_impl import cluster
+print(cluster.initialize())
 print("local devices of process", [d.process_index for d in jax.local_devices()], "global", jax.device_count())
 """
 

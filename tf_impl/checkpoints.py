@@ -11,7 +11,6 @@ returns once the variables are copied to the host).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import shutil
@@ -23,6 +22,7 @@ import tensorflow as tf
 from shared_data.core.errors import UserError
 from shared_data.core.files import write_failure
 from shared_data.runtime import checksums, saves
+from tf_impl import checkpoint_quirks as quirks
 from tf_impl import distribute
 
 log = logging.getLogger("dlas.tf")
@@ -105,7 +105,7 @@ class Checkpoints:
         self.epoch.assign(epoch)
         options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
         try:
-            with _keras_variables_copied_in_place():
+            with quirks.keras_variables_copied_in_place():
                 self.manager.save(checkpoint_number=epoch, options=options)
         except (OSError, tf.errors.OpError) as err:  # TF reports a full disk as an OpError
             self._write_failed(epoch, err)
@@ -195,28 +195,3 @@ def _restore_error(where: str, err: BaseException) -> UserError:
 
 def _first_line(err: BaseException) -> str:
     return str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-
-
-@contextlib.contextmanager
-def _keras_variables_copied_in_place():
-    """Around an asynchronous ``tf.train.CheckpointManager.save`` of Keras 3 variables: each Keras
-    variable's host copy is assigned in place after the first save. Keras' own
-    ``Variable._copy_trackable_to_cpu`` creates a new ``tf.Variable`` at every save, inside the
-    ``tf.function`` TensorFlow's asynchronous writer traces once, so a second save fails with
-    "tf.function only supports singleton tf.Variables created on the first call"."""
-    from keras.src.backend.tensorflow.core import Variable
-
-    keras_copy = Variable._copy_trackable_to_cpu
-
-    def copy_in_place(self, object_map):
-        self.value._copy_trackable_to_cpu(object_map)  # the tf.Variable's own host copy
-        if self in object_map:
-            object_map[self].assign(object_map[self.value])
-        else:
-            object_map[self] = tf.Variable(object_map[self.value])
-
-    Variable._copy_trackable_to_cpu = copy_in_place
-    try:
-        yield
-    finally:
-        Variable._copy_trackable_to_cpu = keras_copy

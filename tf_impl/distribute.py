@@ -15,7 +15,6 @@ single device uses the default strategy, so the same loop runs everywhere.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -26,102 +25,11 @@ import tensorflow as tf
 
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
-from shared_data.runtime import launch, signals, xla_flags
+from shared_data.runtime import launch, xla_flags
+from tf_impl import cluster
+from tf_impl.cluster import process_count, process_index
 
 log = logging.getLogger(__name__)
-
-
-#: ``DLAS_TF_PORT``: the first worker port of a SLURM step (each task of a node takes the next one).
-PORT_VARIABLE = "DLAS_TF_PORT"
-
-
-# --- joining a multi-process run -----------------------------------------------------------------
-
-
-def initialize() -> str | None:
-    """Join a multi-process run when the environment describes one and return the line that says
-    where this process stands (``None`` alone). Under a SLURM step the GPUs each task drives come from
-    :func:`shared_data.runtime.launch.task_gpus` (right for ``--gpus-per-task`` too).
-
-    TensorFlow: ``TF_CONFIG`` or a SLURM step of several tasks; this keeps the task's own GPUs visible,
-    and the strategy joins the cluster (:func:`make_strategy`)."""
-    env = os.environ
-    if env.get("TF_CONFIG"):
-        worker = process_index()  # a TF_CONFIG that is not JSON fails here, in one line
-        cluster = json.loads(env["TF_CONFIG"]).get("cluster", {})
-        workers = sum(len(v) for v in cluster.values()) if isinstance(cluster, dict) else 0
-        return f"tf.distribute (TF_CONFIG): worker {worker} of {workers}"
-    if not launch.slurm_step(env):
-        return None
-    gpus = tf.config.list_physical_devices("GPU")
-    ids = launch.task_gpus(env, len(gpus)) or []
-    if gpus:
-        tf.config.set_visible_devices([gpus[i] for i in ids], "GPU")
-    return (
-        f"tf.distribute (SLURM): worker {process_index()} of {env['SLURM_STEP_NUM_TASKS']}, "
-        f"GPUs {','.join(map(str, ids)) or 'none'} of CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '(unset)')}"
-    )
-
-
-def join_workers() -> tf.distribute.MultiWorkerMirroredStrategy:
-    """The multi-worker strategy of ``TF_CONFIG`` or the SLURM step, once every worker has joined (its
-    start waits for them), said and timed by :func:`shared_data.runtime.launch.joining`
-    (``DLAS_START_TIMEOUT``), which names the workers whose port is closed."""
-    resolver = (
-        tf.distribute.cluster_resolver.TFConfigClusterResolver() if os.environ.get("TF_CONFIG") else slurm_resolver()
-    )
-    spec = resolver.cluster_spec()
-    workers = [address for job in spec.jobs for address in spec.job_tasks(job)]
-    launch.claim_port(workers[process_index()], f"worker {process_index()}'s address")
-    with launch.joining(
-        process_index(), len(workers), ", ".join(workers), dict(enumerate(workers)), holds_interpreter=True
-    ):
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
-    # the coordination service took SIGTERM from Python (its preemption notifier): SLURM's SIGTERM
-    # is the run's, which stops every worker at one step boundary (shared_data.runtime.signals)
-    signals.reinstall()
-    return strategy
-
-
-def slurm_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
-    """The cluster of this SLURM step (TensorFlow's SLURM resolver) with this task's GPUs as
-    :func:`initialize` left them visible: the resolver's own GPU choice assumes every task sees every
-    GPU of the node, needs nvidia-smi, and cannot say zero GPUs (a CPU node).
-
-    Raises:
-        UserError: the resolver cannot read the step from the environment (a ``SLURM_STEP_*``
-            variable missing or malformed: a process not started by ``srun``).
-    """
-    gpus = len(tf.config.get_visible_devices("GPU"))
-    per_task = max(gpus, 1)  # the resolver divides by it; the accelerator count below is the real one
-    try:
-        slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
-            gpus_per_node=per_task * launch.slurm_tasks_on_node(os.environ),
-            gpus_per_task=per_task,
-            port_base=slurm_port_base(os.environ),
-            auto_set_gpu=False,
-        )
-        spec = slurm.cluster_spec()
-    except (KeyError, RuntimeError, ValueError) as err:  # the resolver reads SLURM_STEP_* itself
-        raise UserError(f"tf.distribute (SLURM): {err}") from None
-    return tf.distribute.cluster_resolver.SimpleClusterResolver(
-        spec, task_type=slurm.task_type, task_id=slurm.task_id, num_accelerators={"GPU": gpus}, rpc_layer="grpc"
-    )
-
-
-def slurm_port_base(env) -> int:
-    """The first worker port of a SLURM step: ``DLAS_TF_PORT``, else 40000 + 8 x (job id mod 2048), so two
-    jobs on one node seldom collide (the resolver's own default, 8888, is every job's).
-
-    Raises:
-        UserError: ``DLAS_TF_PORT`` is not a port number; ``SLURM_JOB_ID`` is not an integer.
-    """
-    if env.get(PORT_VARIABLE):
-        value = env[PORT_VARIABLE]
-        if not value.isdigit() or not 1024 <= int(value) <= 65000:
-            raise UserError(f"{PORT_VARIABLE}={value!r}: expected a port number in 1024-65000")
-        return int(value)
-    return 40000 + 8 * (launch.env_int(env, "SLURM_JOB_ID", 0) % 2048)
 
 
 # --- replicas and processes -------------------------------------------------------------------
@@ -131,7 +39,7 @@ def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
     """The strategy for this process: multi-worker when ``TF_CONFIG`` or a SLURM step of several
     tasks describes a cluster, mirrored over several local devices, else the default strategy."""
     if os.environ.get("TF_CONFIG") or launch.slurm_step(os.environ):
-        return join_workers()
+        return cluster.join_workers()
     gpus = tf.config.list_logical_devices("GPU")
     devices = gpus or tf.config.list_logical_devices("CPU")
     if num_devices is not None and not 1 <= num_devices <= len(devices):
@@ -165,22 +73,6 @@ def local_shards(strategy: tf.distribute.Strategy) -> list[int]:
     return [worker * local + i for i in range(local)]
 
 
-def process_index() -> int:
-    """This process's rank in a multi-process run (0 alone).
-
-    TensorFlow: the task index of ``TF_CONFIG``, else ``SLURM_PROCID`` in a SLURM step of several
-    tasks."""
-    config = os.environ.get("TF_CONFIG")
-    if config:
-        try:
-            return int(json.loads(config).get("task", {}).get("index", 0))
-        except (ValueError, AttributeError):
-            raise UserError(f"TF_CONFIG is not the JSON TensorFlow expects: {config[:80]!r}") from None
-    if launch.slurm_step(os.environ):
-        return launch.env_int(os.environ, "SLURM_PROCID", 0)
-    return 0
-
-
 def is_main_process() -> bool:
     """True on process 0, which alone writes logs, metrics and weights files."""
     return process_index() == 0
@@ -190,7 +82,7 @@ def main_process_flag(strategy: tf.distribute.Strategy, flag: bool) -> bool:
     """Process 0's ``flag`` on every process, so all processes take the same branch.
 
     TensorFlow: replica 0's value summed over the replicas."""
-    if strategy.num_replicas_in_sync == 1:
+    if process_count() == 1:
         return bool(flag)
     values = strategy.experimental_distribute_values_from_function(
         lambda ctx: tf.constant(float(flag) if ctx.replica_id_in_sync_group == 0 else 0.0)
@@ -203,8 +95,7 @@ def any_process(strategy: tf.distribute.Strategy, flag: bool) -> bool:
     flag itself in a one-process run.
 
     TensorFlow: a sum over the replicas of the workers' flags."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or len(resolver.cluster_spec().as_dict().get("worker", [])) <= 1:
+    if process_count() == 1:
         return flag
     value = per_replica(strategy, lambda: tf.constant(int(flag), tf.int32))
     return int(strategy.reduce("SUM", value, axis=None)) > 0
@@ -216,11 +107,9 @@ def process_rows(strategy: tf.distribute.Strategy, row: np.ndarray) -> np.ndarra
 
     TensorFlow: a sum over the replicas of a table that holds the row in this worker's line, given by
     the worker's first replica alone."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    workers = 0 if resolver is None else len(resolver.cluster_spec().as_dict().get("worker", []))
-    if workers <= 1:
+    if process_count() == 1:
         return np.asarray(row)[None]
-    table = np.zeros((workers, *np.shape(row)), np.asarray(row).dtype)
+    table = np.zeros((process_count(), *np.shape(row)), np.asarray(row).dtype)
     table[process_index()] = row
     first = local_shards(strategy)[0]
     value = strategy.experimental_distribute_values_from_function(
@@ -240,9 +129,7 @@ def lost_peer(err: BaseException) -> str | None:
     text = str(err)
     if "Collective ops is aborted" not in text and "unhealthy" not in text:
         return None
-    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    workers = len(config.get("cluster", {}).get("worker", [])) or launch.env_int(os.environ, "SLURM_STEP_NUM_TASKS", 1)
-    return launch.lost_process(text, process_index(), workers)
+    return launch.lost_process(text, process_index(), process_count())
 
 
 # --- batches on the devices ----------------------------------------------------------------------

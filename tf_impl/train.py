@@ -34,8 +34,8 @@ from shared_data.runtime.epoch_report import EpochReport
 from shared_data.runtime.nvtx import nvtx_range
 from shared_data.runtime.run_folder import RunFolder
 from shared_data.runtime.steps import EpochTiming, epoch_steps
+from tf_impl import cluster, distribute, ema, predict
 from tf_impl import data as data_mod
-from tf_impl import distribute, ema, predict
 from tf_impl import model as model_mod
 from tf_impl.checkpoints import Checkpoints
 from tf_impl.step import TrainState, compile_steps, make_optimizer
@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         FRAMEWORK,
         train_and_evaluate,
         argv,
-        initialize=distribute.initialize,
+        initialize=cluster.initialize,
         process_index=distribute.process_index,
         lost_peer=distribute.lost_peer,
     )

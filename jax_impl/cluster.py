@@ -1,0 +1,139 @@
+"""How a JAX process joins a multi-process run: the counterpart of :mod:`tf_impl.cluster`.
+
+:func:`initialize` reads what the launcher describes (SLURM, Open MPI, the ``JAX_*`` variables) and
+joins before JAX sets up its devices; :func:`process_index` and :func:`process_count` say where this
+process stands. What the processes then do together (the mesh, collectives) is
+:mod:`jax_impl.distribute`.
+
+JAX: ``jax.distributed.initialize``, with the coordinator's address from the environment or JAX's own
+cluster detection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import jax
+
+from shared_data.core.errors import UserError
+from shared_data.runtime import launch
+
+#: ``DLAS_JAX_CLUSTER``: ``auto`` lets ``jax.distributed`` detect any environment it knows (Kubernetes,
+#: Cloud TPU, SLURM, Open MPI); a detection method's name (``mpi4py``, ``k8s``, ...) asks for that one;
+#: ``none`` keeps the process alone. Unset, the run joins when SLURM, Open MPI or the ``JAX_*``
+#: variables describe several processes.
+CLUSTER_VARIABLE = "DLAS_JAX_CLUSTER"
+
+
+# --- joining a multi-process run -----------------------------------------------------------------
+
+
+def initialize() -> str | None:
+    """Join a multi-process run when the environment describes one and return the line that says
+    where this process stands (``None`` alone). Under a SLURM step the GPUs each task drives come from
+    :func:`shared_data.runtime.launch.task_gpus` (right for ``--gpus-per-task`` too).
+
+    JAX: ``jax.distributed.initialize`` with what :func:`join_arguments` reads: ``JAX_COORDINATOR_ADDRESS``
+    (host:port of process 0), ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID`` (and optionally
+    ``JAX_LOCAL_DEVICE_IDS``), for several processes on one host or a launcher JAX does not know; else
+    JAX's own detection (SLURM, Open MPI; :data:`CLUSTER_VARIABLE` for others).
+
+    Raises:
+        UserError: ``JAX_COORDINATOR_ADDRESS`` without ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, one
+            that is not an integer in range (:func:`shared_data.runtime.launch.env_int`), or an unknown
+            ``DLAS_JAX_CLUSTER``."""
+    if jax.distributed.is_initialized():
+        return None
+    env = os.environ
+    joined = join_arguments(env, env.get(CLUSTER_VARIABLE, "").strip().lower())
+    if joined is None:
+        return None
+    how, kwargs, wait = joined
+    ids = launch.task_gpus(env)
+    if ids is not None and not env.get("JAX_LOCAL_DEVICE_IDS"):
+        kwargs["local_device_ids"] = ids
+    if env.get("JAX_PLATFORMS", "") == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes all-reduce over gloo
+    # SIGTERM (scancel, a requeue, the time limit) is the run's to handle: every rank stops at one step
+    # boundary and saves its data cursor (shared_data.runtime.preemption). JAX's preemption service would take
+    # SIGTERM from Python's handler and leave the steps running.
+    jax.config.update("jax_enable_preemption_service", False)
+    # JAX's own time-out aborts the process with a C++ trace: the watchdog of launch.joining ends it first
+    kwargs["initialization_timeout"] = int(launch.start_timeout(env)) + 30
+    try:
+        with wait:  # on a thread, so SIGTERM and Ctrl-C end a process that waits for its peers
+            launch.interruptible(jax.distributed.initialize, **kwargs)
+    except ValueError as err:  # JAX found no environment to join
+        raise UserError(f"jax.distributed ({how}): {err}") from None
+    return (
+        f"jax.distributed ({how}): process {jax.process_index()} of {jax.process_count()}, "
+        f"{jax.local_device_count()} local / {jax.device_count()} global devices, "
+        f"GPUs {jax.config.read('jax_cuda_visible_devices')} of CUDA_VISIBLE_DEVICES="
+        f"{env.get('CUDA_VISIBLE_DEVICES', '(unset)')}"
+    )
+
+
+def join_arguments(env, choice: str) -> tuple[str, dict, contextlib.AbstractContextManager] | None:
+    """How this process joins a run (``choice``: :data:`CLUSTER_VARIABLE`'s value): the launcher's name,
+    the ``jax.distributed.initialize`` arguments it implies and the start's wait (said and timed where
+    the processes are known); None when the process runs alone.
+
+    Raises:
+        UserError: ``JAX_COORDINATOR_ADDRESS`` without ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, or one
+            that is not an integer in range.
+    """
+    kwargs: dict = {}
+    wait = contextlib.nullcontext()
+    if choice == "none":
+        return None
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        missing = [v for v in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if not env.get(v)]
+        if missing:
+            raise UserError(f"JAX_COORDINATOR_ADDRESS is set: set {' and '.join(missing)} as well")
+        count = launch.env_int(env, "JAX_NUM_PROCESSES", 1, 1)
+        kwargs.update(num_processes=count, process_id=launch.env_int(env, "JAX_PROCESS_ID", 0, 0, count))
+        address = env["JAX_COORDINATOR_ADDRESS"]
+        if kwargs["process_id"] == 0:
+            launch.claim_port(address, "JAX_COORDINATOR_ADDRESS")
+        wait = launch.joining(kwargs["process_id"], kwargs["num_processes"], address, {0: address}, env)
+        return "JAX_COORDINATOR_ADDRESS", kwargs, wait
+    if choice and choice != "auto":
+        return choice, {"cluster_detection_method": choice}, wait
+    if choice != "auto" and not launch.slurm_step(env) and not launch.ompi_job(env):
+        return None
+    how = "SLURM" if launch.slurm_step(env) else "Open MPI" if launch.ompi_job(env) else "auto-detected"
+    if launch.slurm_step(env) and choice != "auto":
+        address = kwargs["coordinator_address"] = slurm_coordinator(env)
+        size = launch.env_int(env, "SLURM_STEP_NUM_TASKS", 1, 1)
+        rank = launch.env_int(env, "SLURM_PROCID", 0, 0, size)
+        if rank == 0:
+            launch.claim_port(address, "the SLURM step's coordinator")
+        wait = launch.joining(rank, size, address, {0: address}, env)
+    return how, kwargs, wait
+
+
+def slurm_coordinator(env) -> str:
+    """Process 0's address in a SLURM step, as JAX's own SLURM detection picks it: the step's first
+    node, port ``JAX_COORDINATOR_PORT`` or 61440 + (job id mod 4096).
+
+    Raises:
+        UserError: ``JAX_COORDINATOR_PORT`` is not a port number or ``SLURM_JOB_ID`` not an integer.
+    """
+    port = launch.env_int(env, "JAX_COORDINATOR_PORT", 0, 1, 65536)
+    port = port or launch.env_int(env, "SLURM_JOB_ID", 0) % 4096 + 61440
+    return f"{launch.expand_hostlist(env['SLURM_STEP_NODELIST'])[0]}:{port}"
+
+
+def process_index() -> int:
+    """This process's rank in a multi-process run (0 alone).
+
+    JAX: ``jax.process_index()``."""
+    return jax.process_index()
+
+
+def process_count() -> int:
+    """The processes of the run (1 alone).
+
+    JAX: ``jax.process_count()``."""
+    return jax.process_count()
