@@ -21,6 +21,7 @@ import os
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -74,8 +75,6 @@ def main_process_flag(flag: bool) -> bool:
     JAX: a broadcast from process 0."""
     if process_count() == 1:
         return bool(flag)
-    from jax.experimental import multihost_utils
-
     return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
 
 
@@ -86,8 +85,6 @@ def any_process(flag: bool) -> bool:
     JAX: a one-integer all-gather over the processes."""
     if process_count() == 1:
         return flag
-    from jax.experimental import multihost_utils
-
     return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
 
 
@@ -98,8 +95,6 @@ def process_rows(row: np.ndarray) -> np.ndarray:
     JAX: an all-gather over the processes."""
     if process_count() == 1:
         return np.asarray(row)[None]
-    from jax.experimental import multihost_utils
-
     return np.asarray(multihost_utils.process_allgather(np.asarray(row)))
 
 
@@ -132,6 +127,7 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+    """Every device of ``mesh`` holds the whole array (the train state's parameters)."""
     return NamedSharding(mesh, P())
 
 

@@ -106,8 +106,8 @@ def test_jax_two_devices_match_one(tiny_cfg, reduce_dtype):
 
 TF_SCRIPT = r"""
 import sys
-from tf_impl import distribute
-distribute.split_cpu(2)
+from tf_impl import cluster, distribute
+cluster.split_cpu(2)
 import numpy as np, tensorflow as tf
 from shared_data.core import config as config_mod
 from shared_data.data import host_batches
@@ -185,8 +185,8 @@ TF_TRAIN_SCRIPT = (
     r"""
 import sys
 import numpy as np
-from tf_impl import distribute
-distribute.split_cpu(2)
+from tf_impl import cluster
+cluster.split_cpu(2)
 from shared_data.runtime.records import read_metrics
 from tf_impl import step as step_mod
 from tf_impl import train as train_mod

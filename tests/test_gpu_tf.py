@@ -168,9 +168,9 @@ def test_gpu_loaders_equal_the_numpy_reader_bit_for_bit(tiny_cfg, kind):
 
 MIRRORED_SCRIPT = r"""
 import sys
-from tf_impl import distribute
+from tf_impl import cluster, distribute
 import tensorflow as tf
-(distribute.split_gpu if tf.config.list_physical_devices("GPU") else distribute.split_cpu)(2)
+(cluster.split_gpu if tf.config.list_physical_devices("GPU") else cluster.split_cpu)(2)
 import numpy as np
 from shared_data.core import config as config_mod
 from shared_data.model import unet_spec

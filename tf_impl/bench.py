@@ -12,8 +12,8 @@ import tensorflow as tf
 from shared_data.core.config import Config, batch_sizes
 from shared_data.data import host_batches
 from shared_data.model import schedule, unet_spec
+from tf_impl import cluster, distribute
 from tf_impl import data as data_mod
-from tf_impl import distribute
 from tf_impl import model as model_mod
 from tf_impl import step as step_mod
 
@@ -35,7 +35,7 @@ class Bench:
         self.cfg, self.mode = cfg, mode
         shared = step_from or input_from  # one strategy for the step and the input it is fed
         if not shared and (num_devices or 1) > 1 and not tf.config.list_physical_devices("GPU"):
-            distribute.split_cpu_once(num_devices)  # data parallel over CPU devices, as JAX's XLA_FLAGS give
+            cluster.split_cpu_once(num_devices)  # data parallel over CPU devices, as JAX's XLA_FLAGS give
         self.strategy = shared.strategy if shared else distribute.make_strategy(num_devices)
         self.replicas = distribute.num_replicas(self.strategy)
         self.global_batch, local_batch = batch_sizes(cfg, self.replicas)

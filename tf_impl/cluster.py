@@ -4,7 +4,9 @@
 before TensorFlow sets up its devices; :func:`process_index` and :func:`process_count` say where this
 process stands; :func:`join_workers` builds the multi-worker strategy once every worker is there
 (:func:`tf_impl.distribute.make_strategy` calls it). What the processes then do together (replicas,
-collectives) is :mod:`tf_impl.distribute`.
+collectives) is :mod:`tf_impl.distribute`. The devices a process drives are set here too: its GPUs
+under SLURM, and logical devices that give one GPU or the CPU several replicas (:func:`split_gpu`,
+:func:`split_cpu`; JAX's CPU devices come from ``XLA_FLAGS``).
 
 TensorFlow: ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG``'s cluster or TensorFlow's SLURM cluster
 resolver, with this task's GPUs as SLURM gives them.
@@ -153,3 +155,45 @@ def tf_config() -> dict:
     if not isinstance(config, dict):
         raise UserError(f"TF_CONFIG is not the JSON TensorFlow expects: {text[:80]!r}")
     return config
+
+
+# --- logical devices: several replicas on one device (tests, one GPU) -------------------------
+
+
+def physical_gpu_index(logical_index: int) -> int:
+    """The physical GPU behind logical GPU ``logical_index`` (DALI's ``device_id``): logical GPUs
+    are made per physical GPU in order, the same number on each (:func:`split_gpu`)."""
+    physical = len(tf.config.list_physical_devices("GPU"))
+    logical = len(tf.config.list_logical_devices("GPU"))
+    return logical_index * physical // max(logical, 1)
+
+
+def split_gpu(n: int, memory_mb: int = 16384) -> None:
+    """Expose ``n`` logical GPUs of ``memory_mb`` MiB each on the first GPU (data parallel on one
+    GPU: the MirroredStrategy code path without a second GPU). Must run before TensorFlow
+    initialises its devices.
+
+    Raises:
+        UserError: TensorFlow sees no GPU.
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        raise UserError("split_gpu: TensorFlow sees no GPU")
+    config = [tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)] * n
+    tf.config.set_logical_device_configuration(gpus[0], config)
+
+
+def split_cpu(n: int) -> None:
+    """Expose ``n`` logical CPU devices (tests of MirroredStrategy on a machine without GPUs).
+    Must run before TensorFlow initialises its devices."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+
+
+def split_cpu_once(n: int) -> None:
+    """:func:`split_cpu` where TensorFlow has not yet set up its devices; where it has, its devices
+    stay as they are (a later :func:`make_strategy` then says how many it sees)."""
+    try:
+        split_cpu(n)
+    except RuntimeError:  # "Virtual devices cannot be modified after being initialized"
+        pass

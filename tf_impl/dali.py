@@ -30,7 +30,7 @@ from shared_data.data import dali_pipelines as dp
 from shared_data.data import dataset, host_batches
 from shared_data.data.crop_readers import H5LowMemReader
 from shared_data.data.sampler import SPLITS
-from tf_impl import distribute
+from tf_impl import cluster, distribute
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class DaliInput:
         local = shard - self.shards[0]
         if self.crops_outside:
             inputs.update(self._crop_inputs(plan, self.gpus[local].name if self.gpus else None))
-        device_id = distribute.physical_gpu_index(local) if self.gpus else None
+        device_id = cluster.physical_gpu_index(local) if self.gpus else None
         pipe = dp.build_pipeline(cfg, self.split_name, self.local_bs, device_id)
         shapes = (
             (self.local_bs, s, s, s, cfg.N_in_channels),
@@ -215,7 +215,7 @@ class DaliDeviceInput:
         for i, shard in enumerate(self.shards):
             plans = dp.EpochPlans(cfg, self.split, [shard], replicas, size, first_epoch)
             sources = dp.device_crop_sources(plans, crop_fns(volumes, self.devices[i], cfg.crop_size), cfg)
-            device_id = distribute.physical_gpu_index(i) if gpus else None
+            device_id = cluster.physical_gpu_index(i) if gpus else None
             pipe = dp.build_pipeline(cfg, split, local_bs, device_id, plans, sources)
             pipe.build()
             self.pipes.append(pipe)

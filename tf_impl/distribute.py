@@ -37,7 +37,12 @@ log = logging.getLogger(__name__)
 
 def make_strategy(num_devices: int | None = None) -> tf.distribute.Strategy:
     """The strategy for this process: multi-worker when ``TF_CONFIG`` or a SLURM step of several
-    tasks describes a cluster, mirrored over several local devices, else the default strategy."""
+    tasks describes a cluster, mirrored over the first ``num_devices`` local devices (all GPUs by
+    default), else the default strategy.
+
+    Raises:
+        UserError: more devices asked for than there are.
+    """
     if os.environ.get("TF_CONFIG") or launch.slurm_step(os.environ):
         return cluster.join_workers()
     gpus = tf.config.list_logical_devices("GPU")
@@ -69,8 +74,7 @@ def local_shards(strategy: tf.distribute.Strategy) -> list[int]:
     if strategy.num_replicas_in_sync == 1:
         return [0]
     local = len(strategy.extended.worker_devices)
-    worker = strategy.cluster_resolver.task_id if getattr(strategy, "cluster_resolver", None) else 0
-    return [worker * local + i for i in range(local)]
+    return [process_index() * local + i for i in range(local)]
 
 
 def is_main_process() -> bool:
@@ -175,45 +179,6 @@ def sync_devices(strategy: tf.distribute.Strategy) -> None:
     for name in devices:
         with tf.device(name):
             tf.raw_ops.SyncDevice()
-
-
-def physical_gpu_index(logical_index: int) -> int:
-    """The physical GPU behind logical GPU ``logical_index`` (DALI's ``device_id``): logical GPUs
-    are made per physical GPU in order, the same number on each (:func:`split_gpu`)."""
-    physical = len(tf.config.list_physical_devices("GPU"))
-    logical = len(tf.config.list_logical_devices("GPU"))
-    return logical_index * physical // max(logical, 1)
-
-
-def split_gpu(n: int, memory_mb: int = 16384) -> None:
-    """Expose ``n`` logical GPUs of ``memory_mb`` MiB each on the first GPU (data parallel on one
-    GPU: the MirroredStrategy code path without a second GPU). Must run before TensorFlow
-    initialises its devices.
-
-    Raises:
-        UserError: TensorFlow sees no GPU.
-    """
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        raise UserError("split_gpu: TensorFlow sees no GPU")
-    config = [tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)] * n
-    tf.config.set_logical_device_configuration(gpus[0], config)
-
-
-def split_cpu(n: int) -> None:
-    """Expose ``n`` logical CPU devices (tests of MirroredStrategy on a machine without GPUs).
-    Must run before TensorFlow initialises its devices."""
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
-
-
-def split_cpu_once(n: int) -> None:
-    """:func:`split_cpu` where TensorFlow has not yet set up its devices; where it has, its devices
-    stay as they are (a later :func:`make_strategy` then says how many it sees)."""
-    try:
-        split_cpu(n)
-    except RuntimeError:  # "Virtual devices cannot be modified after being initialized"
-        pass
 
 
 # --- compilation: the one place that sets XLA options -------------------------------------------

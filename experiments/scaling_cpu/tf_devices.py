@@ -5,9 +5,9 @@ logical CPU devices of this process (``MirroredStrategy``), as JAX's
 import sys
 
 from shared_data.core.errors import run_cli
-from tf_impl import distribute, train
+from tf_impl import cluster, train
 
 if __name__ == "__main__":
     n = sys.argv[1]
-    distribute.split_cpu(int(n))
+    cluster.split_cpu(int(n))
     raise SystemExit(run_cli(train.main, [*sys.argv[2:], "--num_devices", n]))
