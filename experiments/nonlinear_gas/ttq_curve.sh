@@ -26,7 +26,7 @@ BUDGET=${BUDGET:-480}
 if [[ $CONFIG == short ]]; then
   TRAIN_CONFIG=quality
   RECIPE=(--num_epochs "${NUM_EPOCHS:-22}" --set "quality_budget_sec=$BUDGET")
-  VAL=data/val_128.h5
+  VAL=data/val_128$DATA_SUFFIX.h5
 else
   RECIPE=("${TINY_QUALITY[@]}" --num_epochs "${NUM_EPOCHS:-3}")
   VAL=$WORK/val_32_nonlinear.h5

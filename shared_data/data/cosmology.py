@@ -156,5 +156,7 @@ def _nbody_fields(delta_k, delta_linear, size, box, z, seed, cosmo, k_jeans, t0,
     on_stage("gas: shock heating, two-phase temperature, temperature-dependent Jeans smoothing")
     t_shock = folded * dispersion_temperature(sigma2)
     he2 = reionization_offset(size, box, seed)
-    rho_gas, temperature, v_gas = nonlinear_gas(mass, v_dm, t_shock, log_t_offset, he2, box, k_jeans, t0, gamma)
+    rho_gas, temperature, v_gas = nonlinear_gas(
+        mass, v_dm, t_shock, log_t_offset, he2, box, k_jeans, t0, gamma, spread=True
+    )
     return Fields(delta_linear, mass, v_dm, rho_gas, temperature, v_gas, k_nl)

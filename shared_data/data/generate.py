@@ -40,7 +40,7 @@ DENSITY_SCALE = 14.0
 RHO_FLOOR = 1e-3
 TEMPERATURE_SCALE = 8.0
 VELOCITY_SCALE = 2000.0  # km/s
-GENERATOR_VERSION = 5  # changes whenever the same arguments give other values (the "generator" attribute)
+GENERATOR_VERSION = 6  # changes whenever the same arguments give other values (the "generator" attribute)
 
 NBODY_CHANNELS = ("dm_density", "dm_vx", "dm_vy", "dm_vz")
 HYDRO_CHANNELS = ("gas_density", "gas_temperature", "gas_vx", "gas_vy", "gas_vz")

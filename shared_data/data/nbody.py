@@ -30,9 +30,13 @@ contract), which rules out jaxpm (JAX, jax_cosmo, jaxdecomp) for the generator; 
   are exact for the Zel'dovich solution, so large scales grow as D(a) whatever the number of steps.
   Steps are linear in a from ``a_start`` to the output.
 
-Deterministic: the same seed and arguments give the same bytes on one machine; NumPy's FFT
-(pocketfft) may differ between builds by round-off (~1e-15 relative per step), which the chaotic
-growth of close encounters can amplify to ~1e-6 of a particle's position by the end.
+Deterministic: the same seed and arguments give the same bytes on one machine, whatever its number of
+cores (SciPy's FFT splits its 1-D transforms over the cores, each computed alike; the mesh deposit
+sums each cell's particles in order); FFT libraries may differ between builds by round-off (~1e-15
+relative per step), which the chaotic growth of close encounters can amplify to ~1e-6 of a
+particle's position by the end. The FFTs are SciPy's (pocketfft, on all cores: 6x NumPy's 3-D
+``rfftn`` on one core at 256^3 here); the generator's other stages keep NumPy's, so that the
+``zeldovich`` files stay those of generator v4, byte for byte.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ import dataclasses
 from collections.abc import Callable
 
 import numpy as np
+import scipy.fft
 
-from shared_data.data.linear_field import Cosmology, irfft3, wavenumbers
+from shared_data.data.linear_field import Cosmology, wavenumbers
 
 #: Starting redshift of the 2LPT initial conditions (2LPT transients decay as D^-2; Crocce et al. 2006).
 Z_START = 19.0
@@ -51,7 +56,7 @@ STEPS = 10
 #: The force mesh's cells per particle-lattice cell along each axis.
 MESH_FACTOR = 1
 #: Particles per chunk of the mesh deposit and read-out (keeps the 8-corner temporaries small).
-CHUNK = 1 << 20
+CHUNK = 1 << 18
 DECONVOLVE = 4
 
 
@@ -96,7 +101,7 @@ def lpt_displacements(delta_k: np.ndarray, size: int, box: float) -> tuple[np.nd
     d = {(i, j): irfft3(-kvec[i] * kvec[j] * phi1_k, size) for i in range(3) for j in range(i, 3)}
     source = d[0, 0] * d[1, 1] + d[0, 0] * d[2, 2] + d[1, 1] * d[2, 2] - d[0, 1] ** 2 - d[0, 2] ** 2 - d[1, 2] ** 2
     del d
-    phi2_k = -np.fft.rfftn(source) / k2
+    phi2_k = -rfft3(source) / k2
     phi2_k[0, 0, 0] = 0.0
     psi2 = np.stack([irfft3(1j * kc * phi2_k, size).ravel() for kc in kvec])
     return psi1, psi2
@@ -104,30 +109,36 @@ def lpt_displacements(delta_k: np.ndarray, size: int, box: float) -> tuple[np.nd
 
 def cic_weights(pos: np.ndarray, mesh: int) -> tuple[np.ndarray, np.ndarray]:
     """The 8 mesh cells and cloud-in-cell weights of each particle at ``pos`` (3, n) in mesh-cell units
-    (periodic, cell centres at integers): ``(index (8, n) int64 into the flattened mesh, weight (8, n))``."""
+    (periodic, cell centres at integers): ``(index (8, n) int64 into the flattened mesh, weight (8, n))``,
+    corners in the order (dx, dy, dz) = (0, 0, 0), (0, 0, 1), ..., (1, 1, 1). Each axis's two cells
+    and weights are computed once and combined per corner (the weights' products in the order x, y, z)."""
     base = np.floor(pos)
     frac = pos - base
-    base = base.astype(np.int64)
-    idx, w = [], []
+    cells = base.astype(np.int64) % mesh
+    strides = (mesh * mesh, mesh, 1)
+    # per axis: the lower and upper cell, each times its stride, and their weights
+    offsets = [(c * stride, np.where(c == mesh - 1, 0, c + 1) * stride) for c, stride in zip(cells, strides)]
+    weights = [(1 - f, f) for f in frac]
+    n = pos.shape[1]
+    idx, w = np.empty((8, n), np.int64), np.empty((8, n))
+    corner = 0
     for dx in (0, 1):
         for dy in (0, 1):
+            ixy, wxy = offsets[0][dx] + offsets[1][dy], weights[0][dx] * weights[1][dy]
             for dz in (0, 1):
-                i = ((base[0] + dx) % mesh * mesh + (base[1] + dy) % mesh) * mesh + (base[2] + dz) % mesh
-                idx.append(i)
-                w.append(
-                    (frac[0] if dx else 1 - frac[0])
-                    * (frac[1] if dy else 1 - frac[1])
-                    * (frac[2] if dz else 1 - frac[2])
-                )
-    return np.stack(idx), np.stack(w)
+                np.add(ixy, offsets[2][dz], out=idx[corner])
+                np.multiply(wxy, weights[2][dz], out=w[corner])
+                corner += 1
+    return idx, w
 
 
 def cic_deposit(pos: np.ndarray, mesh: int) -> np.ndarray:
-    """Particle count per mesh cell (mesh^3 float64) of CIC clouds at ``pos`` (3, n), mesh-cell units."""
+    """Particle count per mesh cell (mesh^3 float64) of CIC clouds at ``pos`` (3, n), mesh-cell units.
+    Each cell's sum runs over the particles in order, so the result does not depend on :data:`CHUNK`."""
     out = np.zeros(mesh**3)
     for start in range(0, pos.shape[1], CHUNK):
         idx, w = cic_weights(pos[:, start : start + CHUNK], mesh)
-        out += np.bincount(idx.ravel(), weights=w.ravel(), minlength=mesh**3)
+        np.add.at(out, idx.ravel(), w.ravel())
     return out.reshape((mesh,) * 3)
 
 
@@ -143,26 +154,46 @@ def cic_readout(fields: list[np.ndarray], pos: np.ndarray) -> np.ndarray:
     return out
 
 
-def pm_force(pos: np.ndarray, n_particles: int, mesh: int, box: float) -> np.ndarray:
-    """F = -grad lap^-1 delta at the particles (3, n), Mpc/h, for particles at ``pos`` (3, n) Mpc/h
-    (module docstring, force): the gravitational acceleration per unit 3/2 Omega_m / a."""
+def rfft3(field: np.ndarray) -> np.ndarray:
+    """``rfftn``-layout modes (complex128) of a real cubic field: SciPy's FFT on all cores."""
+    return scipy.fft.rfftn(field, workers=-1)
+
+
+def irfft3(fk: np.ndarray, size: int) -> np.ndarray:
+    """Real ``size``^3 field (float64) of the ``rfftn``-layout modes ``fk``: SciPy's FFT on all cores."""
+    return scipy.fft.irfftn(fk, s=(size,) * 3, axes=(0, 1, 2), workers=-1)
+
+
+def potential_kernel(mesh: int, box: float) -> np.ndarray:
+    """1 / (k^2 W(k)^2) on the ``rfftn`` grid of a ``mesh``^3 mesh over ``box`` Mpc/h ((Mpc/h)^2), 0 at
+    k = 0: the modes of -phi (lap phi = delta) per density mode, with the CIC window W = prod sinc^2
+    (one factor per axis) divided out for the deposit and the read-out (module docstring, force)."""
     cell = box / mesh
-    # the mesh sits half a cell off the lattice: CIC's response to a displacement is linear between
-    # mesh points and has a kink at them, where the unperturbed lattice would sit
-    x = pos / cell + 0.5
-    rho = cic_deposit(x, mesh) * (mesh**3 / n_particles)
-    delta_k = np.fft.rfftn(rho - 1.0)
-    del rho
     kvec = wavenumbers(mesh, box)
     k2 = sum(kc**2 for kc in kvec)
     k2[0, 0, 0] = 1.0
     window = 1.0
     for kc in kvec:  # CIC window sinc^2 per axis, for deposit and read-out: sinc^4
         window = window * np.sinc(kc * cell / (2 * np.pi)) ** DECONVOLVE
-    pot_k = delta_k / (k2 * window)
-    pot_k[0, 0, 0] = 0.0
+    kernel = 1.0 / (k2 * window)
+    kernel[0, 0, 0] = 0.0
+    return kernel
+
+
+def pm_force(pos: np.ndarray, n_particles: int, mesh: int, box: float, kernel: np.ndarray | None = None) -> np.ndarray:
+    """F = -grad lap^-1 delta at the particles (3, n), Mpc/h, for particles at ``pos`` (3, n) Mpc/h
+    (module docstring, force): the gravitational acceleration per unit 3/2 Omega_m / a. ``kernel``:
+    :func:`potential_kernel` of this mesh and box, computed here where not given."""
+    cell = box / mesh
+    # the mesh sits half a cell off the lattice: CIC's response to a displacement is linear between
+    # mesh points and has a kink at them, where the unperturbed lattice would sit
+    x = pos / cell + 0.5
+    rho = cic_deposit(x, mesh) * (mesh**3 / n_particles)
+    pot_k = rfft3(rho - 1.0)
+    del rho
+    pot_k *= potential_kernel(mesh, box) if kernel is None else kernel
     forces = []
-    for axis, kc in enumerate(kvec):
+    for axis, kc in enumerate(wavenumbers(mesh, box)):
         fk = 1j * kc * pot_k
         if mesh % 2 == 0:  # the Nyquist plane's derivative is not a real field
             sl = [slice(None)] * 3
@@ -208,14 +239,15 @@ def run(
     n = size**3
     a_steps = np.linspace(a_start, a_out, steps + 1)
     d_of = lambda a: float(growth(cosmo, a)[0])
-    force = pm_force(pos % box, n, mesh, box)
+    kernel = potential_kernel(mesh, box)
+    force = pm_force(pos % box, n, mesh, box, kernel)
     for i, (a0, a1) in enumerate(zip(a_steps[:-1], a_steps[1:])):
         on_stage(f"N-body step {i + 1} of {steps} (a = {a0:.3f} -> {a1:.3f}, {mesh}^3 force mesh)")
         a_half = 0.5 * (a0 + a1)
         p += force * ((momentum_growth(cosmo, a_half) - momentum_growth(cosmo, a0)) / d_of(a0))
         pos += p * ((d_of(a1) - d_of(a0)) / momentum_growth(cosmo, a_half))
         pos %= box
-        force = pm_force(pos, n, mesh, box)
+        force = pm_force(pos, n, mesh, box, kernel)
         p += force * ((momentum_growth(cosmo, a1) - momentum_growth(cosmo, a_half)) / d_of(a1))
     disp = (pos - q + box / 2) % box - box / 2
     return Particles(disp, 100.0 * p / a_out)
