@@ -33,7 +33,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from shared_data.data import nbody
 from shared_data.data.dark_matter import PARTICLES_PER_SIDE, deposit_particles, zeldovich_displacement
 from shared_data.data.gas_physics import (
     dispersion_temperature,
@@ -134,6 +133,11 @@ def cosmology_for(dm: str, **params) -> Cosmology:
 
 def _nbody_fields(delta_k, delta_linear, size, box, z, seed, cosmo, k_jeans, t0, gamma, on_stage, workers, gas):
     """Steps 4-5 of :func:`simulate` with the N-body's dark matter (module docstring)."""
+    # Imported here, not at the top: the N-body brings SciPy's FFT (tens of MiB of shared objects), and
+    # this module is also read for its constants by processes that never simulate, some of them under
+    # a tight address-space limit (``ulimit -v``) they must meet to refuse cleanly.
+    from shared_data.data import nbody
+
     particles = nbody.run(delta_k, size, box, z, cosmo, on_stage=on_stage)
     psi_k = np.stack([np.fft.rfftn(d.reshape((size,) * 3)) for d in particles.displacement])
     vel_k = np.stack([np.fft.rfftn(v.reshape((size,) * 3)) for v in particles.velocity])
