@@ -72,7 +72,12 @@ LESSONS: dict[str, Lesson] = {
     ),
     "input": Lesson(
         "Fix the input pipeline: the loaders, the device loader's gather inside the step, DALI",
-        (_twin("data.py:make_input"), _twin("data.py:crops"), _twin("dali.py:DaliInput")),
+        (
+            _twin("data.py:make_input"),
+            _twin("data.py:crops"),
+            _twin("dali.py:DaliInput"),
+            ("tf_impl/dali.py:DaliDeviceInput", "jax_impl/dali.py:DaliInput"),
+        ),
         (
             "shared_data/runtime/steps.py:EpochTiming",
             "shared_data/data/host_batches.py:make_plan",
@@ -103,13 +108,26 @@ LESSONS: dict[str, Lesson] = {
         (
             _twin("cluster.py:initialize"),
             ("tf_impl/distribute.py:make_strategy", "jax_impl/distribute.py:make_mesh"),
+            _twin("distribute.py:num_replicas"),
             ("tf_impl/step.py:replica_gradients", "jax_impl/distribute.py:batch_sharding"),
+            ("tf_impl/step.py:apply_gradients", "jax_impl/distribute.py:put_batch"),
             _twin("distribute.py:any_process"),
         ),
         (
             "shared_data/data/sampler.py:epoch_draws",
             "shared_data/model/schedule.py:initial_lr",
             "shared_data/runtime/preemption.py:stop_agreed",
+        ),
+    ),
+    "checkpoint": Lesson(
+        "Checkpoints: written in the background and atomically each epoch, a stop's save at a step "
+        "boundary, the resume that verifies what it restores",
+        (_twin("checkpoints.py:Checkpoints"), _twin("train.py:train_epoch")),
+        (
+            "shared_data/runtime/saves.py:saving",
+            "shared_data/runtime/checksums.py:record",
+            "shared_data/runtime/resume.py:resume",
+            "shared_data/runtime/preemption.py:stopping",
         ),
     ),
 }

@@ -83,11 +83,12 @@ def train_epoch(state, train_fn, batches, epoch: int, start, folder: RunFolder, 
                 timed = timing.sampled(i)
                 if timed:
                     jax.block_until_ready(state)
+                # (signal_first: a loader whose worker the same group signal killed reports that signal)
                 with nvtx_range("data wait", "yellow"), timing.input_wait(timed), signals.signal_first():
                     batch = next(batches)
                     if timed:
                         jax.block_until_ready(batch)
-                # --- the step: XLA-compiled, dispatched asynchronously (the host runs ahead) ---
+                # --- the step: compiled (XLA where cfg and the devices allow), dispatched asynchronously ---
                 with nvtx_range("step dispatch", "blue"):
                     state, metrics = train_fn(state, batch)
             losses.append(metrics["loss"])
@@ -161,18 +162,19 @@ def train_and_evaluate(
     """Train ``cfg`` in ``workdir``; return the final state and the last epoch's metrics (and the time to
     quality's: :mod:`shared_data.inference.quality`). ``stop_after_epoch``: as a job's time limit."""
     mesh, folder = open_run(cfg, workdir, num_devices, overwrite)
+    # --- the model and its mixed-precision policy (cfg.precision), the optimizer, the train state ---
     model, tx, state = initial_state(cfg, folder.lr_table, init_weights, mesh)
     with Checkpoints(folder.workdir / "checkpoints", cfg.keep_checkpoints, state) as ckpt:  # closed on every exit
         # --- resume: the newest checkpoint that restores, or a stop's mid-epoch save ---
-        mid_epoch = functools.partial(Checkpoints, folder.mid_epoch_dir / "checkpoints", 1, state)
+        mid_epoch = functools.partial(Checkpoints, folder.mid_epoch_dir / "checkpoints", keep=1, state=state)
         start = resume_mod.resume(folder, ckpt, mid_epoch, resume)
         state = state if start.restored is None else start.restored
         # --- the input pipelines, then XLA: the steps compiled ahead of time ---
         train_in = data_mod.make_input(cfg, "train", mesh, start.epoch, start.step)
         val_in = data_mod.make_input(cfg, "val", mesh)
         specs = [data_mod.input_spec(inp, cfg, mesh) for inp in (train_in, val_in)]
-        compiled = folder.trains(start.epoch, stop_after_epoch)  # a finished run resumed compiles nothing
-        train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, *specs) if compiled else (None, None, 0.0)
+        trains = folder.trains(start.epoch, stop_after_epoch)  # a finished run resumed compiles nothing
+        train_fn, eval_fn, compile_s = compile_steps(cfg, model, tx, state, *specs) if trains else (None, None, 0.0)
         report = EpochReport(folder, compile_s)
         if report.begin(start.epoch, distribute.versions()):  # a fresh run: TensorBoard's step-0 loss
             report.step0(evaluate(eval_fn, state, val_in))
@@ -203,10 +205,9 @@ def train_and_evaluate(
                     break
             saves.written(folder, ckpt)  # the last checkpoint complete, or its failure raised
             if monitor.judged_epoch() is not None:  # the model that met the target, not the steps after it
-                state = ckpt.restore(monitor.judged_epoch())
+                state = ckpt.restore(monitor.judged_epoch())  # a new state: the one returned
         write_weights(state, save_weights)  # --save_weights: the weights the run evaluated
-        reached = monitor.finish()
-        return state, {**report.finish(distribute.peak_memory_bytes()), **reached}
+        return state, {**monitor.finish(), **report.finish(distribute.peak_memory_bytes())}  # the run closed last
 
 
 def main(argv: Sequence[str] | None = None) -> int:

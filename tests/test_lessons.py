@@ -22,6 +22,7 @@ SECTIONS = {
     "### 2. Fix the input pipeline": "input",
     "### 3. Mixed precision and compilation": "precision",
     "### 4. Scale out": "scale",
+    "### 5. Checkpoints": "checkpoint",
 }
 
 

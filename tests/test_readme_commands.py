@@ -203,7 +203,8 @@ def git_status() -> str:
 def tiny_argv(module: str, args: list[str], ws: Path) -> list[str]:
     """``args`` of ``python -m module`` with tiny settings: the tiny YAML (or, where the command names
     its own YAML, tiny overrides), smaller generated volumes, few timed steps."""
-    args = [("32" if prev == "--size" else a) for prev, a in zip(["", *args], args)]
+    tiny = {"--size": "32", "--Nsamples": str(TINY["Nsamples"])}  # smaller volumes, fewer crops an epoch
+    args = [tiny.get(prev, a) for prev, a in zip(["", *args], args)]
     if "--config" in args or module in ("dlas_compare.plots", "dlas_compare.summary"):
         if "--yaml_config" in args:
             sets = {"unet_widths": "[4,8,8]", "train_path": ws / "data/train_128.h5", "val_path": ws / "data/val_64.h5"}
