@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def test_recipe_smoke_on_cpu(tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "WORK": str(tmp_path / "work"), "CONFIG": "cpu_tiny", "BUDGET": "40"}
+    env = {**os.environ, "OUT": str(out), "WORK": str(tmp_path / "work"), "CONFIG": "cpu_tiny", "BUDGET": "25"}
     env["PY"] = sys.executable
     res = subprocess.run(["bash", "experiments/ladder_h200/run.sh"], cwd=REPO_ROOT, env=env, capture_output=True,
                          text=True, timeout=600)  # fmt: skip

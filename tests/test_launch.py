@@ -239,6 +239,8 @@ def test_n_processes_on_one_host_tag_their_lines(tmp_path, tiny_argv):
     assert re.search(rf"^{date} jax.distributed \(JAX_COORDINATOR_ADDRESS\): process 0 of 2", res.stdout, re.M)
     assert res.stdout.count("Time taken for epoch 1 is") == 1
     assert f"run folder: {workdir}" in res.stdout
+    launch = json.loads((workdir / "run.json").read_text())["invocations"][-1]["launch"]
+    assert launch["scheduler"] == "none" and launch["tasks"] == 2, launch
     assert f"jax_compilation_cache_dir = {scratch} (JAX_COMPILATION_CACHE_DIR)" in res.stdout
     assert any(scratch.iterdir())  # the compiled steps went to the variable's folder
     log_lines = (workdir / "out.log").read_text().splitlines()

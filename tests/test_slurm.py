@@ -10,6 +10,7 @@ world sizes, ``experiments/scaling_cpu`` gives the table.)"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -182,8 +183,8 @@ def test_two_tasks_requeued_mid_epoch_train_the_experiment_of_two_processes(slur
     losses and the --save_weights of 2 processes of ``single_host.sh`` run without interruption;
     run.json records both runs of the job and the launch.
     The loader is ``lowmem``: its worker processes outlive SLURM's SIGTERM to every process of the step.
-    TF: the job also evaluates time to quality every epoch, across the requeue. JAX: 2 devices of one
-    process give the same run."""
+    TF: the job also evaluates time to quality every epoch, across the requeue. JAX: the uninterrupted
+    run is 2 devices of one process (the 2 processes of ``single_host.sh``: tests/test_launch.py)."""
 
     def run(name: str) -> list[str]:
         folder = tmp_path / name
@@ -193,7 +194,14 @@ def test_two_tasks_requeued_mid_epoch_train_the_experiment_of_two_processes(slur
     records = tmp_path / "slurm" / "quality.jsonl"
     log = tmp_path / "job.out"
     job = sbatch_requeued_mid_epoch(slurm, framework, [*run("slurm"), *quality], log, tmp_path)
-    single_host(framework, 2, run("local"))
+    if framework == "tf":
+        single_host(framework, 2, run("local"))
+        assert launch(tmp_path / "local")["scheduler"] == "none" and launch(tmp_path / "local")["tasks"] == 2
+    else:  # 2 devices of one process (conftest's XLA_FLAGS): the experiment of 2 processes
+        from jax_impl import train as jax_train
+
+        res = run_in_process(jax_train.main, [*tiny_argv[:1], *run("local")])
+        assert res.returncode == 0, res.stderr[-3000:]
 
     text = log.read_text()
     stop = re.search(rf"stopped by SIGTERM at epoch 2, step 3 of {STEPS}: saved in .*; the job is requeued", text)
@@ -204,29 +212,25 @@ def test_two_tasks_requeued_mid_epoch_train_the_experiment_of_two_processes(slur
     assert [i["launch"]["job_id"] for i in info["invocations"]] == [job, job]
     host = socket.gethostname().split(".")[0]
     assert launch(tmp_path / "slurm") == {"scheduler": "slurm", "job_id": job, "tasks": 2, "hosts": [host]}
-    assert launch(tmp_path / "local")["scheduler"] == "none" and launch(tmp_path / "local")["tasks"] == 2
     np.testing.assert_allclose(losses(tmp_path / "slurm"), losses(tmp_path / "local"), rtol=RTOL)
     assert_same_weights(tmp_path / "local.npz", tmp_path / "slurm.npz")
     if framework == "tf":
         assert [json.loads(line)["epoch"] for line in records.read_text().splitlines()] == [1, 2]
-    else:  # 2 devices of one process (conftest's XLA_FLAGS): the same experiment as 2 processes
-        from jax_impl import train as jax_train
-
-        res = run_in_process(jax_train.main, [*tiny_argv, *TWO_TASKS, "--workdir", str(tmp_path / "devices")])
-        assert res.returncode == 0, res.stderr[-3000:]
-        np.testing.assert_allclose(losses(tmp_path / "devices"), losses(tmp_path / "local"), rtol=RTOL)
 
 
 @pytest.mark.parametrize("framework", ["jax", "tf"])
-def test_four_tasks_and_four_processes_train_one_experiment(slurm, framework, tiny_argv, tmp_path):
-    """``sbatch --wait`` of a 4-task job and ``NPROC=4 single_host.sh`` (4 processes on 2 cores; a
-    2-level net, 2 steps an epoch): both finish, their run.json says how they were launched, their
-    epoch losses agree."""
+def test_four_tasks_and_one_process_train_one_experiment(slurm, framework, tiny_argv, tmp_path):
+    """``sbatch --wait`` of a 4-task job (4 processes on 2 cores; a 2-level net, 2 steps an epoch) and
+    one process in this interpreter: both finish, the job's run.json says how it was launched, and the
+    epoch losses of world size 4 are those of world size 1 (one experiment on any world size; the
+    launch record of ``single_host.sh`` is checked by the 2-task test and tests/test_launch.py)."""
     argv = [*tiny_argv[1:], *FOUR_TASKS]
     job, out = sbatch(slurm, framework, 4, [*argv, "--workdir", str(tmp_path / "slurm")], tmp_path / "job")
     assert out.count("Time taken for epoch 2 is") == 1, out[-3000:]
-    single_host(framework, 4, [*argv, "--workdir", str(tmp_path / "local")])
-    np.testing.assert_allclose(losses(tmp_path / "local"), losses(tmp_path / "slurm"), rtol=RTOL)
+    trainer = importlib.import_module(f"{framework}_impl.train")
+    res = run_in_process(trainer.main, [*tiny_argv, *FOUR_TASKS, "--workdir", str(tmp_path / "one")])
+    assert res.returncode == 0, res.stderr[-3000:]
+    np.testing.assert_allclose(losses(tmp_path / "one"), losses(tmp_path / "slurm"), rtol=RTOL)
     host = socket.gethostname().split(".")[0]
     assert launch(tmp_path / "slurm") == {"scheduler": "slurm", "job_id": job, "tasks": 4, "hosts": [host]}
-    assert launch(tmp_path / "local")["scheduler"] == "none" and launch(tmp_path / "local")["tasks"] == 4
+    assert launch(tmp_path / "one")["scheduler"] == "none" and launch(tmp_path / "one")["tasks"] == 1
