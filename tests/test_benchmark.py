@@ -395,14 +395,16 @@ def test_drain_stops_at_the_first_wait_and_at_its_cap():
 
 def test_drain_of_an_empty_queue_costs_two_batches(monkeypatch):
     """The loader of the test above (80 samples/s) with no pause: IO's pipeline is consumed from its
-    start, so its queue is empty; the drain ends after its second call (~2 batch periods, 0.1 s)."""
+    start, so its queue is empty; the drain ends after its second call (~2 batch periods, 0.1 s), or
+    its third where a busy machine delays the loader's worker past the drain's pause; never near its
+    cap."""
     monkeypatch.setattr(_FakeBench, "PAUSE", 0.0)
     cfg = config_mod.load_config("cpu_tiny", overrides={"num_data_workers": 4})
     monkeypatch.setattr(benchmark_session, "make_bench", lambda framework, *a, **k: _FakeBench(*a, **k))
     (io,) = benchmark_session.Session("jax").run(
         cfg, ["io"], warmup=2, steps=40, windows=1, window_sec=0.25, min_steps=5
     )
-    assert io["drained_steps"] == 2 and abs(io["samples_per_sec"] / 80 - 1) < 0.1
+    assert io["drained_steps"] in (2, 3) and abs(io["samples_per_sec"] / 80 - 1) < 0.1
 
 
 def test_prefetch_depth_counts_the_queues_each_loader_has():

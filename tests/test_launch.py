@@ -437,6 +437,37 @@ def test_a_port_held_by_another_program_is_one_line(framework, tiny_argv, tmp_pa
     assert "Traceback" not in res.stderr and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
+def test_single_host_stops_the_worker_left_waiting_when_the_other_cannot_start(tiny_argv, tmp_path):
+    """``NPROC=2 single_host.sh tf`` with worker 0's port held by another program: worker 0 ends in
+    its one error line; worker 1, waiting for it inside TensorFlow's start (where TF's coordination
+    service keeps a SIGTERM sent to the process alone), is stopped by the launcher through its
+    watchdog after the 10-s grace, not at the 300-s start time-out; the launcher's exit code is 2."""
+    import time
+
+    with socket.socket() as held:
+        held.bind(("localhost", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = dict(os.environ, NPROC="2", PORT=str(port), PY=sys.executable, DLAS_START_TIMEOUT="300")
+        start = time.monotonic()
+        res = subprocess.run(
+            ["bash", "scripts/launch/single_host.sh", "tf", *tiny_argv[1:], "--workdir", str(tmp_path / "run")],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=env,
+        )
+        took = time.monotonic() - start
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and took < 120, (res.returncode, took, out[-3000:])
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"port {port} is in use" in errors[0], out[-3000:]
+    assert "stopped by SIGTERM while process 1 of 2 waited for the others" in out, out[-3000:]
+    assert "Traceback" not in out
+
+
 @pytest.mark.parametrize("port", ["65535", "80", "12a", "-1"])
 def test_single_host_refuses_a_port_the_processes_cannot_take(port):
     """NPROC=2 uses PORT and PORT + 1: PORT 65535 (the second would be 65536), a privileged or

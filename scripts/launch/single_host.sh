@@ -52,9 +52,22 @@ for i in $(seq 0 $((NPROC - 1))); do
   fi
   pids+=($!)
 done
+# The first process to fail stops the others. They end by themselves once they see it gone (one
+# error: line each, naming it, within seconds while they train), so they get 10 s to; those still
+# running then (waiting for it at the start, or compiling) get SIGTERM, and so does the watchdog
+# process beside a TF process waiting at the start: TF's coordination service keeps a SIGTERM sent
+# to that process alone (shared_data/runtime/launch.py, watch), the watchdog passes it on.
+stop_others() {
+  local polls=0
+  while [[ -n $(jobs -rp) ]] && (( polls < 50 )); do sleep 0.2; polls=$((polls + 1)); done
+  for p in $(jobs -rp); do
+    pkill -TERM -P "$p" -f 'launch\.watch' 2>/dev/null || true
+    kill -TERM "$p" 2>/dev/null || true
+  done
+}
 status=0
-for _ in "${pids[@]}"; do  # the first process to fail stops the others (they would wait for it)
-  wait -n || { rc=$?; [[ $status -ne 0 ]] || status=$rc; kill "${pids[@]}" 2>/dev/null || true; }
+for _ in "${pids[@]}"; do
+  wait -n || { rc=$?; [[ $status -ne 0 ]] || status=$rc; stop_others; }
 done
 trap - EXIT
 exit $status
