@@ -126,8 +126,9 @@ def validation_report(cfg, weights_path: Path, out: Path, yaml_config: str = str
     """The JAX prediction of ``cfg``'s whole validation volume with ``weights_path``
     (``out/prediction_<config>.h5``) validated against its truth (:mod:`shared_data.inference.validate`:
     ``out/validation_<config>.json`` and ``.png``); returns the metrics."""
-    from jax_impl import predict as jax_predict
     from shared_data.inference import validate
+
+    from jax_impl import predict as jax_predict
 
     truth, pred = cfg.data_file("val"), out / f"prediction_{cfg.name}.h5"
     argv = ["--yaml_config", yaml_config, "--config", cfg.name, "--weights", str(weights_path)]

@@ -10,13 +10,14 @@ import functools
 
 import jax
 
+from shared_data.core.config import Config, batch_sizes
+from shared_data.data import host_batches
+from shared_data.model import schedule, unet_spec
+
 from jax_impl import data as data_mod
 from jax_impl import distribute
 from jax_impl import model as model_mod
 from jax_impl import step as step_mod
-from shared_data.core.config import Config, batch_sizes
-from shared_data.data import host_batches
-from shared_data.model import schedule, unet_spec
 
 
 class Bench:

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import jax
 
-from jax_impl import checkpoint_quirks as quirks
-from jax_impl import distribute
 from shared_data.core.errors import EXIT_AFTER_ATEXIT, UserError
 from shared_data.core.files import write_failure
 from shared_data.runtime import checksums, saves
+
+from jax_impl import checkpoint_quirks as quirks
+from jax_impl import distribute
 
 
 class Checkpoints:

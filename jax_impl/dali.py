@@ -18,12 +18,13 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh
 
-from jax_impl import distribute
 from shared_data.core import loader_kinds
 from shared_data.core.config import Config, batch_sizes
 from shared_data.data import dali_pipelines as dp
 from shared_data.data import dataset, host_batches
 from shared_data.data.sampler import SPLITS
+
+from jax_impl import distribute
 
 log = logging.getLogger(__name__)
 

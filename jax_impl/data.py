@@ -17,12 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jax_impl import distribute
 from shared_data.core import loader_kinds
 from shared_data.core.config import Config, batch_sizes
 from shared_data.data import crop_readers, host_batches
 from shared_data.data.sampler import SPLITS
 from shared_data.runtime.nvtx import nvtx_range
+
+from jax_impl import distribute
 
 
 class Input:

@@ -25,10 +25,11 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_impl.cluster import process_count, process_index
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
 from shared_data.runtime import launch, xla_flags
+
+from jax_impl.cluster import process_count, process_index
 
 log = logging.getLogger(__name__)
 

@@ -21,14 +21,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_impl import distribute
-from jax_impl import model as model_mod
-from jax_impl import predict as predict_jax
 from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
 from shared_data.core.files import write_atomic
 from shared_data.inference import export as export_mod
 from shared_data.inference import tiling
+
+from jax_impl import distribute
+from jax_impl import model as model_mod
+from jax_impl import predict as predict_jax
 
 FRAMEWORK = "jax"
 FILE = "unet.jax_export"

@@ -17,14 +17,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_impl import distribute
-from jax_impl import model as model_mod
-from jax_impl.checkpoints import Checkpoints
 from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
 from shared_data.inference import predict as predict_mod
 from shared_data.inference import tiling
 from shared_data.inference import weights as weights_mod
+
+from jax_impl import distribute
+from jax_impl import model as model_mod
+from jax_impl.checkpoints import Checkpoints
 
 FRAMEWORK = "jax"
 

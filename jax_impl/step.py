@@ -22,11 +22,12 @@ import optax
 from flax import struct
 from flax.training.dynamic_scale import DynamicScale
 
+from shared_data.core.config import Config
+from shared_data.runtime import logs
+
 from jax_impl import data as data_mod
 from jax_impl import distribute, ema
 from jax_impl.loss import loss_fn
-from shared_data.core.config import Config
-from shared_data.runtime import logs
 
 log = logging.getLogger("dlas.jax")
 

@@ -24,11 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jax_impl import cluster, distribute, ema, predict
-from jax_impl import data as data_mod
-from jax_impl import model as model_mod
-from jax_impl.checkpoints import Checkpoints
-from jax_impl.step import TrainState, compile_steps, create_train_state, make_optimizer
 from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
 from shared_data.inference import quality_check
@@ -39,6 +34,12 @@ from shared_data.runtime.epoch_report import EpochReport
 from shared_data.runtime.nvtx import nvtx_range
 from shared_data.runtime.run_folder import RunFolder
 from shared_data.runtime.steps import EpochTiming, epoch_steps
+
+from jax_impl import cluster, distribute, ema, predict
+from jax_impl import data as data_mod
+from jax_impl import model as model_mod
+from jax_impl.checkpoints import Checkpoints
+from jax_impl.step import TrainState, compile_steps, create_train_state, make_optimizer
 
 log = logging.getLogger("dlas.jax")
 FRAMEWORK = "jax"

@@ -18,15 +18,16 @@ import pytest
 from conftest import run_in_process, train_with_signal_at
 from processes import SIGNAL_AT, cpu_xla_flags
 
-from jax_impl import distribute as jax_distribute
-from jax_impl import model as jax_model
-from jax_impl import step as jax_step
-from jax_impl import train as jax_train
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
 from shared_data.data import crop_readers, host_batches
 from shared_data.data.sampler import TRAIN
 from shared_data.runtime.records import read_metrics
+
+from jax_impl import distribute as jax_distribute
+from jax_impl import model as jax_model
+from jax_impl import step as jax_step
+from jax_impl import train as jax_train
 
 pytestmark = pytest.mark.slow
 

@@ -135,11 +135,12 @@ def test_study_pmean_step_in_shard_map_matches_one_device(tiny_cfg):
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
+    from shared_data.data import crop_readers, host_batches
+    from shared_data.data.sampler import TRAIN
+
     from jax_impl import distribute as jax_distribute
     from jax_impl import model as jax_model
     from jax_impl import step as jax_step
-    from shared_data.data import crop_readers, host_batches
-    from shared_data.data.sampler import TRAIN
 
     sys.path.insert(0, str(REPO_ROOT / "experiments" / "two_gpu_scaling"))
     from study_bench import step_with

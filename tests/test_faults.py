@@ -402,10 +402,11 @@ def test_prediction_provenance_is_checked(tiny_cfg, data_dir, tmp_path):
     import h5py
     import numpy as np
 
-    from jax_impl import predict
     from shared_data.data import dataset, generate
     from shared_data.inference import validate
     from shared_data.model import unet_spec
+
+    from jax_impl import predict
 
     weights = tmp_path / "w.npz"
     unet_spec.save_weights(weights, unet_spec.init_weights(tiny_cfg, 0))
@@ -717,10 +718,11 @@ def test_a_full_disk_during_convert_or_predict_leaves_no_partial_file(data_dir, 
 
     import numpy as np
 
-    from jax_impl import predict
     from shared_data.core.config import load_config
     from shared_data.data import convert
     from shared_data.model import unet_spec
+
+    from jax_impl import predict
 
     shutil.copy(data_dir / "val_24.h5", tmp_path / "v.h5")
     unet_spec.save_weights(tmp_path / "w.npz", unet_spec.init_weights(load_config("cpu_tiny"), 0))

@@ -45,8 +45,9 @@ def symmetry_batch(gpu_cfg):
 @pytest.mark.parametrize("kind", ["dali-npy", "dali-h5", "dali-device"])
 def test_dali_gpu_operators_equal_the_numpy_reader(kind, gpu_cfg, symmetry_batch):
     pytest.importorskip("nvidia.dali")
-    from jax_impl.dali import crop_fns
     from shared_data.data import dali_pipelines
+
+    from jax_impl.dali import crop_fns
 
     reader, plan, (want_x, want_y) = symmetry_batch
     cfg = config_mod.replace(gpu_cfg, data_loader_config=kind, dali_h5_mode="simple")

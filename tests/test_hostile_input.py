@@ -226,6 +226,7 @@ def test_torn_run_records_neither_crash_summary_nor_resume(tmp_path, tiny_argv):
     """A torn last line of metrics.jsonl and an empty run.json (a kill during a write on another file
     system): summary shows the complete epochs and --resume continues, rewriting both whole."""
     from dlas_compare import summary
+
     from jax_impl import train
 
     work = tmp_path / "runs" / "cpu_tiny" / "jax"

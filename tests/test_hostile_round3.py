@@ -13,9 +13,6 @@ import numpy as np
 import pytest
 from conftest import assert_one_error_line, run_in_process
 
-from jax_impl import export as jax_export
-from jax_impl import predict as jax_predict
-from jax_impl import train as jax_train
 from shared_data.core import config as config_mod
 from shared_data.core import files
 from shared_data.core.config import REPO_ROOT
@@ -24,6 +21,10 @@ from shared_data.inference import predict as predict_mod
 from shared_data.inference import validate
 from shared_data.model import unet_spec
 from shared_data.runtime import launch
+
+from jax_impl import export as jax_export
+from jax_impl import predict as jax_predict
+from jax_impl import train as jax_train
 
 
 @pytest.fixture(scope="module")

@@ -309,8 +309,9 @@ def test_predict_records_the_checksum_of_an_attribute_less_input(data_dir, tiny_
     from its values, the one the generator writes for the same values."""
     import h5py
 
-    from jax_impl import predict
     from shared_data.model import unet_spec
+
+    from jax_impl import predict
 
     weights = tmp_path / "w.npz"
     unet_spec.save_weights(weights, unet_spec.init_weights(tiny_cfg, 0))
@@ -363,9 +364,10 @@ def test_the_largest_seed_is_written_and_read_back(tmp_path):
 
 def test_a_loop_of_symbolic_links_is_one_line(tmp_path, tiny_argv):
     """``--workdir``, ``--exp_dir`` and ``--out`` through a loop of links ended in ``OSError: [Errno 40]``."""
-    from jax_impl import train
     from shared_data.core.errors import run_cli
     from shared_data.data import generate
+
+    from jax_impl import train
 
     loop = tmp_path / "loop"
     loop.symlink_to(tmp_path / "back")

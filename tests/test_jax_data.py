@@ -9,9 +9,10 @@ import jax
 import numpy as np
 import pytest
 
+from shared_data.core import config as config_mod
+
 from jax_impl import data as data_mod
 from jax_impl import distribute
-from shared_data.core import config as config_mod
 
 
 @pytest.mark.parametrize("num_devices", [1, 2])

@@ -9,9 +9,10 @@ import optax
 import pytest
 from conftest import rel_err
 
-from jax_impl import model as model_mod
 from shared_data.core import config as config_mod
 from shared_data.model import unet_spec
+
+from jax_impl import model as model_mod
 
 RNG = np.random.default_rng(0)
 

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 from conftest import assert_tensorboard_record, run_in_process, train_with_signal_at
 
-from jax_impl import model as model_mod
-from jax_impl import step as step_mod
-from jax_impl import train as train_mod
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
 from shared_data.runtime.records import read_metrics
+
+from jax_impl import model as model_mod
+from jax_impl import step as step_mod
+from jax_impl import train as train_mod
 
 
 def _params(state):

@@ -13,14 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_impl import model as jax_model
-from jax_impl import predict as jax_predict
 from shared_data.core import config as config_mod
 from shared_data.core.errors import ConfigError, DatasetError, run_cli
 from shared_data.data import generate
 from shared_data.inference import predict as predict_mod
 from shared_data.inference import tiling
 from shared_data.model import unet_spec
+
+from jax_impl import model as jax_model
+from jax_impl import predict as jax_predict
 
 
 def _weights(cfg, seed=1):

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from dlas_compare import plots
-from jax_impl import train as jax_train
 from shared_data.model import unet_spec
+
+from jax_impl import train as jax_train
 
 
 @pytest.mark.slow

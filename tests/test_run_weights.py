@@ -13,9 +13,10 @@ from conftest import run_in_process
 
 @pytest.mark.slow
 def test_predict_workdir_takes_the_weight_average_the_run_evaluated(tmp_path, tiny_argv, caplog):
-    from jax_impl import predict, train
     from shared_data.core import config as config_mod
     from shared_data.model import unet_spec
+
+    from jax_impl import predict, train
 
     workdir = tmp_path / "w"
     res = run_in_process(train.main, [*tiny_argv, "--set", "ema_decay=0.5", "--workdir", str(workdir)])

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared_data.core import config as config_mod
+
 from tf_impl import data as data_mod
 from tf_impl import distribute
 
@@ -36,6 +37,7 @@ def test_the_compiled_step_cuts_the_device_loaders_crops(tiny_cfg):
     """The XLA train and eval steps fed a ``device`` loader's crop plan (volume, draws, mask) give the
     loss and weights of the same steps fed the crops cut outside them (eagerly, by ``data.crops``)."""
     from shared_data.model import unet_spec
+
     from tf_impl import model as model_mod
     from tf_impl import step as step_mod
 

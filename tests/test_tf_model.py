@@ -10,6 +10,7 @@ from conftest import rel_err
 
 from shared_data.core import config as config_mod
 from shared_data.model import unet_spec
+
 from tf_impl import model as model_mod
 
 RNG = np.random.default_rng(1)
@@ -203,6 +204,7 @@ def test_folded_pad_gradients_compiled_equal_separate_pad_and_survive_saving(tin
 def test_flat_adam_is_refused_in_one_line(tiny_cfg):
     """``adam_update: flat`` is JAX's (optax.flatten); TF's trainer refuses it, naming the key and value."""
     from shared_data.core.errors import UserError
+
     from tf_impl import step as step_mod
 
     with pytest.raises(UserError, match=r"'adam_update': TensorFlow has only per_tensor, got 'flat'"):

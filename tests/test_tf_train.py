@@ -16,6 +16,7 @@ from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
 from shared_data.model import unet_spec
 from shared_data.runtime.records import read_metrics
+
 from tf_impl import model as model_mod
 from tf_impl import step as step_mod
 from tf_impl import train as train_mod

@@ -24,6 +24,7 @@ from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import UserError
 from shared_data.data import host_batches
 from shared_data.model import unet_spec
+
 from tf_impl import model as model_mod
 
 STUDY = REPO_ROOT / "experiments" / "h200_tf_xla"

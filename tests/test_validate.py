@@ -241,8 +241,9 @@ def test_tf_and_jax_predictions_give_the_same_metrics(tiny_cfg, data_dir, tmp_pa
     """The same canonical weights in both frameworks: predictions within float32 round-off, so L1
     within 1e-5 relative, P ratio and r(k) within 1e-4 per bin, PDF distances within 2e-3 (a voxel
     or two may land in a neighbouring histogram bin)."""
-    from jax_impl import predict as jax_predict
     from shared_data.model import unet_spec
+
+    from jax_impl import predict as jax_predict
     from tf_impl import predict as tf_predict
 
     w = {k: v * 8 if k.endswith("kernel") else v + 0.01 for k, v in unet_spec.init_weights(tiny_cfg, 3).items()}

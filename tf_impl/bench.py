@@ -12,6 +12,7 @@ import tensorflow as tf
 from shared_data.core.config import Config, batch_sizes
 from shared_data.data import host_batches
 from shared_data.model import schedule, unet_spec
+
 from tf_impl import cluster, distribute
 from tf_impl import data as data_mod
 from tf_impl import model as model_mod

@@ -22,6 +22,7 @@ import tensorflow as tf
 from shared_data.core.errors import UserError
 from shared_data.core.files import write_failure
 from shared_data.runtime import checksums, saves
+
 from tf_impl import checkpoint_quirks as quirks
 from tf_impl import distribute
 

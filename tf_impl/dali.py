@@ -30,6 +30,7 @@ from shared_data.data import dali_pipelines as dp
 from shared_data.data import dataset, host_batches
 from shared_data.data.crop_readers import H5LowMemReader
 from shared_data.data.sampler import SPLITS
+
 from tf_impl import cluster, distribute
 
 log = logging.getLogger(__name__)

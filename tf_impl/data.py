@@ -20,6 +20,7 @@ from shared_data.core import loader_kinds
 from shared_data.core.config import Config, batch_sizes
 from shared_data.data import crop_readers, host_batches
 from shared_data.data.sampler import SPLITS
+
 from tf_impl import distribute
 
 

@@ -26,6 +26,7 @@ import tensorflow as tf
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
 from shared_data.runtime import launch, xla_flags
+
 from tf_impl import cluster
 from tf_impl.cluster import process_count, process_index
 

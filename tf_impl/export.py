@@ -35,6 +35,7 @@ from shared_data.core.config import Config
 from shared_data.core.errors import run_cli
 from shared_data.core.files import atomic_dir, atomic_path
 from shared_data.inference import export as export_mod
+
 from tf_impl import distribute
 from tf_impl import model as model_mod
 from tf_impl import predict as predict_tf

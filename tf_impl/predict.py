@@ -26,6 +26,7 @@ from shared_data.inference import predict as predict_mod
 from shared_data.inference import tiling
 from shared_data.inference import weights as weights_mod
 from shared_data.runtime.logs import native_lines_filtered
+
 from tf_impl import distribute
 from tf_impl import model as model_mod
 from tf_impl.checkpoints import Checkpoints

@@ -22,6 +22,7 @@ import tensorflow as tf
 from shared_data.core.config import Config
 from shared_data.core.errors import UserError
 from shared_data.runtime import logs
+
 from tf_impl import data as data_mod
 from tf_impl import distribute, ema
 from tf_impl.loss import loss_fn

@@ -34,6 +34,7 @@ from shared_data.runtime.epoch_report import EpochReport
 from shared_data.runtime.nvtx import nvtx_range
 from shared_data.runtime.run_folder import RunFolder
 from shared_data.runtime.steps import EpochTiming, epoch_steps
+
 from tf_impl import cluster, distribute, ema, predict
 from tf_impl import data as data_mod
 from tf_impl import model as model_mod

@@ -39,15 +39,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_impl import dali as jdali
-from jax_impl import data as jdata
-from jax_impl import distribute
 from shared_data.core import config as config_mod
 from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
 from shared_data.data import crop_readers, dataset, host_batches
 from shared_data.data import dali_pipelines as dp
 from shared_data.data.sampler import TRAIN
+
+from jax_impl import dali as jdali
+from jax_impl import data as jdata
+from jax_impl import distribute
 
 VARIANTS = ("production", "warp", "warp_cl", "passthrough", "gather")
 

@@ -59,12 +59,13 @@ import tf_xla  # this study's folder; sets the kit's XLA flags before JAX starts
 import xla_export as fmt
 
 from dlas_compare.benchmark import append_records
-from jax_impl import model as model_mod
-from jax_impl import step as step_mod
 from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
 from shared_data.data import host_batches
 from shared_data.model import unet_spec
+
+from jax_impl import model as model_mod
+from jax_impl import step as step_mod
 
 BETA_1, BETA_2, EPS = 0.9, 0.999, 1e-8
 # (precision, backend) -> relative tolerances (None: printed, not asserted); the module docstring

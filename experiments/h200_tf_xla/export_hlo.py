@@ -32,6 +32,7 @@ from shared_data.core.config import Config, batch_sizes, steps_per_epoch
 from shared_data.core.errors import run_cli
 from shared_data.core.files import atomic_path, write_atomic
 from shared_data.model import schedule, unet_spec
+
 from tf_impl import data as data_mod
 from tf_impl import model as model_mod
 from tf_impl import step as step_mod

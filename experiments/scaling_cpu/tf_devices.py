@@ -5,6 +5,7 @@ logical CPU devices of this process (``MirroredStrategy``), as JAX's
 import sys
 
 from shared_data.core.errors import run_cli
+
 from tf_impl import cluster, train
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import tensorflow as tf
 from shared_data.core import config as config_mod
 from shared_data.core import config_cli
 from shared_data.data import host_batches
+
 from tf_impl import bench as bench_mod
 from tf_impl import data as data_mod
 from tf_impl import distribute

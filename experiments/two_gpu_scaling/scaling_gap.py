@@ -27,9 +27,10 @@ from study_bench import StudyBench
 from dlas_compare import benchmark
 from dlas_compare.benchmark import int_at_least
 from dlas_compare.benchmark_timing import run_bench
-from jax_impl import distribute
 from shared_data.core import config_cli
 from shared_data.core.errors import run_cli
+
+from jax_impl import distribute
 
 VARIANTS = ("1device", "sharded", "pmean", "local", "barrier")
 

@@ -16,13 +16,14 @@ import jax
 import optax
 from jax.sharding import PartitionSpec as P
 
+from shared_data.core.config import Config, batch_sizes
+from shared_data.data import host_batches
+from shared_data.model import schedule, unet_spec
+
 from jax_impl import data as data_mod
 from jax_impl import distribute
 from jax_impl import model as model_mod
 from jax_impl import step as step_mod
-from shared_data.core.config import Config, batch_sizes
-from shared_data.data import host_batches
-from shared_data.model import schedule, unet_spec
 
 
 def step_with(cfg: Config, model, tx, sync: Callable | None):
