@@ -200,7 +200,7 @@ def test_two_tasks_requeued_mid_epoch_train_the_experiment_of_two_processes(slur
     else:  # 2 devices of one process (conftest's XLA_FLAGS): the experiment of 2 processes
         from jax_impl import train as jax_train
 
-        res = run_in_process(jax_train.main, [*tiny_argv[:1], *run("local")])
+        res = run_in_process(jax_train.main, ["--config", *run("local")])  # run(): the config name first
         assert res.returncode == 0, res.stderr[-3000:]
 
     text = log.read_text()
