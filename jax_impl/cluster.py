@@ -11,19 +11,29 @@ cluster detection.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import logging
 import os
 
 import jax
 
+from shared_data.core import errors
 from shared_data.core.errors import UserError
 from shared_data.runtime import launch
+
+log = logging.getLogger(__name__)
 
 #: ``DLAS_JAX_CLUSTER``: ``auto`` lets ``jax.distributed`` detect any environment it knows (Kubernetes,
 #: Cloud TPU, SLURM, Open MPI); a detection method's name (``mpi4py``, ``k8s``, ...) asks for that one;
 #: ``none`` keeps the process alone. Unset, the run joins when SLURM, Open MPI or the ``JAX_*``
 #: variables describe several processes.
 CLUSTER_VARIABLE = "DLAS_JAX_CLUSTER"
+#: Seconds a process of a multi-process run that ends by an error or a signal waits for the others to end
+#: too (:func:`leave_together`); well under SLURM's default KillWait of 30 s.
+LEAVE_WAIT_S = 10
+
+_left = {"alone": False}
 
 
 # --- joining a multi-process run -----------------------------------------------------------------
@@ -66,12 +76,53 @@ def initialize() -> str | None:
             launch.interruptible(jax.distributed.initialize, **kwargs)
     except ValueError as err:  # JAX found no environment to join
         raise UserError(f"jax.distributed ({how}): {err}") from None
+    if jax.process_count() > 1:
+        # after JAX's own exit function, so it runs before it; the error and signal exits end after the
+        # atexit functions, without the interpreter's finalisation (which would shut the runtime down again)
+        atexit.register(leave_together)
+        errors.EXIT_AFTER_ATEXIT.append("a multi-process JAX run")
     return (
         f"jax.distributed ({how}): process {jax.process_index()} of {jax.process_count()}, "
         f"{jax.local_device_count()} local / {jax.device_count()} global devices, "
         f"GPUs {jax.config.read('jax_cuda_visible_devices')} of CUDA_VISIBLE_DEVICES="
         f"{env.get('CUDA_VISIBLE_DEVICES', '(unset)')}"
     )
+
+
+def leave_together() -> None:
+    """At the exit of a process of a multi-process run that ends by an error or a signal
+    (:func:`shared_data.core.errors.ending_code`): wait up to :data:`LEAVE_WAIT_S` seconds for every
+    process to reach its exit too, then leave through JAX's distributed shutdown; a process that does
+    not come (lost, or still compiling) leaves this one to end alone (:func:`leave_alone`). Does nothing
+    at a normal end, or where a lost process was already seen.
+
+    JAX's shutdown is a barrier of all processes that waits for a lost process until the coordination
+    service misses its heartbeats (100 s), then aborts this process with a native trace.
+    JAX: the distributed client's ``wait_at_barrier``, reached through JAX's private ``distributed``
+    module (``jax.distributed`` exposes no barrier with a time-out)."""
+    if _left["alone"] or not errors.ending_code():
+        return
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        return
+    try:
+        client.wait_at_barrier("dlas_leave_together", LEAVE_WAIT_S * 1000)
+    except jax.errors.JaxRuntimeError as err:
+        log.info("the other processes did not end within %d s (%s): this one ends alone", LEAVE_WAIT_S, err)
+        leave_alone()
+
+
+def leave_alone() -> None:
+    """End this process without JAX's distributed shutdown (its exit function), which would wait for a
+    process that is gone and then abort: the run's process that ends by an error or a stop does so after
+    the ``atexit`` functions, without the interpreter's finalisation (``jax.distributed.shutdown`` is the
+    exit function's own step)."""
+    from jax._src import api as jax_api
+
+    _left["alone"] = True
+    atexit.unregister(jax_api.clean_up)
 
 
 def join_arguments(env, choice: str) -> tuple[str, dict, contextlib.AbstractContextManager] | None:

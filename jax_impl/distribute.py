@@ -15,7 +15,6 @@ global array from process-local data.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 
@@ -29,6 +28,7 @@ from shared_data.core.config import Config
 from shared_data.core.errors import UserError
 from shared_data.runtime import launch, xla_flags
 
+from jax_impl import cluster
 from jax_impl.cluster import process_count, process_index
 
 log = logging.getLogger(__name__)
@@ -111,11 +111,7 @@ def lost_peer(err: BaseException) -> str | None:
     text = str(err)
     if not any(mark in text for mark in ("Gloo ", "NCCL", "heartbeat timeout", "coordination service")):
         return None
-    # JAX's exit function shuts the distributed runtime down, which waits for the lost process and then
-    # aborts the process: the run ends without it (jax.distributed.shutdown is JAX's own step there)
-    from jax._src import api as jax_api
-
-    atexit.unregister(jax_api.clean_up)
+    cluster.leave_alone()
     return launch.lost_process(text, process_index(), process_count())
 
 

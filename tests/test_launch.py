@@ -525,6 +525,43 @@ def test_a_process_that_dies_ends_the_run_everywhere_in_one_line(framework, tiny
     assert "Traceback" not in err and "Check failure" not in err, err[-3000:]
 
 
+@pytest.mark.slow
+def test_a_jax_process_stopped_after_its_peer_died_unseen_ends_without_waiting_for_it(tiny_argv, tmp_path):
+    """kill -9 of JAX process 1 right after both joined, then SIGTERM to process 0 before any
+    collective showed it the loss: process 0 ends by the signal's line within the leave wait (10 s)
+    plus its exit, not in JAX's distributed shutdown (which waits for the lost process until its
+    heartbeat time-out, 100 s, then aborts the process with a native trace)."""
+    import signal
+    import time
+
+    from jax_impl.cluster import LEAVE_WAIT_S
+
+    ports = [_free_port(), _free_port()]
+    cmd = [sys.executable, "-m", "jax_impl.train", *tiny_argv, "--Nsamples", "2048", "--num_epochs", "2"]
+    cmd += ["--workdir", str(tmp_path / "run")]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    procs = [subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env("jax", rank, ports), **pipes) for rank in (0, 1)]
+    try:
+        for line in procs[0].stdout:  # both processes have joined
+            if "jax.distributed (JAX_COORDINATOR_ADDRESS): process 0 of 2" in line:
+                break
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait(timeout=30)
+        procs[0].send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        _, err = procs[0].communicate(timeout=150)
+        took = time.monotonic() - signalled
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert took < LEAVE_WAIT_S + 15, (took, err[-3000:])
+    assert procs[0].returncode in (143, 2), (procs[0].returncode, err[-3000:])  # the stop, or the loss seen first
+    assert "Terminating process" not in err and "Check failure" not in err and "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith(("stopped by SIGTERM", "error:"))]
+    assert len(lines) == 1, err[-3000:]
+
+
 def test_lost_process_names_the_other_process_and_the_line_that_says_what_failed():
     tf_text = (
         "Graph execution error:\n\nDetected at node CollectiveReduceV2 on /job:worker/replica:0/task:0/device:CPU:0\n"

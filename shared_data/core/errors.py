@@ -267,6 +267,15 @@ EXIT_WITHOUT_FINALISERS: list[str] = []
 #: :func:`run_cli` ends the process after the ``atexit`` functions (the loader's workers end there),
 #: without the interpreter's finalisation.
 EXIT_AFTER_ATEXIT: list[str] = []
+#: The exit code :func:`run_cli` ends the process with after the ``atexit`` functions (None until then):
+#: an ``atexit`` function reads it through :func:`ending_code`.
+_ending: list[int] = []
+
+
+def ending_code() -> int | None:
+    """The exit code the process ends with when :func:`run_cli` runs the ``atexit`` functions itself (an
+    error, a signal), else None (a normal end, or still running)."""
+    return _ending[-1] if _ending else None
 
 
 def _exit_if_native_files_are_stuck(code: int) -> None:
@@ -293,6 +302,7 @@ def _exit_after_atexit(code: int) -> None:
     if "pytest" not in sys.modules:
         import atexit
 
+        _ending.append(code)
         atexit._run_exitfuncs()
         _exit_now(code)
 
@@ -306,6 +316,16 @@ def _exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _error_exit(code: int) -> int:
+    """``code``, for a command that ends in its error line; the process ends here with it where a native
+    library holds a file it failed to write (:func:`_exit_if_native_files_are_stuck`) or the
+    interpreter's finalisation must be skipped (:data:`EXIT_AFTER_ATEXIT`)."""
+    _exit_if_native_files_are_stuck(code)
+    if EXIT_AFTER_ATEXIT:
+        _exit_after_atexit(code)
+    return code
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:
@@ -322,10 +342,7 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         code = main(argv)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
-        _exit_if_native_files_are_stuck(2)
-        if EXIT_AFTER_ATEXIT:
-            _exit_after_atexit(2)
-        return 2
+        return _error_exit(2)
     except BrokenPipeError:  # the reader of stdout went away (``... | head``): stop quietly
         import os
 
@@ -338,13 +355,13 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)
-        return 2
+        return _error_exit(2)
     except Exception as err:
         message = user_error_in(err) or out_of_memory(err)
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)
-        return 2
+        return _error_exit(2)
     except KeyboardInterrupt as err:  # Ctrl-C, or a signal turned into one (shared_data.runtime.signals)
         print(str(err) or "interrupted", file=sys.stderr)
         code = getattr(err, "exit_code", 130)
