@@ -1,6 +1,6 @@
 # Sourced by this study's recipes (checkout root, $OUT set): the environment and the data, and
 # CONFIG / TRAIN_CONFIG / TRAIN (the training command's config and flags) and the run folder root WORK
-# (one per recipe). $OUT gets device.txt, setup.log, runs.tar (each run's train.log, quality.jsonl,
+# (one per recipe and framework: the two frameworks' runs of one name on one machine stay apart). $OUT gets device.txt, setup.log, runs.tar (each run's train.log, quality.jsonl,
 # metrics.jsonl and run.json, appended as the run ends), table.txt and curve.png: a GPU call returns at
 # most 8 files of $OUT.
 #   CONFIG=short (default): the GPU set-up (scripts/gpu/common.sh: a GPU or one error line, the device
@@ -14,7 +14,7 @@
 : "${OUT:?set OUT to the results folder}"
 CONFIG=${CONFIG:-short}
 PY=${PY:-python3}
-WORK=${WORK:-/tmp/time_to_quality/$(basename "$0" .sh)}
+WORK=${WORK:-/tmp/time_to_quality/$(basename "$0" .sh)/${FRAMEWORK:-jax}}
 TRAIN_CONFIG=$CONFIG
 mkdir -p "$OUT" "$WORK"
 rm -rf "$OUT/runs.tar"
