@@ -31,15 +31,18 @@ class Checkpoints:
     save cut by a crash is never listed, and what a killed save left is removed at start. ``state`` is a
     train state of this config, the template a checkpoint restores into; without it only
     :meth:`restore_params` restores. ``read_only`` (inference) creates and removes nothing, so a run that
-    is saving meanwhile is left alone.
+    is saving meanwhile is left alone. ``position`` (the run's :class:`~shared_data.runtime.position.Position`)
+    is told the newest finished checkpoint where the loss of another process of the run leaves the save in
+    flight unfinished (:func:`shared_data.runtime.saves.leave_after_loss`).
 
-    JAX: orbax's ``CheckpointManager``, which renames a finished temporary folder; the state's arrays'
-    shapes, dtypes and shardings are the restore template."""
+    JAX: orbax's ``CheckpointManager``, which renames a finished temporary folder after a barrier of all
+    processes (a lost process holds it until JAX's heartbeat time-out aborts the others); the state's
+    arrays' shapes, dtypes and shardings are the restore template."""
 
-    def __init__(self, directory: Path, keep: int, state=None, read_only: bool = False):
+    def __init__(self, directory: Path, keep: int, state=None, read_only: bool = False, position=None):
         import orbax.checkpoint as ocp
 
-        self._ocp, self.directory = ocp, directory
+        self._ocp, self.directory, self._position = ocp, directory, position
         self._like = None if state is None else distribute.abstract(state)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only, read_only=read_only
@@ -82,7 +85,10 @@ class Checkpoints:
     def __enter__(self) -> Checkpoints:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None and distribute.lost_peer(exc) is not None:
+            saves.leave_after_loss(self, self._position)
+            return
         self.close()
 
     def epochs(self) -> list[int]:

@@ -182,6 +182,46 @@ def test_a_failed_background_save_is_the_error_a_run_ends_with(caplog):
     assert caplog.text.count("checkpoint of epoch 2") == 1
 
 
+class _SaveHeldByALostProcess:
+    """A ``Checkpoints`` whose save of epoch 3 waits (as orbax's last barrier waits for a lost process)
+    until ``release`` is set; epochs 1 and 2 are finished."""
+
+    def __init__(self):
+        import threading
+
+        self.release = threading.Event()
+        self._in_flight = saves.InFlight("test")
+        self._in_flight.start(3, self.release.wait)
+
+    def epochs(self):
+        return [1, 2]
+
+
+def test_a_save_a_lost_process_holds_is_left_and_the_run_names_the_newest_finished_checkpoint():
+    """After a lost process: a save that does not end within LOSS_WAIT_S is left running, and the run's
+    position names epoch 2 (the newest finished) instead of 3; a save that ends in time changes nothing."""
+    from shared_data.runtime.position import Position
+
+    held, position = _SaveHeldByALostProcess(), Position(steps_per_epoch=4)
+    position.start_epoch(2)
+    position.saved(3)
+    position.start_epoch(3)
+    t0 = time.monotonic()
+    saves.leave_after_loss(held, position)
+    assert saves.LOSS_WAIT_S <= time.monotonic() - t0 < saves.LOSS_WAIT_S + 1
+    assert position.where() == (
+        "during epoch 4 (step 1 of 4): that epoch is abandoned; the checkpoint of epoch 2 is kept and --resume "
+        "continues from it"
+    )
+    held.release.set()
+    done, position = _SaveHeldByALostProcess(), Position(steps_per_epoch=4)
+    done.release.set()
+    position.saved(3)
+    saves.leave_after_loss(done, position)
+    assert position.kept() == "the checkpoint of epoch 3 is kept and --resume continues from it"
+    assert done._in_flight.wait() is None  # joined by leave_after_loss
+
+
 def test_input_wait_leaves_out_the_steps_queued_before_the_batch(tiny_cfg, tmp_path, monkeypatch):
     """64 steps of 10 ms on an asynchronous device and a loader whose instant batch waits behind the queued
     step (as a gather on the GPU does): the host's plain wait calls 63 of the 64 steps input (the first

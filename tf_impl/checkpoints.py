@@ -34,15 +34,17 @@ class Checkpoints:
     save cut by a crash is never listed, and what a killed save left is removed at start. ``state`` is a
     train state of this config, the template a checkpoint restores into; without it only
     :meth:`restore_params` restores. ``read_only`` (inference) creates and removes nothing, so a run that
-    is saving meanwhile is left alone.
+    is saving meanwhile is left alone. ``position`` (the run's :class:`~shared_data.runtime.position.Position`)
+    is told the newest finished checkpoint where the loss of another process of the run leaves the save in
+    flight unfinished (:func:`shared_data.runtime.saves.leave_after_loss`).
 
     TensorFlow: ``tf.train.CheckpointManager`` of the model, the optimizer (with its loss scale and
     weight average) and the epoch; a checkpoint is listed once its index file is written, and a killed
     save leaves ``*_temp`` folders and ``checkpoint.tmp*``. The state's variables are what it writes and
     loads (in place)."""
 
-    def __init__(self, directory: Path, keep: int, state=None, read_only: bool = False):
-        self.directory, self.state, self.keep = directory, state, keep
+    def __init__(self, directory: Path, keep: int, state=None, read_only: bool = False, position=None):
+        self.directory, self.state, self.keep, self._position = directory, state, keep, position
         self._in_flight = saves.InFlight(f"save-{directory.name}")
         rank = distribute.process_index()
         # Every worker of a multi-worker strategy saves (TensorFlow's rule: a save may hold collectives),
@@ -84,7 +86,10 @@ class Checkpoints:
     def __enter__(self) -> Checkpoints:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None and distribute.lost_peer(exc) is not None:
+            saves.leave_after_loss(self, self._position)
+            return
         self.close()
 
     def epochs(self) -> list[int]:

@@ -175,7 +175,8 @@ def train_and_evaluate(
     strategy, folder = open_run(cfg, workdir, num_devices, overwrite)
     # --- the model and its mixed-precision policy (cfg.precision), the optimizer, the train state ---
     model, optimizer, state = initial_state(cfg, folder.lr_table, init_weights, strategy)
-    with Checkpoints(folder.workdir / "checkpoints", cfg.keep_checkpoints, state) as ckpt:  # closed on every exit
+    # (closed on every exit; the position names the newest finished checkpoint where a lost process cuts a save)
+    with Checkpoints(folder.workdir / "checkpoints", cfg.keep_checkpoints, state, position=folder.position) as ckpt:
         # --- resume: the newest checkpoint that restores, or a stop's mid-epoch save ---
         mid_epoch = functools.partial(Checkpoints, folder.mid_epoch_dir / "checkpoints", keep=1, state=state)
         start = resume_mod.resume(folder, ckpt, mid_epoch, resume)

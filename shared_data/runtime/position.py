@@ -3,7 +3,8 @@
 A stop signal's line (:func:`shared_data.runtime.signals.set_describe`) and every failed save or
 record write say it in words: which epoch is abandoned and which checkpoint ``--resume`` continues
 from. The trainer moves it (:meth:`Position.start_epoch`, :meth:`Position.at_step`,
-:meth:`Position.saved`); nothing else does.
+:meth:`Position.saved`), and a save left unfinished by a lost process
+(:meth:`Position.save_abandoned`); nothing else does.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ class Position:
     def saved(self, epoch: int) -> None:
         """The checkpoint of ``epoch`` (epochs done) is written: nothing is being trained."""
         self.saved_epoch, self.running = epoch, None
+
+    def save_abandoned(self, newest: int) -> None:
+        """The save in flight will not finish (another process of the run is lost): ``newest`` (epochs
+        done, 0 for none) is the newest finished checkpoint."""
+        self.saved_epoch = newest
 
     def kept(self) -> str:
         """Which checkpoint ``--resume`` continues from, for the line of a failed save or write."""

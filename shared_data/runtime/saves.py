@@ -30,6 +30,7 @@ from shared_data.runtime import memory, signals
 from shared_data.runtime.checks import save_memory_needed
 from shared_data.runtime.logs import checkpoint_line
 from shared_data.runtime.memory import format_bytes
+from shared_data.runtime.position import Position
 from shared_data.runtime.run_folder import ARENAS_CAPPED, RunFolder
 
 log = logging.getLogger("dlas")
@@ -91,6 +92,23 @@ def wait_at_close(ckpt) -> None:
         log.error("%s", err)
 
 
+#: Seconds the save in flight is given to finish once another process of the run is lost
+#: (:func:`leave_after_loss`).
+LOSS_WAIT_S = 2.0
+
+
+def leave_after_loss(ckpt, position: Position | None) -> None:
+    """At the exit of ``ckpt`` (a framework's ``Checkpoints``) after another process of the run was lost:
+    give its save in flight :data:`LOSS_WAIT_S` to finish, then leave it. A save finishes only where the
+    lost process passed the writers' last barrier; one that does not is left an unfinished temporary
+    folder, which no resume lists and the next run's start removes, and ``position`` (the run's) then
+    names the newest finished checkpoint (``ckpt.epochs()``), which ``--resume`` continues from."""
+    epoch = ckpt._in_flight.unfinished(LOSS_WAIT_S)
+    if epoch is not None and position is not None:
+        finished = [e for e in ckpt.epochs() if e < epoch]
+        position.save_abandoned(max(finished, default=0))
+
+
 class InFlight:
     """The one checkpoint save in flight of a ``Checkpoints``: :meth:`start` runs what completes it (the
     framework's wait for its writer, the checksums, the removal of old checkpoints) on a background
@@ -129,6 +147,20 @@ class InFlight:
             return None
         future, self._future = self._future, None
         return self._epoch, future.result()
+
+    def unfinished(self, timeout: float) -> int | None:
+        """The epoch of the save in flight if it is not complete within ``timeout`` seconds (it is then
+        left running), else None (none in flight, or it ended: a failure is not raised)."""
+        if self._future is None:
+            return None
+        try:
+            self._future.result(timeout)
+        except TimeoutError:
+            return self._epoch
+        except Exception:  # its failure is not this exit's cause
+            pass
+        self._future = None
+        return None
 
     def close(self) -> None:
         """Stop the background thread (after :meth:`wait`)."""
