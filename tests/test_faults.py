@@ -748,6 +748,36 @@ def test_a_full_disk_during_convert_or_predict_leaves_no_partial_file(data_dir, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v.h5", "w.npz"]
 
 
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_stopped_reconvert_keeps_the_earlier_twins(data_dir, tmp_path, monkeypatch, signum):
+    """A signal while convert rewrites valid twins, the Nbody twin already written to its temporary file
+    and the Hydro twin half read: one line, exit code 128 + the signal, the earlier twins and records
+    byte for byte as they were, no temporary file left."""
+    import shutil
+    import signal
+
+    from shared_data.data import convert, dataset
+
+    shutil.copy(data_dir / "val_24.h5", tmp_path / "v.h5")
+    convert.convert_to_npy(tmp_path / "v.h5")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    reading = dataset.reading
+
+    def signalled(path, what):
+        if what.startswith("Hydro (x from 16)"):
+            signal.raise_signal(getattr(signal, signum))
+        return reading(path, what)
+
+    monkeypatch.setattr(dataset, "reading", signalled)
+    monkeypatch.setattr(convert, "SLAB", 8)
+    res = run_in_process(convert.main, [str(tmp_path / "v.h5")])
+    assert res.returncode == 128 + getattr(signal, signum), res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"stopped by {signum}: the .npy twins"), res.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the command's handlers are undone
+
+
 @pytest.mark.parametrize(
     ("command", "flags"),
     [

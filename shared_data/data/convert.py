@@ -5,12 +5,16 @@
 ``convert_to_npy``), each with a ``.source.json`` record of the HDF5 file it was made from. The source
 is checked against the dataset contract first (channel-first, cubic, float32), so a channels-last or
 otherwise foreign file is refused instead of being transposed wrongly. Slabs along x are copied one
-at a time, so volumes larger than memory convert; each ``.npy`` is written atomically.
+at a time, so volumes larger than memory convert. Both twins are written to temporary files first and
+replace the earlier twins together once both are whole, so a failure or a stop (SIGTERM, Ctrl-C: one
+line, exit code 143 / 130) leaves the earlier twins as they were.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,29 +53,39 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
     for out in outs:
         check_writable(out, "output")
     written = []
-    # the twins and their records are one set: a failure (a full disk) leaves the pair or none of it
-    with one_set_or_none(path.parent, list(twin_files([path]).values())), dataset.open_h5(path) as f:
-        for key, out in zip(dataset.KEYS, outs):
-            ds = f[key]
-            c, size = ds.shape[0], ds.shape[1]
-            checksum = dataset.ChannelChecksum(info.path, info.attrs, key)
-            with writing(out), atomic_path(out, suffix=".npy") as tmp:
-                mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(*ds.shape[1:], c))
-                reserve(tmp)  # a full disk is an OSError here, not a SIGBUS at a page of the mapping
-                for x0 in range(0, size, SLAB):
-                    with dataset.reading(path, f"{key} (x from {x0})"):
-                        slab = ds[:, x0 : x0 + SLAB].astype(np.float32)
-                    dataset.check_finite(slab, f"{path} {key} (x from {x0})")
-                    checksum.update(slab)
-                    mm[x0 : x0 + SLAB] = np.moveaxis(slab, 0, -1)
-                mm.flush()
-                del mm
-                checksum.verify()  # before the .npy replaces anything
+    # the twins and their records are one set: a failure (a full disk) leaves the pair or none of it; the
+    # twins replace the earlier ones together, once both are whole (the renames when `renames` closes)
+    with one_set_or_none(path.parent, list(twin_files([path]).values())):
+        with dataset.open_h5(path) as f, contextlib.ExitStack() as renames:
+            for key, out in zip(dataset.KEYS, outs):
+                tmp = renames.enter_context(atomic_path(out, suffix=".npy"))
+                checksum = dataset.ChannelChecksum(info.path, info.attrs, key)
+                written.append(_write_twin(path, key, f[key], checksum, out, tmp))
+        for out in outs:
             with writing(dataset.source_record(out)):
                 dataset.write_source_record(out, path)
-            written.append(f"wrote {out}: shape {(*ds.shape[1:], c)} float32 (DHWC)")
     print("\n".join(written))
     return outs
+
+
+def _write_twin(path: Path, key: str, ds, checksum, out: Path, tmp: Path) -> str:
+    """Copy dataset ``key`` of ``path`` (``ds``, C x L x L x L) to ``tmp`` as the DHWC ``.npy`` twin ``out``,
+    slab by slab, checked finite and against ``checksum`` (its :class:`~shared_data.data.dataset.ChannelChecksum`);
+    return the line that says so."""
+    c, size = ds.shape[0], ds.shape[1]
+    with writing(out):
+        mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(*ds.shape[1:], c))
+        reserve(tmp)  # a full disk is an OSError here, not a SIGBUS at a page of the mapping
+        for x0 in range(0, size, SLAB):
+            with dataset.reading(path, f"{key} (x from {x0})"):
+                slab = ds[:, x0 : x0 + SLAB].astype(np.float32)
+            dataset.check_finite(slab, f"{path} {key} (x from {x0})")
+            checksum.update(slab)
+            mm[x0 : x0 + SLAB] = np.moveaxis(slab, 0, -1)
+        mm.flush()
+        del mm
+        checksum.verify()  # before the .npy replaces anything
+    return f"wrote {out}: shape {(*ds.shape[1:], c)} float32 (DHWC)"
 
 
 def reserve(path: Path) -> None:
@@ -104,9 +118,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--n_out", type=int, default=5, help="Hydro channels (default: %(default)s)")
     args = p.parse_args(argv)
     check_not_input(twin_files(args.files), {f"input {f}": f for f in args.files}, ".npy twins")
-    for path in args.files:
-        convert_to_npy(path, args.n_in, args.n_out)
+    previous = {signum: signal.signal(signum, _stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for path in args.files:
+            convert_to_npy(path, args.n_in, args.n_out)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return 0
+
+
+class _Stopped(KeyboardInterrupt):
+    """A conversion stopped by a signal: its line, and exit code 128 + the signal (:func:`run_cli`)."""
+
+    def __init__(self, signum: int):
+        self.exit_code = 128 + signum
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name}: the .npy twins of the file being converted are as they "
+            "were before (the files converted before it are whole)"
+        )
+
+
+def _stop(signum: int, frame=None) -> None:
+    raise _Stopped(signum)
 
 
 if __name__ == "__main__":
