@@ -414,6 +414,30 @@ def test_a_lone_process_waiting_for_its_peer_stops_on_a_signal(framework, signum
 
 
 @pytest.mark.slow
+def test_a_tf_worker_whose_peer_has_no_port_number_is_one_line(tiny_argv, tmp_path):
+    """TF_CONFIG naming worker 1 at port 65536 (no process can listen there): worker 0 ends at once in
+    one error line naming worker 1's address, not after waiting for it until the start time-out."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "OMPI_", "TF_CONFIG"))}
+    env.update(
+        DLAS_START_TIMEOUT="300",
+        TF_CONFIG=json.dumps(
+            {
+                "cluster": {"worker": [f"localhost:{_free_port()}", "localhost:65536"]},
+                "task": {"type": "worker", "index": 0},
+            }
+        ),
+    )
+    cmd = [sys.executable, "-m", "tf_impl.train", *tiny_argv, "--workdir", str(tmp_path / "run")]
+    res = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 2, (res.returncode, res.stderr[-3000:])
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: worker 1's address localhost:65536: expected a port number in 1-65535"], res.stderr[
+        -3000:
+    ]
+    assert "Traceback" not in res.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_a_port_held_by_another_program_is_one_line(framework, tiny_argv, tmp_path):
     """Process 0's port already listened on by another program: one error line naming the address and

@@ -60,6 +60,8 @@ def join_workers() -> tf.distribute.MultiWorkerMirroredStrategy:
     )
     spec = resolver.cluster_spec()
     workers = [address for job in spec.jobs for address in spec.job_tasks(job)]
+    for i, address in enumerate(workers):  # a worker that cannot listen would be waited for until the time-out
+        launch.port_of(address, f"worker {i}'s address")
     launch.claim_port(workers[process_index()], f"worker {process_index()}'s address")
     with launch.joining(
         process_index(), len(workers), ", ".join(workers), dict(enumerate(workers)), holds_interpreter=True

@@ -221,6 +221,17 @@ def interruptible(join: Callable[..., object], **kwargs) -> object:
     return outcome.get("value")
 
 
+def port_of(address: str, role: str) -> int:
+    """The port of ``address`` (``host:port``; ``role`` names it in the error, e.g. "worker 1's address").
+
+    Raises:
+        UserError: the port is not a number in 1-65535."""
+    _, _, text = address.rpartition(":")
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise UserError(f"{role} {address}: expected a port number in 1-65535")
+    return int(text)
+
+
 def claim_port(address: str, role: str) -> None:
     """Check that this process can serve ``address`` (``host:port``, the port it is about to listen on
     as ``role``, e.g. "process 0's coordinator") before its framework tries: a port held by another
@@ -231,9 +242,7 @@ def claim_port(address: str, role: str) -> None:
     Raises:
         UserError: the port is not a number in 1-65535, or another program listens on it.
     """
-    _, _, text = address.rpartition(":")
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise UserError(f"{role} {address}: expected a port number in 1-65535")
+    text = str(port_of(address, role))
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
