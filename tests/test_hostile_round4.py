@@ -180,12 +180,13 @@ def test_a_damaged_checksum_record_is_a_damaged_checkpoint(framework, tmp_path, 
     assert [json.loads(line)["epoch"] for line in (work / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
 
 
-def _without_attributes(src, dest, hydro=None):
-    """An HDF5 file of ``src``'s Nbody and Hydro (or ``hydro``) without any attribute (a foreign file)."""
+def _without_attributes(src, dest, hydro=None, nbody=None):
+    """An HDF5 file of ``src``'s Nbody and Hydro (or ``nbody(Nbody)``, ``hydro(Hydro)``) without any
+    attribute (a foreign file)."""
     import h5py
 
     with h5py.File(src) as f, h5py.File(dest, "w") as g:
-        g["Nbody"] = f["Nbody"][...]
+        g["Nbody"] = f["Nbody"][...] if nbody is None else nbody(f["Nbody"][...])
         g["Hydro"] = f["Hydro"][...] if hydro is None else hydro(f["Hydro"][...])
     return dest
 
@@ -236,7 +237,7 @@ def test_a_target_beyond_the_models_output_is_named_whatever_the_loader(tiny_cfg
 
 def test_the_target_scan_names_the_first_value_beyond_one_in_the_file_and_its_twin(data_dir, tmp_path):
     """Every loader: the HDF5 scan (h5 readers) and the Hydro .npy twin's (DALI's numpy reader); the
-    inputs (Nbody) keep only the float16 bound; exactly +-1 passes."""
+    Hydro twin scanned as inputs meets the inputs' bound (+-100) only; exactly +-1 passes."""
     from shared_data.core.errors import DatasetError
     from shared_data.data import dataset
     from shared_data.data.convert import convert_to_npy
@@ -253,13 +254,41 @@ def test_the_target_scan_names_the_first_value_beyond_one_in_the_file_and_its_tw
     convert_to_npy(path)
     nbody, hydro = dataset.npy_paths(path)
     dataset.check_finite_npy(nbody)
-    dataset.check_finite_npy(hydro, targets=False)
+    with pytest.raises(DatasetError, match=r"holds -793 at voxel \(9, 1, 4\), beyond \+-100"):
+        dataset.check_finite_npy(hydro, targets=False)
     with pytest.raises(DatasetError) as err:
         dataset.check_finite_npy(hydro, targets=True)
     assert str(err.value).startswith(
         f"{hydro} (DALI's numpy reader reads it): Hydro channel 2 holds -793 at voxel (9, 1, 4), outside [-1, 1]"
     )
     edge = _without_attributes(data_dir / "train_32.h5", tmp_path / "edge.h5", lambda h: np.clip(h * 100, -1, 1))
+    dataset.scan_values(edge)
+
+
+def test_inputs_far_outside_the_transforms_range_are_named_in_the_file_and_its_twin(data_dir, tmp_path):
+    """An input (Nbody) of 1e4 (a file written without the transforms) is refused by the HDF5 scan and the
+    Nbody twin's, naming the channel, voxel and value; exactly +-100 passes."""
+    from shared_data.core.errors import DatasetError
+    from shared_data.data import dataset
+    from shared_data.data.convert import convert_to_npy
+
+    def edit(n):
+        n[1, 2, 3, 4] = 1e4
+        return n
+
+    path = _without_attributes(data_dir / "train_32.h5", tmp_path / "t.h5", nbody=edit)
+    with pytest.raises(DatasetError) as err:
+        dataset.scan_values(path)
+    assert str(err.value).startswith(f"{path}: Nbody channel 1 holds 10000 at voxel (2, 3, 4), beyond +-100, far")
+    convert_to_npy(path)
+    with pytest.raises(DatasetError) as err:
+        dataset.check_finite_npy(dataset.npy_paths(path)[0])
+    assert str(err.value).startswith(
+        f"{dataset.npy_paths(path)[0]} (DALI's numpy reader reads it): Nbody channel 1 holds 10000 at voxel (2, 3, 4)"
+    )
+    edge = _without_attributes(
+        data_dir / "train_32.h5", tmp_path / "edge.h5", nbody=lambda n: np.clip(n * 1e4, -100, 100)
+    )
     dataset.scan_values(edge)
 
 

@@ -188,6 +188,22 @@ OUTSIDE_OUTPUT = (
 )
 
 
+#: The largest magnitude an input (``Nbody``) value may have: the contract's transforms keep inputs of order 1
+#: (the generator's within +-0.5); an input a hundred times that (a file written without the transforms)
+#: trains to a model that never sees data of its kind, and the run would end rc 0 without a word.
+INPUT_LIMIT = 100.0
+FAR_OUTSIDE_INPUTS = (
+    f"beyond +-{INPUT_LIMIT:g}, far outside the dataset contract's transformed inputs (values of order 1): "
+    "was the file written without the transforms?"
+)
+
+
+def input_problem(where: str, channel: int, voxel: tuple[int, int, int], value: float) -> str:
+    """The line of a finite input ``value`` beyond :data:`INPUT_LIMIT` at ``voxel`` of ``channel``."""
+    x, y, z = voxel
+    return f"{where}: Nbody channel {channel} holds {value:.6g} at voxel ({x}, {y}, {z}), {FAR_OUTSIDE_INPUTS}"
+
+
 def target_problem(where: str, channel: int, voxel: tuple[int, int, int], value: float) -> str:
     """The line of a finite target ``value`` beyond :data:`TARGET_LIMIT` at ``voxel`` of ``channel``."""
     x, y, z = voxel
@@ -220,7 +236,8 @@ def check_finite(array: np.ndarray, what: str) -> None:
 
 def scan_values(path: str | Path, slab_bytes: int = 1 << 27) -> None:
     """Scan both datasets of HDF5 file ``path`` for NaN, inf and values beyond :data:`MAX_ABS_VALUE`,
-    and the targets (``Hydro``) for values beyond :data:`TARGET_LIMIT`, a slab of x planes (128 MiB)
+    the targets (``Hydro``) for values beyond :data:`TARGET_LIMIT` and the inputs (``Nbody``) beyond
+    :data:`INPUT_LIMIT`, a slab of x planes (128 MiB)
     at a time, before a run reads it: a value near float32's limit (3e38) is finite, passes the
     readers' checks and makes the loss inf steps later; a target of 30 trains to a loss of 30. Cost:
     one read of the file (0.23 s for a 256^3 volume, 604 MB, from the page cache on one core).
@@ -242,10 +259,11 @@ def scan_values(path: str | Path, slab_bytes: int = 1 << 27) -> None:
                         f"{path}: {key} channel {c} holds a {value_problem(slab[bad])} at voxel "
                         f"({x0 + x}, {y}, {z}); {EXPECTED_VALUES}"
                     )
-                bad = first_bad(slab, TARGET_LIMIT) if key == "Hydro" else None
+                limit, problem = (TARGET_LIMIT, target_problem) if key == "Hydro" else (INPUT_LIMIT, input_problem)
+                bad = first_bad(slab, limit)
                 if bad is not None:
                     c, x, y, z = bad
-                    raise DatasetError(target_problem(str(path), c, (x0 + x, y, z), float(slab[bad])))
+                    raise DatasetError(problem(str(path), c, (x0 + x, y, z), float(slab[bad])))
 
 
 def _compare_twin(h5, arr: np.ndarray, npy: Path, path: Path, key: str, fix: str, slab_bytes: int = 1 << 27) -> None:
@@ -263,10 +281,10 @@ def _compare_twin(h5, arr: np.ndarray, npy: Path, path: Path, key: str, fix: str
 
 
 def check_finite_npy(npy: Path, slab_bytes: int = 1 << 27, targets: bool = False) -> None:
-    """Scan a DHWC ``.npy`` twin for NaN, inf and values beyond :data:`MAX_ABS_VALUE` (``targets``:
-    the ``Hydro`` twin, beyond :data:`TARGET_LIMIT` too), a slab of x planes at a time
-    (memory-mapped): DALI's numpy reader puts its values on the device unchecked, so a bad value is
-    caught here or not at all.
+    """Scan a DHWC ``.npy`` twin for NaN, inf and values beyond :data:`MAX_ABS_VALUE`, and beyond
+    :data:`INPUT_LIMIT` (the ``Nbody`` twin) or, with ``targets`` (the ``Hydro`` twin), beyond
+    :data:`TARGET_LIMIT`, a slab of x planes at a time (memory-mapped): DALI's numpy reader puts its
+    values on the device unchecked, so a bad value is caught here or not at all.
 
     Raises:
         DatasetError: the first bad value, with its voxel (x, y, z) and channel.
@@ -282,12 +300,11 @@ def check_finite_npy(npy: Path, slab_bytes: int = 1 << 27, targets: bool = False
                 f"{npy}: {value_problem(slab[bad])} at voxel ({x0 + x}, {y}, {z}) channel {c}; "
                 f"{EXPECTED_VALUES} (DALI's numpy reader reads this file)"
             )
-        bad = first_bad(slab, TARGET_LIMIT) if targets else None
+        limit, problem = (TARGET_LIMIT, target_problem) if targets else (INPUT_LIMIT, input_problem)
+        bad = first_bad(slab, limit)
         if bad is not None:
             x, y, z, c = bad
-            raise DatasetError(
-                target_problem(f"{npy} (DALI's numpy reader reads it)", c, (x0 + x, y, z), float(slab[bad]))
-            )
+            raise DatasetError(problem(f"{npy} (DALI's numpy reader reads it)", c, (x0 + x, y, z), float(slab[bad])))
 
 
 def json_attr(attrs: dict, key: str, path: str | Path) -> object | None:

@@ -82,7 +82,8 @@ def check_data(cfg: Config) -> None:
     contract: both split files (unless ``synthetic``) and, for the DALI numpy reader, their ``.npy``
     twins. The values every loader reads (the HDF5 files, or the twins) are scanned for NaN, inf and
     values beyond :data:`shared_data.data.dataset.MAX_ABS_VALUE`, targets beyond the model's output
-    range :data:`~shared_data.data.dataset.TARGET_LIMIT` (one read of each file: 0.23 s for a 256^3
+    range :data:`~shared_data.data.dataset.TARGET_LIMIT`, inputs beyond
+    :data:`~shared_data.data.dataset.INPUT_LIMIT` (one read of each file: 0.23 s for a 256^3
     volume), so a bad value is named with its file and voxel before the first step, not
     reported as a diverged loss. Raises the :class:`shared_data.core.errors.DatasetError` naming
     the file and the fix."""
@@ -107,8 +108,8 @@ def check_data(cfg: Config) -> None:
         else:
             dataset.scan_values(info.path)
     log.info(
-        "data values: finite, within +-%g, targets within +-%g, in both files (checked in %.1f s)",
-        dataset.MAX_ABS_VALUE,
+        "data values: finite, inputs within +-%g, targets within +-%g, in both files (checked in %.1f s)",
+        dataset.INPUT_LIMIT,
         dataset.TARGET_LIMIT,
         time.perf_counter() - t0,
     )
