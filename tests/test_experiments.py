@@ -17,6 +17,7 @@ from processes import cpu_xla_flags
 
 from shared_data.core import config as config_mod
 from shared_data.core.config import REPO_ROOT
+from shared_data.core.errors import UserError
 from shared_data.inference import quality
 
 pytestmark = pytest.mark.study
@@ -592,3 +593,28 @@ def test_scaling_cpu_table_compares_every_launch_with_one_device(tmp_path):
     assert rows[11] == ["| tf", "4 SLURM tasks", "4", "0.249999", "0.200000", "3.0e-06 |"]
     assert [r[5] for r in rows if r is not rows[3] and r is not rows[11]] == ["0.0e+00 |"] * 10
     assert res.stdout.strip().endswith("max relative difference from 1 device: jax 1.0e-06, tf 3.0e-06")
+
+
+def test_nonlinear_gas_curve_says_when_only_the_k_bins_tie_a_run_to_its_volume(tmp_path, caplog):
+    """A run whose run.json records no checksum of its volume, scored on a val_path not at hand: the k
+    bins that match are all curve.py can check, and it says so in one warning; bins that differ are
+    refused."""
+    import logging
+
+    spec = importlib.util.spec_from_file_location(
+        "nonlinear_gas_curve", REPO_ROOT / "experiments/nonlinear_gas/curve.py"
+    )
+    curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(curve)
+    run = tmp_path / "run"
+    run.mkdir()
+    info = {"config_values": {"val_path": "gone/val_128.h5"}, "invocations": [{"cwd": str(tmp_path)}]}
+    (run / "run.json").write_text(json.dumps(info))
+    k = {name: [0.5, 1.0, 1.5] for name in curve.CHANNELS}
+    evaluation = {"channels": {name: {"k": [0.5, 1.0]} for name in curve.CHANNELS}}
+    with caplog.at_level(logging.WARNING):
+        curve.check_scored_on(run, evaluation, tmp_path / "other.h5", [1, 2, 3, 4], k)
+    assert len(caplog.records) == 1
+    assert "gone/val_128.h5, which is not at hand here, and records no checksum of it: only its k bins" in caplog.text
+    with pytest.raises(UserError, match="whose k bins are not --val"):
+        curve.check_scored_on(run, evaluation, tmp_path / "other.h5", [1, 2, 3, 4], {n: [0.6, 1.2] for n in k})

@@ -100,8 +100,8 @@ def check_scored_on(run: Path, evaluation: dict, val: Path, val_crc32: list[int]
     checksums its ``time_to_quality`` records of the volume differ from ``val``'s (``val_crc32``); for a
     run that records none, its ``val_path`` (relative to the folder it was started from) holds other
     Nbody values than ``val``, or, where that file is not at hand, the k bins of its ``evaluation`` are
-    not ``val``'s (``val_k``: channel -> bin centres). A run without ``run.json`` (records written by
-    hand) is not checked.
+    not ``val``'s (``val_k``: channel -> bin centres), and a warning says that only the bins were checked.
+    A run without ``run.json`` (records written by hand) is not checked.
 
     Raises:
         UserError: naming the run's record, its volume and ``val``.
@@ -141,6 +141,13 @@ def check_scored_on(run: Path, evaluation: dict, val: Path, val_crc32: list[int]
                 f"{run / 'quality.jsonl'}: the run was scored on {values['val_path']} (not at hand here), whose "
                 f"k bins are not --val {val}'s (another volume size or box); pass the volume the run was scored on"
             )
+    logging.getLogger(__name__).warning(
+        "%s: the run was scored on %s, which is not at hand here, and records no checksum of it: only its k bins "
+        "are checked against --val %s (another volume of the same size and box is not told apart)",
+        run / "run.json",
+        values["val_path"],
+        val,
+    )
 
 
 def at_marks(curve: list[dict], marks: list[float]) -> list[tuple[str, dict | None]]:
