@@ -15,12 +15,17 @@ import atexit
 import contextlib
 import logging
 import os
+import signal
+import socket
+import sys
+import threading
+import time
 
 import jax
 
 from shared_data.core import errors
 from shared_data.core.errors import UserError
-from shared_data.runtime import launch
+from shared_data.runtime import launch, logs, signals
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +38,14 @@ CLUSTER_VARIABLE = "DLAS_JAX_CLUSTER"
 #: too (:func:`leave_together`); well under SLURM's default KillWait of 30 s.
 LEAVE_WAIT_S = 10
 
+#: Seconds a process gives its main thread to end in its own line once another process of the run is
+#: seen killed (:func:`watch_peers`).
+LOST_GRACE_S = 3.0
+
 _left = {"alone": False}
+_watched: list[socket.socket] = []
+_WATCH_KEY = "dlas_peer_watch_port"
+_GOODBYE = b"bye"
 
 
 # --- joining a multi-process run -----------------------------------------------------------------
@@ -77,8 +89,9 @@ def initialize() -> str | None:
     except ValueError as err:  # JAX found no environment to join
         raise UserError(f"jax.distributed ({how}): {err}") from None
     if jax.process_count() > 1:
-        # after JAX's own exit function, so it runs before it; the error and signal exits end after the
+        # after JAX's own exit function, so they run before it; the error and signal exits end after the
         # atexit functions, without the interpreter's finalisation (which would shut the runtime down again)
+        watch_peers()
         atexit.register(leave_together)
         errors.EXIT_AFTER_ATEXIT.append("a multi-process JAX run")
     return (
@@ -87,6 +100,108 @@ def initialize() -> str | None:
         f"GPUs {jax.config.read('jax_cuda_visible_devices')} of CUDA_VISIBLE_DEVICES="
         f"{env.get('CUDA_VISIBLE_DEVICES', '(unset)')}"
     )
+
+
+def watch_peers() -> None:
+    """Keep one TCP connection between process 0 and each other process of the run (process 0's port
+    through JAX's key-value store), so that a process killed without a word (kill -9, the OOM killer, a
+    lost node) is seen at once: its connection closes without the goodbye every process sends at its
+    exit. The survivor's main thread usually ends the process first, in its one line (a collective's
+    error); where it waits where no collective shows the loss (for the previous epoch's checkpoint,
+    whose last step is a barrier of all processes that a lost process holds until JAX's heartbeat
+    time-out aborts the others), the watcher ends the process after :data:`LOST_GRACE_S` seconds in the
+    same line (:func:`_lost`). Where the connection cannot be made, one warning, and the run goes on
+    without it.
+
+    JAX: the client's key-value store of ``jax._src.distributed`` (``jax.distributed`` exposes none)."""
+    from jax._src import distributed
+
+    client, rank = distributed.global_state.client, jax.process_index()
+    signal.signal(signal.SIGUSR2, _raise_lost)
+    try:
+        if rank == 0:
+            server = socket.create_server(("", 0))
+            client.key_value_set(_WATCH_KEY, str(server.getsockname()[1]))
+            threading.Thread(target=_accept, args=(server,), name="peer-watch", daemon=True).start()
+        else:
+            port = int(client.blocking_key_value_get(_WATCH_KEY, int(LOST_GRACE_S * 20_000)))
+            host = distributed.global_state.coordinator_address.rpartition(":")[0].strip("[]")
+            conn = socket.create_connection((host, port), timeout=30)
+            conn.settimeout(None)
+            conn.sendall(f"{rank}\n".encode())
+            _watched.append(conn)
+            threading.Thread(target=_watch, args=(conn, 0), name="peer-watch", daemon=True).start()
+    except (OSError, ValueError, jax.errors.JaxRuntimeError) as err:
+        log.warning(
+            "no watch of the other processes (%s): a process killed without a word is seen by the "
+            "next collective, or by JAX's heartbeat time-out",
+            err,
+        )
+        return
+    atexit.register(_say_goodbye)
+
+
+def _accept(server: socket.socket) -> None:
+    """Process 0's side of :func:`watch_peers`: take each other process's connection and watch it."""
+    for _ in range(jax.process_count() - 1):
+        conn, _ = server.accept()
+        peer = int(conn.makefile("r").readline() or -1)
+        _watched.append(conn)
+        threading.Thread(target=_watch, args=(conn, peer), name="peer-watch", daemon=True).start()
+    server.close()
+
+
+def _watch(conn: socket.socket, peer: int) -> None:
+    """Wait on ``peer``'s connection: its goodbye ends the watch; its close without one is a lost process."""
+    try:
+        said = conn.recv(16)
+    except OSError:
+        said = b""
+    if not said.startswith(_GOODBYE):
+        _lost(peer)
+
+
+class PeerLost(RuntimeError):
+    """Another process of the run ended without a word (:func:`watch_peers`), raised in the main thread."""
+
+    def __init__(self, peer: int):
+        super().__init__(
+            f"process {peer} (of {jax.process_count()}): its connection closed without a word (the process was killed)"
+        )
+
+
+def _lost(peer: int) -> None:
+    """``peer`` ended without its goodbye: give this process's main thread :data:`LOST_GRACE_S` seconds to
+    end in its own line (a collective's error), then raise :class:`PeerLost` in it (a signal wakes a
+    thread that waits in Python, and the run ends in its one line: :func:`jax_impl.distribute.lost_peer`),
+    and :data:`LOST_GRACE_S` seconds later, where it still waits (in native code), end the process here
+    in that line, after the ``atexit`` functions, exit code 2."""
+    time.sleep(LOST_GRACE_S)
+    if errors.ending_code() is not None or _left["alone"]:
+        return  # the main thread is ending the process
+    _left["lost"] = peer
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR2)
+    time.sleep(LOST_GRACE_S)
+    if errors.ending_code() is not None or _left["alone"]:
+        return
+    message = f"process {jax.process_index()} of this run lost {PeerLost(peer)}; it stops {signals.where()}"
+    logs.log_to_file_only(logging.ERROR, f"error: {message}")
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    leave_alone()
+    errors.exit_after_atexit(2)
+
+
+def _raise_lost(signum: int, frame=None) -> None:
+    """SIGUSR2's handler in a multi-process run: :class:`PeerLost` of the process :func:`_lost` saw."""
+    if _left.get("lost") is not None:
+        raise PeerLost(_left["lost"])
+
+
+def _say_goodbye() -> None:
+    """At this process's exit: tell the watched processes it ends by itself."""
+    for conn in _watched:
+        with contextlib.suppress(OSError):
+            conn.sendall(_GOODBYE)
 
 
 def leave_together() -> None:

@@ -105,7 +105,11 @@ def lost_peer(err: BaseException) -> str | None:
     processes or the error names it), else None.
 
     JAX: a ``JaxRuntimeError`` (a ``ValueError`` where the collective runs inside ``jax.jit``'s
-    dispatch) from Gloo's or NCCL's transport, or from the coordination service."""
+    dispatch) from Gloo's or NCCL's transport, or from the coordination service; or the
+    :class:`jax_impl.cluster.PeerLost` of :func:`jax_impl.cluster.watch_peers`."""
+    if isinstance(err, cluster.PeerLost):  # seen by the watch of the processes, not by a collective
+        cluster.leave_alone()
+        return str(err)
     if not isinstance(err, jax.errors.JaxRuntimeError | ValueError):
         return None
     text = str(err)

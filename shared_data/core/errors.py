@@ -293,10 +293,10 @@ def _exit_before_device_work_ends(code: int) -> None:
     ``atexit`` functions run first (multiprocessing ends the loader's workers there, logging flushes
     its files); a test's process goes on."""
     if {"jax", "tensorflow"} & sys.modules.keys():
-        _exit_after_atexit(code)
+        exit_after_atexit(code)
 
 
-def _exit_after_atexit(code: int) -> None:
+def exit_after_atexit(code: int) -> None:
     """End the process with ``code`` after the ``atexit`` functions, without the interpreter's
     finalisation; a test's process goes on."""
     if "pytest" not in sys.modules:
@@ -324,7 +324,7 @@ def _error_exit(code: int) -> int:
     interpreter's finalisation must be skipped (:data:`EXIT_AFTER_ATEXIT`)."""
     _exit_if_native_files_are_stuck(code)
     if EXIT_AFTER_ATEXIT:
-        _exit_after_atexit(code)
+        exit_after_atexit(code)
     return code
 
 

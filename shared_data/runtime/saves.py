@@ -145,8 +145,13 @@ class InFlight:
         or None where none was started since the last wait. Raises what ``complete`` raised."""
         if self._future is None:
             return None
-        future, self._future = self._future, None
-        return self._epoch, future.result()
+        future = self._future
+        try:
+            seconds = future.result()
+        finally:
+            if future.done():  # a wait cut short (a lost process: jax_impl.cluster) leaves it in flight
+                self._future = None
+        return self._epoch, seconds
 
     def unfinished(self, timeout: float) -> int | None:
         """The epoch of the save in flight if it is not complete within ``timeout`` seconds (it is then
