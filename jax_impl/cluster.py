@@ -42,7 +42,10 @@ LEAVE_WAIT_S = 10
 #: seen killed (:func:`watch_peers`).
 LOST_GRACE_S = 3.0
 
-_left = {"alone": False}
+#: Seconds a process waits for process 0's watch port, and then for its connection (:func:`watch_peers`).
+WATCH_CONNECT_S = 60
+
+_left: dict = {"alone": False, "lost": None}  # left alone (no JAX shutdown); the process the watch saw lost
 _watched: list[socket.socket] = []
 _WATCH_KEY = "dlas_peer_watch_port"
 _GOODBYE = b"bye"
@@ -124,9 +127,9 @@ def watch_peers() -> None:
             client.key_value_set(_WATCH_KEY, str(server.getsockname()[1]))
             threading.Thread(target=_accept, args=(server,), name="peer-watch", daemon=True).start()
         else:
-            port = int(client.blocking_key_value_get(_WATCH_KEY, int(LOST_GRACE_S * 20_000)))
+            port = int(client.blocking_key_value_get(_WATCH_KEY, WATCH_CONNECT_S * 1000))
             host = distributed.global_state.coordinator_address.rpartition(":")[0].strip("[]")
-            conn = socket.create_connection((host, port), timeout=30)
+            conn = socket.create_connection((host, port), timeout=WATCH_CONNECT_S)
             conn.settimeout(None)
             conn.sendall(f"{rank}\n".encode())
             _watched.append(conn)
@@ -142,10 +145,19 @@ def watch_peers() -> None:
 
 
 def _accept(server: socket.socket) -> None:
-    """Process 0's side of :func:`watch_peers`: take each other process's connection and watch it."""
-    for _ in range(jax.process_count() - 1):
+    """Process 0's side of :func:`watch_peers`: take each other process's connection (its first line is its
+    rank) and watch it; a connection that does not say a rank (another program) is closed and not counted."""
+    peers = set(range(1, jax.process_count()))
+    while peers:
         conn, _ = server.accept()
-        peer = int(conn.makefile("r").readline() or -1)
+        try:
+            peer = int(conn.makefile("r").readline())
+        except (OSError, ValueError):
+            peer = None
+        if peer not in peers:
+            conn.close()
+            continue
+        peers.discard(peer)
         _watched.append(conn)
         threading.Thread(target=_watch, args=(conn, peer), name="peer-watch", daemon=True).start()
     server.close()
@@ -193,7 +205,7 @@ def _lost(peer: int) -> None:
 
 def _raise_lost(signum: int, frame=None) -> None:
     """SIGUSR2's handler in a multi-process run: :class:`PeerLost` of the process :func:`_lost` saw."""
-    if _left.get("lost") is not None:
+    if _left["lost"] is not None:
         raise PeerLost(_left["lost"])
 
 

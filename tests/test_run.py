@@ -190,8 +190,8 @@ class _SaveHeldByALostProcess:
         import threading
 
         self.release = threading.Event()
-        self._in_flight = saves.InFlight("test")
-        self._in_flight.start(3, self.release.wait)
+        self.in_flight = saves.InFlight("test")
+        self.in_flight.start(3, self.release.wait)
 
     def epochs(self):
         return [1, 2]
@@ -207,7 +207,7 @@ def test_a_save_a_lost_process_holds_is_left_and_the_run_names_the_newest_finish
     position.saved(3)
     position.start_epoch(3)
     t0 = time.monotonic()
-    saves.leave_after_loss(held, position)
+    saves.leave_after_loss(held.in_flight, held.epochs, position)
     assert saves.LOSS_WAIT_S <= time.monotonic() - t0 < saves.LOSS_WAIT_S + 1
     assert position.where() == (
         "during epoch 4 (step 1 of 4): that epoch is abandoned; the checkpoint of epoch 2 is kept and --resume "
@@ -217,9 +217,9 @@ def test_a_save_a_lost_process_holds_is_left_and_the_run_names_the_newest_finish
     done, position = _SaveHeldByALostProcess(), Position(steps_per_epoch=4)
     done.release.set()
     position.saved(3)
-    saves.leave_after_loss(done, position)
+    saves.leave_after_loss(done.in_flight, done.epochs, position)
     assert position.kept() == "the checkpoint of epoch 3 is kept and --resume continues from it"
-    assert done._in_flight.wait() is None  # joined by leave_after_loss
+    assert done.in_flight.wait() is None  # joined by leave_after_loss
 
 
 def test_input_wait_leaves_out_the_steps_queued_before_the_batch(tiny_cfg, tmp_path, monkeypatch):

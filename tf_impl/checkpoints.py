@@ -88,7 +88,7 @@ class Checkpoints:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc is not None and distribute.lost_peer(exc) is not None:
-            saves.leave_after_loss(self, self._position)
+            saves.leave_after_loss(self._in_flight, self.epochs, self._position)
             return
         self.close()
 

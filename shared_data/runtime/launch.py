@@ -242,14 +242,14 @@ def claim_port(address: str, role: str) -> None:
     Raises:
         UserError: the port is not a number in 1-65535, or another program listens on it.
     """
-    text = str(port_of(address, role))
+    port = port_of(address, role)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("", int(text)))
+            s.bind(("", port))
         except OSError as err:
             raise UserError(
-                f"{role} {address}: port {text} is in use on {platform.node()} ({err.strerror or err}); "
+                f"{role} {address}: port {port} is in use on {platform.node()} ({err.strerror or err}); "
                 "choose a free port (PORT for scripts/launch/single_host.sh)"
             ) from None
 

@@ -97,15 +97,16 @@ def wait_at_close(ckpt) -> None:
 LOSS_WAIT_S = 2.0
 
 
-def leave_after_loss(ckpt, position: Position | None) -> None:
-    """At the exit of ``ckpt`` (a framework's ``Checkpoints``) after another process of the run was lost:
-    give its save in flight :data:`LOSS_WAIT_S` to finish, then leave it. A save finishes only where the
-    lost process passed the writers' last barrier; one that does not is left an unfinished temporary
-    folder, which no resume lists and the next run's start removes, and ``position`` (the run's) then
-    names the newest finished checkpoint (``ckpt.epochs()``), which ``--resume`` continues from."""
-    epoch = ckpt._in_flight.unfinished(LOSS_WAIT_S)
+def leave_after_loss(in_flight: InFlight, epochs: Callable[[], list[int]], position: Position | None) -> None:
+    """At the exit of a framework's ``Checkpoints`` after another process of the run was lost: give its
+    save in flight (``in_flight``) :data:`LOSS_WAIT_S` to finish, then leave it. A save finishes only
+    where the lost process passed the writers' last barrier; one that does not is left an unfinished
+    temporary folder, which no resume lists and the next run's start removes, and ``position`` (the
+    run's) then names the newest finished checkpoint (of ``epochs()``, the checkpoints' own list), which
+    ``--resume`` continues from."""
+    epoch = in_flight.unfinished(LOSS_WAIT_S)
     if epoch is not None and position is not None:
-        finished = [e for e in ckpt.epochs() if e < epoch]
+        finished = [e for e in epochs() if e < epoch]
         position.save_abandoned(max(finished, default=0))
 
 
