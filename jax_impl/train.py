@@ -93,7 +93,8 @@ def train_epoch(state, train_fn, batches, epoch: int, start, folder: RunFolder, 
                 with nvtx_range("step dispatch", "blue"):
                     state, metrics = train_fn(state, batch)
             losses.append(metrics["loss"])
-    losses = jax.device_get(jnp.stack(losses))  # waits for the epoch's steps
+    # waits for the epoch's steps (none where a met target ended the epoch before its first step)
+    losses = jax.device_get(jnp.stack(losses)) if losses else np.zeros(0, np.float32)
     timing.stop()
     return state, losses, metrics, timing
 

@@ -358,15 +358,20 @@ def test_a_reachable_target_stops_the_run_and_is_timed(tiny_cfg, tmp_path, frame
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("verdict", ["during epoch 2", "before epoch 2's first step"])
 @pytest.mark.parametrize("framework", ["jax", "tf"])
-def test_the_run_ends_with_the_model_that_met_the_target(tiny_cfg, tmp_path, framework, caplog):
+def test_the_run_ends_with_the_model_that_met_the_target(tiny_cfg, tmp_path, framework, verdict, caplog, monkeypatch):
     """A target met by the verdict on epoch 1, scored on a host thread while epoch 2 trains: the run ends
     at that verdict, epoch 2's steps dropped: the metrics and the newest checkpoint stop at epoch 1, the
     weights written at the end are epoch 1's checkpoint (what ``predict --workdir`` reads), the time to
     quality is the verdict's (after epoch 1's prediction), and epoch 1's wall time is logged in parts
-    that add up to it."""
+    that add up to it. A verdict known before epoch 2's first step (a fast scoring thread; forced here
+    by a poll that waits for it) ends an epoch of no steps the same way."""
     import importlib
 
+    if verdict != "during epoch 2":
+        poll = quality_check.Monitor.target_met
+        monkeypatch.setattr(quality_check.Monitor, "target_met", lambda self, wait=False: poll(self, wait=True))
     train = _trainer(framework)
     predict = importlib.import_module(f"{framework}_impl.predict")
     cfg = config_mod.replace(tiny_cfg, num_epochs=3, start_lr=5e-3, **REACHABLE)

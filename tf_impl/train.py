@@ -96,7 +96,8 @@ def train_epoch(strategy, train_fn, batches, epoch: int, start, folder: RunFolde
                 with nvtx_range("step dispatch", "blue"):
                     metrics = train_fn(batch)
             losses.append(metrics["loss"])
-    losses = tf.stack(losses).numpy()  # waits for the epoch's steps
+    # waits for the epoch's steps (none where a met target ended the epoch before its first step)
+    losses = tf.stack(losses).numpy() if losses else np.zeros(0, np.float32)
     timing.stop()
     return losses, metrics, timing
 
