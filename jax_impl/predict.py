@@ -31,11 +31,11 @@ FRAMEWORK = "jax"
 
 
 def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[dict[str, np.ndarray], int]:
-    """The canonical weights of the latest checkpoint in ``directory`` (restored with
-    :class:`jax_impl.checkpoints.Checkpoints`) and its epoch.
+    """The canonical weights of the newest checkpoint in ``directory`` that restores (with
+    :class:`jax_impl.checkpoints.Checkpoints`; a damaged one is skipped with a warning) and its epoch.
 
     Raises:
-        UserError: no checkpoint, or one that does not restore.
+        UserError: no checkpoint, or none that restores (the newest one's error).
     """
     absl = logging.getLogger("absl")
     level = absl.level
@@ -45,8 +45,8 @@ def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[
     finally:
         absl.setLevel(level)
     with checkpoints:  # closed on every exit (orbax's threads)
-        epoch = weights_mod.latest_checkpoint(checkpoints, workdir)
-        params = checkpoints.restore_params(epoch, jax.eval_shape(lambda: model_mod.init_params(run_cfg, 0)))
+        like = jax.eval_shape(lambda: model_mod.init_params(run_cfg, 0))
+        epoch, params = weights_mod.restore_newest(checkpoints, workdir, lambda e: checkpoints.restore_params(e, like))
     return model_mod.params_to_canonical(jax.device_get(params)), epoch
 
 

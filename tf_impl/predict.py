@@ -35,15 +35,16 @@ FRAMEWORK = "tf"
 
 
 def restore_checkpoint(run_cfg: Config, directory: Path, workdir: str) -> tuple[dict[str, np.ndarray], int]:
-    """The canonical weights of the latest checkpoint in ``directory`` (restored with
-    :class:`tf_impl.checkpoints.Checkpoints`, model variables only) and its epoch.
+    """The canonical weights of the newest checkpoint in ``directory`` that restores (with
+    :class:`tf_impl.checkpoints.Checkpoints`, model variables only; a damaged one is skipped with a
+    warning) and its epoch.
 
     Raises:
-        UserError: no checkpoint, or one that does not restore.
+        UserError: no checkpoint, or none that restores (the newest one's error).
     """
     with Checkpoints(directory, run_cfg.keep_checkpoints, read_only=True) as checkpoints:
-        epoch = weights_mod.latest_checkpoint(checkpoints, workdir)
-        model = checkpoints.restore_params(epoch, model_mod.build_model(run_cfg))
+        model = model_mod.build_model(run_cfg)
+        epoch, model = weights_mod.restore_newest(checkpoints, workdir, lambda e: checkpoints.restore_params(e, model))
     return model_mod.params_to_canonical(model), epoch
 
 

@@ -21,6 +21,7 @@ from shared_data.core import config_checks
 from shared_data.core.config import Config
 from shared_data.core.errors import ConfigError, UserError
 from shared_data.model import unet_spec
+from shared_data.runtime import resume
 
 log = logging.getLogger("dlas.predict")
 
@@ -82,16 +83,18 @@ def checkpoint_config(cfg: Config, workdir: str | Path) -> Config:
     return run_cfg
 
 
-def latest_checkpoint(checkpoints, workdir: str | Path) -> int:
-    """The newest epoch of a framework's ``Checkpoints`` (``epochs()``).
+def restore_newest(checkpoints, workdir: str | Path, restore: Callable[[int], object]) -> tuple[int, object]:
+    """The newest checkpoint of a framework's ``Checkpoints`` (``epochs()``) that ``restore(epoch)``
+    restores: ``(epoch, what it returned)``; a damaged one is skipped with a warning, as the trainer's
+    resume skips it (:func:`shared_data.runtime.resume.restore_newest`).
 
     Raises:
-        UserError: there is none.
+        UserError: there is none, or none restores (the newest one's error).
     """
     epochs = checkpoints.epochs()
     if not epochs:
         raise UserError(f"--workdir {workdir}: no checkpoint in {checkpoint_dir(workdir)}")
-    return epochs[-1]
+    return resume.restore_newest(epochs, restore)
 
 
 #: A framework's checkpoint restore: (the run's config, its checkpoints folder, workdir) -> (canonical

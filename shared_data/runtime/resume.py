@@ -16,7 +16,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shared_data.core.errors import UserError, quoted
@@ -73,19 +73,35 @@ def resume(folder: RunFolder, checkpoints, mid_epoch: Callable[[], Any] | None, 
             f"{folder.workdir} already holds checkpoints (epoch {epochs[-1]}); pass --resume to continue, "
             f"--overwrite to start again, or --workdir for a new run"
         )
+    epoch, restored = restore_newest(epochs, checkpoints.restore)
+    log.info("resumed from %s at epoch %d", checkpoints.directory, epoch)
+    folder.position.saved(epoch)
+    return Start(epoch=epoch, restored=restored)
+
+
+def restore_newest(epochs: Sequence[int], restore: Callable[[int], Any]) -> tuple[int, Any]:
+    """The newest of ``epochs`` (a checkpoints folder's, oldest first) whose ``restore(epoch)`` returns:
+    ``(epoch, what it returned)``. A checkpoint that raises :class:`UserError` (a damaged file or
+    checksum record, :mod:`shared_data.runtime.checksums`) is skipped with a warning naming its error,
+    and an older one used says so; the trainer's resume, predict and export alike.
+
+    Raises:
+        UserError: none restores (the newest one's error, e.g. a checkpoint of another config).
+        ValueError: ``epochs`` is empty.
+    """
+    if not epochs:
+        raise ValueError("restore_newest needs at least one checkpoint")
     first_error = None
     for epoch in reversed(epochs):
         try:
-            restored = checkpoints.restore(epoch)
+            restored = restore(epoch)
         except UserError as err:
             first_error = first_error or err
             log.warning("checkpoint of epoch %d does not restore (%s); trying an older one", epoch, err)
             continue
         if epoch != epochs[-1]:
-            log.warning("resuming from the checkpoint of epoch %d, the newest one that restores", epoch)
-        log.info("resumed from %s at epoch %d", checkpoints.directory, epoch)
-        folder.position.saved(epoch)
-        return Start(epoch=epoch, restored=restored)
+            log.warning("using the checkpoint of epoch %d, the newest one that restores", epoch)
+        return epoch, restored
     raise first_error
 
 
