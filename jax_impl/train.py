@@ -49,7 +49,8 @@ def evaluate(eval_fn, state, val_in) -> float:
     """Mean validation loss of the weights the run evaluates (the average with ``ema_decay``,
     :func:`jax_impl.ema.averaged`) over ``Nsamples_val`` crops: the batches' loss sums and sample
     counts, summed on the host. A stop signal that arrives meanwhile ends the pass between batches
-    (every process agrees) and the loss is NaN: the epoch's checkpoint follows, then the stop."""
+    (every process agrees) and the loss is NaN, recorded as not measured (``val_cut_short_by``): the
+    epoch's checkpoint follows, then the stop."""
     sums = []
     with ema.averaged(state) as weights:
         for batch in val_in.epoch(0):

@@ -73,23 +73,39 @@ def _command(body: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_signal_while_the_command_exits_is_one_sentence():
-    """After the trainer's handlers are gone (the run is written, the interpreter exits), SIGTERM ends
-    the process at once with its sentence, not silently and not ignored."""
+@pytest.mark.parametrize("case", ["exit hangs", "exit ends", "second signal"])
+def test_a_signal_while_the_command_exits_lets_the_exit_finish_for_a_grace(case):
+    """After the trainer's handlers are gone (the run is written, the interpreter exits), a SIGTERM
+    (a scheduler's to every process of the job as the run exits) lets the exit finish: an exit that
+    ends within the grace (1 s here) ends with its own code and nothing more; one that hangs ends when
+    the grace is over, with the signal's sentence and 143, not silently and not ignored; a second
+    signal ends it at once."""
+    start = time.monotonic()
     res = _command(
-        """
+        f"""
+        signals.EXIT_GRACE_S = 1.0
         with signals.handled():
             pass
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(30)
-        print("not stopped")
+        if {case!r} == "second signal":
+            os.kill(os.getpid(), signal.SIGINT)
+        if {case!r} != "exit ends":
+            time.sleep(30)
+        print("closed")
+        raise SystemExit(138)
         """
     )
+    seconds = time.monotonic() - start
+    if case == "exit ends":
+        assert (res.returncode, res.stdout, res.stderr) == (138, "closed\n", "")
+        return
+    signal_name = "SIGTERM" if case == "exit hangs" else "SIGINT"
     assert (res.returncode, res.stdout, res.stderr) == (
-        143,
+        128 + signal.Signals[signal_name],
         "",
-        "stopped by SIGTERM as the command exited: what it reported stands\n",
+        f"stopped by {signal_name} as the command exited: what it reported stands\n",
     )
+    assert (seconds > 1.0) == (case == "exit hangs") and seconds < 20, seconds
 
 
 def test_a_stop_request_while_the_command_starts_stops_at_the_first_step():

@@ -132,11 +132,14 @@ def _job_end(job: str, env: dict, restarts: int = 0) -> tuple[str, str] | None:
     return (state[1], code[1]) if int(count[1]) >= restarts else None
 
 
-def sbatch_requeued_mid_epoch(slurm_env: dict, framework: str, argv: list[str], log, folder) -> str:
+def sbatch_requeued_mid_epoch(
+    slurm_env: dict, framework: str, argv: list[str], log, folder, by: str = "scontrol"
+) -> str:
     """``sbatch --requeue`` of the submit script with 2 tasks whose trainers wait for a signal in step
-    2 of epoch 2 (``PY`` is :func:`processes.interpreter`, its file in ``folder``), ``scontrol
-    requeue`` of the job once they wait, and the wait until the requeued job has ended; returns the
-    job id. The job's output, both runs of it, is in ``log``."""
+    2 of epoch 2 (``PY`` is :func:`processes.interpreter`, its file in ``folder``), once they wait
+    ``scontrol requeue`` of the job (``by="scontrol"``) or SLURM's warning SIGUSR1 to its tasks
+    (``by="USR1"``: ``scancel --signal=USR1``; the trainer requeues the job), and the wait until the
+    requeued job has ended; returns the job id. The job's output, both runs of it, is in ``log``."""
     waiting = folder / "waiting"
     env = _env(slurm_env) | {"PY": str(interpreter(folder, STEPS + 1, f"wait:{waiting}"))}
     submit = ["sbatch", "--parsable", "-N", "1", "--ntasks-per-node=2", "--cpus-per-task=1", "--requeue"]
@@ -149,7 +152,8 @@ def sbatch_requeued_mid_epoch(slurm_env: dict, framework: str, argv: list[str], 
     while not waiting.exists():
         assert time.monotonic() < deadline and not _job_gone(job, env), output()
         time.sleep(0.1)
-    requeue = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, env=env)
+    cmd = ["scontrol", "requeue", job] if by == "scontrol" else ["scancel", "--signal=USR1", job]
+    requeue = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert requeue.returncode == 0, requeue.stderr
     # SLURM holds a requeued job back (begin time = now + its credential lifetime, 121 s) once its
     # tasks have ended (COMPLETING -> PENDING); a begin time set before that is overwritten
@@ -216,6 +220,25 @@ def test_two_tasks_requeued_mid_epoch_train_the_experiment_of_two_processes(slur
     assert_same_weights(tmp_path / "local.npz", tmp_path / "slurm.npz")
     if framework == "tf":
         assert [json.loads(line)["epoch"] for line in records.read_text().splitlines()] == [1, 2]
+
+
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_a_job_requeued_by_its_usr1_warning_prints_the_kits_lines_only(slurm, framework, tiny_argv, tmp_path):
+    """SLURM's warning SIGUSR1 to both tasks of a ``--requeue`` job inside epoch 2: the trainers stop at
+    one step boundary with a mid-epoch checkpoint, process 0 requeues the job, SLURM then ends the
+    step's processes (the ``lowmem`` loaders' workers and resource trackers among them), and the
+    requeued job trains the run to its end. The job's output, both runs, holds the kit's lines and
+    SLURM's only: no traceback and no resource tracker's warning of leaked semaphores or shared memory."""
+    workdir = tmp_path / "slurm"
+    argv = [*tiny_argv[1:], *TWO_TASKS, "--workdir", str(workdir)]
+    log = tmp_path / "job.out"
+    sbatch_requeued_mid_epoch(slurm, framework, argv, log, tmp_path, by="USR1")
+    text = log.read_text()
+    assert re.search(rf"stopped by SIGUSR1 at epoch 2, step 3 of {STEPS}: saved in .*; the job is requeued", text)
+    assert f"at epoch 2, step 3 of {STEPS} (a stop" in text, text[-4000:]
+    assert [r["epoch"] for r in read_metrics(workdir)] == [1, 2]
+    foreign = [line for line in text.splitlines() if re.search(r"resource_tracker|leaked|Traceback|Error", line)]
+    assert not foreign, "\n".join(foreign[:20])
 
 
 @pytest.mark.parametrize("framework", ["jax", "tf"])

@@ -72,3 +72,51 @@ def test_sigusr1_to_the_process_group_saves_with_the_kits_line_only(tmp_path, ti
     assert proc.returncode == 128 + signal.SIGUSR1, (proc.returncode, err[-3000:])
     assert len(lines) == 1 and lines[0].startswith("stopped by SIGUSR1 at epoch 1, step "), err[-3000:]
     assert "saved in" in lines[0] and (workdir / "mid_epoch").is_dir(), lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_a_validation_pass_cut_short_is_recorded_as_not_measured(tiny_cfg, tmp_path, framework, monkeypatch, caplog):
+    """SIGTERM during epoch 1's validation pass (at its second batch of two): the pass ends there, and the
+    epoch's line and record say its validation loss was not measured and which signal cut it short
+    (``val_cut_short_by``, the loss NaN, not a measured divergence); the run stops once the epoch's
+    checkpoint is written."""
+    import importlib
+    import json
+    import logging
+    import math
+
+    from shared_data.core import config as config_mod
+    from shared_data.runtime import signals
+
+    train = importlib.import_module(f"{framework}_impl.train")
+    make_input, passes = train.data_mod.make_input, [0]
+
+    def signal_in_the_second_pass(cfg, split, *args):
+        inp = make_input(cfg, split, *args)
+        if split == "val":
+            read = inp.epoch
+
+            def epoch(e):
+                passes[0] += 1  # epoch 1's validation (no TensorBoard: no step-0 pass)
+                for i, batch in enumerate(read(e)):
+                    if passes[0] == 1 and i == 1:
+                        os.kill(os.getpid(), signal.SIGTERM)
+                    yield batch
+
+            inp.epoch = epoch
+        return inp
+
+    monkeypatch.setattr(train.data_mod, "make_input", signal_in_the_second_pass)
+    cfg = config_mod.replace(tiny_cfg, num_epochs=2)
+    workdir = tmp_path / "w"
+    stopped = "stopped by SIGTERM between epochs: nothing is lost; the checkpoint of epoch 1 is kept"
+    with caplog.at_level(logging.INFO, logger="dlas"), signals.handled(), pytest.raises(signals.Interrupted) as err:
+        train.train_and_evaluate(cfg, workdir, num_devices=1)
+    assert str(err.value).startswith(stopped), str(err.value)
+    assert cfg.Nsamples_val // config_mod.batch_sizes(cfg)[0] == 2 and passes[0] == 1
+    assert "validation is cut short by SIGTERM" in caplog.text
+    assert "Avg val loss: not measured (the validation pass was cut short by SIGTERM)" in caplog.text
+    (record,) = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert record["epoch"] == 1 and record["val_cut_short_by"] == "SIGTERM" and math.isnan(record["val_loss"])
+    assert math.isfinite(record["train_loss"]) and (workdir / "checksums" / "1.json").is_file()

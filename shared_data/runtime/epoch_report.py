@@ -131,7 +131,9 @@ class EpochReport:
     def epoch(self, epoch: int, timing: EpochTiming, train_losses, val_loss: float, step: int, loss_scale=None) -> dict:
         """Close epoch ``epoch`` (0-based): log the tutorial's lines, record and return the epoch's metrics
         (``train_losses`` its per-step losses on the host, ``timing`` its steps' clock, ``val_loss`` the
-        validation loss, ``step`` the optimizer steps done, ``loss_scale`` fp16's).
+        validation loss, ``step`` the optimizer steps done, ``loss_scale`` fp16's). A NaN validation loss
+        while a stop waits is a pass the stop cut short: the line says it was not measured, the record
+        names the signal (``val_cut_short_by``) and TensorBoard gets no validation point.
 
         Raises:
             UserError: ``metrics.jsonl`` or ``out.log`` cannot be written (a full disk: :meth:`write_error`).
@@ -141,7 +143,10 @@ class EpochReport:
         train_loss = float(np.mean(losses[np.isfinite(losses)])) if np.isfinite(losses).any() else float("nan")
         input_share = min(timing.input_seconds / seconds, 1.0)
         samples = timing.trained_steps * self.folder.global_batch
-        for line in epoch_lines(epoch + 1, seconds, samples, train_loss, val_loss, self.val_sec):
+        # a NaN from a validation pass that a stop cut short (the trainers' evaluate) is no measurement
+        cut = signals.pending() if np.isnan(val_loss) else None
+        cut_by = signals.signal.Signals(cut).name if cut else None
+        for line in epoch_lines(epoch + 1, seconds, samples, train_loss, val_loss, self.val_sec, cut_by):
             log.info(line)
         log.info(share_line(input_share, 1.0 - input_share))
         self._advise(epoch, input_share)
@@ -158,6 +163,8 @@ class EpochReport:
             compile_sec=self.compile_sec,
             input_wait_share=input_share,
         )
+        if cut_by:
+            self.last["val_cut_short_by"] = cut_by
         if loss_scale is not None:
             self.last["loss_scale"] = float(loss_scale)
         failed = log_file_error()
@@ -170,7 +177,8 @@ class EpochReport:
             if step == steps * (epoch + 1) and epoch == 0:  # a fresh run: the first step's loss is the step-0 loss
                 self.writer.scalars(0, {"Loss/train": float(losses[0])})
             rate = {"Avg iters per sec": steps / seconds}
-            self.writer.scalars(step, {"Loss/train": train_loss, "Loss/valid": val_loss, "Learning Rate": lr, **rate})
+            val = {} if cut_by else {"Loss/valid": val_loss}
+            self.writer.scalars(step, {"Loss/train": train_loss, **val, "Learning Rate": lr, **rate})
         return self.last
 
     def _advise(self, epoch: int, input_share: float) -> None:

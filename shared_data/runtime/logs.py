@@ -229,13 +229,23 @@ def progress(iterable: Iterable, total: int, desc: str, enabled: bool) -> Iterat
 
 
 def epoch_lines(
-    epoch: int, seconds: float, samples: int, train_loss: float, val_loss: float, val_seconds: float
+    epoch: int,
+    seconds: float,
+    samples: int,
+    train_loss: float,
+    val_loss: float,
+    val_seconds: float,
+    val_cut_by: str | None = None,
 ) -> list[str]:
-    """The tutorial's per-epoch log lines (``epoch`` counted from 1)."""
+    """The tutorial's per-epoch log lines (``epoch`` counted from 1); ``val_cut_by`` names the signal
+    that cut the validation pass short (its loss is then not measured)."""
+    val = f"  Avg val loss={val_loss:.6f}"
+    if val_cut_by:
+        val = f"  Avg val loss: not measured (the validation pass was cut short by {val_cut_by})"
     return [
         f"Time taken for epoch {epoch} is {seconds:.1f} sec, avg {samples / seconds:.1f} samples/sec",
         f"  Avg train loss={train_loss:.6f}",
-        f"  Avg val loss={val_loss:.6f}",
+        val,
         f"  Total validation time: {val_seconds:.1f} sec",
     ]
 

@@ -16,9 +16,10 @@ XLA aborts the process).
 
 A trainer run as a command is covered from its first import to its exit (:func:`guard_command`,
 called by ``jax_impl`` and ``tf_impl`` before the framework imports): until :func:`handled` installs
-the handlers above, and again after it, SIGTERM and SIGINT end the process at once with one sentence
-(nothing has started, or everything is written), instead of a traceback from inside ``import
-tensorflow``, a silent death by SIGTERM, or a signal lost in the interpreter's exit. A raised
+the handlers above, SIGTERM and SIGINT end the process at once with one sentence (nothing has
+started), instead of a traceback from inside ``import tensorflow`` or a silent death by SIGTERM; after
+it, while the process exits (everything is written), the first one lets the exit finish, closing the
+loader's workers, for up to :data:`EXIT_GRACE_S`, and is not lost in the interpreter's exit. A raised
 :class:`Interrupted` can still be lost: Python runs signal handlers wherever the main thread is,
 finalisers and library callbacks included, and an exception raised there is printed and dropped
 ("Exception ignored in ..."). So the signal stays recorded, :func:`raise_pending` raises it again at
@@ -34,11 +35,15 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 #: Signals that ask a running training loop to save at the next step boundary and stop.
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+#: Seconds a command that is exiting gets to finish its exit after a SIGTERM or SIGINT (within SLURM's
+#: default KillWait of 30 s); a second signal ends it at once.
+EXIT_GRACE_S = 10.0
 
 
 class Interrupted(KeyboardInterrupt):
@@ -64,6 +69,7 @@ _state: dict = {
     "ended": False,  # handled() has ended: a signal now comes as the command exits (guard_command)
     "stderr": 2,  # where guard_command's sentence goes
     "installed": False,  # handled() installed the handlers (in the main thread)
+    "exit_grace": None,  # a signal came as the command exited: "running", then "over" (_grace_started)
 }
 _FRESH = dict(pending=None, describe=_before_training, stop=None, stoppable=0, raised=None)
 
@@ -93,6 +99,8 @@ def _exit_at_once(signum: int, frame=None) -> None:
     if signum == signal.SIGUSR1:  # a stop request: the first step boundary honours it
         _state["held"] = signum
         return
+    if _state["ended"] and _state["exit_grace"] is None and _grace_started(signum):
+        return
     when = "as the command exited: what it reported stands" if _state["ended"] else _before_training()
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
@@ -102,11 +110,36 @@ def _exit_at_once(signum: int, frame=None) -> None:
     os._exit(128 + signum)
 
 
+def _grace_started(signum: int) -> bool:
+    """For the first SIGTERM or SIGINT while the command exits: let the exit finish (it closes the
+    loader's worker processes and their shared memory, and waits for the other processes of the run)
+    and end the process with ``signum``'s line only where it has not ended after :data:`EXIT_GRACE_S`.
+    A scheduler signals every process of a job as a stopped run exits (SLURM's requeue that the run
+    asked for); ended at once, the workers' resource trackers report leaked semaphores and a JAX
+    process's peers abort. Returns False where no thread can start (the interpreter is finalising):
+    the process then ends at once."""
+    import threading
+
+    def end_after_grace() -> None:
+        time.sleep(EXIT_GRACE_S)
+        _state["exit_grace"] = "over"
+        _exit_at_once(signum)
+
+    try:
+        threading.Thread(target=end_after_grace, name="exit-grace", daemon=True).start()
+    except RuntimeError:
+        return False
+    _state["exit_grace"] = "running"
+    return True
+
+
 def guard_command() -> None:
-    """For a trainer run as a command, from before its framework imports: outside :func:`handled`
-    (before it, while the framework imports and the arguments are read, and after it, while the
-    process exits) SIGTERM and SIGINT end the process at once, with one sentence and exit code
-    128 + the signal; SIGUSR1 is kept for the first step boundary. Does nothing outside the main thread."""
+    """For a trainer run as a command, from before its framework imports: before :func:`handled`
+    (while the framework imports and the arguments are read) SIGTERM and SIGINT end the process at
+    once, with one sentence and exit code 128 + the signal; after it, while the process exits, the
+    first of them does so only where the exit has not ended within :data:`EXIT_GRACE_S`
+    (:func:`_grace_started`), a second at once; SIGUSR1 is kept for the first step boundary. Does
+    nothing outside the main thread."""
     with contextlib.suppress(ValueError):  # not the main thread
         for s in SIGNALS:
             signal.signal(s, _exit_at_once)
@@ -133,7 +166,7 @@ def handled() -> Iterator[None]:
     this block's inside it); a SIGUSR1 that came while the command started (:func:`guard_command`)
     stops the run at the first step boundary. Outside the main thread, where Python cannot set
     handlers, the block runs unchanged."""
-    _state.update(_FRESH, ended=False)
+    _state.update(_FRESH, ended=False, exit_grace=None)
     try:
         previous = {s: signal.signal(s, _raise) for s in SIGNALS}
     except ValueError:  # not the main thread
