@@ -118,15 +118,36 @@ def start_resource_tracker() -> None:
     """Start :mod:`multiprocessing`'s resource tracker of this process (once) with SIGUSR1 blocked,
     which it keeps blocked for good (it unblocks only SIGINT and SIGTERM, which it ignores): SLURM's
     SIGUSR1 to every process of the step would end it, and its successor prints a KeyError traceback
-    for each shared-memory segment it never registered."""
-    if not hasattr(signal, "pthread_sigmask"):
-        resource_tracker.ensure_running()
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    for each shared-memory segment it never registered. The tracker unlinks what a process killed
+    without closing its loader leaves (kill -9, the OOM killer) without its warning of "leaked"
+    semaphores and shared memory (:data:`QUIET_TRACKER`): the run's own lines say how it ended."""
+    with _tracker_quiet():
+        if not hasattr(signal, "pthread_sigmask"):
+            resource_tracker.ensure_running()
+            return
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        try:
+            resource_tracker.ensure_running()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+#: The warnings filter the resource tracker starts with (a ``-W`` option: :mod:`multiprocessing` passes
+#: ``sys.warnoptions`` on to the interpreter it starts).
+QUIET_TRACKER = "ignore:resource_tracker:UserWarning"
+
+
+@contextlib.contextmanager
+def _tracker_quiet() -> Iterator[None]:
+    """While the resource tracker starts, :data:`QUIET_TRACKER` among ``sys.warnoptions``."""
+    added = QUIET_TRACKER not in sys.warnoptions
+    if added:
+        sys.warnoptions.append(QUIET_TRACKER)
     try:
-        resource_tracker.ensure_running()
+        yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if added:
+            sys.warnoptions.remove(QUIET_TRACKER)
 
 
 @contextlib.contextmanager
