@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 from shared_data.core.commands import COMMANDS, PARSERS, check_arguments
 from shared_data.core.errors import MissingDependencyError, UserError, out_of_memory, run_cli
-from shared_data.runtime.signals import guard_command
+from shared_data.runtime.launch import joins_workers
+from shared_data.runtime.signals import guard_command, hold_sigterm
 
 
 def load_main(name: str) -> Callable:
@@ -37,6 +38,8 @@ def _entry(name: str) -> Callable[[], int]:
     def main(argv):
         if name in ("train_jax", "train_tf"):  # SIGTERM and Ctrl-C while the framework imports: one sentence
             guard_command()
+        if name == "train_tf" and joins_workers():  # SIGTERM held for the start's watchdog (tf_impl)
+            hold_sigterm()
         if name in PARSERS:  # --help, --version, flag and config errors end here, before the framework imports
             check_arguments(name, argv)
         return load_main(name)(argv)

@@ -72,6 +72,14 @@ def test_no_slurm_step_means_no_binding():
     assert not launch.slurm_step(salloc) and launch.task_gpus(salloc) is None
 
 
+def test_a_tf_process_joins_workers_under_tf_config_or_a_slurm_step_of_several_tasks():
+    """The processes that hold SIGTERM for the start's watchdog until they have joined (tf_impl)."""
+    assert launch.joins_workers({"TF_CONFIG": '{"cluster": {}}'}) and launch.joins_workers(slurm_env(1, 2))
+    assert not launch.joins_workers({}) and not launch.joins_workers({"TF_CONFIG": ""})
+    assert not launch.joins_workers({**slurm_env(0, 2), "SLURM_STEP_NUM_TASKS": "1"})  # one task
+    assert not launch.joins_workers({**slurm_env(0, 2), "SLURM_STEP_NUM_TASKS": "two"})  # the join names it
+
+
 def test_uneven_gpus_over_tasks_is_one_error():
     with pytest.raises(UserError, match=r"3 GPUs visible to 2 tasks on this node"):
         launch.task_gpus(slurm_env(0, 2, CUDA_VISIBLE_DEVICES="0,1,2"))
@@ -365,14 +373,16 @@ def test_interruptible_returns_and_raises_what_the_join_does():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("to", ["group", "process"])
 @pytest.mark.parametrize("framework, signum", [("jax", "TERM"), ("tf", "TERM")])
-def test_a_lone_process_waiting_for_its_peer_stops_on_a_signal(framework, signum, tiny_argv, tmp_path):
+def test_a_lone_process_waiting_for_its_peer_stops_on_a_signal(framework, signum, to, tiny_argv, tmp_path):
     """A process of two whose peer never comes, with a start time-out of 10 minutes: SIGTERM (Ctrl-C
     takes the same ways: JAX's wait on a thread, TF's watchdog and C handler) while it waits ends it
     within seconds, not at the time-out, in one line without a
     traceback; no run folder is left. The signal goes to the process group, as SLURM and a terminal
-    send it (TF's coordination service takes SIGTERM in the process and only records it; the start's
-    watchdog process ends the wait)."""
+    send it, or to the process alone, as ``kill PID`` does (TF's coordination service takes SIGTERM
+    in the process and only records it: the worker holds SIGTERM blocked until it has joined, and the
+    start's watchdog process, which sees it waiting there, ends the wait)."""
     import signal
     import time
 
@@ -394,7 +404,7 @@ def test_a_lone_process_waiting_for_its_peer_stops_on_a_signal(framework, signum
             break
     time.sleep(2)  # well inside the wait
     sent = time.monotonic()
-    os.killpg(proc.pid, getattr(signal, f"SIG{signum}"))
+    (os.killpg if to == "group" else os.kill)(proc.pid, getattr(signal, f"SIG{signum}"))
     try:
         _, err = proc.communicate(timeout=60)
     finally:

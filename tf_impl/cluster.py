@@ -68,8 +68,10 @@ def join_workers() -> tf.distribute.MultiWorkerMirroredStrategy:
     ):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
     # the coordination service took SIGTERM from Python (its preemption notifier): SLURM's SIGTERM
-    # is the run's, which stops every worker at one step boundary (shared_data.runtime.signals)
+    # is the run's, which stops every worker at one step boundary (shared_data.runtime.signals);
+    # held since the import (tf_impl), it reaches the run's handler from here on
     signals.reinstall()
+    signals.release_sigterm()
     return strategy
 
 

@@ -75,6 +75,16 @@ def slurm_step(env: Mapping[str, str]) -> bool:
     return env_int(env, "SLURM_STEP_NUM_TASKS", 1, 1) > 1 and "SLURM_PROCID" in env
 
 
+def joins_workers(env: Mapping[str, str] = os.environ) -> bool:
+    """True where a TensorFlow process joins a multi-worker run (``TF_CONFIG``, or a SLURM step of
+    several tasks: :func:`slurm_step`); a malformed task count counts as False here (the join's own
+    check names it)."""
+    try:
+        return bool(env.get("TF_CONFIG")) or slurm_step(env)
+    except UserError:
+        return False
+
+
 def ompi_job(env: Mapping[str, str]) -> bool:
     """True in an Open MPI job of several processes (``mpirun -n N``, N > 1)."""
     return env_int(env, "OMPI_COMM_WORLD_SIZE", 1, 1) > 1
@@ -377,14 +387,27 @@ def timeout_message(args: str) -> str:
     return f"process {rank} of {size} waited {timeout:g} s ({START_TIMEOUT_VARIABLE}) at {where}: {missing}"
 
 
+def pending_signals(pid: int) -> set[signal.Signals]:
+    """The signals sent to process ``pid`` that wait, blocked in all its threads (``ShdPnd`` of
+    ``/proc/PID/status``, Linux; empty elsewhere or once the process is gone): a TensorFlow worker
+    holds SIGTERM so during its start (:func:`shared_data.runtime.signals.hold_sigterm`)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            mask = int(next(line for line in fh if line.startswith("ShdPnd:")).split()[1], 16)
+    except (OSError, StopIteration, ValueError, IndexError):
+        return set()
+    return {s for s in signal.Signals if mask >> (s - 1) & 1}
+
+
 def watch(parent: str, args: str) -> None:
     """The watchdog process of :func:`joining`: at the time-out, if process ``parent`` still waits (it
     kills this one once joined), print the time-out line and end it with exit code 2 (SIGINT, whose C
     handler there is ``_exit``); if ``parent`` ends before (a signal, which it cannot report while the
     start holds its interpreter), say so in one line. SIGTERM or SIGUSR1 sent to the process group
     (SLURM's, ``timeout``'s) ends the parent the same way with the signal's line: TensorFlow's
-    coordination service takes SIGTERM in the parent and records it only. A Ctrl-C of the terminal
-    is the parent's, not this process's."""
+    coordination service takes SIGTERM in the parent and records it only; a SIGTERM sent to the
+    parent alone waits there, held (:func:`pending_signals`), and ends it the same way. A Ctrl-C of
+    the terminal is the parent's, not this process's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     rank, size, where, _, timeout = json.loads(args)
 
@@ -404,6 +427,8 @@ def watch(parent: str, args: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+        if signal.SIGTERM in pending_signals(int(parent)):  # sent to the parent alone, held there
+            stop(signal.SIGTERM)
         if os.getppid() != int(parent):
             print(
                 f"stopped by a signal while process {rank} of {size} waited for the others at {where}: nothing is lost",

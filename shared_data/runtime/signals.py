@@ -70,6 +70,7 @@ _state: dict = {
     "stderr": 2,  # where guard_command's sentence goes
     "installed": False,  # handled() installed the handlers (in the main thread)
     "exit_grace": None,  # a signal came as the command exited: "running", then "over" (_grace_started)
+    "held_sigterm": False,  # SIGTERM blocked in the main thread until a TF worker has joined (hold_sigterm)
 }
 _FRESH = dict(pending=None, describe=_before_training, stop=None, stoppable=0, raised=None)
 
@@ -131,6 +132,30 @@ def _grace_started(signum: int) -> bool:
         return False
     _state["exit_grace"] = "running"
     return True
+
+
+def hold_sigterm() -> None:
+    """Block SIGTERM in the calling (main) thread, and so in every thread it starts from here on, until
+    :func:`release_sigterm`: a SIGTERM to the process then waits, pending, where the process's
+    watchdog sees it (``/proc/PID/status``, :func:`shared_data.runtime.launch.watch`). For a
+    TensorFlow worker that joins a multi-worker run, from before TensorFlow imports: its coordination
+    service installs its own C handler for SIGTERM during the start (its preemption notifier), which
+    only records the signal while the start holds the interpreter, so a SIGTERM sent to the process
+    alone (not its group) went unseen until the start's time-out. Does nothing outside the main thread
+    or where the system has no ``pthread_sigmask``."""
+    import threading
+
+    if hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        _state["held_sigterm"] = True
+
+
+def release_sigterm() -> None:
+    """Unblock SIGTERM where :func:`hold_sigterm` blocked it (the worker has joined, or the command
+    exits); one that waits meanwhile is taken now by the handler in place. Does nothing otherwise."""
+    if _state.get("held_sigterm"):
+        _state["held_sigterm"] = False
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def guard_command() -> None:
