@@ -141,8 +141,8 @@ def hold_sigterm() -> None:
     TensorFlow worker that joins a multi-worker run, from before TensorFlow imports: its coordination
     service installs its own C handler for SIGTERM during the start (its preemption notifier), which
     only records the signal while the start holds the interpreter, so a SIGTERM sent to the process
-    alone (not its group) went unseen until the start's time-out. Does nothing outside the main thread
-    or where the system has no ``pthread_sigmask``."""
+    alone (not its group) would go unseen until the start's time-out. Does nothing outside the main
+    thread or where the system has no ``pthread_sigmask``."""
     import threading
 
     if hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread():
@@ -151,8 +151,8 @@ def hold_sigterm() -> None:
 
 
 def release_sigterm() -> None:
-    """Unblock SIGTERM where :func:`hold_sigterm` blocked it (the worker has joined, or the command
-    exits); one that waits meanwhile is taken now by the handler in place. Does nothing otherwise."""
+    """Unblock SIGTERM where :func:`hold_sigterm` blocked it (the worker has joined: the run's handler
+    is in place again); one that waits meanwhile is taken now by that handler. Does nothing otherwise."""
     if _state.get("held_sigterm"):
         _state["held_sigterm"] = False
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
