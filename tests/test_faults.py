@@ -780,6 +780,74 @@ def test_a_stopped_reconvert_keeps_the_earlier_twins(data_dir, tmp_path, monkeyp
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the command's handlers are undone
 
 
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_stop_once_the_new_twins_replace_the_old_waits_for_their_records(data_dir, tmp_path, monkeypatch, signum):
+    """A signal after the new twins have replaced the earlier ones, while their records are written: the
+    stop waits until the set is complete (a stop there removed the new and the earlier twins alike):
+    one line naming the file whose twins are whole, exit code 128 + the signal, and the twins and
+    records match the source."""
+    import shutil
+    import signal
+
+    from shared_data.data import convert, dataset
+
+    shutil.copy(data_dir / "val_24.h5", tmp_path / "v.h5")
+    convert.convert_to_npy(tmp_path / "v.h5")
+    record = dataset.write_source_record
+    signalled = []
+
+    def record_with_a_signal(out, path):
+        if not signalled:
+            signalled.append(out)
+            signal.raise_signal(getattr(signal, signum))
+        return record(out, path)
+
+    monkeypatch.setattr(dataset, "write_source_record", record_with_a_signal)
+    res = run_in_process(convert.main, [str(tmp_path / "v.h5")])
+    monkeypatch.setattr(dataset, "write_source_record", record)
+    assert res.returncode == 128 + getattr(signal, signum) and signalled, res
+    lines = res.stderr.strip().splitlines()
+    assert lines == [
+        f"stopped by {signum}: the .npy twins of {tmp_path / 'v.h5'} are written whole, with their records "
+        "(the files converted before it are whole)"
+    ], res.stderr
+    twins = dataset.npy_paths(tmp_path / "v.h5")
+    assert all(p.exists() and dataset.source_record(p).exists() for p in twins)
+    dataset.check_npy_twins(dataset.validate(tmp_path / "v.h5", 4, 5), twins)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary file
+
+
+def test_a_stop_while_convert_imports_is_one_sentence(data_dir, tmp_path):
+    """SIGTERM while ``python -m shared_data.data.convert`` imports numpy (made to take 60 s here): one
+    sentence, exit code 143, within seconds, no traceback, nothing written."""
+    import shutil
+
+    slow = tmp_path / "slow" / "numpy"
+    slow.mkdir(parents=True)
+    (slow / "__init__.py").write_text("import time\ntime.sleep(60)\n")
+    shutil.copy(data_dir / "val_24.h5", tmp_path / "v.h5")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "slow"), str(REPO_ROOT)])}
+    cmd = [sys.executable, "-m", "shared_data.data.convert", str(tmp_path / "v.h5")]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the guard is in place once SIGTERM is caught (SigCgt)
+            with open(f"/proc/{proc.pid}/status") as fh:
+                caught = int(next(line for line in fh if line.startswith("SigCgt:")).split()[1], 16)
+            if caught >> (signal.SIGTERM - 1) & 1:
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)  # inside the 60-s import
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, out, err) == (143, "", "stopped by SIGTERM: nothing was being converted\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["slow", "v.h5"]
+
+
 @pytest.mark.parametrize(
     ("command", "flags"),
     [

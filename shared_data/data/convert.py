@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from shared_data.core.commands import make_parser
-from shared_data.core.errors import run_cli
+from shared_data.core.errors import exit_after_atexit, run_cli
 from shared_data.core.files import atomic_path, check_not_input, check_writable, one_set_or_none, writing
 from shared_data.data import dataset
 
@@ -54,13 +54,15 @@ def convert_to_npy(path: str | Path, n_in: int = 4, n_out: int = 5, skip_existin
         check_writable(out, "output")
     written = []
     # the twins and their records are one set: a failure (a full disk) leaves the pair or none of it; the
-    # twins replace the earlier ones together, once both are whole (the renames when `renames` closes)
-    with one_set_or_none(path.parent, list(twin_files([path]).values())):
+    # twins replace the earlier ones together, once both are whole (the renames when `renames` closes),
+    # and a stop signal from then on waits until the records are written (STOPS.held)
+    with STOPS.after_commit(path), one_set_or_none(path.parent, list(twin_files([path]).values())):
         with dataset.open_h5(path) as f, contextlib.ExitStack() as renames:
             for key, out in zip(dataset.KEYS, outs):
                 tmp = renames.enter_context(atomic_path(out, suffix=".npy"))
                 checksum = dataset.ChannelChecksum(info.path, info.attrs, key)
                 written.append(_write_twin(path, key, f[key], checksum, out, tmp))
+            STOPS.held = True
         for out in outs:
             with writing(dataset.source_record(out)):
                 dataset.write_source_record(out, path)
@@ -118,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--n_out", type=int, default=5, help="Hydro channels (default: %(default)s)")
     args = p.parse_args(argv)
     check_not_input(twin_files(args.files), {f"input {f}": f for f in args.files}, ".npy twins")
-    previous = {signum: signal.signal(signum, _stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+    previous = {signum: signal.signal(signum, STOPS.stop) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         for path in args.files:
             convert_to_npy(path, args.n_in, args.n_out)
@@ -129,19 +131,52 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 class _Stopped(KeyboardInterrupt):
-    """A conversion stopped by a signal: its line, and exit code 128 + the signal (:func:`run_cli`)."""
+    """A conversion stopped by a signal: its line, and exit code 128 + the signal (:func:`run_cli`).
+    ``converted``: the file whose twins were just written whole (the stop waited for them), else None."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, converted: Path | None = None):
         self.exit_code = 128 + signum
-        super().__init__(
-            f"stopped by {signal.Signals(signum).name}: the .npy twins of the file being converted are as they "
-            "were before (the files converted before it are whole)"
-        )
+        name = signal.Signals(signum).name
+        if converted is None:
+            what = "the .npy twins of the file being converted are as they were before"
+        else:
+            what = f"the .npy twins of {converted} are written whole, with their records"
+        super().__init__(f"stopped by {name}: {what} (the files converted before it are whole)")
 
 
-def _stop(signum: int, frame=None) -> None:
-    raise _Stopped(signum)
+class _Stops:
+    """SIGTERM and SIGINT during :func:`main`: a :class:`_Stopped` raised at once, except while
+    :attr:`held` (the new twins replace the earlier ones and their records are written: one set that
+    a stop would break, and :func:`~shared_data.core.files.one_set_or_none` would then remove the new
+    and the earlier files alike), when it waits until the set is complete."""
+
+    def __init__(self):
+        self.held, self.pending = False, None
+
+    def stop(self, signum: int, frame=None) -> None:
+        if self.held:
+            self.pending = self.pending or signum
+            return
+        raise _Stopped(signum)
+
+    @contextlib.contextmanager
+    def after_commit(self, path: Path):
+        """Around the conversion of ``path``: a signal that waited while :attr:`held` is raised once
+        the set is complete (the new twins and records of ``path`` are whole)."""
+        self.held, self.pending = False, None
+        try:
+            yield
+        finally:
+            self.held = False
+        if self.pending is not None:
+            signum, self.pending = self.pending, None
+            raise _Stopped(signum, path)
+
+
+STOPS = _Stops()
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(main))
+    # ended after the atexit functions, before the interpreter's finalisation resets the signal handlers
+    # (a stop there would end the process without its sentence)
+    exit_after_atexit(run_cli(main))
