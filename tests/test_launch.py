@@ -573,6 +573,45 @@ def test_a_process_that_dies_ends_the_run_everywhere_in_one_line(framework, lost
 
 
 @pytest.mark.slow
+def test_single_host_names_the_process_killed_by_a_signal(tiny_argv, tmp_path):
+    """``NPROC=2 single_host.sh jax``, kill -9 of process 0 while both train (it runs JAX's coordination
+    service, and JAX ends process 1 in its own fatal line or the kit's line ends it first): the launcher
+    names the killed process, its pid and signal in one error line, and its exit code is 137."""
+    import signal
+    import time
+
+    env = dict(os.environ, NPROC="2", PORT=str(_free_port()), PY=sys.executable, DLAS_START_TIMEOUT="120")
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(1))
+    argv = [*tiny_argv[1:], "--set", "num_epochs=40", "--workdir", str(tmp_path / "run")]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "start_new_session": True}
+    launcher = subprocess.Popen(
+        ["bash", "scripts/launch/single_host.sh", "jax", *argv], cwd=REPO_ROOT, env=env, **pipes
+    )
+    try:
+        for line in launcher.stdout:  # process 0 logs: training has started once the steps are compiled
+            if "compile: train step" in line:
+                break
+        time.sleep(1)
+        children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
+        first = None
+        for pid in children:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if b"JAX_PROCESS_ID=0\0" in fh.read():
+                    first = int(pid)
+        assert first is not None, children
+        os.kill(first, signal.SIGKILL)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 137, (launcher.returncode, err[-3000:])
+    line = f"error: process 0 of 2 (pid {first}) was killed by SIGKILL (exit code 137); the others are stopped"
+    assert line in err.splitlines(), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.slow
 def test_a_jax_process_stopped_after_its_peer_died_unseen_ends_without_waiting_for_it(tiny_argv, tmp_path):
     """kill -9 of JAX process 1 right after both joined, then SIGTERM to process 0 before any
     collective showed it the loss: process 0 ends by the signal's line within the leave wait (10 s)

@@ -65,9 +65,24 @@ stop_others() {
     kill -TERM "$p" 2>/dev/null || true
   done
 }
+# A process killed by a signal it cannot handle (kill -9, the OOM killer, a native abort) prints no line
+# of the kit's: the first one is named here (a JAX process 0 lost ends the others in JAX's own fatal
+# line, as it runs JAX's coordination service). Exit codes 130, 138 and 143 are the trainers' own
+# after their stop line (SIGINT, SIGUSR1, SIGTERM).
 status=0
 for _ in "${pids[@]}"; do
-  wait -n || { rc=$?; [[ $status -ne 0 ]] || status=$rc; stop_others; }
+  wait -n -p ended || {
+    rc=$?
+    if [[ $status -eq 0 ]]; then
+      status=$rc
+      for i in "${!pids[@]}"; do
+        if [[ ${pids[$i]} == "$ended" ]] && (( rc > 128 )) && [[ ! " 130 138 143 " =~ " $rc " ]]; then
+          echo "error: process $i of $NPROC (pid $ended) was killed by SIG$(kill -l $((rc - 128))) (exit code $rc); the others are stopped" >&2
+        fi
+      done
+    fi
+    stop_others
+  }
 done
 trap - EXIT
 exit $status
