@@ -163,11 +163,18 @@ def sbatch_requeued_mid_epoch(
     update = ["scontrol", "update", f"JobId={job}", "StartTime=now"]
     update = subprocess.run(update, capture_output=True, text=True, env=env)
     assert update.returncode == 0, update.stderr
+    # the requeued run's start, by its line in the log: between the first run's end and the requeued
+    # job's PENDING state, scontrol may show the first run's end state with the restart count already 1
+    while "SLURM_RESTART_COUNT=1" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline and not _job_gone(job, env), output()
+        time.sleep(0.2)
     # the end of the requeued run, by scontrol's state and restart count: an empty answer of squeue
     # does not say that the requeued run has ended and written its log
-    while _job_end(job, env, restarts=1) is None:
+    while (end := _job_end(job, env, restarts=1)) is None:
         assert time.monotonic() < deadline, output()
         time.sleep(0.5)
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=env).stdout
+    assert end == ("COMPLETED", "0:0"), f"job {job}: {end}\n{shown}\n{output()}"
     return job
 
 
