@@ -117,6 +117,13 @@ def _job_state(job: str, env: dict) -> str:
     return res.stdout.strip()
 
 
+def _restarts(job: str, env: dict) -> int:
+    """How many times SLURM has requeued ``job`` (``Restarts`` of ``scontrol show job``; 0 where it does not answer)."""
+    res = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=env)
+    count = re.search(r"\bRestarts=(\d+)", res.stdout)
+    return int(count[1]) if count else 0
+
+
 def _job_end(job: str, env: dict, restarts: int = 0) -> tuple[str, str] | None:
     """``(JobState, ExitCode)`` of a job that has ended after at least ``restarts`` requeues, None while
     it is pending, running or completing, has been requeued fewer times (or scontrol does not answer);
@@ -139,7 +146,9 @@ def sbatch_requeued_mid_epoch(
     2 of epoch 2 (``PY`` is :func:`processes.interpreter`, its file in ``folder``), once they wait
     ``scontrol requeue`` of the job (``by="scontrol"``) or SLURM's warning SIGUSR1 to its tasks
     (``by="USR1"``: ``scancel --signal=USR1``; the trainer requeues the job), and the wait until the
-    requeued job has ended; returns the job id. The job's output, both runs of it, is in ``log``."""
+    requeued job has ended; returns the job id. The job's output, both runs of it, is in ``log``.
+    With ``by="USR1"`` the wait ends once SLURM has requeued the job (``Restarts=1``) and its first
+    run's tasks have ended; the job is then cancelled (the requeued run is the scontrol case's)."""
     waiting = folder / "waiting"
     env = _env(slurm_env) | {"PY": str(interpreter(folder, STEPS + 1, f"wait:{waiting}"))}
     submit = ["sbatch", "--parsable", "-N", "1", "--ntasks-per-node=2", "--cpus-per-task=1", "--requeue"]
@@ -155,6 +164,15 @@ def sbatch_requeued_mid_epoch(
     cmd = ["scontrol", "requeue", job] if by == "scontrol" else ["scancel", "--signal=USR1", job]
     requeue = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert requeue.returncode == 0, requeue.stderr
+    if by == "USR1":
+        while not (re.search(r"tasks? .*Exited with exit code", output()) and _restarts(job, env) >= 1):
+            assert time.monotonic() < deadline, output()
+            time.sleep(0.2)
+        subprocess.run(["scancel", job], capture_output=True, env=env)
+        while not _job_gone(job, env):
+            assert time.monotonic() < deadline, output()
+            time.sleep(0.2)
+        return job
     # SLURM holds a requeued job back (begin time = now + its credential lifetime, 121 s) once its
     # tasks have ended (COMPLETING -> PENDING); a begin time set before that is overwritten
     while _job_state(job, env) != "PENDING":
@@ -232,18 +250,19 @@ def test_two_tasks_requeued_mid_epoch_train_the_experiment_of_two_processes(slur
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_a_job_requeued_by_its_usr1_warning_prints_the_kits_lines_only(slurm, framework, tiny_argv, tmp_path):
     """SLURM's warning SIGUSR1 to both tasks of a ``--requeue`` job inside epoch 2: the trainers stop at
-    one step boundary with a mid-epoch checkpoint, process 0 requeues the job, SLURM then ends the
-    step's processes (the ``lowmem`` loaders' workers and resource trackers among them), and the
-    requeued job trains the run to its end. The job's output, both runs, holds the kit's lines and
-    SLURM's only: no traceback and no resource tracker's warning of leaked semaphores or shared memory."""
+    one step boundary with a mid-epoch checkpoint, process 0 requeues the job (SLURM counts a restart),
+    and SLURM then ends the step's processes (the ``lowmem`` loaders' workers and resource trackers
+    among them) as they exit. The job's output holds the kit's lines and SLURM's only: no traceback
+    and no resource tracker's warning of leaked semaphores or shared memory. (The requeued run's
+    resume from the mid-epoch checkpoint: the scontrol requeue test above.)"""
     workdir = tmp_path / "slurm"
     argv = [*tiny_argv[1:], *TWO_TASKS, "--workdir", str(workdir)]
     log = tmp_path / "job.out"
-    sbatch_requeued_mid_epoch(slurm, framework, argv, log, tmp_path, by="USR1")
+    job = sbatch_requeued_mid_epoch(slurm, framework, argv, log, tmp_path, by="USR1")
     text = log.read_text()
     assert re.search(rf"stopped by SIGUSR1 at epoch 2, step 3 of {STEPS}: saved in .*; the job is requeued", text)
-    assert f"at epoch 2, step 3 of {STEPS} (a stop" in text, text[-4000:]
-    assert [r["epoch"] for r in read_metrics(workdir)] == [1, 2]
+    assert f"SLURM job {job} requeued: it resumes from this step" in text, text[-4000:]
+    assert (workdir / "mid_epoch" / "cursor.json").is_file()
     foreign = [line for line in text.splitlines() if re.search(r"resource_tracker|leaked|Traceback|Error", line)]
     assert not foreign, "\n".join(foreign[:20])
 
