@@ -409,6 +409,8 @@ def watch(parent: str, args: str) -> None:
     parent alone waits there, held (:func:`pending_signals`), and ends it the same way. A Ctrl-C of
     the terminal is the parent's, not this process's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # started while the parent holds SIGTERM (signals.hold_sigterm)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     rank, size, where, _, timeout = json.loads(args)
 
     def stop(signum: int, frame=None) -> None:  # a signal to the process group: SLURM's, timeout's
