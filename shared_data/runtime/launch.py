@@ -407,8 +407,10 @@ def watch(parent: str, args: str) -> None:
     (SLURM's, ``timeout``'s) ends the parent the same way with the signal's line: TensorFlow's
     coordination service takes SIGTERM in the parent and records it only; a SIGTERM sent to the
     parent alone waits there, held (:func:`pending_signals`), and ends it the same way. A Ctrl-C of
-    the terminal is the parent's, not this process's."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    the terminal is the parent's (its C handler ends it), not this process's: this one only notes it,
+    to name it in the line that says the parent ended."""
+    noted = []
+    signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))  # the terminal's Ctrl-C
     if hasattr(signal, "pthread_sigmask"):  # started while the parent holds SIGTERM (signals.hold_sigterm)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     rank, size, where, _, timeout = json.loads(args)
@@ -432,8 +434,9 @@ def watch(parent: str, args: str) -> None:
         if signal.SIGTERM in pending_signals(int(parent)):  # sent to the parent alone, held there
             stop(signal.SIGTERM)
         if os.getppid() != int(parent):
+            what = signal.Signals(noted[0]).name if noted else "a signal"
             print(
-                f"stopped by a signal while process {rank} of {size} waited for the others at {where}: nothing is lost",
+                f"stopped by {what} while process {rank} of {size} waited for the others at {where}: nothing is lost",
                 file=sys.stderr,
                 flush=True,
             )
