@@ -23,6 +23,7 @@ from shared_data.core.config import REPO_ROOT
 from shared_data.core.errors import DatasetError, UserError
 from shared_data.data import crop_readers, crop_workers, host_batches
 from shared_data.data.sampler import TRAIN, VAL
+from shared_data.runtime import launch
 
 
 def _gone(pid: int, within: float = 5.0) -> bool:
@@ -265,13 +266,6 @@ def test_a_killed_parent_leaves_no_worker_behind(tiny_cfg):
     assert err == "", err[-2000:]
 
 
-def _blocked(pid: int) -> set[signal.Signals]:
-    """The signals process ``pid``'s main thread blocks (``SigBlk`` of /proc/PID/status)."""
-    with open(f"/proc/{pid}/status") as fh:
-        mask = int(next(line for line in fh if line.startswith("SigBlk:")).split()[1], 16)
-    return {s for s in signal.Signals if mask >> (s - 1) & 1}
-
-
 def _parent_pid(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as fh:
         return int(fh.read().rsplit(")", 1)[1].split()[1])
@@ -290,7 +284,7 @@ def test_sigterm_to_the_process_group_is_left_to_the_parent(tiny_cfg, tmp_path):
     pids = workers.pids
     server = _parent_pid(pids[0])
     assert server != os.getpid() and _parent_pid(pids[1]) == server
-    assert {signal.SIGINT, signal.SIGTERM} <= _blocked(server)
+    assert {signal.SIGINT, signal.SIGTERM} <= launch.status_signals(server, "SigBlk")
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # blocked only while it started
     subprocess.run(["kill", "-TERM", str(server), *map(str, pids)], check=True)  # sent by another process
     time.sleep(0.2)

@@ -26,7 +26,7 @@ from conftest import (
 from processes import SIGNAL_AT
 
 from shared_data.core.errors import UserError
-from shared_data.runtime import checks, records
+from shared_data.runtime import checks, launch, records
 from shared_data.runtime import lock as run_lock
 from shared_data.runtime.epoch_report import EpochReport
 from shared_data.runtime.run_folder import RunFolder
@@ -832,9 +832,7 @@ def test_a_stop_while_convert_imports_is_one_sentence(data_dir, tmp_path):
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # the guard is in place once SIGTERM is caught (SigCgt)
-            with open(f"/proc/{proc.pid}/status") as fh:
-                caught = int(next(line for line in fh if line.startswith("SigCgt:")).split()[1], 16)
-            if caught >> (signal.SIGTERM - 1) & 1:
+            if signal.SIGTERM in launch.status_signals(proc.pid, "SigCgt"):
                 break
             time.sleep(0.05)
         time.sleep(0.5)  # inside the 60-s import

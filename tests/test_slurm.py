@@ -117,10 +117,14 @@ def _job_state(job: str, env: dict) -> str:
     return res.stdout.strip()
 
 
+def _job_record(job: str, env: dict) -> subprocess.CompletedProcess:
+    """``scontrol show job -o`` of ``job``: its record on one line (stdout), or why not (stderr)."""
+    return subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=env)
+
+
 def _restarts(job: str, env: dict) -> int:
-    """How many times SLURM has requeued ``job`` (``Restarts`` of ``scontrol show job``; 0 where it does not answer)."""
-    res = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=env)
-    count = re.search(r"\bRestarts=(\d+)", res.stdout)
+    """How many times SLURM has requeued ``job`` (``Restarts`` of its record; 0 where it does not answer)."""
+    count = re.search(r"\bRestarts=(\d+)", _job_record(job, env).stdout)
     return int(count[1]) if count else 0
 
 
@@ -129,7 +133,7 @@ def _job_end(job: str, env: dict, restarts: int = 0) -> tuple[str, str] | None:
     it is pending, running or completing, has been requeued fewer times (or scontrol does not answer);
     ``("GONE", "")`` once SLURM no longer knows the job (``scontrol show job`` keeps an ended job's
     record for MinJobAge = 4 s)."""
-    res = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=env)
+    res = _job_record(job, env)
     if res.returncode != 0:
         return ("GONE", "") if "Invalid job id" in res.stderr else None
     state, code = re.search(r"\bJobState=(\S+)", res.stdout), re.search(r"\bExitCode=(\S+)", res.stdout)
@@ -191,8 +195,7 @@ def sbatch_requeued_mid_epoch(
     while (end := _job_end(job, env, restarts=1)) is None:
         assert time.monotonic() < deadline, output()
         time.sleep(0.5)
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=env).stdout
-    assert end == ("COMPLETED", "0:0"), f"job {job}: {end}\n{shown}\n{output()}"
+    assert end == ("COMPLETED", "0:0"), f"job {job}: {end}\n{_job_record(job, env).stdout}\n{output()}"
     return job
 
 

@@ -198,16 +198,15 @@ FAR_OUTSIDE_INPUTS = (
 )
 
 
-def input_problem(where: str, channel: int, voxel: tuple[int, int, int], value: float) -> str:
-    """The line of a finite input ``value`` beyond :data:`INPUT_LIMIT` at ``voxel`` of ``channel``."""
-    x, y, z = voxel
-    return f"{where}: Nbody channel {channel} holds {value:.6g} at voxel ({x}, {y}, {z}), {FAR_OUTSIDE_INPUTS}"
+#: Each dataset's bound on a finite value's magnitude and what a value beyond it means.
+LIMITS = {"Nbody": (INPUT_LIMIT, FAR_OUTSIDE_INPUTS), "Hydro": (TARGET_LIMIT, OUTSIDE_OUTPUT)}
 
 
-def target_problem(where: str, channel: int, voxel: tuple[int, int, int], value: float) -> str:
-    """The line of a finite target ``value`` beyond :data:`TARGET_LIMIT` at ``voxel`` of ``channel``."""
+def limit_problem(where: str, key: str, channel: int, voxel: tuple[int, int, int], value: float) -> str:
+    """The line of a finite ``value`` of dataset ``key`` beyond its bound in :data:`LIMITS` (the inputs'
+    :data:`INPUT_LIMIT`, the targets' :data:`TARGET_LIMIT`) at ``voxel`` of ``channel``."""
     x, y, z = voxel
-    return f"{where}: Hydro channel {channel} holds {value:.6g} at voxel ({x}, {y}, {z}), {OUTSIDE_OUTPUT}"
+    return f"{where}: {key} channel {channel} holds {value:.6g} at voxel ({x}, {y}, {z}), {LIMITS[key][1]}"
 
 
 def value_problem(value: float, limit: float = MAX_ABS_VALUE) -> str:
@@ -259,11 +258,10 @@ def scan_values(path: str | Path, slab_bytes: int = 1 << 27) -> None:
                         f"{path}: {key} channel {c} holds a {value_problem(slab[bad])} at voxel "
                         f"({x0 + x}, {y}, {z}); {EXPECTED_VALUES}"
                     )
-                limit, problem = (TARGET_LIMIT, target_problem) if key == "Hydro" else (INPUT_LIMIT, input_problem)
-                bad = first_bad(slab, limit)
+                bad = first_bad(slab, LIMITS[key][0])
                 if bad is not None:
                     c, x, y, z = bad
-                    raise DatasetError(problem(str(path), c, (x0 + x, y, z), float(slab[bad])))
+                    raise DatasetError(limit_problem(str(path), key, c, (x0 + x, y, z), float(slab[bad])))
 
 
 def _compare_twin(h5, arr: np.ndarray, npy: Path, path: Path, key: str, fix: str, slab_bytes: int = 1 << 27) -> None:
@@ -300,11 +298,12 @@ def check_finite_npy(npy: Path, slab_bytes: int = 1 << 27, targets: bool = False
                 f"{npy}: {value_problem(slab[bad])} at voxel ({x0 + x}, {y}, {z}) channel {c}; "
                 f"{EXPECTED_VALUES} (DALI's numpy reader reads this file)"
             )
-        limit, problem = (TARGET_LIMIT, target_problem) if targets else (INPUT_LIMIT, input_problem)
-        bad = first_bad(slab, limit)
+        key = "Hydro" if targets else "Nbody"
+        bad = first_bad(slab, LIMITS[key][0])
         if bad is not None:
             x, y, z, c = bad
-            raise DatasetError(problem(f"{npy} (DALI's numpy reader reads it)", c, (x0 + x, y, z), float(slab[bad])))
+            where = f"{npy} (DALI's numpy reader reads it)"
+            raise DatasetError(limit_problem(where, key, c, (x0 + x, y, z), float(slab[bad])))
 
 
 def json_attr(attrs: dict, key: str, path: str | Path) -> object | None:

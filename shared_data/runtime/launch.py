@@ -387,13 +387,14 @@ def timeout_message(args: str) -> str:
     return f"process {rank} of {size} waited {timeout:g} s ({START_TIMEOUT_VARIABLE}) at {where}: {missing}"
 
 
-def pending_signals(pid: int) -> set[signal.Signals]:
-    """The signals sent to process ``pid`` that wait, blocked in all its threads (``ShdPnd`` of
-    ``/proc/PID/status``, Linux; empty elsewhere or once the process is gone): a TensorFlow worker
-    holds SIGTERM so during its start (:func:`shared_data.runtime.signals.hold_sigterm`)."""
+def status_signals(pid: int, field: str) -> set[signal.Signals]:
+    """The signals of the mask ``field`` of ``/proc/PID/status`` (Linux; empty elsewhere or once the
+    process is gone): ``ShdPnd`` those sent to the process that wait, blocked in all its threads (a
+    TensorFlow worker holds SIGTERM so during its start: :func:`shared_data.runtime.signals.hold_sigterm`),
+    ``SigBlk`` those its main thread blocks, ``SigCgt`` those it handles."""
     try:
         with open(f"/proc/{pid}/status") as fh:
-            mask = int(next(line for line in fh if line.startswith("ShdPnd:")).split()[1], 16)
+            mask = int(next(line for line in fh if line.startswith(f"{field}:")).split()[1], 16)
     except (OSError, StopIteration, ValueError, IndexError):
         return set()
     return {s for s in signal.Signals if mask >> (s - 1) & 1}
@@ -406,7 +407,7 @@ def watch(parent: str, args: str) -> None:
     start holds its interpreter), say so in one line. SIGTERM or SIGUSR1 sent to the process group
     (SLURM's, ``timeout``'s) ends the parent the same way with the signal's line: TensorFlow's
     coordination service takes SIGTERM in the parent and records it only; a SIGTERM sent to the
-    parent alone waits there, held (:func:`pending_signals`), and ends it the same way. A Ctrl-C of
+    parent alone waits there, held (:func:`status_signals`), and ends it the same way. A Ctrl-C of
     the terminal is the parent's (its C handler ends it), not this process's: this one only notes it,
     to name it in the line that says the parent ended."""
     noted = []
@@ -431,7 +432,7 @@ def watch(parent: str, args: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
-        if signal.SIGTERM in pending_signals(int(parent)):  # sent to the parent alone, held there
+        if signal.SIGTERM in status_signals(int(parent), "ShdPnd"):  # sent to the parent alone, held there
             stop(signal.SIGTERM)
         if os.getppid() != int(parent):
             what = signal.Signals(noted[0]).name if noted else "a signal"
