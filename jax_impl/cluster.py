@@ -15,11 +15,14 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import jax
 
@@ -45,10 +48,19 @@ LOST_GRACE_S = 3.0
 #: Seconds a process waits for process 0's watch port, and then for its connection (:func:`watch_peers`).
 WATCH_CONNECT_S = 60
 
+#: Seconds JAX's coordination service, in its own process (:class:`CoordinationService`), stays up after
+#: process 0 ended without JAX's shutdown (killed, or ended alone) while other processes are still
+#: connected to it: long enough for them to end in the kit's line (:func:`watch_peers`' two grace periods,
+#: :func:`leave_together`'s wait).
+SERVICE_LINGER_S = 2 * LOST_GRACE_S + LEAVE_WAIT_S + 10
+
 _left: dict = {"alone": False, "lost": None}  # left alone (no JAX shutdown); the process the watch saw lost
 _watched: list[socket.socket] = []
 _WATCH_KEY = "dlas_peer_watch_port"
 _GOODBYE = b"bye"
+#: The signals the service's process ignores: it ends by process 0's word or once no process needs it.
+_SERVICE_IGNORES = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2}
+_GLOG_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] ")  # absl / glog's line head
 
 
 # --- joining a multi-process run -----------------------------------------------------------------
@@ -88,7 +100,7 @@ def initialize() -> str | None:
     kwargs["initialization_timeout"] = int(launch.start_timeout(env)) + 30
     try:
         with wait:  # on a thread, so SIGTERM and Ctrl-C end a process that waits for its peers
-            launch.interruptible(jax.distributed.initialize, **kwargs)
+            launch.interruptible(_join, **kwargs)
     except ValueError as err:  # JAX found no environment to join
         raise UserError(f"jax.distributed ({how}): {err}") from None
     if jax.process_count() > 1:
@@ -103,6 +115,128 @@ def initialize() -> str | None:
         f"GPUs {jax.config.read('jax_cuda_visible_devices')} of CUDA_VISIBLE_DEVICES="
         f"{env.get('CUDA_VISIBLE_DEVICES', '(unset)')}"
     )
+
+
+def _join(**kwargs) -> None:
+    """``jax.distributed.initialize(**kwargs)`` with process 0's coordination service in a process of its
+    own (:class:`CoordinationService`) instead of inside process 0 (inside it where mutual TLS is asked
+    for, whose files the child is not handed).
+
+    JAX: ``jax._src.distributed`` creates the service through its module's ``_jax`` (jaxlib), which is
+    swapped for the time of the call (``jax.distributed`` has no way to use a service started
+    elsewhere)."""
+    from jax._src import distributed
+
+    jaxlib = distributed._jax
+
+    def service(address: str, num_nodes: int, **options):
+        if any(options.get(key) for key in options if key.startswith("mtls") or key.startswith("verify")):
+            return jaxlib.get_distributed_runtime_service(address, num_nodes, **options)  # TLS: in process 0
+        return CoordinationService(address, num_nodes, **options)
+
+    class _Lib:
+        get_distributed_runtime_service = staticmethod(service)
+
+        def __getattr__(self, name):
+            return getattr(jaxlib, name)
+
+    distributed._jax = _Lib()
+    try:
+        jax.distributed.initialize(**kwargs)
+    finally:
+        distributed._jax = jaxlib
+
+
+class CoordinationService:
+    """JAX's coordination service (the key-value store, barriers and heartbeats of a multi-process run),
+    run by process 0 in a child process of its own rather than inside itself. The service's loss ends
+    every other process at once in a native abort (JAX's client: "Terminating process because the JAX
+    distributed service detected fatal errors"); kept alive past a kill -9 of process 0, the others see
+    the loss through :func:`watch_peers` and end in the kit's line. The child stays up until
+    :meth:`shutdown` (JAX's distributed shutdown, after its barrier of all processes), or, where process 0
+    ends without it, while other processes stay connected, at most :data:`SERVICE_LINGER_S` seconds.
+
+    Arguments are jaxlib's ``get_distributed_runtime_service``'s (``address``: the bind address
+    ``host:port``, ``num_nodes``: the processes of the run, the time-outs in seconds).
+
+    Raises:
+        UserError: the service did not start (its port taken, say), with its error line."""
+
+    def __init__(self, address: str, num_nodes: int, **options):
+        args = [address, str(num_nodes), *(f"{key}={value}" for key, value in options.items() if value is not None)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]), *sys.path]))
+        # Held from its start, then ignored (_serve): a stop is the run's to handle, through the service
+        # (SLURM signals every process of a step, a terminal its process group).
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _SERVICE_IGNORES)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "jax_impl.cluster", *args],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                start_new_session=True,
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        said = self._proc.stdout.readline()
+        if said.strip() != "ready":
+            said += self._proc.stdout.read()
+            code = self._proc.wait()
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            lines = [_GLOG_PREFIX.sub("", line).strip() for line in said.splitlines()]
+            first = next((line for line in lines if line), "no word")
+            raise UserError(f"JAX's coordination service did not start on {address} ({how}): {first}")
+
+    def shutdown(self) -> None:
+        """End the service's process (JAX's distributed shutdown calls this after its barrier)."""
+        with contextlib.suppress(OSError):
+            self._proc.stdin.write("stop\n")
+            self._proc.stdin.flush()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def _serve(argv: list[str]) -> None:
+    """The child of :class:`CoordinationService`: start jaxlib's service on ``argv`` (the address, the
+    processes, then ``key=value`` options), say ``ready`` on stdout, and keep it until the parent writes
+    ``stop``; where the parent's pipe closes without it, until no other process is connected (checked
+    every 0.2 s), at most :data:`SERVICE_LINGER_S` seconds. It ignores the stop signals
+    (:data:`_SERVICE_IGNORES`), held blocked from its start by its parent."""
+    for signum in _SERVICE_IGNORES:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SERVICE_IGNORES)
+    import psutil
+    from jax._src.lib import _jax
+
+    address, nodes, *rest = argv
+    options = {
+        key: int(value) if value.lstrip("-").isdigit() else value == "True"
+        for key, value in (item.split("=", 1) for item in rest)
+    }
+    try:
+        service = _jax.get_distributed_runtime_service(address, int(nodes), **options)
+    except Exception as err:  # jaxlib's error type is its own
+        print(f"{type(err).__name__}: {err}", flush=True)
+        sys.exit(1)
+    print("ready", flush=True)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    if sys.stdin.readline().strip() == "stop":
+        service.shutdown()
+        os._exit(0)
+    me, port = psutil.Process(), int(address.rpartition(":")[2])
+    deadline = time.monotonic() + SERVICE_LINGER_S
+    while time.monotonic() < deadline:
+        if not any(c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port for c in me.net_connections("tcp")):
+            break
+        time.sleep(0.2)
+    os._exit(0)
 
 
 def watch_peers() -> None:
@@ -315,3 +449,7 @@ def process_count() -> int:
 
     JAX: ``jax.process_count()``."""
     return jax.process_count()
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1:])

@@ -538,18 +538,70 @@ def _two_training_processes(framework: str, tiny_argv: list[str], workdir) -> li
     return [subprocess.Popen(cmd, cwd=REPO_ROOT, env=process_env(framework, rank, ports), **pipes) for rank in (0, 1)]
 
 
+def test_jax_coordination_service_outlives_process_0_while_a_process_is_connected():
+    """The coordination service in its own process (what process 0 starts in place of jaxlib's in-process
+    one) serves a client's key-value store, through the stop signals a scheduler sends every process of
+    a step (the run's to handle); with process 0's pipe closed without its stop (process 0
+    killed) it stays up while a client is connected and ends once that client is gone; a stop ends it
+    at once; a port already taken is one error that names the address and the bind failure."""
+    import gc
+    import signal
+    import socket
+    import time
+
+    from jax._src.lib import _jax
+
+    from shared_data.core.errors import UserError
+
+    from jax_impl import cluster
+
+    port = _free_port()
+    service = cluster.CoordinationService(f"[::]:{port}", 1, heartbeat_timeout=100)
+    client = _jax.get_distributed_runtime_client(f"127.0.0.1:{port}", 0, init_timeout=30)
+    client.connect()
+    client.key_value_set("lesson", "profile first")
+    assert client.blocking_key_value_get("lesson", 1000) == "profile first"
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):  # SLURM signals the whole step
+        os.kill(service._proc.pid, signum)
+    time.sleep(0.3)
+    assert service._proc.poll() is None and client.blocking_key_value_get("lesson", 1000) == "profile first"
+    service._proc.stdin.close()  # process 0's end without a word
+    time.sleep(1.0)
+    assert service._proc.poll() is None  # a process of the run still needs it
+    del client  # that process ends: its connection closes
+    gc.collect()
+    assert service._proc.wait(timeout=10) == 0
+
+    stopped = cluster.CoordinationService(f"[::]:{port}", 2, heartbeat_timeout=100)
+    started = time.monotonic()
+    stopped.shutdown()
+    assert stopped._proc.returncode == 0 and time.monotonic() - started < 5
+
+    with socket.socket() as taken:
+        taken.bind(("", port))
+        taken.listen()
+        with pytest.raises(UserError) as err:
+            cluster.CoordinationService(f"[::]:{port}", 2)
+    assert re.fullmatch(
+        rf"JAX's coordination service did not start on \[::\]:{port} \((killed by SIG\w+|exit code \d+)\): "
+        rf".*Address already in use.*",
+        str(err.value),
+    ), err.value
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("framework", "lost"), [("jax", 1), ("tf", 1), ("jax", 0), ("tf", 0)])
 def test_a_process_that_dies_ends_the_run_everywhere_in_one_line(framework, lost, tiny_argv, tmp_path):
     """kill -9 of one process while the two train: the other ends within 30 s (not at the distributed
     runtime's heartbeat time-out, then in a native abort) with one error line naming the lost process
-    and what the run keeps, exit code 2, no traceback. JAX's process 0 runs its coordination service:
-    when it dies, JAX's client thread in process 1 logs its own fatal line ("Terminating process") and
-    aborts it (JAX ends every process then: docs.jax.dev, Fault Tolerant Distributed JAX), unless the
-    kit's line ends it first; where the abort wins, JAX's fatal line is what it printed (the launcher
-    names the killed process: test_single_host_names_the_process_killed_by_a_signal)."""
+    and what the run keeps, exit code 2, no traceback. JAX's coordination service runs in a child of
+    process 0 (jax_impl.cluster.CoordinationService): kill -9 of process 0 leaves it up, so process 1's
+    JAX client does not abort it ("Terminating process"), and the service's process ends once the
+    survivor has."""
     import signal
     import time
+
+    import psutil
 
     procs = _two_training_processes(framework, tiny_argv, tmp_path / "run")
     survivor = procs[1 - lost]
@@ -558,6 +610,8 @@ def test_a_process_that_dies_ends_the_run_everywhere_in_one_line(framework, lost
             if "compile: train step" in line:
                 break
         time.sleep(2)
+        service = [c for c in psutil.Process(procs[0].pid).children() if "jax_impl.cluster" in c.cmdline()]
+        assert len(service) == (framework == "jax"), service
         procs[lost].send_signal(signal.SIGKILL)
         killed = time.monotonic()
         survivor.wait(timeout=120)  # reaped first: a process JAX aborted keeps its loader's workers, which
@@ -569,11 +623,9 @@ def test_a_process_that_dies_ends_the_run_everywhere_in_one_line(framework, lost
                 proc.kill()
     assert took < 30, took
     assert "Traceback" not in err, err[-3000:]
-    if framework == "jax" and lost == 0 and survivor.returncode in (-6, 134):
-        # JAX's client thread ended the process before the kit's line could
-        assert "Terminating process because the JAX distributed service detected fatal errors" in err, err[-3000:]
-        return
     assert survivor.returncode == 2, (survivor.returncode, err[-3000:])
+    _, alive = psutil.wait_procs(service, timeout=5)  # it ends once no process of the run is connected to it
+    assert not alive, alive
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, err[-3000:]
     assert errors[0].startswith(f"error: process {1 - lost} of this run lost process {lost} (of 2): "), errors
@@ -583,9 +635,9 @@ def test_a_process_that_dies_ends_the_run_everywhere_in_one_line(framework, lost
 
 @pytest.mark.slow
 def test_single_host_names_the_process_killed_by_a_signal(tiny_argv, tmp_path):
-    """``NPROC=2 single_host.sh jax``, kill -9 of process 0 while both train (it runs JAX's coordination
-    service, and JAX ends process 1 in its own fatal line or the kit's line ends it first): the launcher
-    names the killed process, its pid and signal in one error line, and its exit code is 137."""
+    """``NPROC=2 single_host.sh jax``, kill -9 of process 0 while both train: the launcher names the
+    killed process, its pid and signal in one error line, and its exit code is 137; process 1 ends in
+    the kit's line (its coordination service outlives process 0), not in JAX's fatal one."""
     import signal
     import time
 
@@ -617,7 +669,8 @@ def test_single_host_names_the_process_killed_by_a_signal(tiny_argv, tmp_path):
     assert launcher.returncode == 137, (launcher.returncode, err[-3000:])
     line = f"error: process 0 of 2 (pid {first}) was killed by SIGKILL (exit code 137); the others are stopped"
     assert line in err.splitlines(), err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
+    assert "Traceback" not in err and "Terminating process" not in err, err[-3000:]
+    assert re.search(r"^error: process 1 of this run lost process 0 \(of 2\): ", err, re.M), err[-3000:]
 
 
 @pytest.mark.slow

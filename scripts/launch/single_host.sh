@@ -66,8 +66,7 @@ stop_others() {
   done
 }
 # A process killed by a signal it cannot handle (kill -9, the OOM killer, a native abort) prints no line
-# of the kit's: the first one is named here (a JAX process 0 lost ends the others in JAX's own fatal
-# line, as it runs JAX's coordination service). Exit codes 130, 138 and 143 are the trainers' own
+# of the kit's: the first one is named here. Exit codes 130, 138 and 143 are the trainers' own
 # after their stop line (SIGINT, SIGUSR1, SIGTERM).
 status=0
 for _ in "${pids[@]}"; do
