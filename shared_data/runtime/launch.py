@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -268,7 +269,8 @@ def lost_process(text: str, rank: int, size: int) -> str:
     """The words for another process of a run that ended, from a framework's error ``text``: the
     process the text names other than this one (TensorFlow's ``reported from /job:worker/task:N``,
     the coordination service's ``Task N``), else the other one in a world of two, else "a process";
-    then the text's line that says what failed (the first where none does; 200 characters at most)."""
+    then the text's line that says what failed (the first where none does; at most 200 characters, cut
+    at a word with " ..." where longer)."""
     patterns = (r"reported from /job:\w+/task:(\d+)", r"\bTask (\d+)\b", r"/job:\w+/task:(\d+)")
     named = [int(n) for pattern in patterns for n in re.findall(pattern, text) if int(n) != rank]
     if named:
@@ -280,7 +282,7 @@ def lost_process(text: str, rank: int, size: int) -> str:
     lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()] or ["no detail"]
     marks = ("Collective ops is aborted", "unhealthy", "Connection reset", "Connection closed", "Gloo ", "NCCL")
     telling = next((line for line in lines if any(mark in line for mark in marks)), lines[0])
-    return f"{lost}: {telling[:200]}"
+    return f"{lost}: {textwrap.shorten(telling, 200, placeholder=' ...')}"
 
 
 def _listening(address: str) -> bool:
