@@ -721,6 +721,11 @@ def test_lost_process_names_the_other_process_and_the_line_that_says_what_failed
     assert launch.lost_process(gloo, rank=1, size=2) == f"process 0 (of 2): {gloo}"
     assert launch.lost_process(gloo, rank=1, size=3).startswith("a process (of 3): UNKNOWN: Gloo")
     assert launch.lost_process("", rank=0, size=2) == "process 1 (of 2): no detail"
+    wrapped = "{{function_node __wrapped__CollectiveReduceV2_device_/job:worker/replica:0/task:0/device:CPU:0}} "
+    assert launch.lost_process(wrapped + tf_text.splitlines()[-1], rank=0, size=4) == (
+        "process 2 (of 4): Collective ops is aborted by: Error reported from /job:worker/task:2: "
+        "The following tasks are unhealthy"
+    )
     long = "Collective ops is aborted by: " + " ".join(f"/job:worker/task:{n}" for n in range(3, 30))
     said = launch.lost_process(long, rank=0, size=30).removeprefix("process 3 (of 30): ")
     # 30 + 7 x 18 + 6 + 20 = 182 characters to task:10; task:11 would pass 200 - len(" ...")
