@@ -53,6 +53,10 @@ WATCH_CONNECT_S = 60
 #: connected to it: long enough for them to end in the kit's line (:func:`watch_peers`' two grace periods,
 #: :func:`leave_together`'s wait).
 SERVICE_LINGER_S = 2 * LOST_GRACE_S + LEAVE_WAIT_S + 10
+#: Seconds without a connection after which that service's process ends: a process that has said its
+#: line may still be exiting, its client's poll of the service running until it has (the service's loss
+#: then aborts it in JAX's fatal line).
+SERVICE_IDLE_S = 3.0
 
 _left: dict = {"alone": False, "lost": None}  # left alone (no JAX shutdown); the process the watch saw lost
 _watched: list[socket.socket] = []
@@ -154,7 +158,8 @@ class CoordinationService:
     distributed service detected fatal errors"); kept alive past a kill -9 of process 0, the others see
     the loss through :func:`watch_peers` and end in the kit's line. The child stays up until
     :meth:`shutdown` (JAX's distributed shutdown, after its barrier of all processes), or, where process 0
-    ends without it, while other processes stay connected, at most :data:`SERVICE_LINGER_S` seconds.
+    ends without it, while other processes stay connected and :data:`SERVICE_IDLE_S` seconds after, at most
+    :data:`SERVICE_LINGER_S` seconds.
 
     Arguments are jaxlib's ``get_distributed_runtime_service``'s (``address``: the bind address
     ``host:port``, ``num_nodes``: the processes of the run, the time-outs in seconds).
@@ -204,9 +209,9 @@ class CoordinationService:
 def _serve(argv: list[str]) -> None:
     """The child of :class:`CoordinationService`: start jaxlib's service on ``argv`` (the address, the
     processes, then ``key=value`` options), say ``ready`` on stdout, and keep it until the parent writes
-    ``stop``; where the parent's pipe closes without it, until no other process is connected (checked
-    every 0.2 s), at most :data:`SERVICE_LINGER_S` seconds. It ignores the stop signals
-    (:data:`_SERVICE_IGNORES`), held blocked from its start by its parent."""
+    ``stop``; where the parent's pipe closes without it, until no process has been connected for
+    :data:`SERVICE_IDLE_S` seconds (checked every 0.2 s), at most :data:`SERVICE_LINGER_S` seconds. It
+    ignores the stop signals (:data:`_SERVICE_IGNORES`), held blocked from its start by its parent."""
     for signum in _SERVICE_IGNORES:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SERVICE_IGNORES)
@@ -231,9 +236,19 @@ def _serve(argv: list[str]) -> None:
         service.shutdown()
         os._exit(0)
     me, port = psutil.Process(), int(address.rpartition(":")[2])
-    deadline = time.monotonic() + SERVICE_LINGER_S
+    deadline, idle_since = time.monotonic() + SERVICE_LINGER_S, None
     while time.monotonic() < deadline:
-        if not any(c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port for c in me.net_connections("tcp")):
+        try:
+            connected = any(
+                c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port for c in me.net_connections("tcp")
+            )
+        except (psutil.Error, OSError):
+            connected = True
+        if connected:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= SERVICE_IDLE_S:
             break
         time.sleep(0.2)
     os._exit(0)

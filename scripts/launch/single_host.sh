@@ -59,18 +59,19 @@ done
 # to that process alone (shared_data/runtime/launch.py, watch), the watchdog passes it on.
 stop_others() {
   local polls=0
-  while [[ -n $(jobs -rp) ]] && (( polls < 50 )); do sleep 0.2; polls=$((polls + 1)); done
-  for p in $(jobs -rp); do
+  while [[ -n $(jobs -rp 2>/dev/null) ]] && (( polls < 50 )); do sleep 0.2; polls=$((polls + 1)); done
+  for p in $(jobs -rp 2>/dev/null); do
     pkill -TERM -P "$p" -f 'launch\.watch' 2>/dev/null || true
     kill -TERM "$p" 2>/dev/null || true
   done
 }
 # A process killed by a signal it cannot handle (kill -9, the OOM killer, a native abort) prints no line
-# of the kit's: the first one is named here. Exit codes 130, 138 and 143 are the trainers' own
-# after their stop line (SIGINT, SIGUSR1, SIGTERM).
+# of the kit's: the first one is named here, in place of bash's own notice of it ("line N: PID Killed
+# ...", silenced). Exit codes 130, 138 and 143 are the trainers' own after their stop line (SIGINT,
+# SIGUSR1, SIGTERM).
 status=0
 for _ in "${pids[@]}"; do
-  wait -n -p ended || {
+  wait -n -p ended 2>/dev/null || {
     rc=$?
     if [[ $status -eq 0 ]]; then
       status=$rc
