@@ -728,8 +728,10 @@ def test_lost_process_names_the_other_process_and_the_line_that_says_what_failed
         "process 2 (of 4): Collective ops is aborted by: Error reported from /job:worker/task:2: "
         "The following tasks are unhealthy"
     )
-    gloo = "UNKNOWN: Gloo AllGather failed: [pair.cc:547] Connection closed by peer [127.0.0.1]:40674"
-    assert launch.lost_process(gloo, rank=1, size=2) == f"process 0 (of 2): {gloo}"
+    gloo = "UNKNOWN: Gloo AllGather failed: [external/gloo/tcp/pair.cc:547] Connection closed by peer [127.0.0.1]:40674"
+    assert launch.lost_process(gloo, rank=1, size=2) == (
+        "process 0 (of 2): UNKNOWN: Gloo AllGather failed: Connection closed by peer [127.0.0.1]:40674"
+    )
     assert launch.lost_process(gloo, rank=1, size=3).startswith("a process (of 3): UNKNOWN: Gloo")
     assert launch.lost_process("", rank=0, size=2) == "process 1 (of 2): no detail"
     wrapped = "{{function_node __wrapped__CollectiveReduceV2_device_/job:worker/replica:0/task:0/device:CPU:0}} "

@@ -280,6 +280,7 @@ def lost_process(text: str, rank: int, size: int) -> str:
     else:
         lost = f"a process (of {size})"
     text = re.sub(r"\{\{function_node [^}]*\}\}", "", text)  # TF's name of the graph function that failed
+    text = re.sub(r"\[[^\]\s]+\.(?:cc|h|cpp):\d+\] ?", "", text)  # a source line of the library's (Gloo's)
     lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()] or ["no detail"]
     marks = ("Collective ops is aborted", "unhealthy", "Connection reset", "Connection closed", "Gloo ", "NCCL")
     telling = next((line for line in lines if any(mark in line for mark in marks)), lines[0])
