@@ -57,6 +57,8 @@ SERVICE_LINGER_S = 2 * LOST_GRACE_S + LEAVE_WAIT_S + 10
 #: line may still be exiting, its client's poll of the service running until it has (the service's loss
 #: then aborts it in JAX's fatal line).
 SERVICE_IDLE_S = 3.0
+#: Seconds the service's process gives jaxlib's shutdown of the service once process 0 says ``stop``.
+SERVICE_STOP_S = 1.0
 
 _left: dict = {"alone": False, "lost": None}  # left alone (no JAX shutdown); the process the watch saw lost
 _watched: list[socket.socket] = []
@@ -209,9 +211,10 @@ class CoordinationService:
 def _serve(argv: list[str]) -> None:
     """The child of :class:`CoordinationService`: start jaxlib's service on ``argv`` (the address, the
     processes, then ``key=value`` options), say ``ready`` on stdout, and keep it until the parent writes
-    ``stop``; where the parent's pipe closes without it, until no process has been connected for
-    :data:`SERVICE_IDLE_S` seconds (checked every 0.2 s), at most :data:`SERVICE_LINGER_S` seconds. It
-    ignores the stop signals (:data:`_SERVICE_IGNORES`), held blocked from its start by its parent."""
+    ``stop`` (then shut it down, at most :data:`SERVICE_STOP_S` seconds); where the parent's pipe closes
+    without it, until no process has been connected for :data:`SERVICE_IDLE_S` seconds (checked every
+    0.2 s), at most :data:`SERVICE_LINGER_S` seconds. It ignores the stop signals
+    (:data:`_SERVICE_IGNORES`), held blocked from its start by its parent."""
     for signum in _SERVICE_IGNORES:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SERVICE_IGNORES)
@@ -233,7 +236,11 @@ def _serve(argv: list[str]) -> None:
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     if sys.stdin.readline().strip() == "stop":
-        service.shutdown()
+        # jaxlib's shutdown returns at once when every process has left through JAX's shutdown, and waits
+        # for the ones that never joined (a stop during the start) for seconds: given SERVICE_STOP_S
+        stopping = threading.Thread(target=service.shutdown, daemon=True)
+        stopping.start()
+        stopping.join(SERVICE_STOP_S)
         os._exit(0)
     me, port = psutil.Process(), int(address.rpartition(":")[2])
     deadline, idle_since = time.monotonic() + SERVICE_LINGER_S, None
