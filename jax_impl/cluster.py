@@ -3,7 +3,9 @@
 :func:`initialize` reads what the launcher describes (SLURM, Open MPI, the ``JAX_*`` variables) and
 joins before JAX sets up its devices; :func:`process_index` and :func:`process_count` say where this
 process stands. What the processes then do together (the mesh, collectives) is
-:mod:`jax_impl.distribute`.
+:mod:`jax_impl.distribute`. Process 0 runs JAX's coordination service in a child process
+(:class:`CoordinationService`), so that the others outlive its loss and end in the kit's line
+(:func:`watch_peers`); ``python -m jax_impl.cluster`` is that child.
 
 JAX: ``jax.distributed.initialize``, with the coordinator's address from the environment or JAX's own
 cluster detection.
