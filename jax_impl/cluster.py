@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import jax
 
@@ -173,7 +172,6 @@ class CoordinationService:
 
     def __init__(self, address: str, num_nodes: int, **options):
         args = [address, str(num_nodes), *(f"{key}={value}" for key, value in options.items() if value is not None)]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]), *sys.path]))
         # Held from its start, then ignored (_serve): a stop is the run's to handle, through the service
         # (SLURM signals every process of a step, a terminal its process group).
         held = signal.pthread_sigmask(signal.SIG_BLOCK, _SERVICE_IGNORES)
@@ -184,7 +182,6 @@ class CoordinationService:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                env=env,
                 start_new_session=True,
             )
         finally:
