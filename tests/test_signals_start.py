@@ -108,6 +108,43 @@ def test_a_signal_while_the_command_exits_lets_the_exit_finish_for_a_grace(case)
     assert (seconds > 1.0) == (case == "exit hangs") and seconds < 20, seconds
 
 
+@pytest.mark.parametrize("case", ["exit ends", "exit hangs"])
+def test_the_schedulers_sigterm_after_a_stops_save_leaves_the_stops_line(case):
+    """Once a stop's save is written (:func:`signals.exiting`), SLURM's SIGTERM to every task (process
+    0 requeued the job) and another SIGUSR1 do not replace the stop's line and exit code: an exit that
+    ends within the grace (1 s here) ends with the stop's own line and 138; one that hangs ends when
+    the grace is over, with a line that says the save stands, and 143."""
+    start = time.monotonic()
+    res = _command(
+        f"""
+        from shared_data.core.errors import run_cli
+        signals.EXIT_GRACE_S = 1.0
+
+        def main(argv):
+            with signals.handled():
+                signals.exiting("after its save at epoch 2, step 3, which stands")
+                os.kill(os.getpid(), signal.SIGUSR1)
+                os.kill(os.getpid(), signal.SIGTERM)
+                try:
+                    raise signals.Interrupted(signal.SIGUSR1, "at epoch 2, step 3 of 4: saved")
+                finally:
+                    if {case!r} == "exit hangs":
+                        time.sleep(30)
+
+        raise SystemExit(run_cli(main, []))
+        """
+    )
+    seconds = time.monotonic() - start
+    if case == "exit ends":
+        assert (res.returncode, res.stderr) == (138, "stopped by SIGUSR1 at epoch 2, step 3 of 4: saved\n")
+        return
+    assert (res.returncode, res.stderr) == (
+        143,
+        "stopped by SIGTERM as it exited after its save at epoch 2, step 3, which stands\n",
+    )
+    assert 1.0 < seconds < 20, seconds
+
+
 def test_a_stop_request_while_the_command_starts_stops_at_the_first_step():
     """SIGUSR1 (SLURM's warning) during the start is kept: the first step boundary honours it."""
     res = _command(

@@ -263,7 +263,8 @@ def test_a_job_requeued_by_its_usr1_warning_prints_the_kits_lines_only(slurm, fr
     log = tmp_path / "job.out"
     job = sbatch_requeued_mid_epoch(slurm, framework, argv, log, tmp_path, by="USR1")
     text = log.read_text()
-    assert re.search(rf"stopped by SIGUSR1 at epoch 2, step 3 of {STEPS}: saved in .*; the job is requeued", text)
+    stop = rf"stopped by SIGUSR1 at epoch 2, step 3 of {STEPS}: saved in .*; the job is requeued"
+    assert re.search(stop, text), text[-4000:]
     assert f"SLURM job {job} requeued: it resumes from this step" in text, text[-4000:]
     assert (workdir / "mid_epoch" / "cursor.json").is_file()
     foreign = [line for line in text.splitlines() if re.search(r"resource_tracker|leaked|Traceback|Error", line)]

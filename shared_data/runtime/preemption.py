@@ -58,7 +58,8 @@ def stopping(folder: RunFolder, report: EpochReport, epoch: int, step: int, loss
     steps; yields the global step the save is numbered by. Signals wait until the block ends, memory
     too short for the save is one line (:func:`shared_data.runtime.saves.save_memory`); after it the
     main process writes the data cursor (``cursor.json``: epoch, step, global step, steps per epoch,
-    the epoch's ``losses`` so far) and asks SLURM to requeue the job (:func:`requeue_job`).
+    the epoch's ``losses`` so far) and asks SLURM to requeue the job (:func:`requeue_job`). From the
+    end of the save on, a further signal does not replace the stop (:func:`signals.exiting`).
 
     Raises:
         Interrupted: always, after the save, naming the step and the signal (exit 128 + signal).
@@ -79,6 +80,7 @@ def stopping(folder: RunFolder, report: EpochReport, epoch: int, step: int, loss
             path = folder.mid_epoch_dir / "cursor.json"
             with report.writing(path):
                 write_atomic(path, json.dumps(cursor) + "\n")
+    signals.exiting(f"after its save at epoch {epoch + 1}, step {step + 1}, which stands")
     then = what_resumes(folder.main, requeue_job() if folder.main else False)
     raise signals.Interrupted(
         signum,

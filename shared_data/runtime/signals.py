@@ -19,7 +19,9 @@ called by ``jax_impl`` and ``tf_impl`` before the framework imports): until :fun
 the handlers above, SIGTERM and SIGINT end the process at once with one sentence (nothing has
 started), instead of a traceback from inside ``import tensorflow`` or a silent death by SIGTERM; after
 it, while the process exits (everything is written), the first one lets the exit finish, closing the
-loader's workers, for up to :data:`EXIT_GRACE_S`, and is not lost in the interpreter's exit. A raised
+loader's workers, for up to :data:`EXIT_GRACE_S`, and is not lost in the interpreter's exit. The same
+holds once a stop's save is written (:func:`exiting`): the scheduler's SIGTERM that the stop brings
+about (SLURM's, once process 0 requeues the job) leaves the stop's line and exit code in place. A raised
 :class:`Interrupted` can still be lost: Python runs signal handlers wherever the main thread is,
 finalisers and library callbacks included, and an exception raised there is printed and dropped
 ("Exception ignored in ..."). So the signal stays recorded, :func:`raise_pending` raises it again at
@@ -71,8 +73,9 @@ _state: dict = {
     "installed": False,  # handled() installed the handlers (in the main thread)
     "exit_grace": None,  # a signal came as the command exited: "running", then "over" (_grace_started)
     "held_sigterm": False,  # SIGTERM blocked in the main thread until a TF worker has joined (hold_sigterm)
+    "exiting": None,  # where a stopped run stands once its stop's save is written (exiting)
 }
-_FRESH = dict(pending=None, describe=_before_training, stop=None, stoppable=0, raised=None)
+_FRESH = dict(pending=None, describe=_before_training, stop=None, stoppable=0, raised=None, exiting=None)
 
 
 def set_describe(describe: Callable[[], str]) -> None:
@@ -86,6 +89,10 @@ def where() -> str:
 
 
 def _raise(signum: int, frame=None) -> None:
+    if _state["exiting"]:  # the stop is carried out: its line stands
+        if signum != signal.SIGUSR1:
+            _exit_at_once(signum)
+        return
     if signum == signal.SIGUSR1 or (signum in STOP_SIGNALS and _state["stoppable"]):
         _state["stop"] = signum
         return
@@ -100,9 +107,12 @@ def _exit_at_once(signum: int, frame=None) -> None:
     if signum == signal.SIGUSR1:  # a stop request: the first step boundary honours it
         _state["held"] = signum
         return
-    if _state["ended"] and _state["exit_grace"] is None and _grace_started(signum):
+    if (_state["ended"] or _state["exiting"]) and _state["exit_grace"] is None and _grace_started(signum):
         return
-    when = "as the command exited: what it reported stands" if _state["ended"] else _before_training()
+    if _state["ended"]:
+        when = "as the command exited: what it reported stands"
+    else:
+        when = f"as it exited {_state['exiting']}" if _state["exiting"] else _before_training()
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -132,6 +142,16 @@ def _grace_started(signum: int) -> bool:
         return False
     _state["exit_grace"] = "running"
     return True
+
+
+def exiting(where: str) -> None:
+    """From here until :func:`handled` ends, the run carries out a stop whose save is written
+    (``where`` says so, e.g. "after its save at epoch 2, step 3, which stands"): SIGTERM and SIGINT
+    are handled as while the command exits (the first lets the exit finish for up to
+    :data:`EXIT_GRACE_S`, then ends it with a line that ends in ``where``; a second ends it at once)
+    and SIGUSR1 is ignored. The signals a stop brings about itself (SLURM's SIGTERM to every task once
+    process 0 requeues the job) so leave the stop's own line and exit code in place."""
+    _state["exiting"] = where
 
 
 def hold_sigterm() -> None:
