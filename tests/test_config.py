@@ -83,19 +83,20 @@ def test_quality_is_short_opt_with_the_time_to_quality_recipe():
 
 
 def test_quality_nonlinear_is_quality_on_the_default_gas_with_its_own_target():
-    """``quality_nonlinear`` differs from ``quality`` in the default gas's files with the non-ML
-    condition on, the loss in log space, the 10-minute curve's 28-epoch schedule and the per-channel
-    thresholds chosen from that curve."""
+    """``quality_nonlinear`` differs from ``quality`` in the default data's files with the non-ML
+    condition on for the temperature alone, the loss in log space, the curves' 28-epoch schedule and
+    the per-channel thresholds chosen from those curves."""
     assert _changed("quality", "quality_nonlinear") == {
         "train_path": "data/train_256.h5",
         "val_path": "data/val_128.h5",
         "quality_beat_non_ml": True,
+        "quality_density_beat_non_ml": False,
         "loss_space": "log",
         "num_epochs": 28,
-        "quality_r_min": 0.67,
-        "quality_ratio_tol": 0.43,
-        "quality_temperature_r_min": 0.79,
-        "quality_temperature_ratio_tol": 0.63,
+        "quality_r_min": 0.97,
+        "quality_ratio_tol": 0.17,
+        "quality_temperature_r_min": 0.69,
+        "quality_temperature_ratio_tol": 0.48,
     }
 
 

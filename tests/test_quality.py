@@ -98,6 +98,43 @@ def test_both_channels_must_beat_the_non_ml_baseline_in_every_bin_unless_switche
         quality.check(m, strict)
 
 
+def test_the_density_has_its_own_non_ml_condition_where_set():
+    """Density r 0.9990 below the non-ML baseline's 0.9995 in one bin, temperature r 0.9990 above its
+    0.98: the non-ML condition on both fails the density by (0.9995 - 0.999) / 0.002 = 0.25; the
+    density's own condition off (``quality_density_beat_non_ml: false``) meets the target, tests the
+    temperature alone against the non-ML baseline (it still fails at 0.9992 there: 0.1) and needs no
+    density non-ML spectra; the density's own condition on with the shared one off tests the density
+    alone."""
+    m = _metrics([0.999] * 4, [1.0] * 4, [0.999] * 4, [1.0] * 4, [0.99] * 4)
+    m["power"][DENSITY]["r_non_ml"] = np.array([0.99, 0.9995, 0.9, 1.0])
+    m["power"][TEMPERATURE]["r_non_ml"] = np.array([0.98] * 4)
+    both = quality.Target(0.998, 0.02, 6.3, beat_baseline=True, beat_non_ml=True)
+    assert quality.check(m, both)["shortfall"] == pytest.approx(0.25)
+    temperature_only = dataclasses.replace(both, density_beat_non_ml=False)
+    res = quality.check(m, temperature_only)
+    assert res["met"] and res["shortfall"] == pytest.approx(max((0.998 - 0.999) / 0.002, (0.98 - 0.999) / 0.002))
+    assert res["channels"][DENSITY]["r_non_ml"] is None
+    assert res["channels"][TEMPERATURE]["r_minus_non_ml_worst"] == pytest.approx(0.019)
+    m["power"][TEMPERATURE]["r_non_ml"][0] = 0.9992
+    assert quality.check(m, temperature_only)["shortfall"] == pytest.approx(0.1)
+    del m["power"][DENSITY]["r_non_ml"]
+    assert quality.check(m, temperature_only)["shortfall"] == pytest.approx(0.1)
+    density_only = quality.Target(0.998, 0.02, 6.3, beat_baseline=True, density_beat_non_ml=True)
+    with pytest.raises(ValueError, match="quality_beat_non_ml needs the non-ML baseline"):
+        quality.check(m, density_only)
+    assert temperature_only.needs_non_ml() and density_only.needs_non_ml() and not TARGET.needs_non_ml()
+    assert temperature_only.describe().endswith(
+        "temperature r >= the baseline's, temperature r >= the non-ML baseline's"
+    )
+    assert both.describe().endswith("temperature r >= the baseline's, r >= the non-ML baseline's")
+    cfg = config_mod.replace(config_mod.load_config("short"), quality_density_beat_non_ml=False)
+    assert quality.Target.from_config(cfg) == dataclasses.replace(
+        quality.Target.from_config(config_mod.load_config("short")), density_beat_non_ml=False
+    )
+    with pytest.raises(ConfigError, match="key 'quality_density_beat_non_ml'"):
+        config_mod.replace(cfg, quality_density_beat_non_ml="yes")
+
+
 def test_the_temperature_has_its_own_thresholds_where_set():
     """Density r 0.70 with |P - 1| 0.40, temperature r 0.80 with |P - 1| 0.60: one shared r_min 0.75
     fails the density by (0.75 - 0.70) / 0.25 = 0.2; the temperature's own r_min 0.78 and tol 0.65
@@ -661,7 +698,12 @@ def test_the_recorded_two_minute_runs_trained_config_quality(folder, framework, 
         infos = [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith("/run.json")]
     assert len(infos) == 3
     # keys the kit added after these runs, at the value that does what the code did then
-    added = {"loss_norm": "l1", "quality_temperature_r_min": None, "quality_temperature_ratio_tol": None}
+    added = {
+        "loss_norm": "l1",
+        "quality_temperature_r_min": None,
+        "quality_temperature_ratio_tol": None,
+        "quality_density_beat_non_ml": None,
+    }
     for info in infos:
         values = {**added, **info["config_values"]}
         assert set(added) - set(info["config_values"]) == set(added)

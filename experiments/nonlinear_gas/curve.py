@@ -22,7 +22,8 @@ relative to the ceiling would test.
 ``--config NAME`` judges every evaluation of each run again against that config's target (its
 ``quality_*`` keys, :class:`shared_data.inference.quality.Target`) from the bins the record holds, and
 prints when the target is first met and in how many later evaluations it holds. ``--hold A,B`` prints,
-per run, the thresholds every evaluation from the A-minute mark to the B-minute mark holds: per channel
+per run, the thresholds every evaluation from the A-minute mark to the B-minute mark (``A,end``: to
+the run's last evaluation) holds: per channel
 the smallest worst-bin r rounded down to 0.01 and the largest worst-bin |P ratio - 1| rounded up to
 0.01 (the rule that chose ``quality_nonlinear``'s thresholds). The model's worst bins are taken over
 the bins each record holds (those its run's target tested) up to ``--k_max``. An error in one run's
@@ -275,7 +276,7 @@ def rejudge(evaluation: dict, target: quality.Target) -> dict:
         s = {"k": k, "n_modes": [1] * len(k), "r_pred": c["r"], "ratio_pred": c["ratio"]}
         for tag, wanted in (
             ("baseline", target.beat_baseline and name == TEMPERATURE),
-            ("non_ml", target.beat_non_ml),
+            ("non_ml", target.beats_non_ml(name)),
         ):
             if c.get(f"r_{tag}") is not None:
                 s[f"r_{tag}"] = c[f"r_{tag}"]
@@ -306,19 +307,23 @@ def _outward(x: float, up: bool) -> float:
     return v
 
 
-def held(curve: list[dict], start_min: float, end_min: float, k_max: float) -> dict[str, tuple[float, float]]:
+def held(curve: list[dict], start_min: float, end_min: float | None, k_max: float) -> dict[str, tuple[float, float]]:
     """Channel -> (r_min, ratio_tol) that every evaluation from the ``start_min`` mark's to the ``end_min``
-    mark's (:func:`at_marks`: the last one finished by each) holds in its bins up to ``k_max``: the
-    smallest worst-bin r rounded down to 0.01 and the largest worst-bin |P ratio - 1| rounded up to 0.01.
+    mark's (:func:`at_marks`: the last one finished by each; ``end_min`` None: the run's last
+    evaluation) holds in its bins up to ``k_max``: the smallest worst-bin r rounded down to 0.01 and the
+    largest worst-bin |P ratio - 1| rounded up to 0.01.
 
     Raises:
         ValueError: ``start_min`` > ``end_min``, the run ended before ``end_min``, it has no evaluation
             by ``start_min``, or an evaluation in the window has no defined r or P ratio (a collapsed
             model: no threshold holds there).
     """
-    if start_min > end_min:
+    if end_min is not None and start_min > end_min:
         raise ValueError(f"the window {start_min:g} to {end_min:g} minutes ends before it starts")
-    (_, first), (_, last), (_, end) = at_marks(curve, [start_min, end_min])
+    (_, first), (_, last), (_, end) = at_marks(
+        curve, [start_min, curve[-1]["time_sec"] / 60 if end_min is None else end_min]
+    )
+    last = end if end_min is None else last
     if last is None:
         raise ValueError(f"the run ended at {end['time_sec']:.0f} s, before the {end_min:g}-minute mark")
     if first is None:
@@ -336,10 +341,14 @@ def held(curve: list[dict], start_min: float, end_min: float, k_max: float) -> d
     return out
 
 
-def _report_held(curve: list[dict], hold: list[float], k_max: float) -> str:
+def _report_held(curve: list[dict], hold: list[float | None], k_max: float) -> str:
     values = held(curve, *hold, k_max)
     text = "; ".join(f"{CHANNELS[n]} r >= {r:.2f}, |P ratio - 1| <= {d:.2f}" for n, (r, d) in values.items())
-    return f"every evaluation from {hold[0]:g} to {hold[1]:g} minutes holds {text}"
+    if hold[1] is None:
+        window = f"from the {hold[0]:g}-minute mark to the run's end ({curve[-1]['time_sec'] / 60:.1f} minutes)"
+    else:
+        window = f"from {hold[0]:g} to {hold[1]:g} minutes"
+    return f"every evaluation {window} holds {text}"
 
 
 def _report_target(curve: list[dict], target: quality.Target, config: str) -> str:
@@ -363,16 +372,19 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="also write the rows as JSON lines here")
     parser.add_argument("--ceiling", type=Path, help="ceiling.json of ceiling.py on the same volume: per-bin tables")
     parser.add_argument("--config", help="judge every evaluation against this config's target (quality_* keys)")
-    parser.add_argument("--hold", help="A,B: the thresholds every evaluation from A to B minutes holds")
+    parser.add_argument(
+        "--hold", help="A,B: the thresholds every evaluation from A to B minutes holds (A,end: to the run's end)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(format="warning: %(message)s", level=logging.WARNING)  # stderr: stdout is the table
     hold = None
     if args.hold is not None:
         try:
-            hold = [float(m) for m in args.hold.split(",")]
-            assert len(hold) == 2 and all(math.isfinite(m) and m >= 0 for m in hold) and hold[0] <= hold[1]
-        except (ValueError, AssertionError):
-            parser.error(f"--hold {args.hold!r}: expected two minutes A,B with 0 <= A <= B, e.g. 5,10")
+            hold = [None if m.strip() == "end" and i == 1 else float(m) for i, m in enumerate(args.hold.split(","))]
+            assert len(hold) == 2 and all(m is None or (math.isfinite(m) and m >= 0) for m in hold)
+            assert hold[1] is None or hold[0] <= hold[1]
+        except (ValueError, AssertionError, TypeError):
+            parser.error(f"--hold {args.hold!r}: expected two minutes A,B with 0 <= A <= B, e.g. 5,10, or A,end")
     target = None
     if args.config is not None:
         try:

@@ -132,6 +132,7 @@ class Config:
     quality_k_max: float
     quality_beat_baseline: bool
     quality_beat_non_ml: bool
+    quality_density_beat_non_ml: bool | None
     quality_budget_sec: float
     # --- bookkeeping (not YAML keys) ---------------------------------------------------------
     name: str = "?"

@@ -131,7 +131,7 @@ class Monitor:
                 f"{path}: no bin to test"
             )
         missing = [k for k in ("k_jeans", "igm_gamma") if getattr(self.units, k) is None]
-        if self.target.beat_non_ml and missing:
+        if self.target.needs_non_ml() and missing:
             raise ConfigError(
                 f"quality_beat_non_ml: {path} has no {' or '.join(QUANTITIES[k][0] for k in missing)} "
                 "attribute, which the non-ML baseline needs; set quality_beat_non_ml=false"
