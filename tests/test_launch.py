@@ -742,6 +742,12 @@ def test_lost_process_names_the_other_process_and_the_line_that_says_what_failed
         "process 2 (of 4): Collective ops is aborted by: Error reported from /job:worker/task:2: "
         "The following tasks are unhealthy"
     )
+    # the line that ends in a colon is said with the list it introduces
+    listed = tf_text + " (stopped sending heartbeats):\n/job:worker/replica:0/task:2\nThe tasks have crashed."
+    assert launch.lost_process(listed, rank=0, size=4) == (
+        "process 2 (of 4): Collective ops is aborted by: Error reported from /job:worker/task:2: "
+        "The following tasks are unhealthy (stopped sending heartbeats): /job:worker/replica:0/task:2"
+    )
     long = "Collective ops is aborted by: " + " ".join(f"/job:worker/task:{n}" for n in range(3, 30))
     said = launch.lost_process(long, rank=0, size=30).removeprefix("process 3 (of 30): ")
     # 30 + 7 x 18 + 6 + 20 = 182 characters to task:10; task:11 would pass 200 - len(" ...")

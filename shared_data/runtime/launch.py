@@ -269,8 +269,9 @@ def lost_process(text: str, rank: int, size: int) -> str:
     """The words for another process of a run that ended, from a framework's error ``text``: the
     process the text names other than this one (TensorFlow's ``reported from /job:worker/task:N``,
     the coordination service's ``Task N``), else the other one in a world of two, else "a process";
-    then the text's line that says what failed (the first where none does; at most 200 characters, cut
-    at a word with " ..." where longer)."""
+    then the text's line that says what failed (the first where none does), with the line after it
+    where it ends in a colon (the list it introduces: TensorFlow's unhealthy tasks); at most 200
+    characters, cut at a word with " ..." where longer."""
     patterns = (r"reported from /job:\w+/task:(\d+)", r"\bTask (\d+)\b", r"/job:\w+/task:(\d+)")
     named = [int(n) for pattern in patterns for n in re.findall(pattern, text) if int(n) != rank]
     if named:
@@ -283,7 +284,8 @@ def lost_process(text: str, rank: int, size: int) -> str:
     text = re.sub(r"\[[^\]\s]+\.(?:cc|h|cpp):\d+\] ?", "", text)  # a source line of the library's (Gloo's)
     lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()] or ["no detail"]
     marks = ("Collective ops is aborted", "unhealthy", "Connection reset", "Connection closed", "Gloo ", "NCCL")
-    telling = next((line for line in lines if any(mark in line for mark in marks)), lines[0])
+    at = next((i for i, line in enumerate(lines) if any(mark in line for mark in marks)), 0)
+    telling = " ".join(lines[at : at + 2]) if lines[at].endswith(":") else lines[at]
     return f"{lost}: {textwrap.shorten(telling, 200, placeholder=' ...')}"
 
 
