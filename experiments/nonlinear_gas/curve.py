@@ -320,10 +320,9 @@ def held(curve: list[dict], start_min: float, end_min: float | None, k_max: floa
     """
     if end_min is not None and start_min > end_min:
         raise ValueError(f"the window {start_min:g} to {end_min:g} minutes ends before it starts")
-    (_, first), (_, last), (_, end) = at_marks(
-        curve, [start_min, curve[-1]["time_sec"] / 60 if end_min is None else end_min]
-    )
-    last = end if end_min is None else last
+    found = at_marks(curve, [start_min] if end_min is None else [start_min, end_min])
+    first, end = found[0][1], found[-1][1]
+    last = end if end_min is None else found[1][1]
     if last is None:
         raise ValueError(f"the run ended at {end['time_sec']:.0f} s, before the {end_min:g}-minute mark")
     if first is None:

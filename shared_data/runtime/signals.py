@@ -111,8 +111,10 @@ def _exit_at_once(signum: int, frame=None) -> None:
         return
     if _state["ended"]:
         when = "as the command exited: what it reported stands"
+    elif _state["exiting"]:
+        when = f"as it exited {_state['exiting']}"
     else:
-        when = f"as it exited {_state['exiting']}" if _state["exiting"] else _before_training()
+        when = _before_training()
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
         sys.stderr.flush()
