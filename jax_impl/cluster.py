@@ -353,7 +353,7 @@ def _lost(peer: int) -> None:
         return
     message = f"process {jax.process_index()} of this run lost {PeerLost(peer)}; it stops {signals.where()}"
     logs.log_to_file_only(logging.ERROR, f"error: {message}")
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    errors.say(f"error: {message}")
     leave_alone()
     errors.exit_after_atexit(2)
 

@@ -211,3 +211,28 @@ def test_compare_checks_its_options_and_data_before_any_process_and_fails_when_a
     failed = run_in_process(compare.main, tiny)
     assert failed.returncode == 1 and len(started) == 1
     assert "jax: failed (exit 1: boom)" in failed.stdout and "tf: skipped (not here)" in failed.stdout
+
+
+def test_the_error_line_is_one_write(monkeypatch):
+    """``run_cli`` writes ``error: <message>`` and its newline in one write to stderr: the processes of
+    a multi-process run share one stderr with their launcher, and ``print``'s two writes (text, then
+    newline) let another process's line land between them."""
+    from shared_data.core.errors import UserError, run_cli
+
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append(text)
+            return len(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Recorder())
+
+    def main(argv):
+        raise UserError("process 1 of this run lost process 0 (of 2)")
+
+    assert run_cli(main, []) == 2
+    assert writes == ["error: process 1 of this run lost process 0 (of 2)\n"]

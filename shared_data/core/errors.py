@@ -30,6 +30,15 @@ class MissingDependencyError(UserError):
     """An optional dependency (DALI, TensorFlow, ...) is not installed; the message names the extra."""
 
 
+def say(line: str) -> None:
+    """Write ``line`` and its newline to stderr in one write and flush it. ``print`` writes the text
+    and the newline apart (two system calls on an unbuffered stderr), so where processes share one
+    stderr (those of a multi-process run, their launcher) another process's line can land between
+    them, gluing two lines into one."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def quoted(value, limit: int = 80) -> str:
     """``repr(value)`` for an error message, bounded: nested containers and long strings are
     abbreviated as they are walked (``reprlib``), so a value of gigabytes (a YAML anchor bomb)
@@ -107,7 +116,7 @@ def require_package(module: str, extra: str, package: str) -> None:
     if not found:
         message = f"{package} needs {module}, which is not installed: pip install 'dlas-cosmo[{extra}]'"
         if sys.argv[:1] == ["-m"]:
-            print(f"error: {message}", file=sys.stderr)
+            say(f"error: {message}")
             raise SystemExit(2)
         raise MissingDependencyError(message)
 
@@ -252,7 +261,7 @@ def import_framework(module: str, importer: Callable[[str], object] | None = Non
         if message is None:
             raise
         if sys.argv[:1] == ["-m"]:
-            print(f"error: {message}", file=sys.stderr)
+            say(f"error: {message}")
             raise SystemExit(2) from None
         raise UserError(message) from None
 
@@ -341,7 +350,7 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     try:
         code = main(argv)
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
+        say(f"error: {err}")
         return _error_exit(2)
     except BrokenPipeError:  # the reader of stdout went away (``... | head``): stop quietly
         import os
@@ -354,16 +363,16 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         )
         if message is None:
             raise
-        print(f"error: {message}", file=sys.stderr)
+        say(f"error: {message}")
         return _error_exit(2)
     except Exception as err:
         message = user_error_in(err) or out_of_memory(err)
         if message is None:
             raise
-        print(f"error: {message}", file=sys.stderr)
+        say(f"error: {message}")
         return _error_exit(2)
     except KeyboardInterrupt as err:  # Ctrl-C, or a signal turned into one (shared_data.runtime.signals)
-        print(str(err) or "interrupted", file=sys.stderr)
+        say(str(err) or "interrupted")
         code = getattr(err, "exit_code", 130)
         _exit_before_device_work_ends(code)
         return code

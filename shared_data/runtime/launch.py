@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from shared_data.core.errors import UserError
+from shared_data.core.errors import UserError, say
 from shared_data.runtime import logs
 
 log = logging.getLogger("dlas")
@@ -354,7 +354,7 @@ def joining(
 
     def watchdog():
         if not done.wait(timeout):
-            print(f"error: {timeout_message(args)}", file=sys.stderr, flush=True)
+            say(f"error: {timeout_message(args)}")
             os._exit(2)
 
     threading.Thread(target=watchdog, name="start-watchdog", daemon=True).start()
@@ -423,11 +423,9 @@ def watch(parent: str, args: str) -> None:
     rank, size, where, _, timeout = json.loads(args)
 
     def stop(signum: int, frame=None) -> None:  # a signal to the process group: SLURM's, timeout's
-        print(
+        say(
             f"stopped by {signal.Signals(signum).name} while process {rank} of {size} waited for the others at "
-            f"{where}: nothing is lost",
-            file=sys.stderr,
-            flush=True,
+            f"{where}: nothing is lost"
         )
         if os.getppid() == int(parent):
             os.kill(int(parent), signal.SIGINT)
@@ -442,12 +440,8 @@ def watch(parent: str, args: str) -> None:
             stop(signal.SIGTERM)
         if os.getppid() != int(parent):
             what = signal.Signals(noted[0]).name if noted else "a signal"
-            print(
-                f"stopped by {what} while process {rank} of {size} waited for the others at {where}: nothing is lost",
-                file=sys.stderr,
-                flush=True,
-            )
+            say(f"stopped by {what} while process {rank} of {size} waited for the others at {where}: nothing is lost")
             return
     if os.getppid() == int(parent):
-        print(f"error: {timeout_message(args)}", file=sys.stderr, flush=True)
+        say(f"error: {timeout_message(args)}")
         os.kill(int(parent), signal.SIGINT)
