@@ -475,6 +475,76 @@ def test_the_verdict_is_polled_without_waiting_and_agreed_by_process_0(tiny_cfg,
     assert monitor.finish()["quality_met"] is True
 
 
+def test_the_forward_is_compiled_on_the_host_thread_while_the_first_epoch_trains(tiny_cfg, tmp_path):
+    """``warm(apply)`` runs ``apply`` once on a window of zeros of the shape the evaluation feeds it, on the
+    quality check's thread, and returns at once; the first evaluation waits for it and then predicts on
+    the caller's thread, its windows after the warm-up's. A warm-up that fails raises at the evaluation;
+    a monitor that is off runs nothing."""
+    import threading
+
+    cfg = config_mod.replace(tiny_cfg, **REACHABLE)
+    (tmp_path / "run").mkdir()
+    run = tmp_path / "run"
+    folder = types.SimpleNamespace(cfg=cfg, workdir=run, main=True, started=time.perf_counter(), framework="jax")
+    monitor = quality_check.Monitor(folder, MetricsLog(tmp_path / "run"), "cpu", 0)
+    calls, compiled = [], threading.Event()
+
+    def apply(x):
+        first = not calls
+        calls.append((threading.current_thread().name, x.shape, float(np.abs(x).sum()), time.perf_counter()))
+        if first:  # the compile
+            time.sleep(0.5)
+            compiled.set()
+        return np.zeros(x.shape[:-1] + (cfg.N_out_channels,), np.float32)
+
+    t0 = time.perf_counter()
+    monitor.warm(apply)
+    assert time.perf_counter() - t0 < 0.3 and not compiled.is_set()  # the caller goes on: the first epoch trains
+    monitor.evaluate(1, 4, apply)
+    w = monitor.window
+    assert calls[0][0].startswith("quality-check") and calls[0][1:3] == ((1, w, w, w, cfg.N_in_channels), 0.0)
+    assert len(calls) > 1 and {c[0] for c in calls[1:]} == {threading.current_thread().name}
+    assert calls[1][3] > calls[0][3] + 0.5  # the evaluation's windows after the warm-up's compile
+    monitor.finish()
+
+    def broken(x):
+        raise RuntimeError("XLA ran out of memory")
+
+    monitor = quality_check.Monitor(folder, MetricsLog(tmp_path / "run"), "cpu", 0)
+    monitor.warm(broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        monitor.evaluate(1, 4, apply)
+    monitor.close()
+
+    off = quality_check.Monitor(types.SimpleNamespace(cfg=tiny_cfg, workdir=tmp_path / "run", main=True), None, "cpu")
+    off.warm(broken)  # nothing runs, nothing raises
+    assert off.finish() == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_the_trainer_warms_the_forward_once_before_its_first_epoch(tiny_cfg, tmp_path, framework, monkeypatch):
+    """The trainer hands the monitor the forward of the weights it evaluates before its first epoch: a
+    forward that maps one window of zeros to the model's outputs; a finished run resumed warms nothing."""
+    warmed = []
+    warm = quality_check.Monitor.warm
+
+    def recording(self, apply):
+        w = self.window
+        y = apply(np.zeros((1, w, w, w, tiny_cfg.N_in_channels), np.float32))
+        warmed.append((y.shape, bool(np.isfinite(y).all())))
+        warm(self, apply)
+
+    monkeypatch.setattr(quality_check.Monitor, "warm", recording)
+    cfg = config_mod.replace(tiny_cfg, num_epochs=1, quality_every_epochs=1)
+    train = _trainer(framework)
+    train.train_and_evaluate(cfg, tmp_path / "run")
+    assert len(warmed) == 1 and warmed[0][1]
+    assert warmed[0][0][0] == 1 and warmed[0][0][-1] == cfg.N_out_channels and len(set(warmed[0][0][1:4])) == 1
+    train.train_and_evaluate(cfg, tmp_path / "run", resume=True)  # nothing left to train
+    assert len(warmed) == 1
+
+
 def test_a_kept_evaluation_restores_its_times_and_a_null_shortfall_as_inf():
     """The resumed clock reads the kept record's times; a non-finite shortfall (written as null) ranks
     last; a record without a time, or with a non-number one, gives no clock (None)."""
