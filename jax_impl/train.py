@@ -183,7 +183,7 @@ def train_and_evaluate(
         if report.begin(start.epoch, distribute.versions()):  # a fresh run: TensorBoard's step-0 loss
             report.step0(evaluate(eval_fn, state, val_in))
         monitor, forward = quality_monitor(folder, report, start.epoch, mesh)
-        if trains:  # the evaluation's forward compiled on the monitor's host thread while the first epoch trains
+        if trains and monitor.enabled:  # the evaluation's forward compiled on the monitor's thread as epoch 1 trains
             with ema.averaged(state) as weights:
                 monitor.warm(forward(weights))
         with capture_window(cfg, folder) as window, signals.deferred():  # a signal stops the run between steps

@@ -483,10 +483,10 @@ def test_the_forward_is_compiled_on_the_host_thread_while_the_first_epoch_trains
     import threading
 
     cfg = config_mod.replace(tiny_cfg, **REACHABLE)
-    (tmp_path / "run").mkdir()
     run = tmp_path / "run"
+    run.mkdir()
     folder = types.SimpleNamespace(cfg=cfg, workdir=run, main=True, started=time.perf_counter(), framework="jax")
-    monitor = quality_check.Monitor(folder, MetricsLog(tmp_path / "run"), "cpu", 0)
+    monitor = quality_check.Monitor(folder, MetricsLog(run), "cpu", 0)
     calls, compiled = [], threading.Event()
 
     def apply(x):
@@ -510,13 +510,13 @@ def test_the_forward_is_compiled_on_the_host_thread_while_the_first_epoch_trains
     def broken(x):
         raise RuntimeError("XLA ran out of memory")
 
-    monitor = quality_check.Monitor(folder, MetricsLog(tmp_path / "run"), "cpu", 0)
+    monitor = quality_check.Monitor(folder, MetricsLog(run), "cpu", 0)
     monitor.warm(broken)
     with pytest.raises(RuntimeError, match="out of memory"):
         monitor.evaluate(1, 4, apply)
     monitor.close()
 
-    off = quality_check.Monitor(types.SimpleNamespace(cfg=tiny_cfg, workdir=tmp_path / "run", main=True), None, "cpu")
+    off = quality_check.Monitor(types.SimpleNamespace(cfg=tiny_cfg, workdir=run, main=True), None, "cpu")
     off.warm(broken)  # nothing runs, nothing raises
     assert off.finish() == {}
 
@@ -525,7 +525,8 @@ def test_the_forward_is_compiled_on_the_host_thread_while_the_first_epoch_trains
 @pytest.mark.parametrize("framework", ["jax", "tf"])
 def test_the_trainer_warms_the_forward_once_before_its_first_epoch(tiny_cfg, tmp_path, framework, monkeypatch):
     """The trainer hands the monitor the forward of the weights it evaluates before its first epoch: a
-    forward that maps one window of zeros to the model's outputs; a finished run resumed warms nothing."""
+    forward that maps one window of zeros to the model's outputs; a finished run resumed, or a run
+    without the quality check, binds and warms nothing."""
     warmed = []
     warm = quality_check.Monitor.warm
 
@@ -542,6 +543,8 @@ def test_the_trainer_warms_the_forward_once_before_its_first_epoch(tiny_cfg, tmp
     assert len(warmed) == 1 and warmed[0][1]
     assert warmed[0][0][0] == 1 and warmed[0][0][-1] == cfg.N_out_channels and len(set(warmed[0][0][1:4])) == 1
     train.train_and_evaluate(cfg, tmp_path / "run", resume=True)  # nothing left to train
+    assert len(warmed) == 1
+    train.train_and_evaluate(config_mod.replace(cfg, quality_every_epochs=0), tmp_path / "off")
     assert len(warmed) == 1
 
 
