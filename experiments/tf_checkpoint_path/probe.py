@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared_data.core.config import load_config
+from shared_data.core.files import write_atomic
 
 from tf_impl import checkpoint_quirks, model, step
 from tf_impl.checkpoints import Checkpoints
@@ -94,7 +95,7 @@ def main() -> None:
         r.update(config=args.config, device=device, variables=len(variables), state_gb=round(gb, 3), tf=tf.__version__)
         lines.append(json.dumps(r))
     if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+        write_atomic(args.out, "\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"\n{args.config}: {len(variables)} variables, {gb:.2f} GB, {device}, TensorFlow {tf.__version__}")
     print(f"{'variant':8}{'on the path, s (saves 1..n)':>40}{'GB/s (last)':>14}")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# TensorFlow's checkpoint save on the training path, one GPU, one call (~1-2 min after TF is staged:
-# ../shared/device/README.md): probe.py for config `quality` (and CONFIGS), records and table under $OUT.
+# TensorFlow's checkpoint save on the training path, one GPU, one call (~1-2 min once TensorFlow is on
+# the machine): probe.py for config `quality` (and CONFIGS), records and table under $OUT.
 #   bash experiments/tf_checkpoint_path/run.sh
 # The same on CPU (a smoke test; a CPU's host copies are shallow, so its seconds say nothing of a GPU's):
 #   OUT=/tmp/o PY=.venv/bin/python CONFIGS=cpu_tiny bash experiments/tf_checkpoint_path/run.sh
