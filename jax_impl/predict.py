@@ -57,15 +57,13 @@ def load_weights(cfg: Config, weights: str | None, workdir: str | None) -> tuple
 
 def forward_fn(cfg: Config):
     """The compiled forward pass of ``cfg``'s model for the parameters of the moment, ``forward(params)(x)``:
-    Flax parameters bound (a device copy of them, so a train step that donates ``params`` afterwards
-    leaves the forward its own), NDHWC float32 windows (B, w, w, w, N_in) -> (B, w, w, w, N_out)
-    float32 NumPy; compiled once per window shape (the trainer's time-to-quality mode binds the
-    parameters it judges)."""
+    Flax parameters bound, NDHWC float32 windows (B, w, w, w, N_in) -> (B, w, w, w, N_out) float32
+    NumPy; compiled once per window shape (the trainer's time-to-quality mode binds the parameters it
+    judges)."""
     model = model_mod.build_model(cfg)
     compiled = jax.jit(lambda p, x: model.apply({"params": p}, x))
 
     def bind(params) -> tiling.Apply:
-        params = jax.tree.map(jnp.copy, params)
         return lambda x: np.asarray(compiled(params, jnp.asarray(x, jnp.float32)))
 
     return bind

@@ -134,7 +134,7 @@ def capture_window(cfg: Config, folder: RunFolder) -> nvtx.CaptureWindow:
 def quality_monitor(folder: RunFolder, report: EpochReport, first_epoch: int, mesh: Mesh):
     """The time-to-quality monitor (:class:`shared_data.inference.quality_check.Monitor`; off unless
     ``quality_target`` is set), its verdicts agreed on process 0's, and the forward pass it evaluates
-    (compiled in the background before the first evaluation: ``Monitor.warm``): ``(monitor, forward)``."""
+    (compiled at the first evaluation): ``(monitor, forward)``."""
     agree = distribute.main_process_flag
     monitor = quality_check.Monitor(folder, report.metrics, distribute.device_kind(), first_epoch, agree)
     return monitor, predict.forward_fn(monitor.predict_cfg)
@@ -183,9 +183,6 @@ def train_and_evaluate(
         if report.begin(start.epoch, distribute.versions()):  # a fresh run: TensorBoard's step-0 loss
             report.step0(evaluate(eval_fn, state, val_in))
         monitor, forward = quality_monitor(folder, report, start.epoch, mesh)
-        if trains and monitor.enabled:  # the evaluation's forward compiled on the monitor's thread as epoch 1 trains
-            with ema.averaged(state) as weights:
-                monitor.warm(forward(weights))
         with capture_window(cfg, folder) as window, signals.deferred():  # a signal stops the run between steps
             for epoch in monitor.remaining(folder.epochs(start.epoch, stop_after_epoch)):
                 # --- train: the epoch's steps ---

@@ -2,8 +2,7 @@
 validation volume after every ``quality_every_epochs``-th epoch, overlapped with training.
 
 The check has two parts. The prediction of the volume runs at the epoch boundary, on the training path,
-with the weights it judges (:meth:`Monitor.evaluate`; the device is the trainer's); its forward pass is
-compiled before, on a host thread while the first epoch trains (:meth:`Monitor.warm`). The spectra and
+with the weights it judges (:meth:`Monitor.evaluate`; the device is the trainer's). The spectra and
 the verdict (:func:`shared_data.inference.metrics.compute_metrics`, :func:`shared_data.inference.quality.check`:
 NumPy FFTs on the host) run on a host thread while the next epoch trains. The trainer polls for the
 verdict before each step (:meth:`Monitor.target_met`); the verdict that meets the target ends the run at
@@ -54,8 +53,7 @@ class Monitor:
     method then does nothing). ``metrics`` is the run's ``metrics.jsonl``
     (:class:`shared_data.runtime.records.MetricsLog`), whose epoch records gain the verdicts.
 
-    Before its first epoch the trainer hands :meth:`warm` the forward pass to compile; it loops over the
-    :meth:`remaining` epochs; before each step and after each epoch's steps
+    The trainer loops over the :meth:`remaining` epochs; before each step and after each epoch's steps
     it asks :meth:`target_met` (the verdict in flight); after each epoch's checkpoint it predicts when
     :meth:`due` (:meth:`evaluate`) and stops when :meth:`stops` (the budget); then :meth:`finish`.
     ``agree(flag)`` returns process 0's flag on every process of a multi-process run (each process's
@@ -84,7 +82,6 @@ class Monitor:
         self.eval_total, self.stopped, self.clock_offset = 0.0, "num_epochs trained", 0.0
         self._over = False  # after an epoch: the budget is spent
         self._scoring: Future | None = None  # the verdict in flight
-        self._warming: Future | None = None  # the forward's first run (its compile), before the first evaluation
         self._met_here: int | None = None  # the epoch whose verdict met the target in this invocation
         self._pool: ThreadPoolExecutor | None = None
         if not self.enabled:
@@ -202,16 +199,6 @@ class Monitor:
         evaluation it keeps."""
         return self.clock_offset + time.perf_counter() - self.folder.started
 
-    def warm(self, apply: tiling.Apply) -> None:
-        """Run ``apply`` once on a window of zeros, (1, w, w, w, N_in) float32 as :meth:`evaluate` feeds it,
-        on the host thread, and return at once: the forward's compile (the framework compiles a function
-        at its first call) runs while the first epoch trains instead of on the training path at the first
-        evaluation, which waits for it. A failure is raised by that evaluation. Nothing when off."""
-        if not self.enabled:
-            return
-        zeros = np.zeros((1,) + (self.window,) * 3 + (self.x.shape[-1],), np.float32)
-        self._warming = self._pool.submit(apply, zeros)
-
     def evaluate(self, epoch: int, step: int, apply: tiling.Apply) -> float:
         """Predict the volume with ``apply`` (NDHWC float32 windows -> outputs) after ``epoch`` epochs
         (``step`` optimizer steps), here on the training path, then score it on the host thread while
@@ -219,9 +206,6 @@ class Monitor:
         training path (the prediction)."""
         self._collect()  # the previous verdict, if the trainer has not asked for it yet
         t0 = time.perf_counter()
-        if self._warming is not None:  # the forward's compile, if the first epoch did not hide all of it
-            warming, self._warming = self._warming, None
-            warming.result()
         side = self.truth.shape[1]
         hydro, _ = tiling.predict_volume(self.x, apply, self.cfg.N_out_channels, self.window, self.overlap, self.align)
         pred = np.ascontiguousarray(np.moveaxis(hydro[:side, :side, :side], -1, 0))
