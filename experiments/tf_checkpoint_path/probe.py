@@ -1,10 +1,18 @@
 """Where TensorFlow's checkpoint save spends its seconds on the training path (``Checkpoints.save``,
-asynchronous): the train state of a config (model, Adam's moments, the weight average), saved four times
-after a change of its values, with the kit's Keras-variable quirk (``copy``: each Keras variable's host
-copy assigned from its tf.Variable's) and with the host copy shared (``alias``), beside a plain
-device-to-host read of every variable (``numpy``). Prints one JSON line per variant and a table last.
+asynchronous): the train state of a config (model, Adam's moments, the weight average), saved SAVES times
+after a change of its values, in one of these variants (one per process: TensorFlow's host memory pools
+live as long as the process):
 
-    PYTHONPATH=. python experiments/tf_checkpoint_path/probe.py --config quality [--out FILE]
+* ``copy``: the kit's save (each Keras variable's host copy assigned from its tf.Variable's);
+* ``alias``: the Keras variable's host copy shared with its tf.Variable's (no second host copy);
+* ``pregrow``: the kit's save after GROW_GB of pinned host memory was taken once, by a device-to-host
+  copy, and released (the gpu_host_bfc pool, which grows region by region, already that large);
+* ``numpy``: a plain device-to-host read of every variable, SAVES times.
+
+Appends one JSON line (the seconds of each save, the copy function's tracing count, the pre-grow's own
+seconds) to FILE and prints it.
+
+    PYTHONPATH=. python experiments/tf_checkpoint_path/probe.py --config quality --variant copy [--saves 6] [--out FILE]
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -58,7 +67,17 @@ def touch(state):
             v.assign_add(tf.ones_like(v) * 1e-3)
 
 
-def saves(state, quirk, n=4) -> list[float]:
+def tracing_count() -> int | None:
+    """Traces of TensorFlow's asynchronous copy function (``AsyncCheckpointHelper._copy_to_cpu``) so far."""
+    import gc
+
+    from tensorflow.python.checkpoint import async_checkpoint_helper
+
+    helpers = [o for o in gc.get_objects() if isinstance(o, async_checkpoint_helper.AsyncCheckpointHelper)]
+    return sum(h._copy_to_cpu.experimental_get_tracing_count() for h in helpers) if helpers else None
+
+
+def saves(state, quirk, n: int) -> tuple[list[float], int | None]:
     seconds = []
     with tempfile.TemporaryDirectory() as d, Checkpoints(Path(d) / "ckpt", 2, state) as ckpt:
         checkpoint_quirks.keras_variables_copied_in_place = quirk
@@ -69,39 +88,57 @@ def saves(state, quirk, n=4) -> list[float]:
             ckpt.save(epoch)
             seconds.append(time.perf_counter() - t0)
             ckpt.wait()
-    return seconds
+        traces = tracing_count()
+    return seconds, traces
+
+
+def pregrow(gb: float) -> float:
+    """Take ``gb`` GB of host memory by one device-to-host copy and release it; its seconds."""
+    t0 = time.perf_counter()
+    with tf.device("/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"):
+        block = tf.zeros([int(gb * 1e9)], tf.uint8)
+    with tf.device("/CPU:0"):
+        host = tf.identity(block)
+    host.numpy()  # the copy done
+    del host, block
+    return time.perf_counter() - t0
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="quality")
+    p.add_argument("--variant", choices=("copy", "alias", "pregrow", "numpy"), default="copy")
+    p.add_argument("--saves", type=int, default=6)
+    p.add_argument("--grow_gb", type=float, default=0.0, help="pregrow's size (default: twice the state's)")
     p.add_argument("--out")
     args = p.parse_args()
     cfg = load_config(args.config)
     state = state_of(cfg)
     variables = list(state.model.variables) + list(state.optimizer.variables)
-    gb = sum(v.numpy().nbytes for v in variables) / 1e9
+    gb = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables) / 1e9  # no read: it grows pools
     device = tf.config.list_logical_devices("GPU")[0].name if tf.config.list_logical_devices("GPU") else "CPU"
-    rows = []
-    touch(state)
-    t0 = time.perf_counter()
-    for v in variables:
-        v.numpy()
-    rows.append({"variant": "numpy", "seconds": [time.perf_counter() - t0]})
-    rows.append({"variant": "copy", "seconds": saves(state, checkpoint_quirks.keras_variables_copied_in_place)})
-    rows.append({"variant": "alias", "seconds": saves(state, shared_host_copy)})
-    lines = []
-    for r in rows:
-        r.update(config=args.config, device=device, variables=len(variables), state_gb=round(gb, 3), tf=tf.__version__)
-        lines.append(json.dumps(r))
+    row = {"variant": args.variant, "config": args.config, "device": device, "variables": len(variables)}
+    row.update(state_gb=round(gb, 3), tf=tf.__version__)
+    if args.variant == "numpy":
+        seconds = []
+        for _ in range(args.saves):
+            touch(state)
+            t0 = time.perf_counter()
+            for v in variables:
+                v.numpy()
+            seconds.append(time.perf_counter() - t0)
+        row["seconds"] = seconds
+    else:
+        if args.variant == "pregrow":
+            row["grow_gb"] = args.grow_gb or round(2 * gb, 3)
+            row["grow_sec"] = pregrow(row["grow_gb"])
+        quirk = shared_host_copy if args.variant == "alias" else checkpoint_quirks.keras_variables_copied_in_place
+        row["seconds"], row["traces"] = saves(state, quirk, args.saves)
+    line = json.dumps(row)
     if args.out:
-        write_atomic(args.out, "\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"\n{args.config}: {len(variables)} variables, {gb:.2f} GB, {device}, TensorFlow {tf.__version__}")
-    print(f"{'variant':8}{'on the path, s (saves 1..n)':>40}{'GB/s (last)':>14}")
-    for r in rows:
-        s = r["seconds"]
-        print(f"{r['variant']:8}{' '.join(f'{x:.3f}' for x in s):>40}{gb / s[-1]:>14.1f}")
+        old = Path(args.out).read_text() if Path(args.out).exists() else ""
+        write_atomic(args.out, old + line + "\n")
+    print(line)
 
 
 if __name__ == "__main__":
