@@ -7,7 +7,11 @@ live as long as the process):
 * ``alias``: the Keras variable's host copy shared with its tf.Variable's (no second host copy);
 * ``pregrow``: the kit's save after GROW_GB of pinned host memory was taken once, by a device-to-host
   copy, and released (the gpu_host_bfc pool, which grows region by region, already that large);
-* ``numpy``: a plain device-to-host read of every variable, SAVES times.
+* ``numpy``: a plain device-to-host read of every variable, SAVES times;
+* ``start_host`` / ``start_device``: the kit's save after the round trip of every variable that
+  ``tf_impl.step.compile_steps`` makes around its compile (read to NumPy, assigned back), or the same
+  through device copies (``tf.identity``, assigned back), with the round trip's own seconds: what the
+  start pays for it, and whether the host round trip grows the pool the saves then use.
 
 Appends one JSON line (the seconds of each save, the copy function's tracing count, the pre-grow's own
 seconds) to FILE and prints it.
@@ -104,10 +108,21 @@ def pregrow(gb: float) -> float:
     return time.perf_counter() - t0
 
 
+def round_trip(variables, on_device: bool) -> float:
+    """Copy every variable (to NumPy, or on the device) and assign it back; its seconds."""
+    t0 = time.perf_counter()
+    saved = [tf.identity(v) if on_device else v.numpy() for v in variables]
+    for v, value in zip(variables, saved):
+        v.assign(value)
+    np.asarray(variables[-1].numpy().ravel()[:1])  # the assignments done
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="quality")
-    p.add_argument("--variant", choices=("copy", "alias", "pregrow", "numpy"), default="copy")
+    variants = ("copy", "alias", "pregrow", "numpy", "start_host", "start_device")
+    p.add_argument("--variant", choices=variants, default="copy")
     p.add_argument("--saves", type=int, default=6)
     p.add_argument("--grow_gb", type=float, default=0.0, help="pregrow's size (default: twice the state's)")
     p.add_argument("--out")
@@ -129,6 +144,8 @@ def main() -> None:
             seconds.append(time.perf_counter() - t0)
         row["seconds"] = seconds
     else:
+        if args.variant.startswith("start_"):
+            row["round_trip_sec"] = round_trip(variables, args.variant == "start_device")
         if args.variant == "pregrow":
             row["grow_gb"] = args.grow_gb or round(2 * gb, 3)
             row["grow_sec"] = pregrow(row["grow_gb"])
