@@ -11,6 +11,9 @@
 # machine's first call, so one seed of BUDGET 300 fits there; with the data kept, one of BUDGET 480):
 #   SEEDS="1" BUDGET=300 TIMEOUT=360 bash experiments/nonlinear_gas/ttq.sh
 #   SEEDS="2" BUDGET=480 TIMEOUT=560 bash experiments/nonlinear_gas/ttq.sh
+# DM=nbody (scripts/gpu/common.sh) trains on the N-body's files, whose making takes 235-305 s of a fresh
+# machine's first call: there TIMEOUT + 305 stays under 600 (e.g. BUDGET=200 TIMEOUT=280); with the
+# data kept, one seed of the target's ~170 s and a second of BUDGET 200 fit one call.
 # The same on CPU with a tiny config (a smoke test, ~1 min on 2 cores; its target is out of reach):
 #   OUT=/tmp/out CONFIG=cpu_tiny bash experiments/nonlinear_gas/ttq.sh
 set -uo pipefail

@@ -13,7 +13,9 @@
 #
 # RESUME=1 continues the runs left in $WORK by an earlier call on the same machine (stopped by their
 # budget) up to the new BUDGET, their clock continuing from their last evaluation
-# (shared_data/inference/quality.py): a 10-minute curve in two calls of at most 9.5 minutes.
+# (shared_data/inference/quality.py): a 10-minute curve in two calls of at most 9.5 minutes. With
+# DM=nbody (scripts/gpu/common.sh: the N-body's files, 235-305 s to make on a fresh machine) the
+# first call's BUDGET + 90 + 305 stays under 600, e.g. BUDGET=200.
 #
 # On nvidia-h200, from the checkout's root, $OUT set:
 #   bash experiments/nonlinear_gas/ttq_curve.sh
