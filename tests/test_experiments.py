@@ -593,6 +593,24 @@ def _worst_r(evaluation: dict) -> tuple[float, float]:
     return tuple(evaluation["channels"][name]["r_worst"] for name in ("gas_density", "gas_temperature"))
 
 
+def _nbody_config_run(folder: str, framework: str, seed: int, last: int, met: bool) -> list[dict]:
+    """The evaluations of a recorded run of config ``quality_nonlinear`` (``nbody_dm/results/FOLDER``),
+    after checking that run.json names that config, framework and seed and differs from the config in
+    the files' names, the progress bar, the budget (and the seed) alone; that it evaluated epochs 1 to
+    ``last`` and met the target at ``last`` alone if ``met``; and that judging again reproduces its own
+    verdicts and shortfalls."""
+    cfg = config_mod.load_config("quality_nonlinear")
+    own, info = _recorded(folder, f"seed-{seed}", study="nbody_dm")
+    assert (info["config"], info["framework"], info["config_values"]["seed"]) == ("quality_nonlinear", framework, seed)
+    names = {"train_path", "val_path", "progress_bar", "quality_budget_sec"}
+    assert _differs_from(cfg, info) == names | ({"seed"} if seed else set())
+    assert [e["epoch"] for e in own] == list(range(1, last + 1))
+    assert info["time_to_quality"]["quality_met"] is met
+    assert [e["met"] for e in own] == [met and e["epoch"] == last for e in own]
+    _assert_rejudged_as_recorded(_curve_module(), own, quality.Target.from_config(cfg))
+    return own
+
+
 def test_quality_nonlinear_runs_on_the_nbody_data_track_the_curve_its_target_comes_from():
     """The config's own runs on the N-body's files (one H200): seed 0 trains the recipe of the JAX seed-0
     curve (run.json differs from the config in the files' names, the progress bar and the budget alone),
@@ -602,25 +620,31 @@ def test_quality_nonlinear_runs_on_the_nbody_data_track_the_curve_its_target_com
     again reproduces each run's own verdicts and shortfalls."""
     import numpy as np
 
-    curve_mod = _curve_module()
-    cfg = config_mod.load_config("quality_nonlinear")
-    target = quality.Target.from_config(cfg)
     curve, _ = _recorded("ttq_curve_jax_h200/call2", "loss_space-log", study="nbody_dm")
-    names = {"train_path", "val_path", "progress_bar", "quality_budget_sec"}
-    runs = {}
-    for seed, last, met in [(0, 8, True), (1, 9, False)]:
-        own, info = _recorded(f"quality_nonlinear_jax_h200/seed{seed}", f"seed-{seed}", study="nbody_dm")
-        runs[seed] = own
-        assert (info["config"], info["framework"], info["config_values"]["seed"]) == ("quality_nonlinear", "jax", seed)
-        assert _differs_from(cfg, info) == names | ({"seed"} if seed else set())
-        assert [e["epoch"] for e in own] == list(range(1, last + 1))
-        assert info["time_to_quality"]["quality_met"] is met
-        assert [e["met"] for e in own] == [met and e["epoch"] == last for e in own]
-        _assert_rejudged_as_recorded(curve_mod, own, target)
-    for e, c in zip(runs[0], curve):
+    seed0 = _nbody_config_run("quality_nonlinear_jax_h200/seed0", "jax", 0, last=8, met=True)
+    _nbody_config_run("quality_nonlinear_jax_h200/seed1", "jax", 1, last=9, met=False)
+    for e, c in zip(seed0, curve):
         assert e["epoch"] == c["epoch"]
         np.testing.assert_allclose(_worst_r(e), _worst_r(c), atol=1e-5)
-    assert curve_mod.first_met(curve, target)[0]["epoch"] == 8
+    target = quality.Target.from_config(config_mod.load_config("quality_nonlinear"))
+    assert _curve_module().first_met(curve, target)[0]["epoch"] == 8
+
+
+def test_quality_nonlinear_runs_on_an_h100_meet_the_target_and_tf_repeats_its_curve_exactly():
+    """The config's own runs on the N-body's files (one H100): TensorFlow seed 0 trains the recipe of
+    the TF seed-0 curve and repeats it bit for bit, every bin's r and P ratio of each of its 9
+    evaluations equal to the curve's; it meets the target at epoch 9, the curve's first epoch to meet
+    it judged again. JAX seed 2 meets it at epoch 8. Each run stops at its first met evaluation, and
+    judging again reproduces each run's own verdicts and shortfalls."""
+    curve, _ = _recorded("ttq_curve_tf_h100/call1", "loss_space-log", study="nbody_dm")
+    tf_run = _nbody_config_run("quality_nonlinear_tf_h100/seed0", "tf", 0, last=9, met=True)
+    _nbody_config_run("quality_nonlinear_jax_h100/seed2", "jax", 2, last=8, met=True)
+    target = quality.Target.from_config(config_mod.load_config("quality_nonlinear"))
+    assert _curve_module().first_met(curve, target)[0]["epoch"] == 9
+    for e, c in zip(tf_run, curve, strict=False):
+        assert (e["epoch"], e["step"]) == (c["epoch"], c["step"])
+        for channel, values in e["channels"].items():
+            assert (values["r"], values["ratio"]) == (c["channels"][channel]["r"], c["channels"][channel]["ratio"])
 
 
 def test_the_nbody_ten_minute_curve_stretches_the_schedule_and_loses_the_temperature():

@@ -93,6 +93,31 @@ def _batch(bad=False, seed=0):
     return {"inputs": tf.constant(x), "targets": tf.constant(y), "mask": tf.ones(2)}
 
 
+def test_compiling_the_steps_leaves_every_variable_as_it_was(tiny_cfg):
+    """``compile_steps`` runs the train step once (on zeros) to compile it, then puts every variable
+    back: the weights, Adam's moments and its iteration count equal their values before, bit for bit,
+    and the step it returns then trains from them (the iteration count becomes 1)."""
+    from tf_impl import data as data_mod
+    from tf_impl import distribute
+
+    strategy = distribute.make_strategy()
+    model, opt, _ = _setup(tiny_cfg, unet_spec.init_weights(tiny_cfg, 0))
+    variables = list(model.variables) + list(opt.variables)
+    before = [v.numpy().copy() for v in variables]
+    spec = data_mod.batch_spec(tiny_cfg, strategy)
+    train_fn, _, _ = step_mod.compile_steps(tiny_cfg, strategy, step_mod.TrainState(model, opt), spec)
+    assert int(opt.iterations.numpy()) == 0
+    for v, want in zip(variables, before):
+        np.testing.assert_array_equal(v.numpy(), want, err_msg=v.path)
+    rng = np.random.default_rng(1)
+    batch = {k: tf.constant(rng.standard_normal(s.shape).astype(s.dtype.as_numpy_dtype)) for k, s in spec.items()}
+    batch["mask"] = tf.ones(spec["mask"].shape, spec["mask"].dtype)
+    train_fn(batch)
+    assert int(opt.iterations.numpy()) == 1
+    moved = [not np.array_equal(v.numpy(), w) for v, w in zip(model.trainable_variables, before)]
+    assert any(moved)
+
+
 @pytest.mark.slow
 def test_mixed_float16_scale_adapts_and_nonfinite_skips(tiny_cfg):
     cfg = config_mod.replace(
