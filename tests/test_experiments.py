@@ -634,8 +634,8 @@ def test_quality_nonlinear_runs_on_an_h100_meet_the_target_and_tf_repeats_its_cu
     """The config's own runs on the N-body's files (one H100): TensorFlow seed 0 trains the recipe of
     the TF seed-0 curve and repeats it bit for bit, every bin's r and P ratio of each of its 9
     evaluations equal to the curve's; it meets the target at epoch 9, the curve's first epoch to meet
-    it judged again. JAX seed 2 meets it at epoch 8. Each run stops at its first met evaluation, and
-    judging again reproduces each run's own verdicts and shortfalls."""
+    it judged again. JAX seed 2 meets it at epoch 8. Each run's last evaluation is its first to meet
+    the target, and judging again reproduces each run's own verdicts and shortfalls."""
     curve, _ = _recorded("ttq_curve_tf_h100/call1", "loss_space-log", study="nbody_dm")
     tf_run = _nbody_config_run("quality_nonlinear_tf_h100/seed0", "tf", 0, last=9, met=True)
     _nbody_config_run("quality_nonlinear_jax_h100/seed2", "jax", 2, last=8, met=True)
